@@ -1,0 +1,28 @@
+#pragma once
+// A read-only memory mapping of a whole file. Weights are read from here, never copied into a second buffer.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace strata {
+
+class MappedFile {
+ public:
+  static std::shared_ptr<MappedFile> open(const std::string& path);  // throws std::system_error naming the path
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile() = default;
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace strata
