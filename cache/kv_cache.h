@@ -1,0 +1,75 @@
+#pragma once
+// The KV cache of one rank: for every (sequence, layer) a block table and an entry count, over one BlockPool.
+// Layers hold different numbers of entries once a compression policy has run; `n_appended` keeps the count the
+// same sequence would hold uncompressed, for the accounting.
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "cache/block_pool.h"
+
+namespace strata {
+
+using SeqId = int64_t;
+
+struct LayerKv {
+  std::vector<int32_t> block_table;  // blocks in entry order
+  int32_t n_entries = 0;             // entries held (after compression)
+  int32_t n_appended = 0;            // entries ever appended (what `full` would hold)
+};
+
+// What one layer holds over all sequences.
+struct LayerUsage {
+  int64_t entries = 0;             // tokens held
+  int64_t blocks = 0;
+  int64_t bytes = 0;               // blocks * block bytes: the memory really taken from the pool
+  int64_t uncompressed_bytes = 0;  // what the same sequences would take with `full`
+};
+
+class KvCache {
+ public:
+  // Holds the layers [layer_begin, layer_end) of the model: one pipeline stage's shard.
+  KvCache(BlockPool& pool, int layer_begin, int layer_end);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  int layer_begin() const { return layer_begin_; }
+  int layer_end() const { return layer_end_; }
+  int n_layers() const { return layer_end_ - layer_begin_; }
+  const BlockPool& pool() const { return pool_; }
+  KvPoolView pool_view() const { return pool_.view(); }
+  int block_size() const { return pool_.layout().block_size; }
+
+  // Queries.
+  bool contains(SeqId seq) const { return seqs_.count(seq) != 0; }
+  // New blocks that appending n_new entries to every layer of seq would take (seq may be unknown: new).
+  int64_t blocks_to_append(SeqId seq, int n_new) const;
+  bool can_append(SeqId seq, int n_new) const { return blocks_to_append(seq, n_new) <= pool_.n_free(); }
+  // Blocks seq holds over all layers (what releasing it gives back).
+  int64_t blocks_held(SeqId seq) const;
+  const LayerKv& layer(SeqId seq, int global_layer) const;
+  LayerUsage layer_usage(int global_layer) const;
+
+  // Actions.
+  // Reserves n_new entries at the end of every layer of seq (creating seq if new). Check can_append first.
+  void append(SeqId seq, int n_new);
+  // Keeps only the entries `kept` (ascending indices into the layer's current entries) of one layer: moves them
+  // to the front and returns the blocks no longer needed to the pool at once.
+  void retain(SeqId seq, int global_layer, std::span<const int32_t> kept);
+  void release(SeqId seq);
+
+ private:
+  LayerKv& layer_mut(SeqId seq, int global_layer);
+  void account(int local_layer, int64_t d_entries, int64_t d_blocks, int64_t d_uncompressed_blocks);
+
+  BlockPool& pool_;
+  int layer_begin_;
+  int layer_end_;
+  std::map<SeqId, std::vector<LayerKv>> seqs_;
+  std::vector<LayerUsage> usage_;           // per local layer
+  std::vector<int64_t> uncompressed_blocks_;  // per local layer: blocks the sequences would hold with `full`
+};
+
+}  // namespace strata

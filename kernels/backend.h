@@ -1,0 +1,75 @@
+#pragma once
+// The ops behind every step of the model, with one implementation per device: the CPU (fp32, the reference; BLAS
+// for GEMM) and, later, CUDA (bf16 storage, fp32 accumulation). Every op of a device backend is tested against its
+// CPU twin (tests/kernels/).
+//
+// Shapes in the comments: T = tokens in the step, D = d_model, H = query heads, Hkv = KV heads, Dh = head dim.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kernels/kv_block_layout.h"
+#include "kernels/tensor.h"
+#include "model/model_config.h"
+
+namespace strata {
+
+// One sequence's part of an attention call in one layer.
+struct AttentionSequence {
+  int q_begin = 0;                       // first row of q/out belonging to this sequence
+  int n_q = 0;                           // rows (new tokens) of this sequence in the step
+  int n_ctx_before = 0;                  // cache entries of this layer before the step's tokens
+  std::span<const int32_t> block_table;  // blocks of this (sequence, layer), in entry order
+};
+
+struct RopeParams {
+  RopeStyle style = RopeStyle::interleaved;
+  float theta = 10000.0f;
+  RopeScaling scaling;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Memory. alloc'd tensors live until the backend is destroyed or free() is called.
+  virtual Tensor alloc(int64_t rows, int64_t cols, DType dtype) = 0;
+  virtual void free(Tensor& t) = 0;
+  // Makes a host fp32 matrix available to the device once (weights). The CPU backend aliases it: no copy.
+  virtual Tensor upload_weight(const float* data, int64_t rows, int64_t cols) = 0;
+  virtual void copy_to_host(const Tensor& src, float* dst) = 0;
+  virtual void copy_from_host(const float* src, Tensor& dst) = 0;
+
+  // out[t] = table[ids[t]]                                          table [V, D], out [T, D]
+  virtual void embedding(std::span<const int32_t> ids, const Tensor& table, Tensor& out) = 0;
+  // out = x / sqrt(mean(x^2) + eps) * w                             x, out [T, D], w [1, D]
+  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
+  // out = x * w^T                                                   x [T, in], w [out, in], out [T, out]
+  virtual void matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+  // Rotates every head of x in place, token t at positions[t].     x [T, n_heads * Dh]
+  virtual void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
+                    const RopeParams& params) = 0;
+  // out = silu(gate) * up                                           [T, F]
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // x += y                                                          [T, D]
+  virtual void add(Tensor& x, const Tensor& y) = 0;
+
+  // Writes the step's keys and values into the cache: token row q_begin + i of a sequence goes to entry
+  // n_ctx_before + i of its block table.                            k, v [T, Hkv * Dh]
+  virtual void kv_write(const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,
+                        const KvPoolView& pool) = 0;
+  // Causal attention over the paged cache: query row q_begin + i of a sequence attends to its entries
+  // [0, n_ctx_before + i]. Serves prefill chunks and decode steps alike. q, out [T, H * Dh]
+  virtual void paged_attention(const Tensor& q, std::span<const AttentionSequence> seqs, const KvPoolView& pool,
+                               int n_heads, float scale, Tensor& out) = 0;
+  // Compaction after a policy's selection: entry kept[j] of the block table moves to entry j (kept ascending,
+  // so every move goes towards the front and never overwrites an entry still to be read).
+  virtual void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept,
+                          const KvPoolView& pool) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace strata

@@ -1,0 +1,100 @@
+// The CPU backend: fp32 everywhere, memory from the heap, weights used where the loader put them.
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace strata {
+namespace {
+
+void require_f32(const Tensor& t, const char* what) {
+  if (t.dtype != DType::f32) throw std::invalid_argument(std::string("cpu backend: ") + what + " must be f32");
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
+    const size_t bytes = size_t(rows * cols * dtype_bytes(dtype));
+    // 64-byte alignment: whole cache lines for BLAS and the vectorised loops.
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes);
+    owned_.insert(p);
+    return Tensor{p, dtype, rows, cols};
+  }
+
+  void free(Tensor& t) override {
+    auto it = owned_.find(t.data);
+    if (it != owned_.end()) {
+      std::free(t.data);
+      owned_.erase(it);
+    }
+    t = Tensor{};
+  }
+
+  Tensor upload_weight(const float* data, int64_t rows, int64_t cols) override {
+    return Tensor{const_cast<float*>(data), DType::f32, rows, cols};
+  }
+
+  void copy_to_host(const Tensor& src, float* dst) override {
+    require_f32(src, "copy_to_host source");
+    std::memcpy(dst, src.data, size_t(src.bytes()));
+  }
+
+  void copy_from_host(const float* src, Tensor& dst) override {
+    require_f32(dst, "copy_from_host destination");
+    std::memcpy(dst.data, src, size_t(dst.bytes()));
+  }
+
+  void embedding(std::span<const int32_t> ids, const Tensor& table, Tensor& out) override {
+    cpu::embedding(ids, table.f32(), table.cols, out.f32());
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    cpu::rmsnorm(x.f32(), w.f32(), x.rows, x.cols, eps, out.f32());
+  }
+  void matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
+    if (x.cols != w.cols || out.cols != w.rows || out.rows < x.rows) {
+      throw std::invalid_argument("cpu backend: matmul shapes do not match");
+    }
+    cpu::matmul(x.f32(), w.f32(), x.rows, x.cols, w.rows, out.f32());
+  }
+  void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
+            const RopeParams& params) override {
+    cpu::rope(x.f32(), positions, n_heads, head_dim, params);
+  }
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    cpu::silu_mul(gate.f32(), up.f32(), gate.size(), out.f32());
+  }
+  void add(Tensor& x, const Tensor& y) override { cpu::add(x.f32(), y.f32(), x.size()); }
+  void kv_write(const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,
+                const KvPoolView& pool) override {
+    cpu::kv_write(k.f32(), v.f32(), seqs, pool);
+  }
+  void paged_attention(const Tensor& q, std::span<const AttentionSequence> seqs, const KvPoolView& pool,
+                       int n_heads, float scale, Tensor& out) override {
+    cpu::paged_attention(q.f32(), seqs, pool, n_heads, scale, out.f32());
+  }
+
+  void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept,
+                  const KvPoolView& pool) override {
+    cpu::kv_compact(block_table, kept, pool);
+  }
+
+  ~CpuBackend() override {
+    for (void* p : owned_) std::free(p);
+  }
+
+ private:
+  std::unordered_set<void*> owned_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace strata

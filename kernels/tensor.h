@@ -1,0 +1,38 @@
+#pragma once
+// A view of a 2-D row-major tensor in a backend's memory. Backends own the memory; a Tensor never does.
+#include <cstdint>
+#include <stdexcept>
+
+namespace strata {
+
+enum class DType : uint8_t { f32, bf16, f16, i32, i8 };
+
+inline int dtype_bytes(DType t) {
+  switch (t) {
+    case DType::f32: case DType::i32: return 4;
+    case DType::bf16: case DType::f16: return 2;
+    case DType::i8: return 1;
+  }
+  return 0;
+}
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  int64_t size() const { return rows * cols; }
+  int64_t bytes() const { return size() * dtype_bytes(dtype); }
+  float* f32() const {
+    if (dtype != DType::f32) throw std::logic_error("tensor is not f32");
+    return static_cast<float*>(data);
+  }
+  float* row(int64_t r) const { return f32() + r * cols; }
+  // Rows [begin, begin + n) as a tensor of their own.
+  Tensor slice_rows(int64_t begin, int64_t n) const {
+    return Tensor{static_cast<char*>(data) + begin * cols * dtype_bytes(dtype), dtype, n, cols};
+  }
+};
+
+}  // namespace strata

@@ -1,0 +1,183 @@
+#include "model/llama_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace strata {
+
+// Step activations, grown to the largest step seen and reused.
+struct LlamaModel::Workspace {
+  int64_t capacity = 0;
+  Tensor x, h, q, k, v, attn, o, gate, up, act, down;
+  Tensor head_in, head_norm, head_out;
+  int64_t head_capacity = 0;
+};
+
+LlamaModel::LlamaModel(Backend& backend, const ModelWeights& weights)
+    : backend_(backend), weights_(weights), ws_(std::make_unique<Workspace>()) {
+  const ModelConfig& c = weights.config;
+  const int tp = weights.shard.tp_size;
+  n_heads_local_ = c.n_heads / tp;
+  n_kv_heads_local_ = c.n_kv_heads / tp;
+  d_ff_local_ = c.d_ff / tp;
+  rope_ = RopeParams{c.rope_style, c.rope_theta, c.rope_scaling};
+
+  if (weights.shard.has_embedding) token_embd_ = upload(weights.token_embd);
+  if (weights.shard.has_output) {
+    output_norm_ = upload(weights.output_norm);
+    output_ = upload(weights.output);
+  }
+  for (const LayerWeights& l : weights.layers) {
+    layers_.push_back(UploadedLayer{upload(l.attn_norm), upload(l.wq), upload(l.wk), upload(l.wv), upload(l.wo),
+                                    upload(l.ffn_norm), upload(l.w_gate), upload(l.w_up), upload(l.w_down)});
+  }
+}
+
+LlamaModel::~LlamaModel() {
+  Workspace& w = *ws_;
+  for (Tensor* t : {&w.x, &w.h, &w.q, &w.k, &w.v, &w.attn, &w.o, &w.gate, &w.up, &w.act, &w.down, &w.head_in,
+                    &w.head_norm, &w.head_out}) {
+    if (t->data) backend_.free(*t);
+  }
+}
+
+Tensor LlamaModel::upload(const HostMatrix& m) { return backend_.upload_weight(m.data, m.rows, m.cols); }
+
+KvBlockLayout LlamaModel::kv_layout(int block_size) const {
+  return KvBlockLayout{n_kv_heads_local_, config().head_dim, block_size, DType::f32};
+}
+
+static void ensure(Backend& backend, Tensor& t, int64_t rows, int64_t cols) {
+  if (t.data && t.rows >= rows && t.cols == cols) return;
+  if (t.data) backend.free(t);
+  t = backend.alloc(rows, cols, DType::f32);
+}
+
+void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits) {
+  const ModelConfig& c = config();
+  const int hd = c.head_dim;
+  const int64_t d = c.d_model;
+
+  // Flatten the batch; reserve the cache entries the step writes.
+  std::vector<int32_t> ids, positions;
+  for (const BatchSequence& s : batch) {
+    if (s.start_pos + int(s.tokens.size()) > c.max_context) {
+      throw std::invalid_argument("sequence " + std::to_string(s.seq) + " goes past the model's context of " +
+                                  std::to_string(c.max_context));
+    }
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size) {
+        throw std::invalid_argument("token id " + std::to_string(s.tokens[i]) + " is outside the vocabulary");
+      }
+      ids.push_back(s.tokens[i]);
+      positions.push_back(s.start_pos + int(i));
+    }
+  }
+  for (const BatchSequence& s : batch) cache.append(s.seq, int(s.tokens.size()));
+  const int64_t n_tokens = int64_t(ids.size());
+  if (n_tokens == 0) {
+    logits.clear();
+    return;
+  }
+
+  Workspace& w = *ws_;
+  if (n_tokens > w.capacity) {
+    const int64_t cap = n_tokens;
+    ensure(backend_, w.x, cap, d);
+    ensure(backend_, w.h, cap, d);
+    ensure(backend_, w.q, cap, int64_t(n_heads_local_) * hd);
+    ensure(backend_, w.k, cap, int64_t(n_kv_heads_local_) * hd);
+    ensure(backend_, w.v, cap, int64_t(n_kv_heads_local_) * hd);
+    ensure(backend_, w.attn, cap, int64_t(n_heads_local_) * hd);
+    ensure(backend_, w.o, cap, d);
+    ensure(backend_, w.gate, cap, d_ff_local_);
+    ensure(backend_, w.up, cap, d_ff_local_);
+    ensure(backend_, w.act, cap, d_ff_local_);
+    ensure(backend_, w.down, cap, d);
+    w.capacity = cap;
+  }
+  Tensor x = w.x.slice_rows(0, n_tokens);
+  backend_.embedding(ids, token_embd_, x);
+
+  std::vector<AttentionSequence> seqs(batch.size());
+  for (int l = 0; l < int(layers_.size()); ++l) {
+    const int global_layer = weights_.shard.layer_begin + l;
+    int row = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const LayerKv& kv = cache.layer(batch[i].seq, global_layer);
+      const int n_q = int(batch[i].tokens.size());
+      seqs[i] = AttentionSequence{row, n_q, kv.n_entries - n_q, kv.block_table};
+      row += n_q;
+    }
+    run_layer(layers_[size_t(l)], w, seqs, positions, cache.pool_view());
+  }
+
+  // Output head for the rows that need logits only.
+  std::vector<int64_t> rows;
+  int64_t row = 0;
+  for (const BatchSequence& s : batch) {
+    const int64_t n = int64_t(s.tokens.size());
+    if (s.logits == LogitsMode::all) {
+      for (int64_t i = 0; i < n; ++i) rows.push_back(row + i);
+    } else if (s.logits == LogitsMode::last) {
+      rows.push_back(row + n - 1);
+    }
+    row += n;
+  }
+  const int64_t vocab = output_.rows;
+  logits.resize(size_t(int64_t(rows.size()) * vocab));
+  // Chunks of rows bound the [rows, vocab] scratch when every position wants logits (evaluation, tests).
+  const int64_t chunk = 256;
+  for (int64_t r0 = 0; r0 < int64_t(rows.size()); r0 += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, int64_t(rows.size()) - r0);
+    if (n > w.head_capacity) {
+      ensure(backend_, w.head_in, n, d);
+      ensure(backend_, w.head_norm, n, d);
+      ensure(backend_, w.head_out, n, vocab);
+      w.head_capacity = n;
+    }
+    Tensor in = w.head_in.slice_rows(0, n), normed = w.head_norm.slice_rows(0, n);
+    Tensor out = w.head_out.slice_rows(0, n);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy(x.row(rows[size_t(r0 + i)]), x.row(rows[size_t(r0 + i)]) + d, in.row(i));
+    }
+    backend_.rmsnorm(in, output_norm_, c.rms_eps, normed);
+    backend_.matmul(normed, output_, out);
+    backend_.copy_to_host(out, logits.data() + r0 * vocab);
+  }
+}
+
+// Keys are rotated with their sequence positions before they are stored, so they keep those positions when a
+// policy later removes entries around them (design rule 5).
+void LlamaModel::run_layer(const UploadedLayer& lw, Workspace& w, std::span<const AttentionSequence> seqs,
+                           std::span<const int32_t> positions, const KvPoolView& pool) {
+  const ModelConfig& c = config();
+  const int64_t n = seqs.empty() ? 0 : seqs.back().q_begin + seqs.back().n_q;
+  Tensor x = w.x.slice_rows(0, n), h = w.h.slice_rows(0, n);
+  Tensor q = w.q.slice_rows(0, n), k = w.k.slice_rows(0, n), v = w.v.slice_rows(0, n);
+  Tensor attn = w.attn.slice_rows(0, n), o = w.o.slice_rows(0, n);
+  Tensor gate = w.gate.slice_rows(0, n), up = w.up.slice_rows(0, n), act = w.act.slice_rows(0, n);
+  Tensor down = w.down.slice_rows(0, n);
+
+  backend_.rmsnorm(x, lw.attn_norm, c.rms_eps, h);
+  backend_.matmul(h, lw.wq, q);
+  backend_.matmul(h, lw.wk, k);
+  backend_.matmul(h, lw.wv, v);
+  backend_.rope(q, positions, n_heads_local_, c.head_dim, rope_);
+  backend_.rope(k, positions, n_kv_heads_local_, c.head_dim, rope_);
+  backend_.kv_write(k, v, seqs, pool);
+  backend_.paged_attention(q, seqs, pool, n_heads_local_, 1.0f / std::sqrt(float(c.head_dim)), attn);
+  backend_.matmul(attn, lw.wo, o);
+  backend_.add(x, o);
+
+  backend_.rmsnorm(x, lw.ffn_norm, c.rms_eps, h);
+  backend_.matmul(h, lw.w_gate, gate);
+  backend_.matmul(h, lw.w_up, up);
+  backend_.silu_mul(gate, up, act);
+  backend_.matmul(act, lw.w_down, down);
+  backend_.add(x, down);
+}
+
+}  // namespace strata

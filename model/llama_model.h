@@ -1,0 +1,66 @@
+#pragma once
+// The Llama forward pass of one rank's shard over the paged KV cache: batched prefill chunks and decode steps of
+// several sequences of different lengths in one call, all tokens flattened into one [T, D] activation matrix.
+//   embed -> for each layer: rmsnorm -> q,k,v -> rope -> write k,v to the cache -> paged attention -> o (+x)
+//                            -> rmsnorm -> silu(gate) * up -> down (+x)
+//         -> final rmsnorm -> output head, only for the rows that need logits.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "kernels/backend.h"
+#include "model/model_weights.h"
+
+namespace strata {
+
+enum class LogitsMode { none, last, all };
+
+// One sequence's part of a step.
+struct BatchSequence {
+  SeqId seq = 0;
+  std::span<const int32_t> tokens;  // the new tokens: a prefill chunk, or the one token of a decode step
+  int start_pos = 0;                // position of tokens[0]
+  LogitsMode logits = LogitsMode::last;
+};
+
+class LlamaModel {
+ public:
+  LlamaModel(Backend& backend, const ModelWeights& weights);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const ModelConfig& config() const { return weights_.config; }
+  // KV heads this rank holds (all of them until tensor parallelism splits them).
+  int n_kv_heads_local() const { return n_kv_heads_local_; }
+  KvBlockLayout kv_layout(int block_size) const;
+
+  // Appends the batch's tokens to `cache` (the caller has checked KvCache::can_append) and runs the shard.
+  // `logits` receives one row of vocab_size floats per requested position, in batch order: one row for
+  // LogitsMode::last, one per token for LogitsMode::all.
+  void forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits);
+
+ private:
+  struct UploadedLayer {
+    Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  };
+  struct Workspace;
+
+  Tensor upload(const HostMatrix& m);
+  void run_layer(const UploadedLayer& w, Workspace& ws, std::span<const AttentionSequence> seqs,
+                 std::span<const int32_t> positions, const KvPoolView& pool);
+
+  Backend& backend_;
+  const ModelWeights& weights_;
+  int n_heads_local_;
+  int n_kv_heads_local_;
+  int d_ff_local_;
+  RopeParams rope_;
+  Tensor token_embd_, output_norm_, output_;
+  std::vector<UploadedLayer> layers_;
+  std::unique_ptr<Workspace> ws_;
+};
+
+}  // namespace strata
