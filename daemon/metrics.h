@@ -1,0 +1,89 @@
+#pragma once
+// The daemon's Prometheus metrics, served at /metrics in the text exposition format.
+//
+// Names use `strata_` and `_` (not vLLM's `:`). The request metrics mirror vLLM's (running, waiting, TTFT,
+// inter-token latency, e2e latency, token counters, preemptions) so existing dashboards map one to one; the
+// router contract is strata_requests_waiting, strata_requests_running, strata_kv_usage_ratio and
+// strata_kv_block_size_tokens. Per-layer KV occupancy, labelled {layer, pp_stage, tp_rank}, is what no other
+// server exports and what compression changes.
+//
+// Updated from the engine thread, rendered from HTTP threads: every method may be called from any thread.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace strata {
+
+class ServerMetrics {
+ public:
+  // max_model_len bounds the token-count histograms (1-2-5 buckets up to it, as vLLM does).
+  explicit ServerMetrics(int64_t max_model_len);
+
+  // KV held by one layer on one rank; strata_kv_saved_bytes follows the sum over all layers set so far.
+  void set_layer_kv(int layer, int pp_stage, int tp_rank, int64_t tokens, int64_t bytes, int64_t uncompressed_bytes);
+  void set_kv_blocks(int64_t n_free, int64_t n_total, int block_size);
+  void set_requests(int n_running, int n_waiting);
+
+  void add_prompt_tokens(int64_t n);
+  void add_generation_tokens(int64_t n);
+  void add_preemption();
+  // finish_reason: "stop", "length" or "abort" (the client went away); all three exist from the start at 0.
+  void add_finished_request(const std::string& finish_reason);
+  void add_request_error(int http_status);
+
+  void observe_time_to_first_token(double seconds);
+  void observe_inter_token_latency(double seconds);
+  // At the end of a request: its latency from arrival and its token counts.
+  void observe_finished_request(double e2e_seconds, int64_t n_prompt_tokens, int64_t n_generation_tokens);
+
+  std::string render() const;
+
+ private:
+  struct LayerKv {
+    prometheus::Gauge* tokens = nullptr;
+    prometheus::Gauge* bytes = nullptr;
+    prometheus::Gauge* uncompressed_bytes = nullptr;
+    int64_t saved_bytes = 0;  // uncompressed_bytes - bytes, as last set
+  };
+  using LayerKey = std::tuple<int, int, int>;  // (layer, pp_stage, tp_rank)
+
+  std::shared_ptr<prometheus::Registry> registry_;
+
+  prometheus::Family<prometheus::Gauge>& kv_layer_tokens_;
+  prometheus::Family<prometheus::Gauge>& kv_layer_bytes_;
+  prometheus::Family<prometheus::Gauge>& kv_layer_uncompressed_bytes_;
+  prometheus::Gauge& kv_saved_bytes_;
+  prometheus::Gauge& kv_blocks_free_;
+  prometheus::Gauge& kv_blocks_total_;
+  prometheus::Gauge& kv_block_size_tokens_;
+  prometheus::Gauge& kv_usage_ratio_;
+  prometheus::Gauge& requests_running_;
+  prometheus::Gauge& requests_waiting_;
+
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& generation_tokens_;
+  prometheus::Counter& preemptions_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Counter>& request_errors_;
+
+  prometheus::Histogram& time_to_first_token_;
+  prometheus::Histogram& inter_token_latency_;
+  prometheus::Histogram& e2e_request_latency_;
+  prometheus::Histogram& request_prompt_tokens_;
+  prometheus::Histogram& request_generation_tokens_;
+
+  std::mutex layers_mutex_;  // guards layers_ and the saved-bytes total derived from it
+  std::map<LayerKey, LayerKv> layers_;
+  int64_t saved_bytes_ = 0;
+};
+
+}  // namespace strata
