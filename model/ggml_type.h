@@ -30,4 +30,8 @@ uint64_t ggml_row_bytes(GgmlType type, int64_t n_elements);
 // Throws std::invalid_argument for a type without dequantization support.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elements);
 
+// IEEE binary16 (subnormals, inf and NaN included) and bfloat16 bit patterns to fp32.
+float fp16_to_fp32(uint16_t bits);
+float bf16_to_fp32(uint16_t bits);
+
 }  // namespace strata

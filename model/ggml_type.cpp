@@ -1,0 +1,266 @@
+#include "model/ggml_type.h"
+
+#include <array>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace strata {
+
+namespace {
+
+constexpr int64_t kQK = 256;  // QK_K: super-block size of the k-quants
+
+// Every id of ../shared/specs/model_format.md section 2 that has a known block layout; the unsupported ones are
+// listed too so that errors can name them and parsers can bounds-check their data. Removed ids stay empty.
+constexpr std::array<std::optional<GgmlTypeTraits>, 42> kTraits = [] {
+  std::array<std::optional<GgmlTypeTraits>, 42> t{};
+  t[0] = GgmlTypeTraits{"f32", 1, 4, true};
+  t[1] = GgmlTypeTraits{"f16", 1, 2, true};
+  t[2] = GgmlTypeTraits{"q4_0", 32, 18, true};
+  t[3] = GgmlTypeTraits{"q4_1", 32, 20, true};
+  t[6] = GgmlTypeTraits{"q5_0", 32, 22, true};
+  t[7] = GgmlTypeTraits{"q5_1", 32, 24, true};
+  t[8] = GgmlTypeTraits{"q8_0", 32, 34, true};
+  t[9] = GgmlTypeTraits{"q8_1", 32, 36, false};
+  t[10] = GgmlTypeTraits{"q2_k", kQK, 84, false};
+  t[11] = GgmlTypeTraits{"q3_k", kQK, 110, false};
+  t[12] = GgmlTypeTraits{"q4_k", kQK, 144, true};
+  t[13] = GgmlTypeTraits{"q5_k", kQK, 176, true};
+  t[14] = GgmlTypeTraits{"q6_k", kQK, 210, true};
+  t[15] = GgmlTypeTraits{"q8_k", kQK, 292, false};
+  t[16] = GgmlTypeTraits{"iq2_xxs", kQK, 66, false};
+  t[17] = GgmlTypeTraits{"iq2_xs", kQK, 74, false};
+  t[18] = GgmlTypeTraits{"iq3_xxs", kQK, 98, false};
+  t[19] = GgmlTypeTraits{"iq1_s", kQK, 50, false};
+  t[20] = GgmlTypeTraits{"iq4_nl", 32, 18, false};
+  t[21] = GgmlTypeTraits{"iq3_s", kQK, 110, false};
+  t[22] = GgmlTypeTraits{"iq2_s", kQK, 82, false};
+  t[23] = GgmlTypeTraits{"iq4_xs", kQK, 136, false};
+  t[24] = GgmlTypeTraits{"i8", 1, 1, false};
+  t[25] = GgmlTypeTraits{"i16", 1, 2, false};
+  t[26] = GgmlTypeTraits{"i32", 1, 4, false};
+  t[27] = GgmlTypeTraits{"i64", 1, 8, false};
+  t[28] = GgmlTypeTraits{"f64", 1, 8, false};
+  t[29] = GgmlTypeTraits{"iq1_m", kQK, 56, false};
+  t[30] = GgmlTypeTraits{"bf16", 1, 2, true};
+  t[34] = GgmlTypeTraits{"tq1_0", kQK, 54, false};
+  t[35] = GgmlTypeTraits{"tq2_0", kQK, 66, false};
+  t[39] = GgmlTypeTraits{"mxfp4", 32, 17, false};
+  t[40] = GgmlTypeTraits{"nvfp4", 64, 36, false};
+  t[41] = GgmlTypeTraits{"q1_0", 128, 18, false};
+  return t;
+}();
+
+const GgmlTypeTraits& traits_or_throw(GgmlType type) {
+  const GgmlTypeTraits* t = ggml_type_traits(static_cast<uint32_t>(type));
+  if (t == nullptr) {
+    throw std::invalid_argument("unknown ggml type id " + std::to_string(static_cast<uint32_t>(type)));
+  }
+  return *t;
+}
+
+uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// Block structs are packed byte arrays in the file; reading fields byte-wise keeps this independent of the
+// host's alignment rules (the data of a row may start at any offset).
+void dequantize_q4_0(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 18, y += 32) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const uint8_t* qs = b + 2;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>((qs[j] & 0xF) - 8) * d;
+      y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void dequantize_q4_1(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 20, y += 32) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const float m = fp16_to_fp32(load_u16(b + 2));
+    const uint8_t* qs = b + 4;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>(qs[j] & 0xF) * d + m;
+      y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+void dequantize_q5_0(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 22, y += 32) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | (static_cast<uint32_t>(b[5]) << 24);
+    const uint8_t* qs = b + 6;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+      const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      y[j] = static_cast<float>(lo - 16) * d;
+      y[j + 16] = static_cast<float>(hi - 16) * d;
+    }
+  }
+}
+
+void dequantize_q5_1(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 24, y += 32) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const float m = fp16_to_fp32(load_u16(b + 2));
+    const uint32_t qh = b[4] | (b[5] << 8) | (b[6] << 16) | (static_cast<uint32_t>(b[7]) << 24);
+    const uint8_t* qs = b + 8;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+      const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      y[j] = static_cast<float>(lo) * d + m;
+      y[j + 16] = static_cast<float>(hi) * d + m;
+    }
+  }
+}
+
+void dequantize_q8_0(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 34, y += 32) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+// The 6-bit scale and min of sub-block s packed in the 12 bytes of a Q4_K/Q5_K block.
+void k_scale_min(const uint8_t* scales, int s, int& sc, int& mn) {
+  if (s < 4) {
+    sc = scales[s] & 63;
+    mn = scales[s + 4] & 63;
+  } else {
+    sc = (scales[s + 4] & 0xF) | ((scales[s - 4] >> 6) << 4);
+    mn = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
+  }
+}
+
+// Q4_K (qh == nullptr) and Q5_K share the layout: 4 chunks of 64 outputs, low nibbles first.
+void dequantize_q4_k_q5_k(const uint8_t* b, float* y, int64_t n_blocks, bool has_qh) {
+  const int64_t block_bytes = has_qh ? 176 : 144;
+  for (int64_t i = 0; i < n_blocks; ++i, b += block_bytes) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const float dmin = fp16_to_fp32(load_u16(b + 2));
+    const uint8_t* scales = b + 4;
+    const uint8_t* qh = has_qh ? b + 16 : nullptr;
+    const uint8_t* qs = b + (has_qh ? 48 : 16);
+    for (int c = 0; c < 4; ++c, qs += 32, y += 64) {
+      int sc0, mn0, sc1, mn1;
+      k_scale_min(scales, 2 * c, sc0, mn0);
+      k_scale_min(scales, 2 * c + 1, sc1, mn1);
+      const float d0 = d * static_cast<float>(sc0), m0 = dmin * static_cast<float>(mn0);
+      const float d1 = d * static_cast<float>(sc1), m1 = dmin * static_cast<float>(mn1);
+      for (int l = 0; l < 32; ++l) {
+        int lo = qs[l] & 0xF, hi = qs[l] >> 4;
+        if (qh != nullptr) {
+          lo += ((qh[l] >> (2 * c)) & 1) << 4;
+          hi += ((qh[l] >> (2 * c + 1)) & 1) << 4;
+        }
+        y[l] = d0 * static_cast<float>(lo) - m0;
+        y[l + 32] = d1 * static_cast<float>(hi) - m1;
+      }
+    }
+  }
+}
+
+void dequantize_q6_k(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 210) {
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = fp16_to_fp32(load_u16(b + 208));
+    for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8, y += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+float fp16_to_fp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1F;
+  const uint32_t mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24 is exact in fp32.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
+  } else if (exponent == 31) {
+    bits = sign | 0x7F800000u | (mantissa << 13);  // inf, or NaN keeping its payload
+  } else {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // rebias 15 -> 127
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+float bf16_to_fp32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+const GgmlTypeTraits* ggml_type_traits(uint32_t type_id) {
+  if (type_id >= kTraits.size() || !kTraits[type_id]) return nullptr;
+  return &*kTraits[type_id];
+}
+
+std::string_view ggml_type_name(GgmlType type) {
+  const GgmlTypeTraits* t = ggml_type_traits(static_cast<uint32_t>(type));
+  return t ? t->name : std::string_view("unknown");
+}
+
+uint64_t ggml_row_bytes(GgmlType type, int64_t n_elements) {
+  const GgmlTypeTraits& t = traits_or_throw(type);
+  if (n_elements < 0 || n_elements % t.block_elements != 0) {
+    throw std::invalid_argument(std::to_string(n_elements) + " elements is not a multiple of the " +
+                                std::string(t.name) + " block size " + std::to_string(t.block_elements));
+  }
+  return static_cast<uint64_t>(n_elements / t.block_elements) * static_cast<uint64_t>(t.block_bytes);
+}
+
+void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elements) {
+  const GgmlTypeTraits& t = traits_or_throw(type);
+  if (!t.supported) {
+    throw std::invalid_argument("cannot dequantize ggml type " + std::string(t.name) + " (id " +
+                                std::to_string(static_cast<uint32_t>(type)) + "): not supported");
+  }
+  ggml_row_bytes(type, n_elements);  // validates the block multiple
+  const auto* b = static_cast<const uint8_t*>(src);
+  const int64_t n_blocks = n_elements / t.block_elements;
+  switch (type) {
+    case GgmlType::f32: std::memcpy(dst, src, static_cast<size_t>(n_elements) * sizeof(float)); break;
+    case GgmlType::f16:
+      for (int64_t i = 0; i < n_elements; ++i) dst[i] = fp16_to_fp32(load_u16(b + 2 * i));
+      break;
+    case GgmlType::bf16:
+      for (int64_t i = 0; i < n_elements; ++i) dst[i] = bf16_to_fp32(load_u16(b + 2 * i));
+      break;
+    case GgmlType::q4_0: dequantize_q4_0(b, dst, n_blocks); break;
+    case GgmlType::q4_1: dequantize_q4_1(b, dst, n_blocks); break;
+    case GgmlType::q5_0: dequantize_q5_0(b, dst, n_blocks); break;
+    case GgmlType::q5_1: dequantize_q5_1(b, dst, n_blocks); break;
+    case GgmlType::q8_0: dequantize_q8_0(b, dst, n_blocks); break;
+    case GgmlType::q4_k: dequantize_q4_k_q5_k(b, dst, n_blocks, false); break;
+    case GgmlType::q5_k: dequantize_q4_k_q5_k(b, dst, n_blocks, true); break;
+    case GgmlType::q6_k: dequantize_q6_k(b, dst, n_blocks); break;
+    default:
+      throw std::invalid_argument("cannot dequantize ggml type " + std::string(t.name));
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,223 @@
+#include "model/ggml_type.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/test_paths.h"
+
+namespace strata {
+namespace {
+
+std::vector<float> dequantize(GgmlType type, const std::vector<uint8_t>& blocks, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  dequantize_row(type, blocks.data(), out.data(), n);
+  return out;
+}
+
+void put_f16(std::vector<uint8_t>& b, size_t at, uint16_t bits) {
+  b[at] = static_cast<uint8_t>(bits & 0xFF);
+  b[at + 1] = static_cast<uint8_t>(bits >> 8);
+}
+
+TEST(GgmlType, TraitsCoverTheSpecTable) {
+  const GgmlTypeTraits* q4_1 = ggml_type_traits(3);
+  ASSERT_NE(q4_1, nullptr);
+  EXPECT_EQ(q4_1->name, "q4_1");
+  EXPECT_EQ(q4_1->block_elements, 32);
+  EXPECT_EQ(q4_1->block_bytes, 20);
+  EXPECT_TRUE(q4_1->supported);
+  EXPECT_EQ(ggml_type_traits(14)->block_bytes, 210);
+  EXPECT_EQ(ggml_type_traits(12)->block_bytes, 144);
+  EXPECT_EQ(ggml_type_traits(30)->name, "bf16");
+  // Known but not dequantizable: listed so that errors can name them.
+  ASSERT_NE(ggml_type_traits(10), nullptr);
+  EXPECT_EQ(ggml_type_traits(10)->name, "q2_k");
+  EXPECT_FALSE(ggml_type_traits(10)->supported);
+  EXPECT_EQ(ggml_type_traits(39)->name, "mxfp4");
+  // Removed or unknown ids.
+  EXPECT_EQ(ggml_type_traits(4), nullptr);
+  EXPECT_EQ(ggml_type_traits(31), nullptr);
+  EXPECT_EQ(ggml_type_traits(1000), nullptr);
+  EXPECT_EQ(ggml_type_name(GgmlType::q8_0), "q8_0");
+}
+
+TEST(GgmlType, RowBytes) {
+  EXPECT_EQ(ggml_row_bytes(GgmlType::q4_1, 576), 360u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::q4_1, 1536), 960u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::q8_0, 576), 612u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::f32, 3), 12u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::q6_k, 512), 420u);
+  EXPECT_THROW(ggml_row_bytes(GgmlType::q4_0, 33), std::invalid_argument);
+}
+
+TEST(GgmlType, UnsupportedTypesThrowNamingTheType) {
+  std::vector<uint8_t> block(84);
+  float out[256];
+  try {
+    dequantize_row(GgmlType::q2_k, block.data(), out, 256);
+    FAIL() << "expected an exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("q2_k"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(dequantize_row(static_cast<GgmlType>(5), block.data(), out, 32), std::invalid_argument);
+}
+
+TEST(GgmlType, F16HandComputed) {
+  EXPECT_EQ(fp16_to_fp32(0x3C00), 1.0f);
+  EXPECT_EQ(fp16_to_fp32(0xC000), -2.0f);
+  EXPECT_EQ(fp16_to_fp32(0x7BFF), 65504.0f);
+  EXPECT_EQ(fp16_to_fp32(0x0400), std::ldexp(1.0f, -14));        // smallest normal
+  EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.0f, -24));        // smallest subnormal
+  EXPECT_EQ(fp16_to_fp32(0x03FF), 1023 * std::ldexp(1.0f, -24));  // largest subnormal
+  EXPECT_EQ(fp16_to_fp32(0x8001), -std::ldexp(1.0f, -24));
+  EXPECT_EQ(fp16_to_fp32(0x7C00), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(fp16_to_fp32(0xFC00), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(fp16_to_fp32(0x7E00)));
+  EXPECT_TRUE(std::isnan(fp16_to_fp32(0xFC01)));
+  EXPECT_EQ(fp16_to_fp32(0x0000), 0.0f);
+  EXPECT_TRUE(std::signbit(fp16_to_fp32(0x8000)));
+  EXPECT_EQ(fp16_to_fp32(0x3555), 0.333251953125f);
+
+  std::vector<uint8_t> raw = {0x00, 0x3C, 0x01, 0x00, 0x00, 0xFC};
+  EXPECT_EQ(dequantize(GgmlType::f16, raw, 3), (std::vector<float>{1.0f, std::ldexp(1.0f, -24),
+                                                                  -std::numeric_limits<float>::infinity()}));
+}
+
+TEST(GgmlType, Bf16HandComputed) {
+  EXPECT_EQ(bf16_to_fp32(0x3F80), 1.0f);
+  EXPECT_EQ(bf16_to_fp32(0xC040), -3.0f);
+  EXPECT_EQ(bf16_to_fp32(0x7F80), std::numeric_limits<float>::infinity());
+  std::vector<uint8_t> raw = {0x80, 0x3F, 0x40, 0xC0, 0x49, 0x40};
+  EXPECT_EQ(dequantize(GgmlType::bf16, raw, 3), (std::vector<float>{1.0f, -3.0f, 3.140625f}));
+}
+
+TEST(GgmlType, Q4_0HandComputed) {
+  std::vector<uint8_t> b(18, 0x88);  // every nibble 8 -> 0
+  put_f16(b, 0, 0x3800);             // d = 0.5
+  b[2 + 0] = 0x1F;                   // low nibble 15 -> y[0]; high nibble 1 -> y[16]
+  b[2 + 15] = 0x08;                  // y[15] = 0, y[31] = (0 - 8) * 0.5
+  std::vector<float> y = dequantize(GgmlType::q4_0, b, 32);
+  EXPECT_EQ(y[0], 3.5f);
+  EXPECT_EQ(y[16], -3.5f);
+  EXPECT_EQ(y[15], 0.0f);
+  EXPECT_EQ(y[31], -4.0f);
+  EXPECT_EQ(y[1], 0.0f);
+}
+
+TEST(GgmlType, Q4_1HandComputed) {
+  std::vector<uint8_t> b(20, 0x00);
+  put_f16(b, 0, 0x3400);  // d = 0.25
+  put_f16(b, 2, 0xBC00);  // m = -1
+  b[4 + 3] = 0xA5;        // y[3] = 5 * 0.25 - 1, y[19] = 10 * 0.25 - 1
+  b[4 + 15] = 0xFF;
+  std::vector<float> y = dequantize(GgmlType::q4_1, b, 32);
+  EXPECT_EQ(y[3], 0.25f);
+  EXPECT_EQ(y[19], 1.5f);
+  EXPECT_EQ(y[15], 2.75f);
+  EXPECT_EQ(y[31], 2.75f);
+  EXPECT_EQ(y[0], -1.0f);
+}
+
+TEST(GgmlType, Q8_0HandComputed) {
+  std::vector<uint8_t> b(34 * 2, 0x00);
+  put_f16(b, 0, 0x4000);  // d = 2
+  b[2 + 0] = 0x80;        // -128
+  b[2 + 31] = 0x7F;       // 127
+  b[2 + 5] = 0xFF;        // -1
+  put_f16(b, 34, 0xB800);  // second block: d = -0.5
+  b[34 + 2 + 1] = 3;
+  std::vector<float> y = dequantize(GgmlType::q8_0, b, 64);
+  EXPECT_EQ(y[0], -256.0f);
+  EXPECT_EQ(y[31], 254.0f);
+  EXPECT_EQ(y[5], -2.0f);
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_EQ(y[33], -1.5f);
+}
+
+TEST(GgmlType, Q4_KHandComputed) {
+  std::vector<uint8_t> b(144, 0x00);
+  put_f16(b, 0, 0x3C00);  // d = 1
+  put_f16(b, 2, 0x3800);  // dmin = 0.5
+  uint8_t* scales = b.data() + 4;
+  scales[0] = 3;                 // sub-block 0: scale 3
+  scales[4] = 2;                 //              min 2
+  scales[1] = 0x80 | 7;          // sub-block 1: scale 7; top bits 10 = high bits of sub-block 5's scale
+  scales[5] = 0x40 | 4;          // sub-block 1: min 4; top bits 01 = high bits of sub-block 5's min
+  scales[9] = 0x35;              // sub-block 5: scale low nibble 5 (-> 0x25 = 37), min low nibble 3 (-> 0x13 = 19)
+  uint8_t* qs = b.data() + 16;
+  qs[0] = 0x9A;       // chunk 0: y[0] from 0xA (sub-block 0), y[32] from 0x9 (sub-block 1)
+  qs[64 + 2] = 0xB0;  // chunk 2: y[130] from 0x0 (sub-block 4), y[162] from 0xB (sub-block 5)
+  std::vector<float> y = dequantize(GgmlType::q4_k, b, 256);
+  EXPECT_EQ(y[0], 1.0f * 3 * 10 - 0.5f * 2);
+  EXPECT_EQ(y[1], -1.0f);  // q = 0 in sub-block 0
+  EXPECT_EQ(y[32], 1.0f * 7 * 9 - 0.5f * 4);
+  EXPECT_EQ(y[162], 1.0f * 37 * 11 - 0.5f * 19);
+  EXPECT_EQ(y[130], 0.0f);  // sub-block 4 has scale 0 and min 0
+}
+
+TEST(GgmlType, Q6_KHandComputed) {
+  std::vector<uint8_t> b(210, 0x00);
+  uint8_t* ql = b.data();
+  uint8_t* qh = b.data() + 128;
+  int8_t* sc = reinterpret_cast<int8_t*>(b.data() + 192);
+  put_f16(b, 208, 0x3800);  // d = 0.5
+  sc[0] = 2, sc[2] = -3, sc[4] = 1, sc[6] = 4, sc[9] = 5;
+  ql[0] = 0x3F;   // low 15 -> y[0], high 3 -> y[64]
+  ql[32] = 0x71;  // low 1 -> y[32], high 7 -> y[96]
+  qh[0] = 2 | (1 << 2) | (0 << 4) | (3 << 6);
+  ql[64 + 20] = 0x0C;  // second half, l = 20 (scale index 1 -> sc[8 + 1])
+  qh[32 + 20] = 0x01;
+  std::vector<float> y = dequantize(GgmlType::q6_k, b, 256);
+  EXPECT_EQ(y[0], 0.5f * 2 * ((15 | (2 << 4)) - 32));
+  EXPECT_EQ(y[32], 0.5f * -3 * ((1 | (1 << 4)) - 32));
+  EXPECT_EQ(y[64], 0.5f * 1 * (3 - 32));
+  EXPECT_EQ(y[96], 0.5f * 4 * ((7 | (3 << 4)) - 32));
+  EXPECT_EQ(y[148], 0.5f * 5 * ((12 | 16) - 32));
+  EXPECT_EQ(y[1], 0.5f * 2 * -32);
+}
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << "cannot open " << path << " (written by tools/make_dequant_fixtures.py)";
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+// Fixtures: random blocks and their dequantization by gguf-py (tools/make_dequant_fixtures.py).
+class DequantFixture : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(DequantFixture, MatchesGgufPy) {
+  const std::string name(ggml_type_name(GetParam()));
+  const std::string base = test::source_path("tests/fixtures/dequant/" + name);
+  const std::vector<uint8_t> blocks = read_bytes(base + ".blocks");
+  const std::vector<uint8_t> expected_bytes = read_bytes(base + ".f32");
+  ASSERT_FALSE(expected_bytes.empty());
+  const int64_t n = static_cast<int64_t>(expected_bytes.size() / 4);
+  ASSERT_EQ(ggml_row_bytes(GetParam(), n), blocks.size());
+  std::vector<float> expected(static_cast<size_t>(n));
+  std::memcpy(expected.data(), expected_bytes.data(), expected_bytes.size());
+  const std::vector<float> got = dequantize(GetParam(), blocks, n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isinf(expected[i])) {
+      EXPECT_EQ(got[i], expected[i]) << name << " value " << i;
+    } else {
+      // Bit-exact in practice; the margin allows a fused multiply-add on other targets.
+      EXPECT_NEAR(got[i], expected[i], 1e-6f * std::fabs(expected[i]) + 1e-30f) << name << " value " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSupportedTypes, DequantFixture,
+                         ::testing::Values(GgmlType::f16, GgmlType::bf16, GgmlType::q4_0, GgmlType::q4_1,
+                                           GgmlType::q5_0, GgmlType::q5_1, GgmlType::q8_0, GgmlType::q4_k,
+                                           GgmlType::q5_k, GgmlType::q6_k),
+                         [](const auto& info) { return std::string(ggml_type_name(info.param)); });
+
+}  // namespace
+}  // namespace strata
