@@ -1,1 +1,40 @@
-int main() { return 0; }
+// strata: the serving daemon's one binary. Subcommands: serve, generate, bench, tokenize.
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "daemon/commands/commands.h"
+
+namespace {
+
+void print_usage() {
+  std::cout << "usage: strata <command> [flags]\n"
+               "  serve     --config FILE [--port N] [--host H] [--set section.key=value]...\n"
+               "            serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)\n"
+               "  generate  --config FILE --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S]\n"
+               "            complete one prompt and print the text\n"
+               "  bench     --config FILE [--model PATH|preset:NAME] [--batch 1,8] [--prompt-tokens N] [--gen-tokens N]\n"
+               "            [--out FILE]  prefill and decode throughput\n"
+               "  tokenize  --model FILE.gguf [--special] [--decode]\n"
+               "            JSON lines in, JSON lines out\n"
+               "Run 'strata <command> --help' for the flags of one command.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  int sub_argc = argc - 2;
+  char** sub_argv = argv + 2;
+  if (command == "serve") return strata::serve_command(sub_argc, sub_argv);
+  if (command == "generate") return strata::generate_command(sub_argc, sub_argv);
+  if (command == "bench") return strata::bench_command(sub_argc, sub_argv);
+  if (command == "tokenize") return strata::tokenize_command(sub_argc, sub_argv);
+  std::cerr << "strata: unknown command '" << command << "'\n";
+  print_usage();
+  return 2;
+}

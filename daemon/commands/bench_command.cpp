@@ -1,0 +1,159 @@
+// strata bench: prefill and decode throughput of the engine, in-process (no HTTP), for several batch sizes.
+// Each batch size runs B requests of P random prompt tokens that each generate G tokens (greedy, EOS ignored):
+//   prefill tokens/s = B*P / (time until every request has its first token)
+//   decode tokens/s  = B*(G-1) / (time from the last first token to the end)
+// Raw results go to --out as JSON with the machine, the command and the configuration.
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/commands/command_line.h"
+#include "daemon/commands/commands.h"
+#include "daemon/engine.h"
+#include "daemon/metrics.h"
+#include "daemon/runtime.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class TimingSink final : public GenerationSink {
+ public:
+  void on_event(GenerationEvent event) override {
+    if (auto* d = std::get_if<ChoiceDelta>(&event)) {
+      if (!first_token && !d->token_ids.empty()) first_token = Clock::now();
+      n_tokens += int(d->token_ids.size());
+    } else if (std::holds_alternative<RequestFinished>(event)) {
+      done = Clock::now();
+    } else if (auto* e = std::get_if<RequestFailed>(&event)) {
+      error = e->message;
+    }
+  }
+  bool cancelled() const override { return false; }
+
+  std::optional<Clock::time_point> first_token, done;
+  int n_tokens = 0;
+  std::string error;
+};
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+std::vector<int> parse_list(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
+  return out;
+}
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+}  // namespace
+
+int bench_command(int argc, char** argv) {
+  try {
+    CommandLine cl(argc, argv, {"config", "model", "batch", "prompt-tokens", "gen-tokens", "out", "set"}, {"help"},
+                   {"set"});
+    if (cl.has("help")) {
+      std::cout << "usage: strata bench --config FILE [--model PATH|preset:NAME] [--batch 1,8] [--prompt-tokens 128]\n"
+                   "                   [--gen-tokens 32] [--out FILE.json] [--set section.key=value]...\n";
+      return 0;
+    }
+    ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
+    for (const std::string& s : cl.get_all("set")) apply_config_override(config, s);
+    if (cl.has("model")) config.model.path = cl.get("model");
+    const int n_prompt = cl.get_int("prompt-tokens", 128);
+    const int n_gen = cl.get_int("gen-tokens", 32);
+    const std::vector<int> batches = parse_list(cl.get("batch", "1,8"));
+    if (n_prompt < 1 || n_gen < 2) throw std::invalid_argument("--prompt-tokens must be >= 1 and --gen-tokens >= 2");
+
+    std::unique_ptr<Runtime> rt = make_runtime(config);
+    const ModelConfig& mc = rt->weights.config;
+    // Without a tokenizer (dummy weights) nothing ends a sequence early; with one, EOS is ignored.
+    std::optional<Tokenizer> no_tokenizer_stand_in;
+    if (!rt->tokenizer) {
+      TokenizerData data;
+      for (int i = 0; i < mc.vocab_size; ++i) data.tokens.push_back("t" + std::to_string(i));
+      no_tokenizer_stand_in.emplace(std::move(data));
+    }
+    const Tokenizer& tokenizer = rt->tokenizer ? *rt->tokenizer : *no_tokenizer_stand_in;
+
+    std::string command = "strata bench";
+    for (int i = 0; i < argc; ++i) command += std::string(" ") + argv[i];
+    nlohmann::json report = {
+        {"command", command},
+        {"machine", {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}}},
+        {"backend", rt->backend->name()},
+        {"model", {{"path", config.model.path}, {"layers", mc.n_layers}, {"d_model", mc.d_model},
+                   {"heads", mc.n_heads}, {"kv_heads", mc.n_kv_heads}, {"vocab", mc.vocab_size}}},
+        {"prompt_tokens", n_prompt},
+        {"gen_tokens", n_gen},
+        {"max_batch_tokens", config.engine.max_batch_tokens},
+        {"results", nlohmann::json::array()}};
+
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int> token(100, mc.vocab_size - 1);
+    for (int batch : batches) {
+      ServerMetrics metrics(mc.max_context);
+      EngineOptions options = engine_options(config);
+      options.limits.max_running = std::max(options.limits.max_running, batch);
+      Engine engine(*rt->executor, *rt->cache, tokenizer, mc, metrics, options);
+      std::vector<std::shared_ptr<TimingSink>> sinks;
+      const Clock::time_point start = Clock::now();
+      for (int b = 0; b < batch; ++b) {
+        GenerationRequest r;
+        r.id = "bench-" + std::to_string(b);
+        for (int i = 0; i < n_prompt; ++i) r.prompt_ids.push_back(token(rng));
+        r.sampling.temperature = 0.0f;
+        r.sampling.max_tokens = n_gen;
+        r.sampling.ignore_eos = true;
+        sinks.push_back(std::make_shared<TimingSink>());
+        r.sink = sinks.back();
+        engine.submit(std::move(r));
+      }
+      engine.run_until_idle();
+      Clock::time_point last_first = start, end = start;
+      int generated = 0;
+      for (const auto& s : sinks) {
+        if (!s->error.empty()) throw std::runtime_error(s->error);
+        last_first = std::max(last_first, *s->first_token);
+        end = std::max(end, *s->done);
+        generated += s->n_tokens;
+      }
+      const double prefill_s = seconds(start, last_first), decode_s = seconds(last_first, end);
+      const nlohmann::json row = {{"batch", batch},
+                                  {"prefill_seconds", prefill_s},
+                                  {"prefill_tokens_per_second", batch * n_prompt / prefill_s},
+                                  {"decode_seconds", decode_s},
+                                  {"decode_tokens_per_second", (generated - batch) / decode_s},
+                                  {"generated_tokens", generated}};
+      std::cout << row.dump() << std::endl;
+      report["results"].push_back(row);
+    }
+    if (cl.has("out")) {
+      std::ofstream out(cl.get("out"));
+      out << report.dump(2) << "\n";
+      if (!out) throw std::runtime_error("cannot write " + cl.get("out"));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "strata bench: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace strata

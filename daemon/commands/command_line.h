@@ -1,0 +1,28 @@
+#pragma once
+// A small parser for `--flag value` / `--flag=value` / `--switch` arguments, shared by the subcommands.
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+class CommandLine {
+ public:
+  // flags_with_value: names (without "--") that take a value; switches: names that do not.
+  // `repeatable` flags may appear several times (values kept in order). Throws std::invalid_argument for
+  // unknown flags or missing values, naming them.
+  CommandLine(int argc, char** argv, const std::vector<std::string>& flags_with_value,
+              const std::vector<std::string>& switches, const std::vector<std::string>& repeatable = {});
+
+  bool has(const std::string& name) const { return values_.count(name) != 0; }
+  std::string get(const std::string& name, const std::string& fallback = "") const;
+  int get_int(const std::string& name, int fallback) const;
+  double get_double(const std::string& name, double fallback) const;
+  std::vector<std::string> get_all(const std::string& name) const;
+
+ private:
+  std::map<std::string, std::vector<std::string>> values_;
+};
+
+}  // namespace strata

@@ -1,0 +1,390 @@
+#include "daemon/engine.h"
+
+#include <algorithm>
+#include <random>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/stop_matcher.h"
+
+namespace strata {
+
+struct Engine::RequestState {
+  GenerationRequest request;
+  int n_unfinished = 0;
+  Usage usage;
+  Clock::time_point arrival;
+  bool first_token_seen = false;
+};
+
+struct Engine::Sequence {
+  int64_t id = 0;
+  std::shared_ptr<RequestState> req;
+  int choice = 0;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int n_prompt = 0;
+  int n_cached = 0;             // tokens whose KV the ranks hold
+  int n_generated = 0;
+  bool known_to_ranks = false;
+  uint64_t seed = 0;
+  IncrementalDecoder decoder;
+  StopMatcher stop;
+  Clock::time_point last_token;
+
+  Sequence(const Tokenizer& tokenizer, const std::vector<std::string>& stops)
+      : decoder(tokenizer, /*skip_special=*/true), stop(stops) {}
+};
+
+Engine::Engine(StepExecutor& executor, const KvCache& cache, const Tokenizer& tokenizer, const ModelConfig& config,
+               ServerMetrics& metrics, EngineOptions options)
+    : executor_(executor),
+      cache_(cache),
+      tokenizer_(tokenizer),
+      config_(config),
+      metrics_(metrics),
+      options_(std::move(options)) {
+  publish_state();
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() { thread_ = std::thread([this] { loop(); }); }
+
+void Engine::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::submit(GenerationRequest request) {
+  const int n_prompt = int(request.prompt_ids.size());
+  if (n_prompt == 0) throw std::invalid_argument("the prompt is empty");
+  if (n_prompt >= config_.max_context) {
+    throw std::invalid_argument("the prompt has " + std::to_string(n_prompt) + " tokens; the model's context is " +
+                                std::to_string(config_.max_context) + " tokens");
+  }
+  // A prompt that cannot fit the whole KV pool alone would wait forever.
+  const int64_t blocks = int64_t(cache_.n_layers()) * ((n_prompt + 1 + cache_.block_size() - 1) / cache_.block_size());
+  if (blocks > cache_.pool().n_total()) {
+    throw std::invalid_argument("the prompt needs " + std::to_string(blocks) + " KV blocks; the server's pool has " +
+                                std::to_string(cache_.pool().n_total()));
+  }
+  if (!request.sink) throw std::logic_error("generation request without a sink");
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw std::runtime_error("the server is shutting down");
+    if (n_queued_ + size_t(request.n) > size_t(options_.max_waiting)) {
+      throw std::runtime_error("the request queue is full (" + std::to_string(options_.max_waiting) +
+                               " sequences waiting); retry later");
+    }
+    n_queued_ += size_t(request.n);
+    inbox_.push_back(std::move(request));
+  }
+  wake_.notify_one();
+}
+
+std::string Engine::metrics_text() { return metrics_.render(); }
+
+std::string Engine::kv_state_json() {
+  std::lock_guard lock(mutex_);
+  return kv_state_json_;
+}
+
+bool Engine::healthy() const {
+  std::lock_guard lock(mutex_);
+  return healthy_ && !stopping_;
+}
+
+bool Engine::has_work() const { return !running_.empty() || !waiting_.empty() || !to_release_.empty(); }
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      // Poll while idle too, so that a client gone during a long prompt's queueing is noticed.
+      wake_.wait_for(lock, std::chrono::milliseconds(100),
+                     [&] { return stopping_ || !inbox_.empty() || has_work(); });
+      if (stopping_) break;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // A failed step must not take the server down or leave clients waiting: fail what is in flight.
+      fail_all(std::string("engine step failed: ") + e.what());
+    }
+  }
+  fail_all("the server is shutting down");
+}
+
+void Engine::run_until_idle() {
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (inbox_.empty() && !has_work()) return;
+    }
+    step();
+  }
+}
+
+void Engine::take_new_requests() {
+  std::deque<GenerationRequest> incoming;
+  {
+    std::lock_guard lock(mutex_);
+    incoming.swap(inbox_);
+  }
+  static thread_local std::mt19937_64 seed_source{std::random_device{}()};
+  for (GenerationRequest& r : incoming) {
+    auto req = std::make_shared<RequestState>();
+    req->arrival = Clock::now();
+    req->n_unfinished = r.n;
+    req->usage.prompt_tokens = int(r.prompt_ids.size());
+    req->request = std::move(r);
+    const SamplingParams& sp = req->request.sampling;
+    for (int c = 0; c < req->request.n; ++c) {
+      auto seq = std::make_unique<Sequence>(tokenizer_, sp.stop);
+      seq->id = next_seq_id_++;
+      seq->req = req;
+      seq->choice = c;
+      seq->tokens = req->request.prompt_ids;
+      seq->n_prompt = int(seq->tokens.size());
+      // The same seed gives the same output; the choices of one request differ from each other.
+      seq->seed = sp.seed ? *sp.seed + uint64_t(c) : seed_source();
+      waiting_.push_back(seq->id);
+      seqs_.emplace(seq->id, std::move(seq));
+    }
+  }
+}
+
+void Engine::drop_cancelled() {
+  std::vector<Sequence*> gone;
+  for (auto& [id, seq] : seqs_) {
+    if (seq->req->request.sink->cancelled()) gone.push_back(seq.get());
+  }
+  for (Sequence* seq : gone) finish(*seq, "abort", /*notify=*/false);
+}
+
+void Engine::step() {
+  take_new_requests();
+  drop_cancelled();
+
+  std::vector<SchedulerSequence> running;
+  for (int64_t id : running_) {
+    const Sequence& s = *seqs_.at(id);
+    running.push_back({id, int(s.tokens.size()), s.n_cached});
+  }
+  std::deque<SchedulerSequence> waiting;
+  for (int64_t id : waiting_) {
+    const Sequence& s = *seqs_.at(id);
+    waiting.push_back({id, int(s.tokens.size()), s.n_cached});
+  }
+  const Schedule schedule = schedule_step(running, waiting, cache_, options_.limits);
+
+  StepPlan plan;
+  plan.step = ++step_;
+  for (int64_t id : schedule.unservable) finish(*seqs_.at(id), "length", /*notify=*/true);
+  for (int64_t id : schedule.preempted) {
+    Sequence& s = *seqs_.at(id);
+    s.n_cached = 0;
+    std::erase(running_, id);
+    waiting_.push_front(id);
+    plan.preempted.push_back(id);
+    metrics_.add_preemption();
+  }
+  for (int64_t id : schedule.admitted) {
+    Sequence& s = *seqs_.at(id);
+    std::erase(waiting_, id);
+    running_.push_back(id);
+    if (!s.known_to_ranks) {
+      const GenerationRequest& r = s.req->request;
+      plan.added.push_back(PlannedSequence{id, r.sampling, s.seed,
+                                           r.kv_policy.empty() ? options_.default_policy : r.kv_policy, s.n_prompt});
+      s.known_to_ranks = true;
+    }
+  }
+  plan.finished.swap(to_release_);
+  for (const ScheduledChunk& c : schedule.chunks) {
+    const Sequence& s = *seqs_.at(c.id);
+    PlannedWork w;
+    w.seq = c.id;
+    w.start_pos = c.start;
+    w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
+    w.sample = c.start + c.n == int(s.tokens.size());
+    w.prefill_end = c.start < s.n_prompt && c.start + c.n >= s.n_prompt;
+    plan.work.push_back(std::move(w));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    n_queued_ = waiting_.size() + [&] {
+      size_t n = 0;
+      for (const GenerationRequest& r : inbox_) n += size_t(r.n);
+      return n;
+    }();
+  }
+
+  const StepResult result = executor_.execute(plan);
+
+  int n_prompt_tokens = 0;
+  for (const ScheduledChunk& c : schedule.chunks) {
+    Sequence& s = *seqs_.at(c.id);
+    s.n_cached += c.n;
+    n_prompt_tokens += std::max(0, std::min(c.start + c.n, s.n_prompt) - c.start);
+  }
+  metrics_.add_prompt_tokens(n_prompt_tokens);
+  for (const SampledToken& t : result.sampled) on_token(*seqs_.at(t.seq), t);
+  publish_state();
+}
+
+void Engine::on_token(Sequence& seq, const SampledToken& sampled) {
+  RequestState& req = *seq.req;
+  const SamplingParams& sp = req.request.sampling;
+  const Clock::time_point now = Clock::now();
+  if (!req.first_token_seen) {
+    req.first_token_seen = true;
+    metrics_.observe_time_to_first_token(std::chrono::duration<double>(now - req.arrival).count());
+  } else if (seq.n_generated > 0) {
+    metrics_.observe_inter_token_latency(std::chrono::duration<double>(now - seq.last_token).count());
+  }
+  seq.last_token = now;
+  seq.tokens.push_back(sampled.token);
+  ++seq.n_generated;
+  ++req.usage.completion_tokens;
+  metrics_.add_generation_tokens(1);
+
+  ChoiceDelta delta;
+  delta.choice = seq.choice;
+  delta.token_ids.push_back(sampled.token);
+  if (sp.n_logprobs >= 0) {
+    LogprobEntry e{tokenizer_.token_bytes(sampled.token), sampled.token, sampled.logprob, {}};
+    for (size_t i = 0; i < sampled.top_ids.size(); ++i) {
+      e.top.emplace_back(tokenizer_.token_bytes(sampled.top_ids[i]), sampled.top_logprobs[i]);
+    }
+    delta.logprobs.push_back(std::move(e));
+  }
+
+  const auto& stop_ids = tokenizer_.stop_ids();
+  const bool is_stop_token =
+      !sp.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), sampled.token) != stop_ids.end();
+  if (is_stop_token) {
+    req.request.sink->on_event(std::move(delta));
+    finish(seq, "stop", /*notify=*/true);
+    return;
+  }
+  const StopScan text = seq.stop.push(seq.decoder.push(sampled.token));
+  delta.text = text.text;
+  req.request.sink->on_event(std::move(delta));
+  if (text.stopped) {
+    finish(seq, "stop", /*notify=*/true);
+  } else if (seq.n_generated >= sp.max_tokens || int(seq.tokens.size()) >= config_.max_context) {
+    finish(seq, "length", /*notify=*/true);
+  }
+}
+
+void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {
+  const int64_t id = seq.id;
+  std::shared_ptr<RequestState> req = seq.req;
+  if (notify) {
+    // Whatever the decoder and the stop matcher still hold belongs to the output, unless a stop string ended it.
+    if (!seq.stop.stopped()) {
+      const std::string rest = seq.stop.push(seq.decoder.flush()).text + seq.stop.flush();
+      if (!rest.empty()) req->request.sink->on_event(ChoiceDelta{seq.choice, rest, {}, {}});
+    }
+    req->request.sink->on_event(ChoiceFinished{seq.choice, reason});
+  }
+  std::erase(running_, id);
+  std::erase(waiting_, id);
+  if (seq.known_to_ranks) to_release_.push_back(id);
+  seqs_.erase(id);  // `seq` is gone from here on
+
+  if (--req->n_unfinished == 0) {
+    metrics_.add_finished_request(reason);
+    metrics_.observe_finished_request(std::chrono::duration<double>(Clock::now() - req->arrival).count(),
+                                      req->usage.prompt_tokens, req->usage.completion_tokens);
+    if (notify) req->request.sink->on_event(RequestFinished{req->usage});
+  }
+}
+
+void Engine::fail_all(const std::string& message) {
+  std::vector<std::shared_ptr<RequestState>> reqs;
+  for (auto& [id, seq] : seqs_) {
+    if (std::find(reqs.begin(), reqs.end(), seq->req) == reqs.end()) reqs.push_back(seq->req);
+    if (seq->known_to_ranks) to_release_.push_back(id);
+  }
+  seqs_.clear();
+  running_.clear();
+  waiting_.clear();
+  std::deque<GenerationRequest> incoming;
+  {
+    std::lock_guard lock(mutex_);
+    incoming.swap(inbox_);
+    n_queued_ = 0;
+  }
+  for (auto& req : reqs) req->request.sink->on_event(RequestFailed{500, "server_error", message});
+  for (auto& r : incoming) r.sink->on_event(RequestFailed{503, "server_error", message});
+  // The ranks still hold the KV of the failed sequences: free it now (the next plan would otherwise do it).
+  if (!to_release_.empty()) {
+    StepPlan plan;
+    plan.step = ++step_;
+    plan.finished.swap(to_release_);
+    try {
+      executor_.execute(plan);
+    } catch (const std::exception&) {
+      std::lock_guard lock(mutex_);
+      healthy_ = false;  // the ranks are in an unknown state: report it on /health
+    }
+  }
+  publish_state();
+}
+
+void Engine::publish_state() {
+  int64_t held = 0;
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    const LayerUsage u = cache_.layer_usage(l);
+    metrics_.set_layer_kv(l, options_.pp_stage, options_.tp_rank, u.entries, u.bytes, u.uncompressed_bytes);
+    layers.push_back({{"layer", l}, {"tokens", u.entries}, {"blocks", u.blocks}, {"bytes", u.bytes},
+                      {"uncompressed_bytes", u.uncompressed_bytes}});
+    held += u.blocks;
+  }
+  const BlockPool& pool = cache_.pool();
+  metrics_.set_kv_blocks(pool.n_free(), pool.n_total(), cache_.block_size());
+  metrics_.set_requests(int(running_.size()), int(waiting_.size()));
+
+  nlohmann::json sequences = nlohmann::json::array();
+  for (const auto& [id, seq] : seqs_) {
+    nlohmann::json per_layer = nlohmann::json::array();
+    if (cache_.contains(id)) {
+      for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+        const LayerKv& kv = cache_.layer(id, l);
+        per_layer.push_back({{"layer", l}, {"tokens", kv.n_entries}, {"uncompressed_tokens", kv.n_appended},
+                             {"blocks", kv.block_table.size()}});
+      }
+    }
+    sequences.push_back({{"seq", id},
+                         {"request", seq->req->request.id},
+                         {"choice", seq->choice},
+                         {"policy", seq->req->request.kv_policy.empty() ? options_.default_policy
+                                                                        : seq->req->request.kv_policy},
+                         {"prompt_tokens", seq->n_prompt},
+                         {"generated_tokens", seq->n_generated},
+                         {"cached_tokens", seq->n_cached},
+                         {"layers", per_layer}});
+  }
+  nlohmann::json state = {{"pp_stage", options_.pp_stage},
+                          {"tp_rank", options_.tp_rank},
+                          {"block_size", cache_.block_size()},
+                          {"blocks_total", pool.n_total()},
+                          {"blocks_free", pool.n_free()},
+                          {"blocks_held", held},
+                          {"block_bytes", pool.layout().block_bytes()},
+                          {"layers", layers},
+                          {"sequences", sequences}};
+  std::string text = state.dump();
+  std::lock_guard lock(mutex_);
+  kv_state_json_ = std::move(text);
+}
+
+}  // namespace strata

@@ -1,0 +1,93 @@
+#pragma once
+// The leader's engine loop (rank 0): takes validated requests from the HTTP threads, schedules every step
+// (continuous batching: a new request joins the running batch at the next step, a finished one leaves it),
+// builds the StepPlan, has it executed, and turns sampled tokens into text events on each request's sink:
+// incremental detokenization, stop strings, finish reasons, logprobs, usage and metrics.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "daemon/generation.h"
+#include "daemon/metrics.h"
+#include "daemon/scheduler.h"
+#include "daemon/step_executor.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+
+namespace strata {
+
+struct EngineOptions {
+  SchedulerLimits limits;
+  int max_waiting = 256;               // queued sequences beyond which submit() refuses (HTTP 503)
+  std::string default_policy = "full";
+  int pp_stage = 0;                    // this rank's place in the grid, for the metrics labels
+  int tp_rank = 0;
+};
+
+class Engine final : public GenerationService {
+ public:
+  Engine(StepExecutor& executor, const KvCache& cache, const Tokenizer& tokenizer, const ModelConfig& config,
+         ServerMetrics& metrics, EngineOptions options);
+  ~Engine() override;
+
+  void start();  // runs the loop on its own thread
+  void stop();   // finishes the current step, fails what is still in flight, joins the thread
+
+  void submit(GenerationRequest request) override;
+  std::string metrics_text() override;
+  std::string kv_state_json() override;
+  bool healthy() const override;
+
+  // Runs steps on the calling thread until every submitted request has finished (strata generate, bench, tests).
+  void run_until_idle();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct RequestState;
+  struct Sequence;
+
+  void loop();
+  bool has_work() const;
+  void step();
+  void take_new_requests();
+  void drop_cancelled();
+  void on_token(Sequence& seq, const SampledToken& sampled);
+  void finish(Sequence& seq, const std::string& reason, bool notify);
+  void fail_all(const std::string& message);
+  void publish_state();
+
+  StepExecutor& executor_;
+  const KvCache& cache_;
+  const Tokenizer& tokenizer_;
+  const ModelConfig& config_;
+  ServerMetrics& metrics_;
+  EngineOptions options_;
+
+  // Shared with the HTTP threads.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<GenerationRequest> inbox_;
+  size_t n_queued_ = 0;  // sequences in inbox_ and waiting_, for the max_waiting bound
+  bool stopping_ = false;
+  bool healthy_ = true;
+  std::string kv_state_json_ = "{}";
+
+  // Engine thread only.
+  std::thread thread_;
+  uint64_t step_ = 0;
+  int64_t next_seq_id_ = 1;
+  std::map<int64_t, std::unique_ptr<Sequence>> seqs_;
+  std::vector<int64_t> running_;   // admission order
+  std::deque<int64_t> waiting_;    // arrival order (preempted sequences go back to the front)
+  std::vector<int64_t> to_release_;  // finished since the last plan: the ranks free them in the next one
+};
+
+}  // namespace strata

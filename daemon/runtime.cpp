@@ -1,0 +1,86 @@
+#include "daemon/runtime.h"
+
+#include <filesystem>
+#include <iostream>
+
+#include "model/model_loader.h"
+
+namespace strata {
+namespace {
+
+constexpr std::string_view kPresetPrefix = "preset:";
+
+std::string default_system_prompt(const ServerConfig::Model& m, std::string_view jinja) {
+  if (m.system_prompt != "default") return m.system_prompt;
+  // SmolLM2's template inserts its own system prompt when a chat has none.
+  return jinja.find(kSmolLm2SystemPrompt) != std::string_view::npos ? std::string(kSmolLm2SystemPrompt) : "";
+}
+
+ChatTemplate choose_template(const ServerConfig::Model& m, std::string_view jinja) {
+  const std::string system = default_system_prompt(m, jinja);
+  if (m.chat_template == "auto") {
+    ChatTemplate detected = ChatTemplate::detect(jinja);
+    return ChatTemplate(detected.kind(), system);
+  }
+  return ChatTemplate::from_name(m.chat_template, system);
+}
+
+}  // namespace
+
+std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
+  auto rt = std::make_unique<Runtime>();
+  const ServerConfig::Model& m = config.model;
+  if (m.path.empty()) throw ConfigError(config.file + ": model.path: missing (a .gguf file, a directory or preset:NAME)");
+  ShardSpec shard;  // the whole model: [distributed] gives each rank its part
+  namespace fs = std::filesystem;
+
+  if (m.path.rfind(kPresetPrefix, 0) == 0) {
+    const ModelConfig mc = preset_config(m.path.substr(kPresetPrefix.size()));
+    rt->weights = make_dummy_weights(mc, shard, /*seed=*/1234);
+    rt->model_name = m.name.empty() ? m.path.substr(kPresetPrefix.size()) : m.name;
+  } else if (fs::is_directory(m.path)) {
+    rt->weights = load_safetensors_weights(m.path, shard);
+    const std::string tokenizer_json = (fs::path(m.path) / "tokenizer.json").string();
+    if (fs::exists(tokenizer_json)) rt->tokenizer = Tokenizer::from_hf_json(tokenizer_json);
+    rt->chat_template = choose_template(m, "");
+    rt->model_name = m.name.empty() ? fs::path(m.path).filename().string() : m.name;
+  } else {
+    if (!fs::exists(m.path)) {
+      throw ConfigError(config.file + ": model.path: " + m.path + " does not exist (tools/setup.sh fetches the default model)");
+    }
+    rt->gguf = GgufFile::open(m.path);
+    rt->weights = load_gguf_weights(rt->gguf, shard);
+    rt->tokenizer = Tokenizer::from_gguf(*rt->gguf);
+    rt->chat_template = choose_template(m, rt->gguf->get_string("tokenizer.chat_template").value_or(""));
+    rt->model_name = m.name.empty() ? fs::path(m.path).stem().string() : m.name;
+  }
+
+  rt->backend = make_cpu_backend();
+  rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights);
+  const KvBlockLayout layout = rt->model->kv_layout(config.kv_cache.block_size);
+  const int64_t n_blocks = BlockPool::blocks_for_memory(layout, config.kv_cache.memory_mib << 20);
+  if (n_blocks < rt->weights.config.n_layers) {
+    throw ConfigError(config.file + ": kv_cache.memory_mib: " + std::to_string(config.kv_cache.memory_mib) +
+                      " MiB does not hold one block per layer (" + std::to_string(layout.block_bytes()) +
+                      " bytes each)");
+  }
+  rt->pool = std::make_unique<BlockPool>(*rt->backend, layout, n_blocks);
+  rt->cache = std::make_unique<KvCache>(*rt->pool, 0, rt->weights.config.n_layers);
+  rt->executor = std::make_unique<StepExecutor>(*rt->model, *rt->cache);
+  std::cerr << "strata: " << rt->model_name << ": " << rt->weights.config.n_layers << " layers, KV pool of "
+            << n_blocks << " blocks x " << layout.block_size << " tokens (" << (config.kv_cache.memory_mib)
+            << " MiB: room for " << (n_blocks * layout.block_size / rt->weights.config.n_layers)
+            << " tokens in all layers), backend " << rt->backend->name() << "\n";
+  return rt;
+}
+
+EngineOptions engine_options(const ServerConfig& config) {
+  EngineOptions o;
+  o.limits.max_running = config.engine.max_running;
+  o.limits.max_batch_tokens = config.engine.max_batch_tokens;
+  o.max_waiting = config.engine.max_waiting;
+  o.default_policy = config.kv_cache.policy;
+  return o;
+}
+
+}  // namespace strata

@@ -1,0 +1,43 @@
+#pragma once
+// Everything one rank needs to run the model, assembled from the configuration: the weights of its shard, the
+// tokenizer and chat template (leader), the backend, the KV pool and cache, and the step executor.
+// Shared by `strata serve`, `generate` and `bench`, and by the tests that drive the engine in-process.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cache/block_pool.h"
+#include "cache/kv_cache.h"
+#include "daemon/engine.h"
+#include "daemon/server_config.h"
+#include "daemon/step_executor.h"
+#include "kernels/backend.h"
+#include "model/chat_template.h"
+#include "model/gguf_file.h"
+#include "model/llama_model.h"
+#include "model/model_weights.h"
+#include "model/tokenizer.h"
+
+namespace strata {
+
+struct Runtime {
+  std::shared_ptr<GgufFile> gguf;            // when the model is a GGUF file
+  ModelWeights weights;
+  std::optional<Tokenizer> tokenizer;        // absent for preset (dummy) models
+  std::optional<ChatTemplate> chat_template;
+  std::string model_name;                    // served id
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<BlockPool> pool;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<StepExecutor> executor;
+};
+
+// Loads model.path: a .gguf file, a Hugging Face directory (config.json + *.safetensors + tokenizer.json), or
+// "preset:<name>" (dummy weights at real shapes, no tokenizer). Throws with the file, key or offset at fault.
+std::unique_ptr<Runtime> make_runtime(const ServerConfig& config);
+
+// The engine's settings from the configuration.
+EngineOptions engine_options(const ServerConfig& config);
+
+}  // namespace strata

@@ -1,0 +1,144 @@
+#include "daemon/server_config.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include <yaml-cpp/yaml.h>
+
+#include "cache/compression_policy.h"
+
+namespace strata {
+namespace {
+
+// One settable key: parses a scalar's text into the config, throwing ConfigError with `where` on bad values.
+using Setter = std::function<void(ServerConfig&, const std::string& text, const std::string& where)>;
+
+int64_t parse_int(const std::string& text, const std::string& where, int64_t min, int64_t max) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || v < min || v > max) {
+    throw ConfigError(where + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
+                      "], got '" + text + "'");
+  }
+  return v;
+}
+
+std::string parse_choice(const std::string& text, const std::string& where, const std::vector<std::string>& ok) {
+  if (std::find(ok.begin(), ok.end(), text) != ok.end()) return text;
+  std::string list;
+  for (const std::string& o : ok) list += (list.empty() ? "" : ", ") + o;
+  throw ConfigError(where + ": expected one of " + list + ", got '" + text + "'");
+}
+
+const std::map<std::string, Setter>& setters() {
+  static const std::map<std::string, Setter> table = {
+      {"model.path", [](ServerConfig& c, const std::string& t, const std::string&) { c.model.path = t; }},
+      {"model.name", [](ServerConfig& c, const std::string& t, const std::string&) { c.model.name = t; }},
+      {"model.chat_template",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.model.chat_template = parse_choice(t, w, {"auto", "chatml", "llama3", "mistral"});
+       }},
+      {"model.system_prompt", [](ServerConfig& c, const std::string& t, const std::string&) { c.model.system_prompt = t; }},
+      {"server.host", [](ServerConfig& c, const std::string& t, const std::string&) { c.server.host = t; }},
+      {"server.port",
+       [](ServerConfig& c, const std::string& t, const std::string& w) { c.server.port = int(parse_int(t, w, 0, 65535)); }},
+      {"server.threads",
+       [](ServerConfig& c, const std::string& t, const std::string& w) { c.server.threads = int(parse_int(t, w, 1, 256)); }},
+      {"server.max_body_bytes",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.server.max_body_bytes = parse_int(t, w, 1024, int64_t(1) << 30);
+       }},
+      {"server.max_n",
+       [](ServerConfig& c, const std::string& t, const std::string& w) { c.server.max_n = int(parse_int(t, w, 1, 128)); }},
+      {"engine.max_running",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.max_running = int(parse_int(t, w, 1, 4096));
+       }},
+      {"engine.max_batch_tokens",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.max_batch_tokens = int(parse_int(t, w, 1, 1 << 20));
+       }},
+      {"engine.max_waiting",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.max_waiting = int(parse_int(t, w, 1, 1 << 20));
+       }},
+      {"kv_cache.block_size",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.kv_cache.block_size = int(parse_int(t, w, 1, 1024));
+       }},
+      {"kv_cache.memory_mib",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.kv_cache.memory_mib = parse_int(t, w, 1, int64_t(1) << 24);
+       }},
+      {"kv_cache.policy",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.kv_cache.policy = parse_choice(t, w, policy_names());
+       }},
+      {"parallel.tp",
+       [](ServerConfig& c, const std::string& t, const std::string& w) { c.parallel.tp = int(parse_int(t, w, 1, 1024)); }},
+      {"parallel.pp",
+       [](ServerConfig& c, const std::string& t, const std::string& w) { c.parallel.pp = int(parse_int(t, w, 1, 1024)); }},
+  };
+  return table;
+}
+
+void set_key(ServerConfig& config, const std::string& key, const std::string& value, const std::string& where) {
+  auto it = setters().find(key);
+  if (it == setters().end()) {
+    std::string known;
+    for (const auto& [k, _] : setters()) known += (known.empty() ? "" : ", ") + k;
+    throw ConfigError(where + ": unknown key (known keys: " + known + ")");
+  }
+  it->second(config, value, where);
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const auto& [k, _] : setters()) keys.push_back(k);
+  return keys;
+}
+
+ServerConfig load_server_config(const std::string& path) {
+  ServerConfig config;
+  config.file = path;
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(path + ": cannot open the configuration file");
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(path + ": line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  if (root.IsNull()) return config;
+  if (!root.IsMap()) throw ConfigError(path + ": expected a mapping of sections at the top level");
+  for (const auto& section : root) {
+    const std::string name = section.first.as<std::string>();
+    if (!section.second.IsMap()) {
+      throw ConfigError(path + ": " + name + ": expected a mapping of keys (e.g. " + name + ":\\n  key: value)");
+    }
+    for (const auto& entry : section.second) {
+      const std::string key = name + "." + entry.first.as<std::string>();
+      const std::string where = path + ": " + key;
+      if (!entry.second.IsScalar()) throw ConfigError(where + ": expected a single value");
+      set_key(config, key, entry.second.Scalar(), where);
+    }
+  }
+  return config;
+}
+
+void apply_config_override(ServerConfig& config, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos) throw ConfigError("--set " + assignment + ": expected section.key=value");
+  const std::string key = assignment.substr(0, eq);
+  set_key(config, key, assignment.substr(eq + 1), "--set " + key);
+}
+
+}  // namespace strata

@@ -1,0 +1,59 @@
+#pragma once
+// The deployment configuration: one YAML file per deployment (configs/), with command-line overrides.
+// Every error names the file and the key, e.g. "configs/smollm2-cpu.yaml: engine.max_running: expected an
+// integer >= 1, got 'many'". Unknown keys are errors too: a typo must not silently fall back to a default.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ServerConfig {
+  std::string file;  // where it was read from, for error messages
+
+  struct Model {
+    std::string path;                       // a .gguf file, a Hugging Face directory, or "preset:<name>"
+    std::string name;                       // the id served on /v1/models (default: the file's stem)
+    std::string chat_template = "auto";     // auto | chatml | llama3 | mistral
+    std::string system_prompt = "default";  // "default": the model's own default; otherwise this text
+  } model;
+
+  struct Server {
+    std::string host = "127.0.0.1";
+    int port = 8000;
+    int threads = 2;                        // HTTP I/O threads
+    int64_t max_body_bytes = 4 << 20;
+    int max_n = 16;                         // largest `n` a request may ask for
+  } server;
+
+  struct Engine {
+    int max_running = 16;
+    int max_batch_tokens = 512;
+    int max_waiting = 256;
+  } engine;
+
+  struct KvCache {
+    int block_size = 16;
+    int64_t memory_mib = 1024;              // the pool's budget, per rank
+    std::string policy = "full";
+  } kv_cache;
+
+  struct Parallel {
+    int tp = 1;
+    int pp = 1;
+  } parallel;
+};
+
+ServerConfig load_server_config(const std::string& path);
+// Applies "section.key=value" (the --set flag) with the same checks as the file.
+void apply_config_override(ServerConfig& config, const std::string& assignment);
+// Every key the file may hold, for --help and error messages.
+std::vector<std::string> config_keys();
+
+}  // namespace strata

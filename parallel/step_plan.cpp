@@ -1,0 +1,215 @@
+// Little-endian, length-prefixed serialisation of StepPlan and StepResult. Every read is bounds-checked: a short
+// or corrupt message raises an error naming the offset instead of reading past the buffer.
+#include "parallel/step_plan.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <type_traits>
+
+namespace strata {
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void put(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    out_.insert(out_.end(), p, p + sizeof(T));
+  }
+  void put(const std::string& s) {
+    put<uint32_t>(uint32_t(s.size()));
+    out_.insert(out_.end(), s.begin(), s.end());
+  }
+  template <typename T>
+  void put(const std::vector<T>& v) {
+    put<uint32_t>(uint32_t(v.size()));
+    for (const T& x : v) put(x);
+  }
+  std::vector<uint8_t> take() { return std::move(out_); }
+
+ private:
+  std::vector<uint8_t> out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<uint8_t>& in) : in_(in) {}
+  template <typename T>
+  T get() {
+    static_assert(std::is_trivially_copyable_v<T>);
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string get_string() {
+    const uint32_t n = get<uint32_t>();
+    need(n);
+    std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  template <typename T>
+  std::vector<T> get_vector() {
+    const uint32_t n = get<uint32_t>();
+    need(uint64_t(n) * sizeof(T));
+    std::vector<T> v(n);
+    for (auto& x : v) x = get<T>();
+    return v;
+  }
+  uint32_t get_count(size_t min_item_bytes) {
+    const uint32_t n = get<uint32_t>();
+    need(uint64_t(n) * min_item_bytes);
+    return n;
+  }
+  void expect_end() const {
+    if (pos_ != in_.size()) throw std::runtime_error("step message: " + std::to_string(in_.size() - pos_) +
+                                                     " trailing bytes at offset " + std::to_string(pos_));
+  }
+
+ private:
+  void need(uint64_t n) const {
+    if (n > in_.size() - pos_) {
+      throw std::runtime_error("step message: offset " + std::to_string(pos_) + ": expected " + std::to_string(n) +
+                               " more bytes, message has " + std::to_string(in_.size()));
+    }
+  }
+  const std::vector<uint8_t>& in_;
+  size_t pos_ = 0;
+};
+
+constexpr uint32_t kPlanMagic = 0x4e4c5053;    // "SPLN"
+constexpr uint32_t kResultMagic = 0x53455253;  // "SRES"
+
+void put_sampling(Writer& w, const SamplingParams& s) {
+  w.put(s.temperature);
+  w.put(s.top_p);
+  w.put<int32_t>(s.top_k);
+  w.put(s.min_p);
+  w.put(s.presence_penalty);
+  w.put(s.frequency_penalty);
+  w.put<uint8_t>(s.seed.has_value());
+  w.put<uint64_t>(s.seed.value_or(0));
+  w.put<int32_t>(s.max_tokens);
+  w.put<uint32_t>(uint32_t(s.stop.size()));
+  for (const std::string& stop : s.stop) w.put(stop);
+  w.put<uint8_t>(s.ignore_eos);
+  w.put<int32_t>(s.n_logprobs);
+}
+
+SamplingParams get_sampling(Reader& r) {
+  SamplingParams s;
+  s.temperature = r.get<float>();
+  s.top_p = r.get<float>();
+  s.top_k = r.get<int32_t>();
+  s.min_p = r.get<float>();
+  s.presence_penalty = r.get<float>();
+  s.frequency_penalty = r.get<float>();
+  const bool has_seed = r.get<uint8_t>() != 0;
+  const uint64_t seed = r.get<uint64_t>();
+  if (has_seed) s.seed = seed;
+  s.max_tokens = r.get<int32_t>();
+  const uint32_t n_stop = r.get_count(4);
+  for (uint32_t i = 0; i < n_stop; ++i) s.stop.push_back(r.get_string());
+  s.ignore_eos = r.get<uint8_t>() != 0;
+  s.n_logprobs = r.get<int32_t>();
+  return s;
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize(const StepPlan& plan) {
+  Writer w;
+  w.put(kPlanMagic);
+  w.put(plan.step);
+  w.put<uint8_t>(plan.shutdown);
+  w.put<uint32_t>(uint32_t(plan.added.size()));
+  for (const PlannedSequence& a : plan.added) {
+    w.put(a.seq);
+    put_sampling(w, a.sampling);
+    w.put(a.seed);
+    w.put(a.kv_policy);
+    w.put(a.prompt_len);
+  }
+  w.put(plan.preempted);
+  w.put(plan.finished);
+  w.put<uint32_t>(uint32_t(plan.work.size()));
+  for (const PlannedWork& p : plan.work) {
+    w.put(p.seq);
+    w.put(p.start_pos);
+    w.put(p.tokens);
+    w.put<uint8_t>(p.sample);
+    w.put<uint8_t>(p.prefill_end);
+  }
+  return w.take();
+}
+
+StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
+  Reader r(bytes);
+  if (r.get<uint32_t>() != kPlanMagic) throw std::runtime_error("step message: not a step plan");
+  StepPlan plan;
+  plan.step = r.get<uint64_t>();
+  plan.shutdown = r.get<uint8_t>() != 0;
+  const uint32_t n_added = r.get_count(8);
+  for (uint32_t i = 0; i < n_added; ++i) {
+    PlannedSequence a;
+    a.seq = r.get<int64_t>();
+    a.sampling = get_sampling(r);
+    a.seed = r.get<uint64_t>();
+    a.kv_policy = r.get_string();
+    a.prompt_len = r.get<int32_t>();
+    plan.added.push_back(std::move(a));
+  }
+  plan.preempted = r.get_vector<int64_t>();
+  plan.finished = r.get_vector<int64_t>();
+  const uint32_t n_work = r.get_count(8);
+  for (uint32_t i = 0; i < n_work; ++i) {
+    PlannedWork p;
+    p.seq = r.get<int64_t>();
+    p.start_pos = r.get<int32_t>();
+    p.tokens = r.get_vector<int32_t>();
+    p.sample = r.get<uint8_t>() != 0;
+    p.prefill_end = r.get<uint8_t>() != 0;
+    plan.work.push_back(std::move(p));
+  }
+  r.expect_end();
+  return plan;
+}
+
+std::vector<uint8_t> serialize(const StepResult& result) {
+  Writer w;
+  w.put(kResultMagic);
+  w.put(result.step);
+  w.put<uint32_t>(uint32_t(result.sampled.size()));
+  for (const SampledToken& s : result.sampled) {
+    w.put(s.seq);
+    w.put(s.token);
+    w.put(s.logprob);
+    w.put(s.top_ids);
+    w.put(s.top_logprobs);
+  }
+  return w.take();
+}
+
+StepResult deserialize_step_result(const std::vector<uint8_t>& bytes) {
+  Reader r(bytes);
+  if (r.get<uint32_t>() != kResultMagic) throw std::runtime_error("step message: not a step result");
+  StepResult result;
+  result.step = r.get<uint64_t>();
+  const uint32_t n = r.get_count(16);
+  for (uint32_t i = 0; i < n; ++i) {
+    SampledToken s;
+    s.seq = r.get<int64_t>();
+    s.token = r.get<int32_t>();
+    s.logprob = r.get<float>();
+    s.top_ids = r.get_vector<int32_t>();
+    s.top_logprobs = r.get_vector<float>();
+    result.sampled.push_back(std::move(s));
+  }
+  r.expect_end();
+  return result;
+}
+
+}  // namespace strata

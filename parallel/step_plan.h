@@ -1,0 +1,58 @@
+#pragma once
+// What the leader (rank 0) decides each engine iteration, and what the ranks report back. The leader builds a
+// StepPlan, broadcasts it, and every rank executes it on its shard (daemon/step_executor.h); the last pipeline
+// stage samples and returns a StepResult. Both are plain structs with a byte serialisation for the wire.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/sampling_params.h"
+
+namespace strata {
+
+// A sequence the ranks have not seen before. Sampling state is created from it on the sampling rank(s).
+struct PlannedSequence {
+  int64_t seq = 0;
+  SamplingParams sampling;
+  uint64_t seed = 0;        // the RNG seed (the request's, or one the leader drew): every TP rank agrees
+  std::string kv_policy;    // "full" unless the request chose another
+  int32_t prompt_len = 0;
+};
+
+// Tokens one sequence processes in this step: a prefill chunk, or the single token of a decode step.
+struct PlannedWork {
+  int64_t seq = 0;
+  int32_t start_pos = 0;
+  std::vector<int32_t> tokens;
+  bool sample = false;      // the chunk ends the known tokens: sample the next one
+  bool prefill_end = false; // the chunk completes the prompt: run the policy's prefill hook
+};
+
+struct StepPlan {
+  uint64_t step = 0;
+  std::vector<PlannedSequence> added;
+  std::vector<int64_t> preempted;  // give back their KV blocks; they come back later as new work from position 0
+  std::vector<int64_t> finished;   // give back their KV blocks and forget their sampling state
+  std::vector<PlannedWork> work;
+  bool shutdown = false;
+};
+
+struct SampledToken {
+  int64_t seq = 0;
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;      // requested top alternatives, most likely first
+  std::vector<float> top_logprobs;
+};
+
+struct StepResult {
+  uint64_t step = 0;
+  std::vector<SampledToken> sampled;
+};
+
+std::vector<uint8_t> serialize(const StepPlan& plan);
+StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes);   // throws std::runtime_error when malformed
+std::vector<uint8_t> serialize(const StepResult& result);
+StepResult deserialize_step_result(const std::vector<uint8_t>& bytes);
+
+}  // namespace strata
