@@ -28,7 +28,7 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
-// log(sum(exp(x - max))) and max over the row, in double: the logprobs are reported to the client.
+// max over the row and log(sum(exp(x - max))), summed in double: the logprobs are reported to the client.
 struct LogSumExp {
   double max = 0.0;
   double log_sum = 0.0;
@@ -100,7 +100,7 @@ int32_t draw(std::span<const float> logits, const SamplingParams& params, std::v
   //  - tokens under (1 - top_p) * mass / n weigh less than 1 - top_p all together, so none is in the nucleus.
   // Most of a real vocabulary falls under the second, which leaves the nucleus search a short list. top_p's target
   // is still the mass taken above, over the top_k set.
-  float floor = params.min_p;
+  float floor = std::min(params.min_p, 1.0f);  // the most likely token (weight 1) always stays
   if (params.top_p < 1.0f) {
     floor = std::max(floor, static_cast<float>((1.0 - params.top_p) * mass / static_cast<double>(candidates.size())));
   }
