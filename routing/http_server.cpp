@@ -1,0 +1,615 @@
+#include "routing/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include "daemon/generation.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "routing/api_error.h"
+#include "routing/openai_protocol.h"
+
+namespace strata {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using namespace net::experimental::awaitable_operators;
+
+constexpr auto use_nothrow = net::as_tuple(net::use_awaitable);
+constexpr std::string_view kServerName = "strata";
+constexpr std::chrono::seconds kLingerTime{2};  // how long a connection closed after an error still drains input
+
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The bridge from the engine thread to a session: a locked queue plus a wake-up posted to the session's strand.
+// Queue depth is bounded by the request itself: at most n * max_tokens deltas plus n + 1 closing events.
+
+class EventQueueSink final : public GenerationSink, public std::enable_shared_from_this<EventQueueSink> {
+ public:
+  // Engine thread: never blocks beyond the short lock.
+  void on_event(GenerationEvent event) override {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(event));
+    if (waker_ && !wake_posted_) {
+      wake_posted_ = true;
+      net::post(waker_->get_executor(), [self = shared_from_this()] { self->wake(); });
+    }
+  }
+  bool cancelled() const override { return cancelled_.load(std::memory_order_relaxed); }
+
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+
+  // Session strand: the timer to cancel when events arrive; nullptr stops the wake-ups (the timer is going away).
+  void set_waker(net::steady_timer* timer) {
+    std::lock_guard lock(mutex_);
+    waker_ = timer;
+  }
+  bool has_events() const {
+    std::lock_guard lock(mutex_);
+    return !events_.empty();
+  }
+  std::deque<GenerationEvent> take() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(events_, {});
+  }
+
+ private:
+  // Runs on the session's strand, where the timer lives; the timer is still there while waker_ is set.
+  void wake() {
+    std::lock_guard lock(mutex_);
+    wake_posted_ = false;
+    if (waker_) waker_->cancel();
+  }
+
+  mutable std::mutex mutex_;
+  std::deque<GenerationEvent> events_;
+  net::steady_timer* waker_ = nullptr;
+  bool wake_posted_ = false;
+  std::atomic<bool> cancelled_{false};
+};
+
+// The sinks of requests in flight, so that stop() can silence them before the io_context goes away.
+class SinkRegistry {
+ public:
+  void add(EventQueueSink* sink) {
+    std::lock_guard lock(mutex_);
+    sinks_.insert(sink);
+  }
+  void remove(EventQueueSink* sink) {
+    std::lock_guard lock(mutex_);
+    sinks_.erase(sink);
+  }
+  void cancel_all() {
+    std::lock_guard lock(mutex_);
+    for (EventQueueSink* sink : sinks_) {
+      sink->cancel();
+      sink->set_waker(nullptr);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<EventQueueSink*> sinks_;
+};
+
+// A session's hold on a request's sink: registered and woken through the timer while it lives; the request is
+// cancelled on the way out unless it finished.
+class SinkLease {
+ public:
+  SinkLease(SinkRegistry& registry, std::shared_ptr<EventQueueSink> sink, net::steady_timer& timer)
+      : registry_(registry), sink_(std::move(sink)) {
+    registry_.add(sink_.get());
+    sink_->set_waker(&timer);
+  }
+  ~SinkLease() {
+    if (!finished_) sink_->cancel();
+    sink_->set_waker(nullptr);
+    registry_.remove(sink_.get());
+  }
+  SinkLease(const SinkLease&) = delete;
+  SinkLease& operator=(const SinkLease&) = delete;
+
+  void finish() { finished_ = true; }
+
+ private:
+  SinkRegistry& registry_;
+  std::shared_ptr<EventQueueSink> sink_;
+  bool finished_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Routes
+
+enum class Route { completions, chat_completions, models, health, metrics, kv_state };
+
+struct RouteEntry {
+  std::string_view path;
+  http::verb method;
+  Route route;
+};
+
+constexpr RouteEntry kRoutes[] = {
+    {"/v1/completions", http::verb::post, Route::completions},
+    {"/v1/chat/completions", http::verb::post, Route::chat_completions},
+    {"/v1/models", http::verb::get, Route::models},
+    {"/health", http::verb::get, Route::health},
+    {"/metrics", http::verb::get, Route::metrics},
+    {"/v1/kv_state", http::verb::get, Route::kv_state},
+};
+
+Response make_response(unsigned version, bool keep_alive, http::status status, std::string body,
+                       std::string_view content_type) {
+  Response response{status, version};
+  response.set(http::field::server, kServerName);
+  response.set(http::field::content_type, content_type);
+  response.keep_alive(keep_alive);
+  response.body() = std::move(body);
+  response.prepare_payload();
+  return response;
+}
+
+Response error_response(unsigned version, bool keep_alive, const ApiError& error) {
+  return make_response(version, keep_alive, http::status(error.http_status()), error.body(), "application/json");
+}
+
+std::string http_error_status_text(const ApiError& error) {
+  return std::to_string(error.http_status()) + " " + error.type() + ": " + error.what();
+}
+
+// What every session shares: the options, the engine and tokenizer, and the sinks in flight.
+struct ServerContext {
+  ServerContext(ServerOptions options_in, GenerationService& service_in, const Tokenizer& tokenizer_in,
+                const ChatTemplate& chat_template_in)
+      : options(std::move(options_in)), service(service_in), tokenizer(tokenizer_in), chat_template(chat_template_in) {
+    limits.model_name = options.model_name;
+    limits.max_context = options.max_context;
+    limits.vocab_size = tokenizer.vocab_size();
+    limits.max_n = options.max_n;
+    limits.max_top_logprobs = options.max_top_logprobs;
+  }
+
+  ServerOptions options;
+  GenerationService& service;
+  const Tokenizer& tokenizer;
+  const ChatTemplate& chat_template;
+  ProtocolLimits limits;
+  int64_t started_at = unix_now();
+  SinkRegistry sinks;
+};
+
+// One connection: read a request, answer it, repeat while keep-alive. Lives in its coroutine's frame on its own
+// strand; every read and write has a deadline.
+class Session {
+ public:
+  Session(ServerContext& server, tcp::socket socket) : server_(server), stream_(std::move(socket)) {}
+
+  net::awaitable<void> run();
+
+ private:
+  net::awaitable<bool> handle(Request& request);
+  net::awaitable<bool> dispatch(Request& request);
+  net::awaitable<bool> serve_generation(Request& request, ApiDialect dialect);
+  net::awaitable<bool> collect(const Request& request, const ResponseContext& context, EventQueueSink& sink,
+                               net::steady_timer& timer, SinkLease& lease);
+  net::awaitable<bool> stream(const Request& request, const ResponseContext& context, EventQueueSink& sink,
+                              net::steady_timer& timer, SinkLease& lease);
+  net::awaitable<bool> wait_for_events(EventQueueSink& sink, net::steady_timer& timer);
+  bool peer_closed();
+  net::awaitable<bool> do_write(Response& response);
+  net::awaitable<bool> do_write_stream_header(const Request& request);
+  net::awaitable<bool> do_write_stream_data(std::string_view data);
+  net::awaitable<void> do_write_stream_end();
+  net::awaitable<void> do_linger();
+
+  ServerContext& server_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  // Per request:
+  bool stream_started_ = false;  // SSE headers are out: errors can only be written as events
+  bool stream_chunked_ = false;  // HTTP/1.1 chunked; HTTP/1.0 streams raw until the connection closes
+  bool watch_peer_ = true;       // false once the client pipelined data, which makes the socket always readable
+};
+
+net::awaitable<void> Session::run() {
+  beast::error_code ignored;
+  stream_.socket().set_option(tcp::no_delay(true), ignored);  // SSE chunks are small and latency matters
+  const ServerOptions& options = server_.options;
+  for (;;) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(uint32_t(std::min<size_t>(options.max_header_bytes, UINT32_MAX)));
+    parser.body_limit(options.max_body_bytes);
+    stream_.expires_after(options.read_timeout);  // the whole request, and the keep-alive idle time before it
+    auto [ec, n_read] = co_await http::async_read(stream_, buffer_, parser, use_nothrow);
+    if (ec == http::error::body_limit || ec == http::error::header_limit) {
+      bool body = ec == http::error::body_limit;
+      ApiError error = body ? ApiError(413, "invalid_request_error",
+                                       "request body exceeds " + std::to_string(options.max_body_bytes) + " bytes",
+                                       "", "request_too_large")
+                            : ApiError(431, "invalid_request_error",
+                                       "request headers exceed " + std::to_string(options.max_header_bytes) + " bytes",
+                                       "", "headers_too_large");
+      unsigned version = parser.is_header_done() ? parser.get().version() : 11;
+      Response response = error_response(version, false, error);
+      if (co_await do_write(response)) co_await do_linger();
+      break;
+    }
+    if (ec && ec.category() == http::make_error_code(http::error::bad_target).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message) {
+      Response response =
+          error_response(11, false, ApiError(400, "invalid_request_error", "malformed HTTP request: " + ec.message()));
+      if (co_await do_write(response)) co_await do_linger();
+      break;
+    }
+    if (ec) break;  // the client closed, timed out or reset
+    Request request = parser.release();
+    if (!co_await handle(request)) break;
+  }
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+}
+
+// Answers one request. Returns whether the connection may carry another one.
+net::awaitable<bool> Session::handle(Request& request) {
+  stream_started_ = false;
+  watch_peer_ = true;
+  std::optional<ApiError> error;
+  try {
+    co_return co_await dispatch(request);
+  } catch (const ApiError& e) {
+    error = e;
+  } catch (const std::exception& e) {
+    error = ApiError::internal(e.what());
+  } catch (...) {
+    error = ApiError::internal("unknown exception");
+  }
+  // Reached only with an error (no co_await is allowed inside a catch block).
+  if (error->http_status() >= 500) {
+    std::fprintf(stderr, "strata http: %s %s -> %s\n", std::string(request.method_string()).c_str(),
+                 std::string(request.target()).c_str(), http_error_status_text(*error).c_str());
+  }
+  if (stream_started_) {  // the status line is gone; tell the client in the stream and end it
+    if (co_await do_write_stream_data(sse_event(error->body()).append(kSseDone))) co_await do_write_stream_end();
+    co_return false;
+  }
+  Response response = error_response(request.version(), request.keep_alive(), *error);
+  co_return co_await do_write(response) && request.keep_alive();
+}
+
+net::awaitable<bool> Session::dispatch(Request& request) {
+  std::string_view target = request.target();
+  std::string_view path = target.substr(0, target.find('?'));
+  const RouteEntry* entry = nullptr;
+  for (const RouteEntry& candidate : kRoutes) {
+    if (candidate.path == path) entry = &candidate;
+  }
+  unsigned version = request.version();
+  bool keep_alive = request.keep_alive();
+  if (!entry) {
+    throw ApiError(404, "not_found_error",
+                   "no route for " + std::string(request.method_string()) + " " + std::string(path), "",
+                   "unknown_url");
+  }
+  if (request.method() != entry->method) {
+    std::string allowed(http::to_string(entry->method));
+    Response response = error_response(
+        version, keep_alive,
+        ApiError(405, "invalid_request_error",
+                 std::string(request.method_string()) + " is not allowed on " + std::string(path) + "; use " + allowed,
+                 "", "method_not_allowed"));
+    response.set(http::field::allow, allowed);
+    co_return co_await do_write(response) && keep_alive;
+  }
+
+  GenerationService& service = server_.service;
+  Response response;
+  switch (entry->route) {
+    case Route::completions:
+      co_return co_await serve_generation(request, ApiDialect::completions);
+    case Route::chat_completions:
+      co_return co_await serve_generation(request, ApiDialect::chat);
+    case Route::models: {
+      nlohmann::json model = {{"id", server_.options.model_name},
+                              {"object", "model"},
+                              {"created", server_.started_at},
+                              {"owned_by", kServerName},
+                              {"max_model_len", server_.options.max_context}};
+      nlohmann::json list = {{"object", "list"}, {"data", nlohmann::json::array({model})}};
+      response = make_response(version, keep_alive, http::status::ok, list.dump(), "application/json");
+      break;
+    }
+    case Route::health: {
+      bool healthy = service.healthy();
+      nlohmann::json status = {{"status", healthy ? "ok" : "unavailable"}};
+      response = make_response(version, keep_alive, healthy ? http::status::ok : http::status::service_unavailable,
+                               status.dump(), "application/json");
+      break;
+    }
+    case Route::metrics:
+      response = make_response(version, keep_alive, http::status::ok, service.metrics_text(),
+                               "text/plain; version=0.0.4; charset=utf-8");
+      break;
+    case Route::kv_state:
+      response = make_response(version, keep_alive, http::status::ok, service.kv_state_json(), "application/json");
+      break;
+  }
+  co_return co_await do_write(response) && keep_alive;
+}
+
+net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dialect) {
+  ParsedCompletion parsed = parse_completion_request(request.body(), dialect, server_.limits);
+  encode_prompt(parsed, server_.tokenizer, server_.chat_template, server_.limits);
+  parsed.request.id = make_request_id(dialect);
+  ResponseContext context = make_response_context(parsed, unix_now());
+
+  auto sink = std::make_shared<EventQueueSink>();
+  parsed.request.sink = sink;
+  net::steady_timer timer(stream_.get_executor());
+  SinkLease lease(server_.sinks, sink, timer);
+  try {
+    server_.service.submit(std::move(parsed.request));
+  } catch (const std::invalid_argument& e) {
+    throw ApiError::invalid_request("", e.what());
+  } catch (const std::runtime_error& e) {  // the queue is full
+    throw ApiError(503, "server_error", e.what(), "", "overloaded");
+  }
+  if (parsed.stream) co_return co_await stream(request, context, *sink, timer, lease);
+  co_return co_await collect(request, context, *sink, timer, lease);
+}
+
+net::awaitable<bool> Session::collect(const Request& request, const ResponseContext& context, EventQueueSink& sink,
+                                      net::steady_timer& timer, SinkLease& lease) {
+  CompletionCollector collector(context);
+  while (!collector.done()) {
+    if (!co_await wait_for_events(sink, timer)) co_return false;  // the client left: the lease cancels
+    for (const GenerationEvent& event : sink.take()) {
+      if (!collector.done()) collector.add(event);
+    }
+  }
+  lease.finish();
+  if (const auto& failure = collector.failure()) {
+    throw ApiError(failure->http_status, failure->type.empty() ? "server_error" : failure->type, failure->message);
+  }
+  Response response =
+      make_response(request.version(), request.keep_alive(), http::status::ok, collector.body(), "application/json");
+  co_return co_await do_write(response) && request.keep_alive();
+}
+
+net::awaitable<bool> Session::stream(const Request& request, const ResponseContext& context, EventQueueSink& sink,
+                                     net::steady_timer& timer, SinkLease& lease) {
+  // The status waits for the first event, so that a request the engine fails at once gets a real error status.
+  if (!co_await wait_for_events(sink, timer)) co_return false;
+  std::deque<GenerationEvent> events = sink.take();
+  if (const auto* failed = std::get_if<RequestFailed>(&events.front())) {
+    lease.finish();
+    throw ApiError(failed->http_status, failed->type.empty() ? "server_error" : failed->type, failed->message);
+  }
+  if (!co_await do_write_stream_header(request)) co_return false;
+  StreamEncoder encoder(context);
+  std::string out = encoder.begin();
+  for (;;) {
+    // Everything that queued up since the last write goes out as one chunk.
+    for (const GenerationEvent& event : events) {
+      out += encoder.encode(event);
+      if (encoder.done()) break;
+    }
+    if (encoder.done()) lease.finish();
+    if (!out.empty() && !co_await do_write_stream_data(out)) co_return false;
+    out.clear();
+    if (encoder.done()) break;
+    if (!co_await wait_for_events(sink, timer)) co_return false;
+    events = sink.take();
+  }
+  co_await do_write_stream_end();
+  co_return stream_chunked_ && request.keep_alive();
+}
+
+// Waits until the sink holds events (true) or the client has gone away (false). Runs on the session strand, as
+// the sink's wake-ups do: a wake-up posted after the check below finds the wait already started.
+net::awaitable<bool> Session::wait_for_events(EventQueueSink& sink, net::steady_timer& timer) {
+  for (;;) {
+    if (sink.has_events()) co_return true;
+    timer.expires_at(net::steady_timer::time_point::max());
+    if (!watch_peer_) {
+      co_await timer.async_wait(use_nothrow);
+      continue;
+    }
+    // A readable socket means the client closed, reset, or pipelined its next request.
+    auto result =
+        co_await (timer.async_wait(use_nothrow) || stream_.socket().async_wait(tcp::socket::wait_read, use_nothrow));
+    if (result.index() == 1) {
+      auto [ec] = std::get<1>(result);
+      if (ec || peer_closed()) co_return false;
+      watch_peer_ = false;
+    }
+  }
+}
+
+bool Session::peer_closed() {
+  tcp::socket& socket = stream_.socket();
+  beast::error_code ec;
+  socket.non_blocking(true, ec);
+  char byte;
+  size_t n = socket.receive(net::buffer(&byte, 1), tcp::socket::message_peek, ec);
+  beast::error_code ignored;
+  socket.non_blocking(false, ignored);
+  if (ec == net::error::would_block) return false;
+  return ec || n == 0;
+}
+
+net::awaitable<bool> Session::do_write(Response& response) {
+  stream_.expires_after(server_.options.write_timeout);
+  auto [ec, n_written] = co_await http::async_write(stream_, response, use_nothrow);
+  co_return !ec;
+}
+
+net::awaitable<bool> Session::do_write_stream_header(const Request& request) {
+  http::response<http::empty_body> response{http::status::ok, request.version()};
+  response.set(http::field::server, kServerName);
+  response.set(http::field::content_type, "text/event-stream");
+  response.set(http::field::cache_control, "no-cache");
+  response.set("X-Accel-Buffering", "no");  // nginx and friends: pass events through unbuffered
+  stream_chunked_ = request.version() >= 11;
+  response.keep_alive(stream_chunked_ && request.keep_alive());
+  response.chunked(stream_chunked_);
+  http::response_serializer<http::empty_body> serializer{response};
+  stream_.expires_after(server_.options.write_timeout);
+  auto [ec, n_written] = co_await http::async_write_header(stream_, serializer, use_nothrow);
+  stream_started_ = !ec;
+  co_return !ec;
+}
+
+net::awaitable<bool> Session::do_write_stream_data(std::string_view data) {
+  stream_.expires_after(server_.options.write_timeout);
+  beast::error_code ec;
+  if (stream_chunked_) {
+    std::tie(ec, std::ignore) = co_await net::async_write(stream_, http::make_chunk(net::buffer(data)), use_nothrow);
+  } else {
+    std::tie(ec, std::ignore) = co_await net::async_write(stream_, net::buffer(data), use_nothrow);
+  }
+  co_return !ec;
+}
+
+net::awaitable<void> Session::do_write_stream_end() {
+  if (!stream_chunked_) co_return;
+  stream_.expires_after(server_.options.write_timeout);
+  co_await net::async_write(stream_, http::make_chunk_last(), use_nothrow);
+}
+
+// After an error that ends the connection, read and drop what the client still sends for a moment, so that
+// closing with unread input does not reset the connection before the client has read the error.
+net::awaitable<void> Session::do_linger() {
+  beast::error_code ignored;
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  auto deadline = std::chrono::steady_clock::now() + kLingerTime;
+  char scratch[16 << 10];
+  for (;;) {
+    stream_.expires_at(deadline);
+    auto [ec, n_read] = co_await stream_.async_read_some(net::buffer(scratch), use_nothrow);
+    if (ec) co_return;
+  }
+}
+
+net::awaitable<void> serve_connection(ServerContext& server, tcp::socket socket) {
+  Session session(server, std::move(socket));
+  try {
+    co_await session.run();
+  } catch (const std::exception& e) {  // handlers turn their errors into responses; this is a last resort
+    std::fprintf(stderr, "strata http: connection failed: %s\n", e.what());
+  }
+}
+
+net::awaitable<void> listen(tcp::acceptor& acceptor, ServerContext& server) {
+  for (;;) {
+    // Each connection gets its own strand: its coroutine and its sinks' wake-ups never run concurrently.
+    auto [ec, socket] = co_await acceptor.async_accept(net::make_strand(acceptor.get_executor()), use_nothrow);
+    if (ec == net::error::operation_aborted) co_return;
+    if (ec) {  // e.g. out of file descriptors: keep serving the open connections, retry shortly
+      std::fprintf(stderr, "strata http: accept failed: %s\n", ec.message().c_str());
+      net::steady_timer pause(acceptor.get_executor(), std::chrono::milliseconds(100));
+      co_await pause.async_wait(use_nothrow);
+      continue;
+    }
+    auto executor = socket.get_executor();
+    net::co_spawn(executor, serve_connection(server, std::move(socket)), net::detached);
+  }
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(ServerOptions options, GenerationService& service, const Tokenizer& tokenizer,
+       const ChatTemplate& chat_template)
+      : server(std::move(options), service, tokenizer, chat_template) {}
+
+  ServerContext server;  // declared before the io_context: outlives the sessions' coroutine frames
+  std::unique_ptr<net::io_context> io_context;
+  std::optional<tcp::acceptor> acceptor;
+  std::vector<std::thread> threads;
+  uint16_t bound_port = 0;
+  std::mutex state_mutex;  // start() / stop()
+  bool started = false;
+};
+
+HttpServer::HttpServer(ServerOptions options, GenerationService& service, const Tokenizer& tokenizer,
+                       const ChatTemplate& chat_template)
+    : impl_(std::make_unique<Impl>(std::move(options), service, tokenizer, chat_template)) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::start() {
+  std::lock_guard lock(impl_->state_mutex);
+  if (impl_->started) throw std::logic_error("HttpServer::start called twice");
+  const ServerOptions& options = impl_->server.options;
+  if (options.threads < 1) throw std::invalid_argument("ServerOptions.threads must be at least 1");
+  impl_->io_context = std::make_unique<net::io_context>(options.threads);
+  net::io_context& io_context = *impl_->io_context;
+  std::string where = options.host + ":" + std::to_string(options.port);
+  try {
+    tcp::resolver resolver(io_context);
+    tcp::endpoint endpoint = *resolver.resolve(options.host, std::to_string(options.port)).begin();
+    tcp::acceptor& acceptor = impl_->acceptor.emplace(io_context);
+    acceptor.open(endpoint.protocol());
+    acceptor.set_option(net::socket_base::reuse_address(true));
+    acceptor.bind(endpoint);
+    acceptor.listen(net::socket_base::max_listen_connections);
+    impl_->bound_port = acceptor.local_endpoint().port();
+  } catch (const boost::system::system_error& e) {
+    impl_->acceptor.reset();
+    impl_->io_context.reset();
+    throw std::runtime_error("cannot listen on " + where + ": " + e.code().message());
+  }
+  impl_->started = true;
+  net::co_spawn(io_context, listen(*impl_->acceptor, impl_->server), net::detached);
+  for (int i = 0; i < options.threads; ++i) {
+    impl_->threads.emplace_back([&io_context] {
+      for (;;) {
+        try {
+          io_context.run();
+          return;
+        } catch (const std::exception& e) {  // a handler threw past its own guards: log and keep serving
+          std::fprintf(stderr, "strata http: %s\n", e.what());
+        }
+      }
+    });
+  }
+}
+
+uint16_t HttpServer::port() const { return impl_->bound_port; }
+
+void HttpServer::stop() {
+  std::lock_guard lock(impl_->state_mutex);
+  if (!impl_->io_context) return;
+  impl_->io_context->stop();
+  for (std::thread& thread : impl_->threads) thread.join();
+  impl_->threads.clear();
+  // No session runs now. Silence the sinks the engine may still hold, then destroy the sessions with the
+  // io_context: their sockets close and their requests are cancelled.
+  impl_->server.sinks.cancel_all();
+  impl_->acceptor.reset();
+  impl_->io_context.reset();
+}
+
+}  // namespace strata

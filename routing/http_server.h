@@ -1,0 +1,54 @@
+#pragma once
+// The HTTP/1.1 front end (Boost.Beast): OpenAI-compatible completions and chat (whole or streamed as server-sent
+// events), /v1/models, /health, /metrics, /v1/kv_state. Requests are parsed, tokenized and validated here, then
+// handed to the GenerationService; its events come back through a per-request sink that never blocks the engine.
+// Beast stays in http_server.cpp: this header is cheap to include.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace strata {
+
+class ChatTemplate;
+class GenerationService;
+class Tokenizer;
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;                          // 0: an ephemeral port, see HttpServer::port()
+  int threads = 2;                               // I/O threads; handlers parse and tokenize on them
+  size_t max_body_bytes = 4 << 20;               // larger bodies get 413
+  size_t max_header_bytes = 16 << 10;            // larger headers get 431
+  std::chrono::seconds read_timeout{30};         // one whole request, and a keep-alive connection's idle time
+  std::chrono::seconds write_timeout{30};        // each response write (each chunk when streaming)
+  std::string model_name;                        // the served model id (/v1/models, "model" checks)
+  int max_context = 2048;                        // tokens of prompt + completion
+  int max_n = 16;                                // choices per request
+  int max_top_logprobs = 20;
+};
+
+class HttpServer {
+ public:
+  // The service, tokenizer and template must outlive the server.
+  HttpServer(ServerOptions options, GenerationService& service, const Tokenizer& tokenizer,
+             const ChatTemplate& chat_template);
+  ~HttpServer();  // stops
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds, listens and starts the I/O threads. Throws std::runtime_error naming host:port when it cannot bind.
+  void start();
+  // The bound port (the ephemeral one when options.port was 0); valid after start().
+  uint16_t port() const;
+  // Closes the listener and every connection and joins the threads; requests in flight are cancelled (their
+  // sinks report cancelled()). Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

@@ -1,0 +1,644 @@
+#include "routing/openai_protocol.h"
+
+#include <atomic>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "model/tokenizer.h"
+#include "routing/api_error.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reading fields
+
+std::string quoted(const std::string& param) { return "'" + param + "'"; }
+
+// The field's value, or nullptr when it is absent or null (OpenAI clients send null for "not set").
+const json* find_field(const json& object, const char* name) {
+  auto it = object.find(name);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+[[noreturn]] void throw_type(const std::string& param, const char* expected, const json& value) {
+  throw ApiError::invalid_request(
+      param, "invalid type for " + quoted(param) + ": expected " + expected + ", got " + value.type_name());
+}
+
+double read_number(const json& value, const std::string& param) {
+  if (!value.is_number()) throw_type(param, "a number", value);
+  return value.get<double>();
+}
+
+// Integers beyond int64 (only positive ones parse as unsigned) saturate, so that range checks reject them.
+int64_t read_integer(const json& value, const std::string& param) {
+  if (!value.is_number_integer()) throw_type(param, "an integer", value);
+  if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return value.get<int64_t>();
+}
+
+bool read_bool(const json& value, const std::string& param) {
+  if (!value.is_boolean()) throw_type(param, "a boolean", value);
+  return value.get<bool>();
+}
+
+const std::string& read_string(const json& value, const std::string& param) {
+  if (!value.is_string()) throw_type(param, "a string", value);
+  return value.get_ref<const std::string&>();
+}
+
+void check_range(double value, double low, double high, bool low_open, const std::string& param,
+                 const json& given) {
+  bool ok = (low_open ? value > low : value >= low) && value <= high;
+  if (!ok) {
+    char interval[64];
+    std::snprintf(interval, sizeof interval, "%c%g, %g]", low_open ? '(' : '[', low, high);
+    throw ApiError::invalid_request(param, quoted(param) + " must be in " + interval + ", got " + given.dump());
+  }
+}
+
+void check_integer_range(int64_t value, int64_t low, int64_t high, const std::string& param, const json& given) {
+  if (value < low || value > high) {
+    throw ApiError::invalid_request(param, quoted(param) + " must be in [" + std::to_string(low) + ", " +
+                                               std::to_string(high) + "], got " + given.dump());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Request parts
+
+void parse_model(const json& root, const ProtocolLimits& limits, ParsedCompletion& parsed) {
+  parsed.model = limits.model_name;
+  const json* model = find_field(root, "model");
+  if (!model) return;  // like vLLM: the one served model
+  const std::string& name = read_string(*model, "model");
+  if (name != limits.model_name) {
+    throw ApiError(404, "invalid_request_error",
+                   "The model '" + name + "' does not exist; this server serves '" + limits.model_name + "'",
+                   "model", "model_not_found");
+  }
+}
+
+std::vector<int32_t> read_token_ids(const json& array, const ProtocolLimits& limits) {
+  std::vector<int32_t> ids;
+  ids.reserve(array.size());
+  for (size_t i = 0; i < array.size(); ++i) {
+    const json& id = array[i];
+    if (!id.is_number_integer()) throw_type("prompt", "a string or an array of token ids", id);
+    int64_t value = read_integer(id, "prompt");
+    if (value < 0 || value >= limits.vocab_size) {
+      throw ApiError::invalid_request("prompt", "prompt token id " + id.dump() + " at index " + std::to_string(i) +
+                                                    " is outside the vocabulary [0, " +
+                                                    std::to_string(limits.vocab_size) + ")");
+    }
+    ids.push_back(int32_t(value));
+  }
+  return ids;
+}
+
+// prompt: "text" | [ids] | ["text"] | [[ids]]; more than one prompt is a batch, which we do not serve.
+void parse_prompt(const json& root, const ProtocolLimits& limits, ParsedCompletion& parsed) {
+  const json* prompt = find_field(root, "prompt");
+  if (!prompt) throw ApiError::invalid_request("prompt", "'prompt' is required");
+  if (prompt->is_string()) {
+    parsed.prompt = prompt->get<std::string>();
+    return;
+  }
+  if (!prompt->is_array()) throw_type("prompt", "a string or an array of token ids", *prompt);
+  if (prompt->empty()) throw ApiError::invalid_request("prompt", "'prompt' must not be empty");
+  const json& first = prompt->front();
+  if (first.is_string() || first.is_array()) {
+    if (prompt->size() > 1) throw ApiError::invalid_request("prompt", "batched prompts are not supported");
+    if (first.is_string()) {
+      parsed.prompt = first.get<std::string>();
+      return;
+    }
+    if (first.empty()) throw ApiError::invalid_request("prompt", "'prompt' must not be empty");
+    parsed.prompt = read_token_ids(first, limits);
+    return;
+  }
+  parsed.prompt = read_token_ids(*prompt, limits);
+}
+
+std::string read_content(const json& message, const std::string& param, const std::string& role) {
+  const json* content = find_field(message, "content");
+  if (!content) {
+    if (role == "assistant") return "";  // an assistant turn that only called tools
+    throw ApiError::invalid_request(param, quoted(param) + " is required");
+  }
+  if (content->is_string()) return content->get<std::string>();
+  if (!content->is_array()) throw_type(param, "a string or an array of content parts", *content);
+  std::string text;
+  for (size_t j = 0; j < content->size(); ++j) {
+    const json& part = (*content)[j];
+    std::string part_param = param + "[" + std::to_string(j) + "]";
+    if (!part.is_object()) throw_type(part_param, "an object", part);
+    const json* type = find_field(part, "type");
+    if (!type) throw ApiError::invalid_request(part_param + ".type", quoted(part_param + ".type") + " is required");
+    const std::string& type_name = read_string(*type, part_param + ".type");
+    if (type_name != "text") {
+      throw ApiError::invalid_request(part_param + ".type",
+                                      "content part type '" + type_name + "' is not supported; only 'text' is");
+    }
+    const json* part_text = find_field(part, "text");
+    if (!part_text) throw ApiError::invalid_request(part_param + ".text", quoted(part_param + ".text") + " is required");
+    if (j > 0) text += '\n';  // as vLLM joins text parts
+    text += read_string(*part_text, part_param + ".text");
+  }
+  return text;
+}
+
+void parse_messages(const json& root, ParsedCompletion& parsed) {
+  const json* messages = find_field(root, "messages");
+  if (!messages) throw ApiError::invalid_request("messages", "'messages' is required");
+  if (!messages->is_array()) throw_type("messages", "an array", *messages);
+  if (messages->empty()) throw ApiError::invalid_request("messages", "'messages' must not be empty");
+  std::vector<ChatMessage> out;
+  out.reserve(messages->size());
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& message = (*messages)[i];
+    std::string param = "messages[" + std::to_string(i) + "]";
+    if (!message.is_object()) throw_type(param, "an object", message);
+    const json* role = find_field(message, "role");
+    if (!role) throw ApiError::invalid_request(param + ".role", quoted(param + ".role") + " is required");
+    std::string role_name = read_string(*role, param + ".role");
+    if (role_name == "developer") role_name = "system";  // OpenAI's newer name for the system role
+    if (role_name != "system" && role_name != "user" && role_name != "assistant") {
+      throw ApiError::invalid_request(param + ".role", "role '" + role_name +
+                                                           "' is not supported; use system, user or assistant");
+    }
+    std::string content = read_content(message, param + ".content", role_name);
+    out.push_back(ChatMessage{std::move(role_name), std::move(content)});
+  }
+  parsed.prompt = std::move(out);
+}
+
+void parse_max_tokens(const json& root, ApiDialect dialect, const ProtocolLimits& limits, ParsedCompletion& parsed) {
+  // Chat: max_completion_tokens replaces the deprecated max_tokens; the newer one wins when both are set.
+  const json* value = nullptr;
+  parsed.max_tokens_param = "max_tokens";
+  if (dialect == ApiDialect::chat && (value = find_field(root, "max_completion_tokens"))) {
+    parsed.max_tokens_param = "max_completion_tokens";
+  } else {
+    value = find_field(root, "max_tokens");
+  }
+  if (!value) return;
+  const std::string& param = parsed.max_tokens_param;
+  int64_t max_tokens = read_integer(*value, param);
+  if (max_tokens < 1) throw ApiError::invalid_request(param, quoted(param) + " must be at least 1, got " + value->dump());
+  if (max_tokens > limits.max_context) {
+    throw ApiError::invalid_request(param, quoted(param) + " is " + value->dump() + ", more than the model's context of " +
+                                               std::to_string(limits.max_context) + " tokens");
+  }
+  parsed.request.sampling.max_tokens = int(max_tokens);
+  parsed.max_tokens_given = true;
+}
+
+void parse_stop(const json& root, const ProtocolLimits& limits, SamplingParams& sampling) {
+  const json* stop = find_field(root, "stop");
+  if (!stop) return;
+  auto add = [&](const json& value, const std::string& param) {
+    const std::string& text = read_string(value, param);
+    if (text.empty()) throw ApiError::invalid_request("stop", "stop strings must not be empty");
+    sampling.stop.push_back(text);
+  };
+  if (stop->is_string()) return add(*stop, "stop");
+  if (!stop->is_array()) throw_type("stop", "a string or an array of strings", *stop);
+  if (int(stop->size()) > limits.max_stop) {
+    throw ApiError::invalid_request("stop", "'stop' takes at most " + std::to_string(limits.max_stop) +
+                                                " strings, got " + std::to_string(stop->size()));
+  }
+  for (const json& value : *stop) add(value, "stop");
+}
+
+void parse_sampling(const json& root, const ProtocolLimits& limits, ParsedCompletion& parsed) {
+  SamplingParams& sampling = parsed.request.sampling;
+  if (const json* v = find_field(root, "temperature")) {
+    sampling.temperature = float(read_number(*v, "temperature"));
+    check_range(v->get<double>(), 0.0, 2.0, false, "temperature", *v);
+  }
+  if (const json* v = find_field(root, "top_p")) {
+    sampling.top_p = float(read_number(*v, "top_p"));
+    check_range(v->get<double>(), 0.0, 1.0, true, "top_p", *v);
+  }
+  if (const json* v = find_field(root, "top_k")) {
+    int64_t top_k = read_integer(*v, "top_k");
+    if (top_k < -1) throw ApiError::invalid_request("top_k", "'top_k' must be -1, 0 (off) or positive, got " + v->dump());
+    sampling.top_k = top_k <= 0 ? 0 : int(std::min<int64_t>(top_k, std::numeric_limits<int>::max()));
+  }
+  if (const json* v = find_field(root, "min_p")) {
+    sampling.min_p = float(read_number(*v, "min_p"));
+    check_range(v->get<double>(), 0.0, 1.0, false, "min_p", *v);
+  }
+  if (const json* v = find_field(root, "presence_penalty")) {
+    sampling.presence_penalty = float(read_number(*v, "presence_penalty"));
+    check_range(v->get<double>(), -2.0, 2.0, false, "presence_penalty", *v);
+  }
+  if (const json* v = find_field(root, "frequency_penalty")) {
+    sampling.frequency_penalty = float(read_number(*v, "frequency_penalty"));
+    check_range(v->get<double>(), -2.0, 2.0, false, "frequency_penalty", *v);
+  }
+  if (const json* v = find_field(root, "seed")) {
+    if (!v->is_number_integer()) throw_type("seed", "an integer", *v);
+    // Any 64-bit integer, negative ones as their two's complement.
+    sampling.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(v->get<int64_t>());
+  }
+  if (const json* v = find_field(root, "ignore_eos")) sampling.ignore_eos = read_bool(*v, "ignore_eos");
+  if (const json* v = find_field(root, "n")) {
+    int64_t n = read_integer(*v, "n");
+    check_integer_range(n, 1, limits.max_n, "n", *v);
+    parsed.request.n = int(n);
+  }
+  parse_stop(root, limits, sampling);
+}
+
+// completions: logprobs is an integer 0..20 (top alternatives per token); chat: logprobs is a boolean and
+// top_logprobs an integer 0..20.
+void parse_logprobs(const json& root, ApiDialect dialect, const ProtocolLimits& limits, ParsedCompletion& parsed) {
+  int& n_logprobs = parsed.request.sampling.n_logprobs;
+  if (dialect == ApiDialect::completions) {
+    if (const json* v = find_field(root, "logprobs")) {
+      int64_t k = read_integer(*v, "logprobs");
+      check_integer_range(k, 0, limits.max_top_logprobs, "logprobs", *v);
+      n_logprobs = int(k);
+    }
+  } else {
+    bool wanted = false;
+    if (const json* v = find_field(root, "logprobs")) wanted = read_bool(*v, "logprobs");
+    int64_t top = 0;
+    if (const json* v = find_field(root, "top_logprobs")) {
+      top = read_integer(*v, "top_logprobs");
+      check_integer_range(top, 0, limits.max_top_logprobs, "top_logprobs", *v);
+      if (top > 0 && !wanted) {
+        throw ApiError::invalid_request("top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
+      }
+    }
+    if (wanted) n_logprobs = int(top);
+  }
+  parsed.logprobs = n_logprobs >= 0;
+}
+
+void parse_stream(const json& root, ParsedCompletion& parsed) {
+  if (const json* v = find_field(root, "stream")) parsed.stream = read_bool(*v, "stream");
+  const json* options = find_field(root, "stream_options");
+  if (!options) return;
+  if (!parsed.stream) {
+    throw ApiError::invalid_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
+  }
+  if (!options->is_object()) throw_type("stream_options", "an object", *options);
+  if (const json* v = find_field(*options, "include_usage")) {
+    parsed.include_usage = read_bool(*v, "stream_options.include_usage");
+  }
+}
+
+void parse_echo(const json& root, ParsedCompletion& parsed) {
+  const json* v = find_field(root, "echo");
+  if (!v) return;
+  parsed.echo = read_bool(*v, "echo");
+  if (parsed.echo && parsed.logprobs) {
+    throw ApiError::invalid_request("echo", "'echo' with 'logprobs' is not supported (prompt logprobs are not computed)");
+  }
+}
+
+// Strata's extension: "kv_compression": {"policy": "full"} picks the request's KV compression policy.
+void parse_kv_compression(const json& root, ParsedCompletion& parsed) {
+  const json* kv = find_field(root, "kv_compression");
+  if (!kv) return;
+  if (!kv->is_object()) throw_type("kv_compression", "an object", *kv);
+  const json* policy = find_field(*kv, "policy");
+  if (!policy) throw ApiError::invalid_request("kv_compression.policy", "'kv_compression.policy' is required");
+  const std::string& name = read_string(*policy, "kv_compression.policy");
+  if (name != "full") {
+    throw ApiError::invalid_request("kv_compression.policy",
+                                    "unknown KV compression policy '" + name + "'; this server accepts 'full'");
+  }
+  parsed.request.kv_policy = name;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Responses
+
+// The shortest decimal that reads back as the same float, so 0.1f prints as 0.1, not 0.10000000149011612.
+// Probabilities of zero give -inf, which JSON cannot hold: clamped like vLLM does.
+json logprob_json(float logprob) {
+  if (!std::isfinite(logprob) || logprob < -9999.0f) return -9999.0;
+  char text[32];
+  auto end = std::to_chars(text, text + sizeof text, logprob).ptr;
+  *end = '\0';
+  return std::strtod(text, nullptr);
+}
+
+json bytes_json(const std::string& token) {
+  json bytes = json::array();
+  for (unsigned char c : token) bytes.push_back(int(c));
+  return bytes;
+}
+
+// Completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}; text_offset counts
+// bytes of token text from the start of the choice's text (after any echo).
+json completion_logprobs_json(const std::vector<LogprobEntry>& entries, size_t& text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  for (const LogprobEntry& entry : entries) {
+    tokens.push_back(entry.token);
+    token_logprobs.push_back(logprob_json(entry.logprob));
+    json top = json::object();
+    for (const auto& [token, logprob] : entry.top) top[token] = logprob_json(logprob);
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += entry.token.size();
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
+// Chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+json chat_logprobs_json(const std::vector<LogprobEntry>& entries) {
+  json content = json::array();
+  for (const LogprobEntry& entry : entries) {
+    json top = json::array();
+    for (const auto& [token, logprob] : entry.top) {
+      top.push_back({{"token", token}, {"logprob", logprob_json(logprob)}, {"bytes", bytes_json(token)}});
+    }
+    content.push_back({{"token", entry.token},
+                       {"logprob", logprob_json(entry.logprob)},
+                       {"bytes", bytes_json(entry.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+json usage_json(const Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
+
+json finish_reason_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
+
+json response_head(const ResponseContext& context, const char* object) {
+  return {{"id", context.id}, {"object", object}, {"created", context.created}, {"model", context.model}};
+}
+
+const char* chunk_object(const ResponseContext& context) {
+  return context.dialect == ApiDialect::chat ? "chat.completion.chunk" : "text_completion";
+}
+
+// Token text is raw bytes that may end mid-character; invalid UTF-8 becomes U+FFFD instead of an exception.
+std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// One streamed chunk holding one choice. With include_usage every chunk carries "usage": null, as OpenAI's do.
+std::string chunk_event(const ResponseContext& context, json choice) {
+  json chunk = response_head(context, chunk_object(context));
+  chunk["choices"] = json::array({std::move(choice)});
+  if (context.include_usage) chunk["usage"] = nullptr;
+  return sse_event(dump(chunk));
+}
+
+void check_choice(int choice, size_t n) {
+  if (choice < 0 || size_t(choice) >= n) {
+    throw std::out_of_range("event for choice " + std::to_string(choice) + " of a request with " + std::to_string(n));
+  }
+}
+
+}  // namespace
+
+// -----------------------------------------------------------------------------------------------------------------
+
+ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dialect, const ProtocolLimits& limits) {
+  json root;
+  try {
+    root = json::parse(body);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
+    size_t start = what.find("] ");
+    throw ApiError::invalid_request("", "request body is not valid JSON: " +
+                                            (start == std::string::npos ? what : what.substr(start + 2)));
+  }
+  if (!root.is_object()) throw ApiError::invalid_request("", "request body must be a JSON object");
+
+  ParsedCompletion parsed;
+  parsed.dialect = dialect;
+  parse_model(root, limits, parsed);
+  if (dialect == ApiDialect::chat) {
+    parse_messages(root, parsed);
+  } else {
+    parse_prompt(root, limits, parsed);
+  }
+  parse_max_tokens(root, dialect, limits, parsed);
+  parse_sampling(root, limits, parsed);
+  parse_logprobs(root, dialect, limits, parsed);
+  if (dialect == ApiDialect::completions) parse_echo(root, parsed);
+  parse_stream(root, parsed);
+  parse_kv_compression(root, parsed);
+  return parsed;
+}
+
+void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                   const ProtocolLimits& limits) {
+  std::vector<int32_t>& ids = parsed.request.prompt_ids;
+  const char* param = parsed.dialect == ApiDialect::chat ? "messages" : "prompt";
+  bool from_text = true;
+  if (auto* messages = std::get_if<std::vector<ChatMessage>>(&parsed.prompt)) {
+    std::string text;
+    try {
+      text = chat_template.render(*messages, /*add_generation_prompt=*/true);
+    } catch (const std::invalid_argument& e) {
+      throw ApiError::invalid_request("messages", e.what());
+    }
+    ids = tokenizer.encode(text, /*parse_special=*/true);
+  } else if (auto* text = std::get_if<std::string>(&parsed.prompt)) {
+    ids = tokenizer.encode(*text, /*parse_special=*/false);  // user text never becomes control tokens
+    if (parsed.echo) parsed.echo_text = *text;
+  } else {
+    ids = std::get<std::vector<int32_t>>(parsed.prompt);  // the client chose every id, BOS included or not
+    from_text = false;
+    if (parsed.echo) parsed.echo_text = tokenizer.decode(ids, /*skip_special=*/false);
+  }
+  std::optional<int32_t> bos = tokenizer.bos_id();
+  if (from_text && tokenizer.add_bos() && bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
+
+  if (ids.empty()) throw ApiError::invalid_request(param, std::string("the ") + param + " is empty");
+  int prompt_tokens = int(ids.size());
+  if (prompt_tokens >= limits.max_context) {
+    throw ApiError::invalid_request(param, "the prompt is " + std::to_string(prompt_tokens) +
+                                               " tokens, but the model's context is " +
+                                               std::to_string(limits.max_context) +
+                                               " tokens and must leave room for at least one generated token");
+  }
+  int room = limits.max_context - prompt_tokens;
+  int& max_tokens = parsed.request.sampling.max_tokens;
+  if (!parsed.max_tokens_given) {
+    max_tokens = parsed.dialect == ApiDialect::chat ? room : std::min(16, room);  // OpenAI's defaults
+  } else if (max_tokens > room) {
+    throw ApiError::invalid_request(
+        parsed.max_tokens_param,
+        "the model's context is " + std::to_string(limits.max_context) + " tokens, but " +
+            std::to_string(prompt_tokens + max_tokens) + " were requested (" + std::to_string(prompt_tokens) +
+            " in the prompt, " + std::to_string(max_tokens) + " for the completion)");
+  }
+}
+
+std::string make_request_id(ApiDialect dialect) {
+  // A random per-process prefix and a counter: unique without a lock.
+  static const uint64_t process_bits = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
+  static std::atomic<uint64_t> counter{0};
+  char hex[25];
+  std::snprintf(hex, sizeof hex, "%016llx%08llx", static_cast<unsigned long long>(process_bits),
+                static_cast<unsigned long long>(counter.fetch_add(1) & 0xffffffffull));
+  return (dialect == ApiDialect::chat ? "chatcmpl-" : "cmpl-") + std::string(hex);
+}
+
+ResponseContext make_response_context(const ParsedCompletion& parsed, int64_t created) {
+  ResponseContext context;
+  context.dialect = parsed.dialect;
+  context.id = parsed.request.id;
+  context.model = parsed.model;
+  context.created = created;
+  context.n = parsed.request.n;
+  context.logprobs = parsed.logprobs;
+  context.include_usage = parsed.include_usage;
+  context.echo_text = parsed.echo_text;
+  return context;
+}
+
+std::string sse_event(std::string_view data) {
+  std::string event;
+  event.reserve(data.size() + 8);
+  event.append("data: ").append(data).append("\n\n");
+  return event;
+}
+
+// -----------------------------------------------------------------------------------------------------------------
+// CompletionCollector
+
+CompletionCollector::CompletionCollector(ResponseContext context)
+    : context_(std::move(context)), choices_(size_t(context_.n)) {}
+
+void CompletionCollector::add(const GenerationEvent& event) {
+  if (auto* delta = std::get_if<ChoiceDelta>(&event)) {
+    check_choice(delta->choice, choices_.size());
+    Choice& choice = choices_[size_t(delta->choice)];
+    choice.text += delta->text;
+    choice.logprobs.insert(choice.logprobs.end(), delta->logprobs.begin(), delta->logprobs.end());
+  } else if (auto* finished = std::get_if<ChoiceFinished>(&event)) {
+    check_choice(finished->choice, choices_.size());
+    choices_[size_t(finished->choice)].finish_reason = finished->finish_reason;
+  } else if (auto* request_finished = std::get_if<RequestFinished>(&event)) {
+    usage_ = request_finished->usage;
+    finished_ = true;
+  } else {
+    failure_ = std::get<RequestFailed>(event);
+  }
+}
+
+std::string CompletionCollector::body() const {
+  bool chat = context_.dialect == ApiDialect::chat;
+  json response = response_head(context_, chat ? "chat.completion" : "text_completion");
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& choice = choices_[i];
+    json logprobs = nullptr;
+    json out = {{"index", i}};
+    if (chat) {
+      if (context_.logprobs) logprobs = chat_logprobs_json(choice.logprobs);
+      out["message"] = {{"role", "assistant"}, {"content", choice.text}};
+    } else {
+      size_t text_offset = context_.echo_text.size();
+      if (context_.logprobs) logprobs = completion_logprobs_json(choice.logprobs, text_offset);
+      out["text"] = context_.echo_text + choice.text;
+    }
+    out["logprobs"] = std::move(logprobs);
+    out["finish_reason"] = finish_reason_json(choice.finish_reason);
+    choices.push_back(std::move(out));
+  }
+  response["choices"] = std::move(choices);
+  response["usage"] = usage_json(usage_);
+  return dump(response);
+}
+
+// -----------------------------------------------------------------------------------------------------------------
+// StreamEncoder
+
+StreamEncoder::StreamEncoder(ResponseContext context)
+    : context_(std::move(context)), text_offsets_(size_t(context_.n), context_.echo_text.size()) {}
+
+std::string StreamEncoder::begin() {
+  std::string events;
+  for (int i = 0; i < context_.n; ++i) {
+    if (context_.dialect == ApiDialect::chat) {
+      events += chunk_event(context_, {{"index", i},
+                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}});
+    } else if (!context_.echo_text.empty()) {
+      events += chunk_event(context_,
+                            {{"index", i}, {"text", context_.echo_text}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+    }
+  }
+  return events;
+}
+
+std::string StreamEncoder::encode(const GenerationEvent& event) {
+  bool chat = context_.dialect == ApiDialect::chat;
+  if (auto* delta = std::get_if<ChoiceDelta>(&event)) {
+    check_choice(delta->choice, text_offsets_.size());
+    bool with_logprobs = context_.logprobs && !delta->logprobs.empty();
+    if (delta->text.empty() && !with_logprobs) return "";  // e.g. a token held back mid-character
+    json choice = {{"index", delta->choice}};
+    json logprobs = nullptr;
+    if (chat) {
+      choice["delta"] = {{"content", delta->text}};
+      if (with_logprobs) logprobs = chat_logprobs_json(delta->logprobs);
+    } else {
+      choice["text"] = delta->text;
+      if (with_logprobs) logprobs = completion_logprobs_json(delta->logprobs, text_offsets_[size_t(delta->choice)]);
+    }
+    choice["logprobs"] = std::move(logprobs);
+    choice["finish_reason"] = nullptr;
+    return chunk_event(context_, std::move(choice));
+  }
+  if (auto* finished = std::get_if<ChoiceFinished>(&event)) {
+    check_choice(finished->choice, text_offsets_.size());
+    json choice = {{"index", finished->choice}};
+    if (chat) {
+      choice["delta"] = json::object();
+    } else {
+      choice["text"] = "";
+    }
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = finish_reason_json(finished->finish_reason);
+    return chunk_event(context_, std::move(choice));
+  }
+  done_ = true;
+  if (auto* request_finished = std::get_if<RequestFinished>(&event)) {
+    std::string events;
+    if (context_.include_usage) {
+      json chunk = response_head(context_, chunk_object(context_));
+      chunk["choices"] = json::array();
+      chunk["usage"] = usage_json(request_finished->usage);
+      events = sse_event(dump(chunk));
+    }
+    return events.append(kSseDone);
+  }
+  const RequestFailed& failed = std::get<RequestFailed>(event);
+  ApiError error(failed.http_status, failed.type.empty() ? "server_error" : failed.type, failed.message);
+  return sse_event(error.body()).append(kSseDone);
+}
+
+}  // namespace strata

@@ -1,0 +1,119 @@
+#pragma once
+// The two OpenAI dialects, /v1/completions and /v1/chat/completions: request bodies parsed and validated into a
+// GenerationRequest, and response bodies (one JSON document, or server-sent events) built from GenerationEvents.
+// Unknown request fields are ignored, as OpenAI clients send extras.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "daemon/generation.h"
+#include "model/chat_template.h"
+
+namespace strata {
+
+class Tokenizer;
+
+enum class ApiDialect { completions, chat };
+
+// What a request may ask for; checked while parsing.
+struct ProtocolLimits {
+  std::string model_name;    // the served model id; a request naming another gets 404 model_not_found
+  int max_context = 0;       // tokens of prompt + completion
+  int vocab_size = 0;        // token ids in a prompt must be below it
+  int max_n = 16;            // choices per request
+  int max_top_logprobs = 20;
+  int max_stop = 4;          // stop strings per request
+};
+
+// A prompt as the request gave it: text (completions), token ids (completions), or messages (chat).
+using PromptInput = std::variant<std::string, std::vector<int32_t>, std::vector<ChatMessage>>;
+
+struct ParsedCompletion {
+  ApiDialect dialect = ApiDialect::completions;
+  std::string model;              // the served model id
+  PromptInput prompt;
+  GenerationRequest request;      // sampling, n, kv_policy; encode_prompt fills prompt_ids; id and sink are the caller's
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  bool echo = false;              // completions: the prompt is written before each choice's text
+  bool logprobs = false;          // the response carries logprobs (request.sampling.n_logprobs >= 0)
+  bool max_tokens_given = false;
+  std::string max_tokens_param;   // "max_tokens" or "max_completion_tokens": the field errors name
+  std::string echo_text;          // set by encode_prompt when echo
+};
+
+// Parses and validates a request body. Throws ApiError: 400 naming the field, 404 for a model not served.
+ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dialect, const ProtocolLimits& limits);
+
+// Turns the prompt into token ids (chat: rendered through the template), checks them against the context and
+// fills max_tokens when the request left it out (completions: 16, chat: the rest of the context). Throws ApiError.
+void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                   const ProtocolLimits& limits);
+
+// "cmpl-<24 hex>" or "chatcmpl-<24 hex>"; unique within the process.
+std::string make_request_id(ApiDialect dialect);
+
+// What every response object repeats.
+struct ResponseContext {
+  ApiDialect dialect = ApiDialect::completions;
+  std::string id;
+  std::string model;
+  int64_t created = 0;        // unix seconds
+  int n = 1;                  // choices
+  bool logprobs = false;
+  bool include_usage = false;
+  std::string echo_text;      // completions with echo: written before each choice's text
+};
+
+ResponseContext make_response_context(const ParsedCompletion& parsed, int64_t created);
+
+// A non-streaming response: collects a request's events, then builds the completion / chat.completion body.
+class CompletionCollector {
+ public:
+  explicit CompletionCollector(ResponseContext context);
+  // Throws std::out_of_range for a choice index the request does not have (an engine bug -> 500).
+  void add(const GenerationEvent& event);
+  bool done() const { return finished_ || failure_.has_value(); }
+  const std::optional<RequestFailed>& failure() const { return failure_; }
+  std::string body() const;
+
+ private:
+  struct Choice {
+    std::string text;
+    std::vector<LogprobEntry> logprobs;
+    std::string finish_reason;  // empty: none reported
+  };
+  ResponseContext context_;
+  std::vector<Choice> choices_;
+  Usage usage_;
+  bool finished_ = false;
+  std::optional<RequestFailed> failure_;
+};
+
+// A streaming response: turns a request's events into server-sent events ("data: <json>\n\n").
+class StreamEncoder {
+ public:
+  explicit StreamEncoder(ResponseContext context);
+  // The events that open the stream: chat: a chunk per choice with role "assistant"; completions with echo: a
+  // chunk per choice with the prompt.
+  std::string begin();
+  // Zero or more events. ChoiceFinished: the choice's last chunk, with finish_reason. RequestFinished: the usage
+  // chunk (when asked for) and "data: [DONE]". RequestFailed: an error event and "data: [DONE]".
+  // Throws std::out_of_range for a choice index the request does not have.
+  std::string encode(const GenerationEvent& event);
+  bool done() const { return done_; }
+
+ private:
+  ResponseContext context_;
+  std::vector<size_t> text_offsets_;  // per choice: bytes of token text so far (completions' text_offset)
+  bool done_ = false;
+};
+
+std::string sse_event(std::string_view data);  // "data: <data>\n\n"
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+}  // namespace strata
