@@ -176,6 +176,13 @@ Response error_response(unsigned version, bool keep_alive, const ApiError& error
   return make_response(version, keep_alive, http::status(error.http_status()), error.body(), "application/json");
 }
 
+// A failure the engine reported; a status outside 4xx/5xx would make no sense to a client.
+ApiError engine_error(const RequestFailed& failed) {
+  bool valid = failed.http_status >= 400 && failed.http_status <= 599;
+  return ApiError(valid ? failed.http_status : 500, failed.type.empty() ? "server_error" : failed.type,
+                  failed.message);
+}
+
 std::string http_error_status_text(const ApiError& error) {
   return std::to_string(error.http_status()) + " " + error.type() + ": " + error.what();
 }
@@ -243,7 +250,15 @@ net::awaitable<void> Session::run() {
     parser.header_limit(uint32_t(std::min<size_t>(options.max_header_bytes, UINT32_MAX)));
     parser.body_limit(options.max_body_bytes);
     stream_.expires_after(options.read_timeout);  // the whole request, and the keep-alive idle time before it
-    auto [ec, n_read] = co_await http::async_read(stream_, buffer_, parser, use_nothrow);
+    auto [ec, n_read] = co_await http::async_read_header(stream_, buffer_, parser, use_nothrow);
+    if (!ec && !parser.is_done()) {
+      // curl asks before sending a large body and otherwise waits a second for this answer.
+      if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+        http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
+        std::tie(ec, std::ignore) = co_await http::async_write(stream_, go_on, use_nothrow);
+      }
+      if (!ec) std::tie(ec, n_read) = co_await http::async_read(stream_, buffer_, parser, use_nothrow);
+    }
     if (ec == http::error::body_limit || ec == http::error::header_limit) {
       bool body = ec == http::error::body_limit;
       ApiError error = body ? ApiError(413, "invalid_request_error",
@@ -390,7 +405,7 @@ net::awaitable<bool> Session::collect(const Request& request, const ResponseCont
   }
   lease.finish();
   if (const auto& failure = collector.failure()) {
-    throw ApiError(failure->http_status, failure->type.empty() ? "server_error" : failure->type, failure->message);
+    throw engine_error(*failure);
   }
   Response response =
       make_response(request.version(), request.keep_alive(), http::status::ok, collector.body(), "application/json");
@@ -404,7 +419,7 @@ net::awaitable<bool> Session::stream(const Request& request, const ResponseConte
   std::deque<GenerationEvent> events = sink.take();
   if (const auto* failed = std::get_if<RequestFailed>(&events.front())) {
     lease.finish();
-    throw ApiError(failed->http_status, failed->type.empty() ? "server_error" : failed->type, failed->message);
+    throw engine_error(*failed);
   }
   if (!co_await do_write_stream_header(request)) co_return false;
   StreamEncoder encoder(context);

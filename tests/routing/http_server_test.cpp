@@ -322,6 +322,18 @@ TEST_F(HttpServerTest, BodyOverTheLimitIs413AndCloses) {
   EXPECT_TRUE(c.closed_by_server());
 }
 
+TEST_F(HttpServerTest, ExpectContinueIsAnswered) {
+  start();
+  Client c = client();
+  std::string body = kCompletion.dump();
+  c.write_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n");
+  EXPECT_NE(c.read_until("\r\n\r\n").find("HTTP/1.1 100 Continue"), std::string::npos);
+  c.write_raw(body);
+  auto response = c.read();
+  EXPECT_EQ(response.result_int(), 200) << response.body();
+}
+
 TEST_F(HttpServerTest, HeaderOverTheLimitIs431) {
   options_.max_header_bytes = 1024;
   start();
