@@ -1,6 +1,6 @@
 #pragma once
 // The shape of a Llama-family model: everything the forward pass, the KV pool and the sharding need to know.
-// Filled from GGUF metadata (model/gguf_config.cpp), a Hugging Face config.json, or a named preset.
+// Filled from GGUF metadata, a Hugging Face config.json, or a named preset (model/model_loader.h).
 #include <string>
 
 namespace strata {

@@ -1,0 +1,563 @@
+#include "model/model_loader.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors_file.h"
+
+namespace strata {
+
+namespace {
+
+std::string file_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Configuration
+
+int positive_int(int64_t v, const std::string& key, const std::string& path) {
+  if (v <= 0 || v > INT_MAX) {
+    throw GgufError(path + ": metadata key '" + key + "' = " + std::to_string(v) + " is out of range");
+  }
+  return static_cast<int>(v);
+}
+
+// Checks that hold for every source of a config.
+void validate_config(const ModelConfig& c, const std::string& origin) {
+  auto fail = [&](const std::string& what) { throw std::runtime_error(origin + ": " + what); };
+  if (c.n_heads % c.n_kv_heads != 0) {
+    fail("n_heads " + std::to_string(c.n_heads) + " is not a multiple of n_kv_heads " + std::to_string(c.n_kv_heads));
+  }
+  if (c.head_dim % 2 != 0) fail("head_dim " + std::to_string(c.head_dim) + " is odd; RoPE needs pairs");
+}
+
+}  // namespace
+
+ModelConfig config_from_gguf(const GgufFile& file) {
+  const std::string& path = file.path();
+  auto missing = [&](const std::string& key) -> GgufError {
+    return GgufError(path + ": missing metadata key '" + key + "'");
+  };
+  const std::string arch = file.get_string("general.architecture").value_or("");
+  if (arch.empty()) throw missing("general.architecture");
+  // Other GGUF architectures (qwen2, phi3, ...) use NEOX RoPE without the Q/K permutation: not this loader.
+  if (arch != "llama") {
+    throw GgufError(path + ": general.architecture is '" + arch + "'; only 'llama' is supported");
+  }
+  const std::string prefix = arch + ".";
+  auto optional_int = [&](const std::string& suffix) -> std::optional<int> {
+    const std::string key = prefix + suffix;
+    std::optional<int64_t> v = file.get_int(key);
+    if (!v) return std::nullopt;
+    return positive_int(*v, key, path);
+  };
+  auto required_int = [&](const std::string& suffix) -> int {
+    std::optional<int> v = optional_int(suffix);
+    if (!v) throw missing(prefix + suffix);
+    return *v;
+  };
+  auto required_float = [&](const std::string& suffix) -> float {
+    std::optional<double> v = file.get_float(prefix + suffix);
+    if (!v) throw missing(prefix + suffix);
+    return static_cast<float>(*v);
+  };
+
+  ModelConfig c;
+  c.architecture = arch;
+  c.name = file.get_string("general.name").value_or(std::filesystem::path(path).stem().string());
+  c.n_layers = required_int("block_count");
+  c.d_model = required_int("embedding_length");
+  c.d_ff = required_int("feed_forward_length");
+  c.n_heads = required_int("attention.head_count");
+  c.n_kv_heads = optional_int("attention.head_count_kv").value_or(c.n_heads);
+  c.max_context = required_int("context_length");
+  c.rms_eps = required_float("attention.layer_norm_rms_epsilon");
+  c.rope_theta = static_cast<float>(file.get_float(prefix + "rope.freq_base").value_or(10000.0));
+  c.rope_style = RopeStyle::interleaved;
+
+  if (std::optional<int> key_length = optional_int("attention.key_length")) {
+    c.head_dim = *key_length;
+  } else {
+    if (c.d_model % c.n_heads != 0) {
+      throw GgufError(path + ": " + prefix + "embedding_length " + std::to_string(c.d_model) +
+                      " is not a multiple of the head count and " + prefix + "attention.key_length is absent");
+    }
+    c.head_dim = c.d_model / c.n_heads;
+  }
+  if (std::optional<int> value_length = optional_int("attention.value_length"); value_length && *value_length != c.head_dim) {
+    throw GgufError(path + ": " + prefix + "attention.value_length " + std::to_string(*value_length) +
+                    " differs from the key length " + std::to_string(c.head_dim) + ": not supported");
+  }
+  if (std::optional<int> rope_dims = optional_int("rope.dimension_count"); rope_dims && *rope_dims != c.head_dim) {
+    throw GgufError(path + ": " + prefix + "rope.dimension_count " + std::to_string(*rope_dims) +
+                    " differs from the head dimension " + std::to_string(c.head_dim) + ": partial RoPE is not supported");
+  }
+  if (std::optional<std::string> scaling = file.get_string(prefix + "rope.scaling.type"); scaling && *scaling != "none") {
+    throw GgufError(path + ": " + prefix + "rope.scaling.type '" + *scaling + "' is not supported");
+  }
+  if (file.find_tensor("rope_freqs.weight") != nullptr) {
+    throw GgufError(path + ": tensor 'rope_freqs.weight' (Llama 3.1 RoPE frequency factors) is not supported");
+  }
+
+  if (std::optional<int> vocab = optional_int("vocab_size")) {
+    c.vocab_size = *vocab;
+  } else if (const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
+             tokens != nullptr && tokens->type == GgufValueType::array && tokens->array_count > 0) {
+    c.vocab_size = positive_int(static_cast<int64_t>(tokens->array_count), "tokenizer.ggml.tokens (length)", path);
+  } else if (const GgufTensorInfo* embd = file.find_tensor("token_embd.weight"); embd && embd->shape.size() == 2) {
+    c.vocab_size = positive_int(embd->shape[1], "token_embd.weight ne[1]", path);
+  } else {
+    throw GgufError(path + ": cannot tell the vocabulary size: no " + prefix +
+                    "vocab_size, tokenizer.ggml.tokens or token_embd.weight");
+  }
+  c.tied_embeddings = file.find_tensor("output.weight") == nullptr;
+  validate_config(c, path);
+  return c;
+}
+
+ModelConfig config_from_hf_json(const std::string& config_json_path) {
+  const std::string& path = config_json_path;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": invalid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw std::runtime_error(path + ": expected a JSON object");
+  auto fail = [&](const std::string& key, const std::string& what) -> std::runtime_error {
+    return std::runtime_error(path + ": key '" + key + "' " + what);
+  };
+  // JSON null counts as absent (config.json writes "head_dim": null, "rope_scaling": null).
+  auto present = [](const nlohmann::json& obj, const std::string& key) {
+    return obj.contains(key) && !obj[key].is_null();
+  };
+  auto int_in = [&](const nlohmann::json& obj, const std::string& key, const std::string& shown) -> std::optional<int> {
+    if (!present(obj, key)) return std::nullopt;
+    const auto& v = obj[key];
+    if (!v.is_number_integer()) throw fail(shown, "must be an integer");
+    const int64_t x = v.get<int64_t>();
+    if (x <= 0 || x > INT_MAX) throw fail(shown, "= " + std::to_string(x) + " is out of range");
+    return static_cast<int>(x);
+  };
+  auto float_in = [&](const nlohmann::json& obj, const std::string& key, const std::string& shown) -> std::optional<float> {
+    if (!present(obj, key)) return std::nullopt;
+    if (!obj[key].is_number()) throw fail(shown, "must be a number");
+    return obj[key].get<float>();
+  };
+  auto required_int = [&](const std::string& key) {
+    std::optional<int> v = int_in(j, key, key);
+    if (!v) throw fail(key, "is missing");
+    return *v;
+  };
+
+  const std::string model_type = present(j, "model_type") && j["model_type"].is_string()
+                                     ? j["model_type"].get<std::string>() : "";
+  if (model_type != "llama" && model_type != "mistral") {
+    throw fail("model_type", "is '" + model_type + "'; expected 'llama' or 'mistral'");
+  }
+  ModelConfig c;
+  c.architecture = "llama";
+  c.name = present(j, "_name_or_path") && j["_name_or_path"].is_string()
+               ? j["_name_or_path"].get<std::string>()
+               : std::filesystem::path(path).parent_path().filename().string();
+  c.d_model = required_int("hidden_size");
+  c.n_layers = required_int("num_hidden_layers");
+  c.n_heads = required_int("num_attention_heads");
+  c.d_ff = required_int("intermediate_size");
+  c.vocab_size = required_int("vocab_size");
+  c.n_kv_heads = int_in(j, "num_key_value_heads", "num_key_value_heads").value_or(c.n_heads);
+  c.max_context = int_in(j, "max_position_embeddings", "max_position_embeddings").value_or(2048);
+  c.rms_eps = float_in(j, "rms_norm_eps", "rms_norm_eps").value_or(1e-6f);  // transformers' LlamaConfig defaults
+  c.rope_theta = float_in(j, "rope_theta", "rope_theta").value_or(10000.0f);
+  if (std::optional<int> head_dim = int_in(j, "head_dim", "head_dim")) {
+    c.head_dim = *head_dim;
+  } else {
+    if (c.d_model % c.n_heads != 0) throw fail("hidden_size", "is not a multiple of num_attention_heads");
+    c.head_dim = c.d_model / c.n_heads;
+  }
+  if (present(j, "tie_word_embeddings")) {
+    if (!j["tie_word_embeddings"].is_boolean()) throw fail("tie_word_embeddings", "must be a bool");
+    c.tied_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
+  c.rope_style = RopeStyle::half_split;
+  if (present(j, "rope_scaling")) {
+    const auto& rs = j["rope_scaling"];
+    if (!rs.is_object()) throw fail("rope_scaling", "must be an object or null");
+    const std::string type_key = rs.contains("rope_type") ? "rope_type" : "type";
+    const std::string type = rs.contains(type_key) && rs[type_key].is_string() ? rs[type_key].get<std::string>() : "";
+    if (type == "llama3") {
+      auto required = [&](const std::string& key) {
+        std::optional<float> v = float_in(rs, key, "rope_scaling." + key);
+        if (!v) throw fail("rope_scaling." + key, "is missing");
+        return *v;
+      };
+      c.rope_scaling.factor = required("factor");
+      c.rope_scaling.low_freq_factor = required("low_freq_factor");
+      c.rope_scaling.high_freq_factor = required("high_freq_factor");
+      std::optional<int> original = int_in(rs, "original_max_position_embeddings",
+                                           "rope_scaling.original_max_position_embeddings");
+      if (!original) throw fail("rope_scaling.original_max_position_embeddings", "is missing");
+      c.rope_scaling.original_context = *original;
+    } else if (type != "default") {
+      throw fail("rope_scaling." + type_key, "is '" + type + "'; only 'llama3' (or 'default') is supported");
+    }
+  }
+  validate_config(c, path);
+  return c;
+}
+
+ModelConfig preset_config(std::string_view name) {
+  ModelConfig c;
+  c.architecture = "llama";
+  c.rope_style = RopeStyle::half_split;
+  c.rms_eps = 1e-5f;
+  if (name == "smollm2-135m") {
+    c.name = "SmolLM2-135M";
+    c.n_layers = 30, c.d_model = 576, c.n_heads = 9, c.n_kv_heads = 3, c.head_dim = 64, c.d_ff = 1536;
+    c.vocab_size = 49152, c.max_context = 8192, c.rope_theta = 100000.0f, c.tied_embeddings = true;
+  } else if (name == "llama-3-8b") {
+    c.name = "Llama-3.1-8B";
+    c.n_layers = 32, c.d_model = 4096, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128, c.d_ff = 14336;
+    c.vocab_size = 128256, c.max_context = 131072, c.rope_theta = 500000.0f;
+    c.rope_scaling = RopeScaling{8.0f, 1.0f, 4.0f, 8192};
+  } else if (name == "llama-3-70b") {
+    c.name = "Llama-3-70B";
+    c.n_layers = 80, c.d_model = 8192, c.n_heads = 64, c.n_kv_heads = 8, c.head_dim = 128, c.d_ff = 28672;
+    c.vocab_size = 128256, c.max_context = 8192, c.rope_theta = 500000.0f;
+  } else {
+    throw std::invalid_argument("unknown model preset '" + std::string(name) +
+                                "'; known presets: smollm2-135m, llama-3-8b, llama-3-70b");
+  }
+  return c;
+}
+
+void validate_shard(const ModelConfig& c, const ShardSpec& s) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("invalid shard: " + what); };
+  const int layer_end = s.resolved_layer_end(c);
+  if (s.layer_begin < 0 || s.layer_begin > layer_end || layer_end > c.n_layers) {
+    fail("layers [" + std::to_string(s.layer_begin) + ", " + std::to_string(layer_end) + ") are not inside [0, " +
+         std::to_string(c.n_layers) + ")");
+  }
+  if (s.tp_size < 1 || s.tp_rank < 0 || s.tp_rank >= s.tp_size) {
+    fail("tp_rank " + std::to_string(s.tp_rank) + " is not in [0, tp_size " + std::to_string(s.tp_size) + ")");
+  }
+  const std::pair<const char*, int> dims[] = {
+      {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads}, {"d_ff", c.d_ff}, {"vocab_size", c.vocab_size}};
+  for (const auto& [what, value] : dims) {
+    if (value % s.tp_size != 0) {
+      fail(std::string(what) + " " + std::to_string(value) + " is not divisible by tp_size " +
+           std::to_string(s.tp_size));
+    }
+  }
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Shards
+
+enum class Part { token_embd, attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down, output_norm, output };
+
+std::string gguf_tensor_name(Part part, int layer) {
+  const std::string blk = "blk." + std::to_string(layer) + ".";
+  switch (part) {
+    case Part::token_embd: return "token_embd.weight";
+    case Part::attn_norm: return blk + "attn_norm.weight";
+    case Part::wq: return blk + "attn_q.weight";
+    case Part::wk: return blk + "attn_k.weight";
+    case Part::wv: return blk + "attn_v.weight";
+    case Part::wo: return blk + "attn_output.weight";
+    case Part::ffn_norm: return blk + "ffn_norm.weight";
+    case Part::w_gate: return blk + "ffn_gate.weight";
+    case Part::w_up: return blk + "ffn_up.weight";
+    case Part::w_down: return blk + "ffn_down.weight";
+    case Part::output_norm: return "output_norm.weight";
+    case Part::output: return "output.weight";
+  }
+  return "";
+}
+
+std::string hf_tensor_name(Part part, int layer) {
+  const std::string blk = "model.layers." + std::to_string(layer) + ".";
+  switch (part) {
+    case Part::token_embd: return "model.embed_tokens.weight";
+    case Part::attn_norm: return blk + "input_layernorm.weight";
+    case Part::wq: return blk + "self_attn.q_proj.weight";
+    case Part::wk: return blk + "self_attn.k_proj.weight";
+    case Part::wv: return blk + "self_attn.v_proj.weight";
+    case Part::wo: return blk + "self_attn.o_proj.weight";
+    case Part::ffn_norm: return blk + "post_attention_layernorm.weight";
+    case Part::w_gate: return blk + "mlp.gate_proj.weight";
+    case Part::w_up: return blk + "mlp.up_proj.weight";
+    case Part::w_down: return blk + "mlp.down_proj.weight";
+    case Part::output_norm: return "model.norm.weight";
+    case Part::output: return "lm_head.weight";
+  }
+  return "";
+}
+
+bool is_norm(Part part) { return part == Part::attn_norm || part == Part::ffn_norm || part == Part::output_norm; }
+
+// The part of a full [rows, cols] tensor that a shard holds.
+struct Slice {
+  int64_t rows = 0, cols = 0;
+  int64_t row_begin = 0, n_rows = 0;
+  int64_t col_begin = 0, n_cols = 0;
+};
+
+using OwnedBuffers = std::vector<std::unique_ptr<float[]>>;
+// Produces the slice of one tensor (layer = -1 for the tensors outside the layers).
+using MatrixSource = std::function<HostMatrix(Part part, int layer, const Slice& slice, OwnedBuffers& owned)>;
+
+// Decides which tensors and slices a shard holds; `source` reads or makes each one.
+ModelWeights assemble_weights(const ModelConfig& c, const ShardSpec& s, const MatrixSource& source) {
+  validate_shard(c, s);
+  ModelWeights w;
+  w.config = c;
+  w.shard = s;
+  w.shard.layer_end = s.resolved_layer_end(c);
+  const int64_t tp = s.tp_size, r = s.tp_rank;
+  const int64_t d = c.d_model, q_rows = int64_t{c.n_heads} * c.head_dim, kv_rows = int64_t{c.n_kv_heads} * c.head_dim;
+  auto full = [](int64_t rows, int64_t cols) { return Slice{rows, cols, 0, rows, 0, cols}; };
+  // Column-parallel: this rank's rows (whole heads, since rows / tp is a multiple of head_dim).
+  auto rows_of_rank = [&](int64_t rows, int64_t cols) { return Slice{rows, cols, r * (rows / tp), rows / tp, 0, cols}; };
+  // Row-parallel: the matching columns.
+  auto cols_of_rank = [&](int64_t rows, int64_t cols) { return Slice{rows, cols, 0, rows, r * (cols / tp), cols / tp}; };
+  auto load = [&](Part part, int layer, const Slice& slice) { return source(part, layer, slice, w.owned); };
+
+  if (s.has_embedding || (c.tied_embeddings && s.has_output)) {
+    w.token_embd = load(Part::token_embd, -1, full(c.vocab_size, d));
+  }
+  for (int l = s.layer_begin; l < w.shard.layer_end; ++l) {
+    LayerWeights L;
+    L.layer = l;
+    L.attn_norm = load(Part::attn_norm, l, full(1, d));
+    L.wq = load(Part::wq, l, rows_of_rank(q_rows, d));
+    L.wk = load(Part::wk, l, rows_of_rank(kv_rows, d));
+    L.wv = load(Part::wv, l, rows_of_rank(kv_rows, d));
+    L.wo = load(Part::wo, l, cols_of_rank(d, q_rows));
+    L.ffn_norm = load(Part::ffn_norm, l, full(1, d));
+    L.w_gate = load(Part::w_gate, l, rows_of_rank(c.d_ff, d));
+    L.w_up = load(Part::w_up, l, rows_of_rank(c.d_ff, d));
+    L.w_down = load(Part::w_down, l, cols_of_rank(d, c.d_ff));
+    w.layers.push_back(L);
+  }
+  if (s.has_output) {
+    w.output_norm = load(Part::output_norm, -1, full(1, d));
+    const Slice vocab = rows_of_rank(c.vocab_size, d);
+    w.output_vocab_begin = vocab.row_begin;
+    w.output = c.tied_embeddings ? HostMatrix{w.token_embd.data + vocab.row_begin * d, vocab.n_rows, d}
+                                 : load(Part::output, -1, vocab);
+  }
+  return w;
+}
+
+// A tensor in a mapped file, seen as [rows, cols] with `cols` contiguous.
+struct TensorView {
+  std::string name;
+  GgmlType type = GgmlType::f32;
+  int64_t rows = 0, cols = 0;
+  const uint8_t* data = nullptr;
+};
+
+// Reads a slice: F32 rows are used in place when the slice has whole rows; everything else is dequantized,
+// only the rows and blocks the slice covers.
+HostMatrix read_slice(const TensorView& t, const Slice& s, OwnedBuffers& owned) {
+  if (t.rows != s.rows || t.cols != s.cols) {
+    throw std::runtime_error("tensor '" + t.name + "' has shape [" + std::to_string(t.rows) + ", " +
+                             std::to_string(t.cols) + "], expected [" + std::to_string(s.rows) + ", " +
+                             std::to_string(s.cols) + "]");
+  }
+  const GgmlTypeTraits* traits = ggml_type_traits(static_cast<uint32_t>(t.type));
+  if (traits == nullptr || !traits->supported) {
+    throw std::runtime_error("tensor '" + t.name + "' has type " + std::string(ggml_type_name(t.type)) +
+                             ", which cannot be dequantized");
+  }
+  const uint64_t row_bytes = ggml_row_bytes(t.type, t.cols);
+  const uint8_t* first_row = t.data + s.row_begin * row_bytes;
+  const bool whole_rows = s.col_begin == 0 && s.n_cols == s.cols;
+  if (t.type == GgmlType::f32 && whole_rows && reinterpret_cast<uintptr_t>(first_row) % alignof(float) == 0) {
+    return HostMatrix{reinterpret_cast<const float*>(first_row), s.n_rows, s.n_cols};
+  }
+  auto buffer = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.n_rows * s.n_cols));
+  float* out = buffer.get();
+  // Blocks never straddle rows, but a column range may start or end inside a block: dequantize the covering
+  // blocks and copy the part that is wanted.
+  const int64_t block = traits->block_elements;
+  const int64_t first_col = s.col_begin / block * block;
+  const int64_t end_col = (s.col_begin + s.n_cols + block - 1) / block * block;
+  const uint64_t skip_bytes = static_cast<uint64_t>(first_col / block) * traits->block_bytes;
+  const bool block_aligned = first_col == s.col_begin && end_col == s.col_begin + s.n_cols;
+  std::vector<float> covering(block_aligned ? 0 : static_cast<size_t>(end_col - first_col));
+  for (int64_t i = 0; i < s.n_rows; ++i) {
+    const uint8_t* src = first_row + i * row_bytes + skip_bytes;
+    float* dst = out + i * s.n_cols;
+    if (block_aligned) {
+      dequantize_row(t.type, src, dst, s.n_cols);
+    } else {
+      dequantize_row(t.type, src, covering.data(), end_col - first_col);
+      std::copy_n(covering.data() + (s.col_begin - first_col), s.n_cols, dst);
+    }
+  }
+  owned.push_back(std::move(buffer));
+  return HostMatrix{out, s.n_rows, s.n_cols};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dummy weights: a counter-based generator, so that any slice can be made without the rest of the tensor.
+
+uint64_t mix64(uint64_t z) {  // the splitmix64 finalizer
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t tensor_key(uint64_t seed, const std::string& name) {
+  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a
+  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001B3ull;
+  return mix64(h ^ mix64(seed));
+}
+
+// The sum of four 16-bit uniforms (Irwin-Hall) is close to a normal; scaled to standard deviation 0.02.
+float dummy_value(uint64_t key, uint64_t index) {
+  const uint64_t z = mix64(key + index * 0x9E3779B97F4A7C15ull);
+  const uint64_t sum = (z & 0xFFFF) + ((z >> 16) & 0xFFFF) + ((z >> 32) & 0xFFFF) + (z >> 48);
+  constexpr double kScale = 0.02 * 1.7320508075688772 / 65536.0;  // sqrt(3): the sum has variance 4/12
+  return static_cast<float>((static_cast<double>(sum) - 2.0 * 65535.0) * kScale);
+}
+
+HostMatrix make_dummy_slice(uint64_t key, bool norm, const Slice& s, OwnedBuffers& owned) {
+  const int64_t n = s.n_rows * s.n_cols;
+  auto buffer = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n));
+  float* out = buffer.get();
+  if (norm) {
+    std::fill_n(out, n, 1.0f);
+  } else {
+    auto fill_rows = [&](int64_t row0, int64_t row1) {
+      for (int64_t i = row0; i < row1; ++i) {
+        const uint64_t base = static_cast<uint64_t>((s.row_begin + i) * s.cols + s.col_begin);
+        for (int64_t j = 0; j < s.n_cols; ++j) out[i * s.n_cols + j] = dummy_value(key, base + static_cast<uint64_t>(j));
+      }
+    };
+    // Benchmark shapes hold hundreds of millions of values: spread them over the cores.
+    const int64_t n_threads = n < (int64_t{1} << 22) ? 1 : std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> threads;
+    for (int64_t t = 1; t < n_threads; ++t) {
+      threads.emplace_back(fill_rows, s.n_rows * t / n_threads, s.n_rows * (t + 1) / n_threads);
+    }
+    fill_rows(0, s.n_rows / n_threads);
+    for (auto& th : threads) th.join();
+  }
+  owned.push_back(std::move(buffer));
+  return HostMatrix{out, s.n_rows, s.n_cols};
+}
+
+std::string histogram_text(const std::map<std::string, int>& counts, size_t total) {
+  std::vector<std::pair<std::string, int>> sorted(counts.begin(), counts.end());
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::ostringstream out;
+  out << total << " tensors:";
+  for (size_t i = 0; i < sorted.size(); ++i) out << (i ? ", " : " ") << sorted[i].second << " " << sorted[i].first;
+  return out.str();
+}
+
+}  // namespace
+
+std::string gguf_type_histogram(const GgufFile& file) {
+  std::map<std::string, int> counts;
+  for (const GgufTensorInfo& t : file.tensors()) ++counts[std::string(ggml_type_name(t.type))];
+  return histogram_text(counts, file.tensors().size());
+}
+
+ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& shard) {
+  const ModelConfig config = config_from_gguf(*file);
+  std::cerr << file_name(file->path()) << ": " << gguf_type_histogram(*file) << "\n";
+  const GgufFile& f = *file;
+  ModelWeights w = assemble_weights(config, shard, [&](Part part, int layer, const Slice& s, OwnedBuffers& owned) {
+    const GgufTensorInfo& t = f.tensor(gguf_tensor_name(part, layer));
+    if (t.shape.size() > 2) {
+      throw GgufError(f.path() + ": tensor '" + t.name + "' has " + std::to_string(t.shape.size()) +
+                      " dimensions, expected at most 2");
+    }
+    try {
+      return read_slice(TensorView{t.name, t.type, t.n_rows(), t.row_length(), t.data}, s, owned);
+    } catch (const std::runtime_error& e) {
+      throw GgufError(f.path() + ": " + e.what());
+    }
+  });
+  w.keep_alive = std::move(file);
+  return w;
+}
+
+ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardSpec& shard) {
+  const ModelConfig config = config_from_hf_json((std::filesystem::path(model_dir) / "config.json").string());
+  std::vector<std::string> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(model_dir)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
+  }
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) throw std::runtime_error(model_dir + ": no *.safetensors files");
+
+  auto files = std::make_shared<std::vector<std::shared_ptr<SafetensorsFile>>>();
+  std::map<std::string, const SafetensorsTensor*, std::less<>> by_name;
+  std::map<std::string, int> dtype_counts;
+  for (const std::string& path : paths) {
+    files->push_back(SafetensorsFile::open(path));
+    for (const SafetensorsTensor& t : files->back()->tensors()) {
+      if (!by_name.emplace(t.name, &t).second) {
+        throw std::runtime_error(model_dir + ": tensor '" + t.name + "' appears in more than one file");
+      }
+      std::string dtype = t.dtype;
+      std::transform(dtype.begin(), dtype.end(), dtype.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      ++dtype_counts[dtype];
+    }
+  }
+  if (!config.tied_embeddings && shard.has_output && by_name.count("lm_head.weight") == 0) {
+    throw std::runtime_error(model_dir + ": tensor 'lm_head.weight' is missing and tie_word_embeddings is false");
+  }
+  std::cerr << file_name(model_dir) << ": " << histogram_text(dtype_counts, by_name.size()) << "\n";
+
+  ModelWeights w = assemble_weights(config, shard, [&](Part part, int layer, const Slice& s, OwnedBuffers& owned) {
+    const std::string name = hf_tensor_name(part, layer);
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw std::runtime_error(model_dir + ": tensor '" + name + "' is missing");
+    const SafetensorsTensor& t = *it->second;
+    const std::optional<GgmlType> type = t.ggml_type();
+    if (!type) {
+      throw std::runtime_error(model_dir + ": tensor '" + name + "' has dtype " + t.dtype + "; expected F32, F16 or BF16");
+    }
+    if (t.shape.empty() || t.shape.size() > 2) {
+      throw std::runtime_error(model_dir + ": tensor '" + name + "' has " + std::to_string(t.shape.size()) +
+                               " dimensions, expected 1 or 2");
+    }
+    const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
+    try {
+      return read_slice(TensorView{name, *type, rows, t.shape.back(), t.data}, s, owned);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(model_dir + ": " + e.what());
+    }
+  });
+  w.keep_alive = std::move(files);
+  return w;
+}
+
+ModelWeights make_dummy_weights(const ModelConfig& config, const ShardSpec& shard, uint64_t seed) {
+  return assemble_weights(config, shard, [&](Part part, int layer, const Slice& s, OwnedBuffers& owned) {
+    return make_dummy_slice(tensor_key(seed, gguf_tensor_name(part, layer)), is_norm(part), s, owned);
+  });
+}
+
+}  // namespace strata

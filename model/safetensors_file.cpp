@@ -1,0 +1,151 @@
+#include "model/safetensors_file.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace strata {
+
+namespace {
+
+// The reference implementation refuses larger headers too; it keeps a corrupt length from allocating much.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+int64_t dtype_bytes(std::string_view dtype) {
+  static const std::map<std::string_view, int64_t> sizes = {
+      {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4}, {"I64", 8}, {"U64", 8}, {"F64", 8}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& message) {
+  throw SafetensorsError(path + ": " + message);
+}
+
+}  // namespace
+
+int64_t SafetensorsTensor::n_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::optional<GgmlType> SafetensorsTensor::ggml_type() const {
+  if (dtype == "F32") return GgmlType::f32;
+  if (dtype == "F16") return GgmlType::f16;
+  if (dtype == "BF16") return GgmlType::bf16;
+  return std::nullopt;
+}
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  auto file = std::shared_ptr<SafetensorsFile>(new SafetensorsFile());
+  file->path_ = path;
+  file->file_ = MappedFile::open(path);
+  const uint8_t* bytes = file->file_->data();
+  const uint64_t size = file->file_->size();
+
+  if (size < 8) fail(path, "expected a u64 header length at offset 0, file ends at " + std::to_string(size));
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes, 8);
+  if (header_len > kMaxHeaderBytes) {
+    fail(path, "header length " + std::to_string(header_len) + " exceeds the limit of " + std::to_string(kMaxHeaderBytes));
+  }
+  if (header_len > size - 8) {
+    fail(path, "expected a " + std::to_string(header_len) + "-byte JSON header at offset 8, file ends at " +
+         std::to_string(size));
+  }
+  file->data_offset_ = 8 + header_len;
+  const uint64_t data_size = size - file->data_offset_;
+
+  // The JSON library keeps the last of duplicate keys: catch them while parsing.
+  std::set<std::string> seen;
+  std::string duplicate;
+  nlohmann::json::parser_callback_t on_event = [&](int depth, nlohmann::json::parse_event_t event,
+                                                   nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string() &&
+        !seen.insert(parsed.get<std::string>()).second && duplicate.empty()) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len, on_event);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("invalid JSON header: ") + e.what());
+  }
+  if (!header.is_object()) fail(path, "the JSON header is not an object");
+  if (!duplicate.empty()) fail(path, "duplicate tensor name '" + duplicate + "' in the header");
+
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail(path, "__metadata__ is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) fail(path, "__metadata__['" + key + "'] is not a string");
+        file->metadata_.emplace(key, value.get<std::string>());
+      }
+      continue;
+    }
+    const std::string where = "tensor '" + name + "': ";
+    if (!entry.is_object()) fail(path, where + "expected an object with dtype, shape and data_offsets");
+    SafetensorsTensor t;
+    t.name = name;
+    if (!entry.contains("dtype") || !entry["dtype"].is_string()) fail(path, where + "expected a string 'dtype'");
+    t.dtype = entry["dtype"].get<std::string>();
+    t.element_bytes = dtype_bytes(t.dtype);
+    if (t.element_bytes == 0) fail(path, where + "unknown dtype '" + t.dtype + "'");
+    if (!entry.contains("shape") || !entry["shape"].is_array()) fail(path, where + "expected an array 'shape'");
+    uint64_t n_elements = 1;
+    for (const auto& d : entry["shape"]) {
+      if (!d.is_number_unsigned()) fail(path, where + "shape entries must be non-negative integers");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          __builtin_mul_overflow(n_elements, dim, &n_elements)) {
+        fail(path, where + "shape overflows");
+      }
+      t.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const auto& offsets = entry.contains("data_offsets") ? entry["data_offsets"] : nlohmann::json();
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      fail(path, where + "expected 'data_offsets': [begin, end] with non-negative integers");
+    }
+    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    if (begin > end || end > data_size) {
+      fail(path, where + "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+           ") do not fit in the data section of " + std::to_string(data_size) + " bytes");
+    }
+    uint64_t expected_bytes = 0;
+    if (__builtin_mul_overflow(n_elements, static_cast<uint64_t>(t.element_bytes), &expected_bytes) ||
+        expected_bytes != end - begin) {
+      fail(path, where + "data_offsets span " + std::to_string(end - begin) + " bytes, but shape and dtype need " +
+           std::to_string(n_elements) + " x " + std::to_string(t.element_bytes));
+    }
+    t.offset = file->data_offset_ + begin;
+    t.n_bytes = end - begin;
+    t.data = bytes + t.offset;
+    file->tensors_.push_back(std::move(t));
+  }
+
+  std::sort(file->tensors_.begin(), file->tensors_.end(),
+            [](const SafetensorsTensor& a, const SafetensorsTensor& b) { return a.offset < b.offset; });
+  for (size_t i = 0; i < file->tensors_.size(); ++i) {
+    if (i > 0 && file->tensors_[i].n_bytes > 0 &&
+        file->tensors_[i].offset < file->tensors_[i - 1].offset + file->tensors_[i - 1].n_bytes) {
+      fail(path, "tensors '" + file->tensors_[i - 1].name + "' and '" + file->tensors_[i].name + "' overlap");
+    }
+    file->index_.emplace(file->tensors_[i].name, i);
+  }
+  return file;
+}
+
+const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+}  // namespace strata
