@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Sets up (tools/setup.sh) and runs every test: the C++ suites through ctest, then the Python suites (reference
+# tokenizer, metrics format, end-to-end HTTP tests against the real server) through pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+status=0
+ctest --test-dir build --output-on-failure || status=1
+STRATA_BIN="$PWD/build/strata" STRATA_BUILD_DIR="$PWD/build" .venv/bin/python -m pytest tests -q -p no:cacheprovider || status=1
+exit $status
