@@ -251,8 +251,9 @@ class GgufParser {
       fail(type_pos, "tensor '" + t.name + "' has unknown ggml type id " + std::to_string(type_id));
     }
     t.type = static_cast<GgmlType>(type_id);
-    if (!t.shape.empty() && t.shape[0] % traits->block_elements != 0) {
-      fail(type_pos, "tensor '" + t.name + "': row length " + std::to_string(t.shape[0]) +
+    const int64_t row_length = t.shape.empty() ? 1 : t.shape[0];  // a 0-d tensor holds one value
+    if (row_length % traits->block_elements != 0) {
+      fail(type_pos, "tensor '" + t.name + "': row length " + std::to_string(row_length) +
                          " is not a multiple of the " + std::string(traits->name) + " block size " +
                          std::to_string(traits->block_elements));
     }

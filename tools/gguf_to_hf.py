@@ -72,44 +72,46 @@ def hf_config(reader, n_layers):
 
 
 def hf_tensors(reader, config):
-    """Yields (HF name, float32 array in HF layout)."""
+    """(HF name, HF shape, function returning the float32 array in HF layout), in file order."""
     tensors = {t.name: t for t in reader.tensors}
 
-    def load(name):
-        t = tensors[name]
-        values = dequantize(t.data, t.tensor_type).astype(np.float32)
+    def entry(hf_name, gguf_name, n_heads_to_unpermute=None):
+        t = tensors[gguf_name]
         shape = [int(n) for n in reversed(t.shape)]  # GGUF lists ne[0] first; HF is outermost first
-        return values.reshape(shape)
 
-    yield "model.embed_tokens.weight", load("token_embd.weight")
+        def load():
+            values = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+            return values if n_heads_to_unpermute is None else unpermute(values, n_heads_to_unpermute)
+        return hf_name, shape, load
+
+    yield entry("model.embed_tokens.weight", "token_embd.weight")
     for layer in range(config["num_hidden_layers"]):
         for gguf_name, hf_name in LAYER_NAMES.items():
-            w = load(f"blk.{layer}.{gguf_name}.weight")
-            if gguf_name == "attn_q":
-                w = unpermute(w, config["num_attention_heads"])
-            elif gguf_name == "attn_k":
-                w = unpermute(w, config["num_key_value_heads"])
-            yield f"model.layers.{layer}.{hf_name}.weight", w
-    yield "model.norm.weight", load("output_norm.weight")
+            heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}.get(gguf_name)
+            yield entry(f"model.layers.{layer}.{hf_name}.weight", f"blk.{layer}.{gguf_name}.weight", heads)
+    yield entry("model.norm.weight", "output_norm.weight")
     if not config["tie_word_embeddings"]:
-        yield "lm_head.weight", load("output.weight")
+        yield entry("lm_head.weight", "output.weight")
 
 
-def write_safetensors(path, named_arrays):
-    header, chunks, offset = {}, [], 0
-    for name, array in named_arrays:
-        data = np.ascontiguousarray(array, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
+def write_safetensors(path, entries):
+    """Writes the header from the shapes first, then one tensor at a time (peak memory: one tensor)."""
+    entries = list(entries)
+    header, offset = {}, 0
+    for name, shape, _ in entries:
+        n_bytes = 4 * int(np.prod(shape))
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + n_bytes]}
+        offset += n_bytes
     header["__metadata__"] = {"format": "pt"}
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)  # keeps the data 8-byte aligned, as the reference writer does
     with open(path, "wb") as out:
         out.write(np.uint64(len(header_bytes)).astype("<u8").tobytes())
         out.write(header_bytes)
-        for chunk in chunks:
-            out.write(chunk)
+        for name, shape, load in entries:
+            values = np.ascontiguousarray(load(), dtype="<f4")
+            assert list(values.shape) == shape, name
+            out.write(values.tobytes())
 
 
 def main():
