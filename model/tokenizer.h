@@ -35,7 +35,8 @@ class Tokenizer {
   static Tokenizer from_hf_json(const std::string& tokenizer_json_path);
 
   // parse_special: exact occurrences of special/control token strings become their ids (for rendered chat
-  // templates). Off for untrusted text, so a user cannot inject "<|im_end|>".
+  // templates). Off for untrusted text, so a user cannot inject "<|im_end|>". No BOS is added here: callers
+  // prepend bos_id() when add_bos() says so (never for SmolLM2, whose template starts with <|im_start|>).
   std::vector<int32_t> encode(std::string_view text, bool parse_special) const;
 
   // The raw bytes of one token (special tokens: their literal text).
@@ -49,7 +50,8 @@ class Tokenizer {
   bool is_special(int32_t id) const;  // control or user-defined tokens
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;
-  // Ids that end generation: eos, and for ChatML models also <|im_end|> and <|endoftext|>.
+  // Ids that end generation: eos, then whichever of <|im_end|>, <|endoftext|> (ChatML) and <|eot_id|> (Llama 3)
+  // the vocabulary has, without repeats. SmolLM2-Instruct: {2, 0}.
   const std::vector<int32_t>& stop_ids() const;
   bool add_bos() const;
 
