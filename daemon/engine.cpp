@@ -99,6 +99,8 @@ bool Engine::healthy() const {
   return healthy_ && !stopping_;
 }
 
+void Engine::record_error(int http_status) { metrics_.add_request_error(http_status); }
+
 bool Engine::has_work() const { return !running_.empty() || !waiting_.empty() || !to_release_.empty(); }
 
 void Engine::loop() {
@@ -181,7 +183,7 @@ void Engine::step() {
     const Sequence& s = *seqs_.at(id);
     waiting.push_back({id, int(s.tokens.size()), s.n_cached});
   }
-  const Schedule schedule = schedule_step(running, waiting, cache_, options_.limits);
+  const Schedule schedule = schedule_step(running, waiting, to_release_, cache_, options_.limits);
 
   StepPlan plan;
   plan.step = ++step_;

@@ -45,6 +45,7 @@ class Engine final : public GenerationService {
   std::string metrics_text() override;
   std::string kv_state_json() override;
   bool healthy() const override;
+  void record_error(int http_status) override;
 
   // Runs steps on the calling thread until every submitted request has finished (strata generate, bench, tests).
   void run_until_idle();

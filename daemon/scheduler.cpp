@@ -9,8 +9,11 @@ namespace {
 // The state of one scheduling decision while it is being built.
 class StepBuilder {
  public:
-  StepBuilder(const std::vector<SchedulerSequence>& running, const KvCache& cache, int budget)
-      : active_(running.begin(), running.end()), cache_(cache), free_(cache.pool().n_free()), budget_(budget) {}
+  StepBuilder(const std::vector<SchedulerSequence>& running, std::span<const SeqId> releasing, const KvCache& cache,
+              int budget)
+      : active_(running.begin(), running.end()), cache_(cache), free_(cache.pool().n_free()), budget_(budget) {
+    for (SeqId id : releasing) free_ += cache.blocks_held(id);
+  }
 
   Schedule& out() { return out_; }
   const std::vector<SchedulerSequence>& active() const { return active_; }
@@ -64,8 +67,8 @@ bool is_decoding(const SchedulerSequence& s) { return s.n_tokens - s.n_cached ==
 }  // namespace
 
 Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std::deque<SchedulerSequence>& waiting,
-                       const KvCache& cache, const SchedulerLimits& limits) {
-  StepBuilder step(running, cache, limits.max_batch_tokens);
+                       std::span<const SeqId> releasing, const KvCache& cache, const SchedulerLimits& limits) {
+  StepBuilder step(running, releasing, cache, limits.max_batch_tokens);
 
   // 1. Decode tokens: preempt from the newest end until every decoding sequence gets its block.
   for (;;) {

@@ -9,6 +9,7 @@
 // Pure over plain data: it reads the KV cache's counts and changes nothing itself.
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "cache/kv_cache.h"
@@ -41,8 +42,9 @@ struct Schedule {
   std::vector<SeqId> unservable;   // cannot grow even alone in the pool: the engine ends them ("length")
 };
 
-// running: in admission order (oldest first); waiting: in arrival order.
+// running: in admission order (oldest first); waiting: in arrival order; releasing: finished sequences whose
+// blocks the same step gives back before it runs (they count as free).
 Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std::deque<SchedulerSequence>& waiting,
-                       const KvCache& cache, const SchedulerLimits& limits);
+                       std::span<const SeqId> releasing, const KvCache& cache, const SchedulerLimits& limits);
 
 }  // namespace strata

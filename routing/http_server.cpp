@@ -268,12 +268,14 @@ net::awaitable<void> Session::run() {
                                        "request headers exceed " + std::to_string(options.max_header_bytes) + " bytes",
                                        "", "headers_too_large");
       unsigned version = parser.is_header_done() ? parser.get().version() : 11;
+      server_.service.record_error(error.http_status());
       Response response = error_response(version, false, error);
       if (co_await do_write(response)) co_await do_linger();
       break;
     }
     if (ec && ec.category() == http::make_error_code(http::error::bad_target).category() &&
         ec != http::error::end_of_stream && ec != http::error::partial_message) {
+      server_.service.record_error(400);
       Response response =
           error_response(11, false, ApiError(400, "invalid_request_error", "malformed HTTP request: " + ec.message()));
       if (co_await do_write(response)) co_await do_linger();
@@ -301,6 +303,7 @@ net::awaitable<bool> Session::handle(Request& request) {
     error = ApiError::internal("unknown exception");
   }
   // Reached only with an error (no co_await is allowed inside a catch block).
+  server_.service.record_error(error->http_status());
   if (error->http_status() >= 500) {
     std::fprintf(stderr, "strata http: %s %s -> %s\n", std::string(request.method_string()).c_str(),
                  std::string(request.target()).c_str(), http_error_status_text(*error).c_str());
@@ -329,6 +332,7 @@ net::awaitable<bool> Session::dispatch(Request& request) {
   }
   if (request.method() != entry->method) {
     std::string allowed(http::to_string(entry->method));
+    server_.service.record_error(405);
     Response response = error_response(
         version, keep_alive,
         ApiError(405, "invalid_request_error",

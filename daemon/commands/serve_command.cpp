@@ -1,7 +1,9 @@
 // strata serve: load the model, start the engine thread and the HTTP server, run until SIGINT or SIGTERM.
+#include <semaphore.h>
+
+#include <atomic>
 #include <csignal>
 #include <iostream>
-#include <pthread.h>
 
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
@@ -13,6 +15,27 @@
 namespace strata {
 
 namespace {
+
+// SIGINT/SIGTERM post a semaphore that the main thread waits on. A handler, not sigwait: libraries start threads
+// before main (OpenBLAS), and a signal delivered to one of those must still end in a clean shutdown, also when
+// it arrives while the model is loading.
+sem_t g_shutdown;
+std::atomic<int> g_signal{0};
+
+void on_signal(int signal) {
+  g_signal = signal;
+  sem_post(&g_shutdown);  // async-signal-safe
+}
+
+void install_signal_handlers() {
+  sem_init(&g_shutdown, 0, 0);
+  struct sigaction action{};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error code, not the end of the process
+}
 
 void print_serve_help() {
   std::cout << "usage: strata serve --config FILE [--port N] [--host H] [--tp T] [--pp P] [--set section.key=value]...\n"
@@ -41,13 +64,7 @@ int serve_command(int argc, char** argv) {
                         ": this build serves one rank; multi-rank execution under mpirun is not implemented yet");
     }
 
-    // Signals go to the main thread's sigwait only: block them before any other thread starts.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+    install_signal_handlers();
     std::unique_ptr<Runtime> rt = make_runtime(config);
     if (!rt->tokenizer) throw ConfigError(config.file + ": model.path: a served model needs a tokenizer");
     ServerMetrics metrics(rt->weights.config.max_context);
@@ -67,9 +84,9 @@ int serve_command(int argc, char** argv) {
     std::cerr << "strata: serving " << rt->model_name << " on http://" << config.server.host << ":" << server.port()
               << std::endl;
 
-    int signal = 0;
-    sigwait(&signals, &signal);
-    std::cerr << "strata: signal " << signal << ", shutting down" << std::endl;
+    while (sem_wait(&g_shutdown) != 0) {
+    }
+    std::cerr << "strata: signal " << g_signal.load() << ", shutting down" << std::endl;
     server.stop();
     engine.stop();
     return 0;

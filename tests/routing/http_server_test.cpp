@@ -96,6 +96,14 @@ class ScriptedService : public GenerationService {
   }
   std::string kv_state_json() override { return R"({"layers": []})"; }
   bool healthy() const override { return is_healthy; }
+  void record_error(int http_status) override {
+    std::lock_guard lock(mutex_);
+    errors_.push_back(http_status);
+  }
+  std::vector<int> errors() {
+    std::lock_guard lock(mutex_);
+    return errors_;
+  }
 
   void release() {
     std::lock_guard lock(mutex_);
@@ -119,6 +127,7 @@ class ScriptedService : public GenerationService {
   std::condition_variable released_cv_;
   bool released_ = false;
   std::vector<GenerationRequest> requests_;
+  std::vector<int> errors_;
   std::vector<std::shared_ptr<GenerationSink>> sinks_;
   std::vector<std::thread> threads_;
 };
@@ -285,6 +294,7 @@ TEST_F(HttpServerTest, UnknownRouteAndWrongMethod) {
   expect_error(wrong_get, 405, "invalid_request_error");
   EXPECT_EQ(wrong_get[http::field::allow], "GET");
   EXPECT_EQ(c.get("/health").result_int(), 200);  // the connection survived all of it
+  EXPECT_EQ(service_.errors(), (std::vector<int>{404, 405, 405})) << "each error is counted for the metrics";
 }
 
 TEST_F(HttpServerTest, MalformedJsonAndValidationKeepTheConnection) {
