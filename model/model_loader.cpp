@@ -1,9 +1,8 @@
 #include "model/model_loader.h"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -95,15 +94,19 @@ ModelConfig config_from_gguf(const GgufFile& file) {
     }
     c.head_dim = c.d_model / c.n_heads;
   }
-  if (std::optional<int> value_length = optional_int("attention.value_length"); value_length && *value_length != c.head_dim) {
+  std::optional<int> value_length = optional_int("attention.value_length");
+  if (value_length && *value_length != c.head_dim) {
     throw GgufError(path + ": " + prefix + "attention.value_length " + std::to_string(*value_length) +
                     " differs from the key length " + std::to_string(c.head_dim) + ": not supported");
   }
-  if (std::optional<int> rope_dims = optional_int("rope.dimension_count"); rope_dims && *rope_dims != c.head_dim) {
+  std::optional<int> rope_dims = optional_int("rope.dimension_count");
+  if (rope_dims && *rope_dims != c.head_dim) {
     throw GgufError(path + ": " + prefix + "rope.dimension_count " + std::to_string(*rope_dims) +
-                    " differs from the head dimension " + std::to_string(c.head_dim) + ": partial RoPE is not supported");
+                    " differs from the head dimension " + std::to_string(c.head_dim) +
+                    ": partial RoPE is not supported");
   }
-  if (std::optional<std::string> scaling = file.get_string(prefix + "rope.scaling.type"); scaling && *scaling != "none") {
+  std::optional<std::string> scaling = file.get_string(prefix + "rope.scaling.type");
+  if (scaling && *scaling != "none") {
     throw GgufError(path + ": " + prefix + "rope.scaling.type '" + *scaling + "' is not supported");
   }
   if (file.find_tensor("rope_freqs.weight") != nullptr) {
@@ -152,7 +155,8 @@ ModelConfig config_from_hf_json(const std::string& config_json_path) {
     if (x <= 0 || x > INT_MAX) throw fail(shown, "= " + std::to_string(x) + " is out of range");
     return static_cast<int>(x);
   };
-  auto float_in = [&](const nlohmann::json& obj, const std::string& key, const std::string& shown) -> std::optional<float> {
+  auto float_in = [&](const nlohmann::json& obj, const std::string& key,
+                      const std::string& shown) -> std::optional<float> {
     if (!present(obj, key)) return std::nullopt;
     if (!obj[key].is_number()) throw fail(shown, "must be a number");
     return obj[key].get<float>();
@@ -333,9 +337,13 @@ ModelWeights assemble_weights(const ModelConfig& c, const ShardSpec& s, const Ma
   const int64_t d = c.d_model, q_rows = int64_t{c.n_heads} * c.head_dim, kv_rows = int64_t{c.n_kv_heads} * c.head_dim;
   auto full = [](int64_t rows, int64_t cols) { return Slice{rows, cols, 0, rows, 0, cols}; };
   // Column-parallel: this rank's rows (whole heads, since rows / tp is a multiple of head_dim).
-  auto rows_of_rank = [&](int64_t rows, int64_t cols) { return Slice{rows, cols, r * (rows / tp), rows / tp, 0, cols}; };
+  auto rows_of_rank = [&](int64_t rows, int64_t cols) {
+    return Slice{rows, cols, r * (rows / tp), rows / tp, 0, cols};
+  };
   // Row-parallel: the matching columns.
-  auto cols_of_rank = [&](int64_t rows, int64_t cols) { return Slice{rows, cols, 0, rows, r * (cols / tp), cols / tp}; };
+  auto cols_of_rank = [&](int64_t rows, int64_t cols) {
+    return Slice{rows, cols, 0, rows, r * (cols / tp), cols / tp};
+  };
   auto load = [&](Part part, int layer, const Slice& slice) { return source(part, layer, slice, w.owned); };
 
   if (s.has_embedding || (c.tied_embeddings && s.has_output)) {
@@ -449,7 +457,8 @@ HostMatrix make_dummy_slice(uint64_t key, bool norm, const Slice& s, OwnedBuffer
     auto fill_rows = [&](int64_t row0, int64_t row1) {
       for (int64_t i = row0; i < row1; ++i) {
         const uint64_t base = static_cast<uint64_t>((s.row_begin + i) * s.cols + s.col_begin);
-        for (int64_t j = 0; j < s.n_cols; ++j) out[i * s.n_cols + j] = dummy_value(key, base + static_cast<uint64_t>(j));
+        float* row = out + i * s.n_cols;
+        for (int64_t j = 0; j < s.n_cols; ++j) row[j] = dummy_value(key, base + static_cast<uint64_t>(j));
       }
     };
     // Benchmark shapes hold hundreds of millions of values: spread them over the cores.
@@ -537,7 +546,8 @@ ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardS
     const SafetensorsTensor& t = *it->second;
     const std::optional<GgmlType> type = t.ggml_type();
     if (!type) {
-      throw std::runtime_error(model_dir + ": tensor '" + name + "' has dtype " + t.dtype + "; expected F32, F16 or BF16");
+      throw std::runtime_error(model_dir + ": tensor '" + name + "' has dtype " + t.dtype +
+                               "; expected F32, F16 or BF16");
     }
     if (t.shape.empty() || t.shape.size() > 2) {
       throw std::runtime_error(model_dir + ": tensor '" + name + "' has " + std::to_string(t.shape.size()) +

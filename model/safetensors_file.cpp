@@ -52,7 +52,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);
   if (header_len > kMaxHeaderBytes) {
-    fail(path, "header length " + std::to_string(header_len) + " exceeds the limit of " + std::to_string(kMaxHeaderBytes));
+    fail(path, "header length " + std::to_string(header_len) + " exceeds the limit of " +
+                   std::to_string(kMaxHeaderBytes));
   }
   if (header_len > size - 8) {
     fail(path, "expected a " + std::to_string(header_len) + "-byte JSON header at offset 8, file ends at " +

@@ -116,7 +116,8 @@ TEST(GgufFile, ParsesEveryValueType) {
 TEST(GgufFile, WrongTypeNamesTheKey) {
   TempFile f(full_writer().bytes());
   auto g = GgufFile::open(f.path());
-  for (auto call : {+[](const GgufFile& g) { g.get_string("t.u32"); }, +[](const GgufFile& g) { g.get_int("t.string"); },
+  for (auto call : {+[](const GgufFile& g) { g.get_string("t.u32"); },
+                    +[](const GgufFile& g) { g.get_int("t.string"); },
                     +[](const GgufFile& g) { g.get_string_array("t.arr_i32"); },
                     +[](const GgufFile& g) { g.get_int_array("t.arr_str"); },
                     +[](const GgufFile& g) { g.get_float("t.string"); }}) {
@@ -237,7 +238,7 @@ TEST(GgufFile, TensorPastTheEndOfTheFile) {
   GgufTestWriter w;
   w.add_f32_tensor("big", {8}, {1, 2, 3, 4, 5, 6, 7, 8});
   std::vector<uint8_t> bytes = w.bytes();
-  bytes.resize(bytes.size() - 4);
+  bytes.erase(bytes.end() - 4, bytes.end());
   expect_gguf_error(bytes, {"offset", "'big'", "32 bytes", "file ends at " + std::to_string(bytes.size())});
 }
 

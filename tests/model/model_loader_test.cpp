@@ -719,7 +719,8 @@ TEST_F(RealModel, SafetensorsFromGgufToHfMatch) {
         for (int i = 0; i < head_dim / 2; ++i) {
           const int64_t hf_row = h * head_dim + j * (head_dim / 2) + i, gguf_row = h * head_dim + 2 * i + j;
           for (int64_t c = 0; c < hf_rows.cols; ++c) {
-            ASSERT_NEAR(at(hf_rows, hf_row, c), at(gguf_rows, gguf_row, c), 1e-6f * std::fabs(at(gguf_rows, gguf_row, c)))
+            const float expected = at(gguf_rows, gguf_row, c);
+            ASSERT_NEAR(at(hf_rows, hf_row, c), expected, 1e-6f * std::fabs(expected))
                 << what << " HF row " << hf_row;
           }
         }
