@@ -147,23 +147,9 @@ std::string write_text(const std::filesystem::path& path, const std::string& tex
   return path.string();
 }
 
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("strata_test_dir_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 TEST(ConfigFromHfJson, Llama31) {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = write_text(dir.path() / "config.json", R"({
     "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
     "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072,
@@ -186,7 +172,7 @@ TEST(ConfigFromHfJson, Llama31) {
 }
 
 TEST(ConfigFromHfJson, ErrorsNameTheKeyAndTheFile) {
-  TempDir dir;
+  test::TempDir dir;
   auto expect_error = [&](const std::string& json, const std::string& fragment) {
     const std::string path = write_text(dir.path() / "config.json", json);
     try {
@@ -445,7 +431,7 @@ void write_tiny_hf_dir(const std::filesystem::path& dir) {
 }
 
 TEST(LoadSafetensorsWeights, TinyModelEveryShard) {
-  TempDir dir;
+  test::TempDir dir;
   write_tiny_hf_dir(dir.path());
   for (int tp : {1, 2}) {
     for (int rank = 0; rank < tp; ++rank) {
@@ -460,7 +446,7 @@ TEST(LoadSafetensorsWeights, TinyModelEveryShard) {
 }
 
 TEST(LoadSafetensorsWeights, MissingTensorIsNamed) {
-  TempDir dir;
+  test::TempDir dir;
   write_tiny_hf_dir(dir.path());
   std::filesystem::remove(dir.path() / "model-00002-of-00002.safetensors");
   try {
@@ -687,7 +673,7 @@ TEST_F(RealModel, TensorParallelSlicesEqualTheFullLoad) {
 
 // tools/gguf_to_hf.py (gguf-py dequantization, Q/K un-permuted to HF layout) against the GGUF load.
 TEST_F(RealModel, SafetensorsFromGgufToHfMatch) {
-  TempDir dir;
+  test::TempDir dir;
   const std::string command = "cd '" + test::source_path("") + "' && .venv/bin/python tools/gguf_to_hf.py '" +
                               test::smollm2_gguf_path() + "' '" + dir.path().string() + "' --layers 2 > '" +
                               (dir.path() / "log.txt").string() + "' 2>&1";
