@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include <omp.h>
+
 #include "model/model_loader.h"
 
 namespace strata {
@@ -55,6 +57,9 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
     rt->model_name = m.name.empty() ? fs::path(m.path).stem().string() : m.name;
   }
 
+  // Fork-join threads stall at every barrier when they share cores with other work: fewer threads than cores
+  // can be faster on a busy machine (docs/decisions.md).
+  if (config.engine.threads > 0) omp_set_num_threads(config.engine.threads);
   rt->backend = make_cpu_backend();
   rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights);
   const KvBlockLayout layout = rt->model->kv_layout(config.kv_cache.block_size);

@@ -68,6 +68,10 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.engine.max_waiting = int(parse_int(t, w, 1, 1 << 20));
        }},
+      {"engine.threads",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.threads = int(parse_int(t, w, 0, 1024));
+       }},
       {"kv_cache.block_size",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.kv_cache.block_size = int(parse_int(t, w, 1, 1024));

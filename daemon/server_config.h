@@ -36,6 +36,7 @@ struct ServerConfig {
     int max_running = 16;
     int max_batch_tokens = 512;
     int max_waiting = 256;
+    int threads = 0;                        // compute threads of the CPU backend; 0 = every core
   } engine;
 
   struct KvCache {

@@ -147,7 +147,6 @@ std::string write_text(const std::filesystem::path& path, const std::string& tex
   return path.string();
 }
 
-
 TEST(ConfigFromHfJson, Llama31) {
   test::TempDir dir;
   const std::string path = write_text(dir.path() / "config.json", R"({
