@@ -1,0 +1,335 @@
+#include "daemon/server_config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/test_paths.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ServerConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("strata_server_config_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  // Loads and returns the ConfigError's message (failing the test if none is thrown).
+  std::string load_error(const std::string& path) {
+    try {
+      load_server_config(path);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << path << " loaded without an error";
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+std::string override_error(ServerConfig& c, const std::string& assignment) {
+  try {
+    apply_config_override(c, assignment);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "--set " << assignment << " was accepted";
+  return "";
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "'" << (haystack) << "' lacks '" << (needle) << "'"
+
+TEST_F(ServerConfigTest, DefaultCpuConfigLoads) {
+  const std::string path = test::source_path("configs/smollm2-cpu.yaml");
+  const ServerConfig c = load_server_config(path);
+  EXPECT_EQ(c.file, path);
+  EXPECT_EQ(c.model.path, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  EXPECT_EQ(c.model.name, "SmolLM2-135M-Instruct");
+  EXPECT_EQ(c.model.chat_template, "auto");
+  EXPECT_EQ(c.model.system_prompt, "default");
+  EXPECT_EQ(c.server.host, "127.0.0.1");
+  EXPECT_EQ(c.server.port, 8000);
+  EXPECT_EQ(c.server.threads, 2);
+  EXPECT_EQ(c.server.max_body_bytes, 4194304);
+  EXPECT_EQ(c.server.max_n, 16);
+  EXPECT_EQ(c.engine.max_running, 16);
+  EXPECT_EQ(c.engine.max_batch_tokens, 512);
+  EXPECT_EQ(c.engine.max_waiting, 256);
+  EXPECT_EQ(c.engine.threads, 0);
+  EXPECT_EQ(c.kv_cache.block_size, 16);
+  EXPECT_EQ(c.kv_cache.memory_mib, 1024);
+  EXPECT_EQ(c.kv_cache.policy, "full");
+  EXPECT_EQ(c.parallel.tp, 1);
+  EXPECT_EQ(c.parallel.pp, 1);
+}
+
+TEST_F(ServerConfigTest, EveryKeyIsRead) {
+  const std::string path = write("all.yaml",
+                                 "model:\n"
+                                 "  path: preset:llama3-8b\n"
+                                 "  name: my-model\n"
+                                 "  chat_template: llama3\n"
+                                 "  system_prompt: \"You are terse.\"\n"
+                                 "server:\n"
+                                 "  host: 0.0.0.0\n"
+                                 "  port: 9001\n"
+                                 "  threads: 8\n"
+                                 "  max_body_bytes: 2048\n"
+                                 "  max_n: 4\n"
+                                 "engine:\n"
+                                 "  max_running: 64\n"
+                                 "  max_batch_tokens: 2048\n"
+                                 "  max_waiting: 1000\n"
+                                 "  threads: 3\n"
+                                 "kv_cache:\n"
+                                 "  block_size: 32\n"
+                                 "  memory_mib: 70000\n"
+                                 "  policy: full\n"
+                                 "parallel:\n"
+                                 "  tp: 4\n"
+                                 "  pp: 2\n");
+  const ServerConfig c = load_server_config(path);
+  EXPECT_EQ(c.model.path, "preset:llama3-8b");
+  EXPECT_EQ(c.model.name, "my-model");
+  EXPECT_EQ(c.model.chat_template, "llama3");
+  EXPECT_EQ(c.model.system_prompt, "You are terse.");
+  EXPECT_EQ(c.server.host, "0.0.0.0");
+  EXPECT_EQ(c.server.port, 9001);
+  EXPECT_EQ(c.server.threads, 8);
+  EXPECT_EQ(c.server.max_body_bytes, 2048);
+  EXPECT_EQ(c.server.max_n, 4);
+  EXPECT_EQ(c.engine.max_running, 64);
+  EXPECT_EQ(c.engine.max_batch_tokens, 2048);
+  EXPECT_EQ(c.engine.max_waiting, 1000);
+  EXPECT_EQ(c.engine.threads, 3);
+  EXPECT_EQ(c.kv_cache.block_size, 32);
+  EXPECT_EQ(c.kv_cache.memory_mib, 70000);
+  EXPECT_EQ(c.kv_cache.policy, "full");
+  EXPECT_EQ(c.parallel.tp, 4);
+  EXPECT_EQ(c.parallel.pp, 2);
+}
+
+TEST_F(ServerConfigTest, PartialAndEmptyFilesKeepDefaults) {
+  const ServerConfig partial = load_server_config(write("partial.yaml", "engine:\n  max_running: 3\n"));
+  EXPECT_EQ(partial.engine.max_running, 3);
+  EXPECT_EQ(partial.engine.max_batch_tokens, ServerConfig{}.engine.max_batch_tokens);
+  EXPECT_EQ(partial.server.port, ServerConfig{}.server.port);
+  const std::string empty_path = write("empty.yaml", "# nothing but a comment\n");
+  const ServerConfig empty = load_server_config(empty_path);
+  EXPECT_EQ(empty.file, empty_path);
+  EXPECT_EQ(empty.engine.max_running, ServerConfig{}.engine.max_running);
+}
+
+TEST_F(ServerConfigTest, UnknownKeyNamesFileAndKey) {
+  const std::string path = write("unknown.yaml", "engine:\n  max_runing: 4\n");
+  const std::string e = load_error(path);
+  EXPECT_CONTAINS(e, path);
+  EXPECT_CONTAINS(e, "engine.max_runing");
+  EXPECT_CONTAINS(e, "engine.max_running");  // the known keys are listed, so the typo is easy to spot
+}
+
+TEST_F(ServerConfigTest, UnknownSectionNamesFileAndKey) {
+  const std::string path = write("section.yaml", "engines:\n  max_running: 4\n");
+  const std::string e = load_error(path);
+  EXPECT_CONTAINS(e, path);
+  EXPECT_CONTAINS(e, "engines.max_running");
+}
+
+TEST_F(ServerConfigTest, WrongTypeNamesFileKeyAndValue) {
+  const std::string path = write("type.yaml", "engine:\n  max_running: many\n");
+  const std::string e = load_error(path);
+  EXPECT_CONTAINS(e, path);
+  EXPECT_CONTAINS(e, "engine.max_running");
+  EXPECT_CONTAINS(e, "'many'");
+  for (const std::string value : {"4.5", "1e3", "0x10", "12abc", "\"\"", "true"}) {
+    const std::string p = write("type2.yaml", "server:\n  port: " + value + "\n");
+    const std::string err = load_error(p);
+    EXPECT_CONTAINS(err, p);
+    EXPECT_CONTAINS(err, "server.port");
+  }
+}
+
+TEST_F(ServerConfigTest, OutOfRangeValuesNameFileAndKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"server", "port: 65536"},          {"server", "port: -1"},
+      {"server", "threads: 0"},           {"server", "max_body_bytes: 1023"},
+      {"server", "max_n: 129"},           {"engine", "max_running: 0"},
+      {"engine", "max_batch_tokens: 0"},  {"engine", "max_waiting: -5"},
+      {"engine", "threads: -1"},          {"engine", "threads: 1025"},
+      {"kv_cache", "block_size: 0"},      {"kv_cache", "block_size: 1025"},
+      {"kv_cache", "memory_mib: 0"},      {"parallel", "tp: 0"},
+      {"parallel", "pp: 1025"},           {"engine", "max_running: 99999999999999999999"},
+  };
+  for (const auto& [section, line] : cases) {
+    const std::string path = write("range.yaml", section + ":\n  " + line + "\n");
+    const std::string e = load_error(path);
+    const std::string key = section + "." + line.substr(0, line.find(':'));
+    EXPECT_CONTAINS(e, path);
+    EXPECT_CONTAINS(e, key);
+  }
+  // The bounds themselves are accepted.
+  const ServerConfig c = load_server_config(
+      write("bounds.yaml", "server:\n  port: 65535\n  threads: 1\n  max_body_bytes: 1024\nkv_cache:\n  block_size: 1024\n"));
+  EXPECT_EQ(c.server.port, 65535);
+  EXPECT_EQ(c.server.threads, 1);
+  EXPECT_EQ(c.server.max_body_bytes, 1024);
+  EXPECT_EQ(c.kv_cache.block_size, 1024);
+}
+
+TEST_F(ServerConfigTest, BadChoicesNameFileKeyAndTheChoices) {
+  {
+    const std::string path = write("policy.yaml", "kv_cache:\n  policy: nonsense\n");
+    const std::string e = load_error(path);
+    EXPECT_CONTAINS(e, path);
+    EXPECT_CONTAINS(e, "kv_cache.policy");
+    EXPECT_CONTAINS(e, "full");
+  }
+  {
+    const std::string path = write("template.yaml", "model:\n  chat_template: vicuna\n");
+    const std::string e = load_error(path);
+    EXPECT_CONTAINS(e, path);
+    EXPECT_CONTAINS(e, "model.chat_template");
+    EXPECT_CONTAINS(e, "chatml");
+  }
+}
+
+TEST_F(ServerConfigTest, NonMappingSectionNamesFileAndSection) {
+  for (const std::string text : {"engine: 5\n", "engine:\n  - max_running\n  - 4\n", "engine:\n"}) {
+    const std::string path = write("section.yaml", text);
+    const std::string e = load_error(path);
+    EXPECT_CONTAINS(e, path);
+    EXPECT_CONTAINS(e, "engine");
+  }
+  const std::string top = write("top.yaml", "- a\n- b\n");
+  EXPECT_CONTAINS(load_error(top), top);
+}
+
+TEST_F(ServerConfigTest, NonScalarValueNamesFileAndKey) {
+  const std::string path = write("nested.yaml", "server:\n  port:\n    value: 80\n");
+  const std::string e = load_error(path);
+  EXPECT_CONTAINS(e, path);
+  EXPECT_CONTAINS(e, "server.port");
+  const std::string list = write("list.yaml", "server:\n  host: [a, b]\n");
+  const std::string e2 = load_error(list);
+  EXPECT_CONTAINS(e2, list);
+  EXPECT_CONTAINS(e2, "server.host");
+}
+
+TEST_F(ServerConfigTest, MalformedYamlNamesFileAndLine) {
+  const std::string path = write("broken.yaml",
+                                 "model:\n"
+                                 "  path: x.gguf\n"
+                                 "engine:\n"
+                                 "  max_running: [1, 2\n"  // an unclosed flow sequence
+                                 "  max_waiting: 3\n");
+  const std::string e = load_error(path);
+  EXPECT_CONTAINS(e, path);
+  EXPECT_CONTAINS(e, "line ");
+  // yaml-cpp reports the error where the flow sequence breaks: on line 4 or 5, never line 1.
+  EXPECT_TRUE(e.find("line 4") != std::string::npos || e.find("line 5") != std::string::npos) << e;
+
+  // An error yaml-cpp pins to one line: "illegal map value" on line 5 (1-based, as editors count).
+  const std::string map_value = write("map_value.yaml",
+                                      "model:\n"
+                                      "  path: x.gguf\n"
+                                      "engine:\n"
+                                      "  max_running: 4\n"
+                                      "  bad: value: here\n");
+  const std::string e2 = load_error(map_value);
+  EXPECT_CONTAINS(e2, map_value);
+  EXPECT_CONTAINS(e2, "line 5");
+
+  const std::string tab = write("tab.yaml", "server:\n\tport: 1\n");  // a tab where indentation is expected
+  const std::string e3 = load_error(tab);
+  EXPECT_CONTAINS(e3, tab);
+  EXPECT_CONTAINS(e3, "line 2");
+}
+
+TEST_F(ServerConfigTest, MissingFileNamesTheFile) {
+  const std::string path = (dir_ / "does-not-exist.yaml").string();
+  const std::string e = load_error(path);
+  EXPECT_CONTAINS(e, path);
+}
+
+TEST_F(ServerConfigTest, OverridesApplyWithTheSameChecks) {
+  ServerConfig c = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
+  apply_config_override(c, "engine.max_running=3");
+  apply_config_override(c, "server.port=0");
+  apply_config_override(c, "kv_cache.policy=full");
+  apply_config_override(c, "model.system_prompt=a=b");  // only the first '=' separates key and value
+  apply_config_override(c, "model.name=");              // an empty string is a string
+  apply_config_override(c, "parallel.pp=2");
+  EXPECT_EQ(c.engine.max_running, 3);
+  EXPECT_EQ(c.server.port, 0);
+  EXPECT_EQ(c.model.system_prompt, "a=b");
+  EXPECT_EQ(c.model.name, "");
+  EXPECT_EQ(c.parallel.pp, 2);
+  EXPECT_EQ(c.engine.max_batch_tokens, 512);  // untouched keys keep the file's values
+
+  const std::string no_eq = override_error(c, "engine.max_running");
+  EXPECT_CONTAINS(no_eq, "engine.max_running");
+  EXPECT_CONTAINS(no_eq, "--set");
+  const std::string unknown = override_error(c, "engine.speed=3");
+  EXPECT_CONTAINS(unknown, "engine.speed");
+  EXPECT_CONTAINS(unknown, "--set");
+  const std::string bad_int = override_error(c, "engine.max_running=many");
+  EXPECT_CONTAINS(bad_int, "engine.max_running");
+  EXPECT_CONTAINS(bad_int, "'many'");
+  const std::string empty_int = override_error(c, "server.port=");
+  EXPECT_CONTAINS(empty_int, "server.port");
+  const std::string range = override_error(c, "kv_cache.block_size=0");
+  EXPECT_CONTAINS(range, "kv_cache.block_size");
+  const std::string choice = override_error(c, "kv_cache.policy=none");
+  EXPECT_CONTAINS(choice, "kv_cache.policy");
+  EXPECT_EQ(c.engine.max_running, 3);  // failed overrides changed nothing
+  EXPECT_EQ(c.kv_cache.block_size, 16);
+  EXPECT_EQ(c.kv_cache.policy, "full");
+}
+
+TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
+  const std::vector<std::string> keys = config_keys();
+  const std::set<std::string> expected = {
+      "model.path",          "model.name",           "model.chat_template", "model.system_prompt",
+      "server.host",         "server.port",          "server.threads",      "server.max_body_bytes",
+      "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
+      "engine.threads",
+      "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "parallel.tp",
+      "parallel.pp",
+  };
+  EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
+  EXPECT_EQ(keys.size(), expected.size());  // no duplicates
+  // Every listed key is settable, and the shipped config sets only listed keys.
+  ServerConfig c;
+  for (const std::string& k : keys) {
+    const std::string value = k == "model.chat_template" ? "chatml"
+                              : k == "kv_cache.policy"   ? "full"
+                              : k == "server.max_body_bytes" ? "2048"
+                                                             : "16";
+    EXPECT_NO_THROW(apply_config_override(c, k + "=" + value)) << k;
+  }
+}
+
+}  // namespace
+}  // namespace strata

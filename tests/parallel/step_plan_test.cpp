@@ -1,0 +1,253 @@
+#include "parallel/step_plan.h"
+
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace strata {
+namespace {
+
+SamplingParams full_sampling(bool with_seed) {
+  SamplingParams s;
+  s.temperature = 0.7f;
+  s.top_p = 0.9f;
+  s.top_k = 40;
+  s.min_p = 0.05f;
+  s.presence_penalty = -1.5f;
+  s.frequency_penalty = 2.0f;
+  if (with_seed) s.seed = 0xfedcba9876543210ULL;
+  s.max_tokens = 1234;
+  s.stop = {"\n\n", "", "END", std::string("a\0b", 3), "\xe2\x82\xac"};  // empty, embedded NUL, UTF-8
+  s.ignore_eos = true;
+  s.n_logprobs = 5;
+  return s;
+}
+
+StepPlan full_plan() {
+  StepPlan p;
+  p.step = 0x123456789abcULL;
+  p.shutdown = true;
+  PlannedSequence a;
+  a.seq = 42;
+  a.sampling = full_sampling(true);
+  a.seed = 987654321987ULL;
+  a.kv_policy = "snapkv";
+  a.prompt_len = 300;
+  PlannedSequence b;
+  b.seq = -7;
+  b.sampling = full_sampling(false);
+  b.sampling.stop.clear();
+  b.sampling.temperature = 0.0f;
+  b.sampling.n_logprobs = -1;
+  b.seed = 0;
+  b.kv_policy = "";
+  b.prompt_len = 1;
+  p.added = {a, b};
+  p.preempted = {3, int64_t(1) << 40};
+  p.finished = {std::numeric_limits<int64_t>::min(), 0, std::numeric_limits<int64_t>::max()};
+  PlannedWork w1;
+  w1.seq = 42;
+  w1.start_pos = 0;
+  w1.tokens = {1, 2, 3, -1, std::numeric_limits<int32_t>::max()};
+  w1.sample = false;
+  w1.prefill_end = true;
+  PlannedWork w2;
+  w2.seq = 9;
+  w2.start_pos = 4096;
+  w2.tokens = {};
+  w2.sample = true;
+  w2.prefill_end = false;
+  p.work = {w1, w2};
+  return p;
+}
+
+void expect_sampling_eq(const SamplingParams& a, const SamplingParams& b) {
+  EXPECT_EQ(a.temperature, b.temperature);
+  EXPECT_EQ(a.top_p, b.top_p);
+  EXPECT_EQ(a.top_k, b.top_k);
+  EXPECT_EQ(a.min_p, b.min_p);
+  EXPECT_EQ(a.presence_penalty, b.presence_penalty);
+  EXPECT_EQ(a.frequency_penalty, b.frequency_penalty);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.max_tokens, b.max_tokens);
+  EXPECT_EQ(a.stop, b.stop);
+  EXPECT_EQ(a.ignore_eos, b.ignore_eos);
+  EXPECT_EQ(a.n_logprobs, b.n_logprobs);
+}
+
+void expect_plan_eq(const StepPlan& a, const StepPlan& b) {
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.shutdown, b.shutdown);
+  ASSERT_EQ(a.added.size(), b.added.size());
+  for (size_t i = 0; i < a.added.size(); ++i) {
+    SCOPED_TRACE("added " + std::to_string(i));
+    EXPECT_EQ(a.added[i].seq, b.added[i].seq);
+    expect_sampling_eq(a.added[i].sampling, b.added[i].sampling);
+    EXPECT_EQ(a.added[i].seed, b.added[i].seed);
+    EXPECT_EQ(a.added[i].kv_policy, b.added[i].kv_policy);
+    EXPECT_EQ(a.added[i].prompt_len, b.added[i].prompt_len);
+  }
+  EXPECT_EQ(a.preempted, b.preempted);
+  EXPECT_EQ(a.finished, b.finished);
+  ASSERT_EQ(a.work.size(), b.work.size());
+  for (size_t i = 0; i < a.work.size(); ++i) {
+    SCOPED_TRACE("work " + std::to_string(i));
+    EXPECT_EQ(a.work[i].seq, b.work[i].seq);
+    EXPECT_EQ(a.work[i].start_pos, b.work[i].start_pos);
+    EXPECT_EQ(a.work[i].tokens, b.work[i].tokens);
+    EXPECT_EQ(a.work[i].sample, b.work[i].sample);
+    EXPECT_EQ(a.work[i].prefill_end, b.work[i].prefill_end);
+  }
+}
+
+StepResult full_result() {
+  StepResult r;
+  r.step = 77;
+  SampledToken a;
+  a.seq = 42;
+  a.token = 31999;
+  a.logprob = -0.125f;
+  a.top_ids = {31999, 5, 17};
+  a.top_logprobs = {-0.125f, -2.5f, -std::numeric_limits<float>::infinity()};
+  SampledToken b;
+  b.seq = -3;
+  b.token = 0;
+  b.logprob = 0.0f;
+  b.top_ids = {};
+  b.top_logprobs = {};
+  r.sampled = {a, b};
+  return r;
+}
+
+void expect_result_eq(const StepResult& a, const StepResult& b) {
+  EXPECT_EQ(a.step, b.step);
+  ASSERT_EQ(a.sampled.size(), b.sampled.size());
+  for (size_t i = 0; i < a.sampled.size(); ++i) {
+    EXPECT_EQ(a.sampled[i].seq, b.sampled[i].seq);
+    EXPECT_EQ(a.sampled[i].token, b.sampled[i].token);
+    EXPECT_EQ(a.sampled[i].logprob, b.sampled[i].logprob);
+    EXPECT_EQ(a.sampled[i].top_ids, b.sampled[i].top_ids);
+    EXPECT_EQ(a.sampled[i].top_logprobs, b.sampled[i].top_logprobs);
+  }
+}
+
+// The message must be rejected with a std::runtime_error whose text names an offset.
+template <typename F>
+void expect_offset_error(F&& parse, const std::string& what) {
+  try {
+    parse();
+    ADD_FAILURE() << what << ": no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("offset"), std::string::npos) << what << ": " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": threw something other than std::runtime_error: " << e.what();
+  }
+}
+
+TEST(StepPlan, RoundTripWithEveryFieldSet) {
+  const StepPlan p = full_plan();
+  const StepPlan back = deserialize_step_plan(serialize(p));
+  expect_plan_eq(p, back);
+  // Spot checks that do not depend on the comparison helper.
+  ASSERT_EQ(back.added.size(), 2u);
+  EXPECT_EQ(back.added[0].sampling.seed, std::optional<uint64_t>(0xfedcba9876543210ULL));
+  EXPECT_FALSE(back.added[1].sampling.seed.has_value());
+  EXPECT_EQ(back.added[0].sampling.stop.size(), 5u);
+  EXPECT_EQ(back.added[0].sampling.stop[3], std::string("a\0b", 3));
+  EXPECT_TRUE(back.added[1].sampling.stop.empty());
+  EXPECT_TRUE(back.shutdown);
+  EXPECT_TRUE(back.work[1].tokens.empty());
+}
+
+TEST(StepPlan, RoundTripOfAnEmptyPlan) {
+  const StepPlan p;
+  const StepPlan back = deserialize_step_plan(serialize(p));
+  expect_plan_eq(p, back);
+  EXPECT_FALSE(back.shutdown);
+  // A seed of zero that is present is not the same as no seed.
+  StepPlan q;
+  q.added.push_back(PlannedSequence{});
+  q.added[0].sampling.seed = 0;
+  EXPECT_EQ(deserialize_step_plan(serialize(q)).added.at(0).sampling.seed, std::optional<uint64_t>(0));
+}
+
+TEST(StepPlan, SerialisationIsDeterministic) {
+  EXPECT_EQ(serialize(full_plan()), serialize(full_plan()));
+  EXPECT_EQ(serialize(full_result()), serialize(full_result()));
+}
+
+TEST(StepPlan, TruncationAtEveryCutPointThrowsNamingTheOffset) {
+  const std::vector<uint8_t> bytes = serialize(full_plan());
+  ASSERT_GT(bytes.size(), 100u);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    const std::vector<uint8_t> part(bytes.begin(), bytes.begin() + ptrdiff_t(cut));
+    expect_offset_error([&] { deserialize_step_plan(part); }, "plan cut at " + std::to_string(cut));
+  }
+}
+
+TEST(StepPlan, WrongMagicIsRejected) {
+  std::vector<uint8_t> bytes = serialize(full_plan());
+  bytes[0] ^= 0xff;
+  EXPECT_THROW(deserialize_step_plan(bytes), std::runtime_error);
+  // A result is not a plan, and a plan is not a result.
+  EXPECT_THROW(deserialize_step_plan(serialize(full_result())), std::runtime_error);
+  EXPECT_THROW(deserialize_step_result(serialize(full_plan())), std::runtime_error);
+}
+
+TEST(StepPlan, TrailingBytesAreRejected) {
+  for (size_t extra : {1u, 7u}) {
+    std::vector<uint8_t> bytes = serialize(full_plan());
+    bytes.insert(bytes.end(), extra, 0);
+    expect_offset_error([&] { deserialize_step_plan(bytes); }, "plan with trailing bytes");
+    std::vector<uint8_t> r = serialize(full_result());
+    r.insert(r.end(), extra, 0);
+    expect_offset_error([&] { deserialize_step_result(r); }, "result with trailing bytes");
+  }
+}
+
+TEST(StepPlan, CorruptCountsThrowInsteadOfAllocating) {
+  // Every 4-byte window set to 0xffffffff: a count that large must be rejected by the bounds check (or the
+  // message otherwise fails to parse), never crash or try to allocate billions of elements.
+  const std::vector<uint8_t> bytes = serialize(full_plan());
+  for (size_t at = 4; at + 4 <= bytes.size(); ++at) {
+    std::vector<uint8_t> bad = bytes;
+    for (size_t i = 0; i < 4; ++i) bad[at + i] = 0xff;
+    try {
+      deserialize_step_plan(bad);
+    } catch (const std::runtime_error&) {
+    }
+  }
+  SUCCEED();
+}
+
+TEST(StepResult, RoundTripWithEveryFieldSet) {
+  const StepResult r = full_result();
+  const StepResult back = deserialize_step_result(serialize(r));
+  expect_result_eq(r, back);
+  ASSERT_EQ(back.sampled.size(), 2u);
+  EXPECT_EQ(back.sampled[0].top_logprobs[2], -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(back.sampled[1].top_ids.empty());
+  const StepResult empty;
+  expect_result_eq(empty, deserialize_step_result(serialize(empty)));
+}
+
+TEST(StepResult, TruncationAtEveryCutPointThrowsNamingTheOffset) {
+  const std::vector<uint8_t> bytes = serialize(full_result());
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    const std::vector<uint8_t> part(bytes.begin(), bytes.begin() + ptrdiff_t(cut));
+    expect_offset_error([&] { deserialize_step_result(part); }, "result cut at " + std::to_string(cut));
+  }
+}
+
+TEST(StepResult, WrongMagicIsRejected) {
+  std::vector<uint8_t> bytes = serialize(full_result());
+  bytes[3] ^= 0x01;
+  EXPECT_THROW(deserialize_step_result(bytes), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace strata
