@@ -236,8 +236,11 @@ void Engine::step() {
     n_prompt_tokens += std::max(0, std::min(c.start + c.n, s.n_prompt) - c.start);
   }
   metrics_.add_prompt_tokens(n_prompt_tokens);
-  for (const SampledToken& t : result.sampled) on_token(*seqs_.at(t.seq), t);
+  // The KV state is published before the step's tokens go out, so that a client that reads /metrics after
+  // receiving a token sees the cache that produced it.
   publish_state();
+  for (const SampledToken& t : result.sampled) on_token(*seqs_.at(t.seq), t);
+  metrics_.set_requests(int(running_.size()), int(waiting_.size()));
 }
 
 void Engine::on_token(Sequence& seq, const SampledToken& sampled) {

@@ -17,7 +17,9 @@
 namespace strata {
 namespace {
 
-using nlohmann::json;
+// Ordered: objects keep insertion order, so top_logprobs keeps the most likely token first (clients read the
+// object in order) and responses list their fields as OpenAI does.
+using json = nlohmann::ordered_json;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Reading fields
