@@ -35,6 +35,7 @@ class BlockPool {
   int64_t n_total_;
   Tensor storage_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first (warm in cache)
+  std::vector<bool> is_free_;  // catches a block released twice, which would later be handed out twice
 };
 
 }  // namespace strata

@@ -91,44 +91,46 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
     if (is_decoding(s) && step.budget() > 0) step.add_chunk(s, 1);
   }
 
-  // 2. The next prompt chunk of running sequences that are still prefilling.
-  for (size_t i = 0; i < step.active().size() && step.budget() > 0; ++i) {
+  // 2. The next prompt chunk of running sequences that are still prefilling. When a chunk does not fit, the
+  //    newest sequence gives way, which is the asking one itself when it is the newest (as in vLLM): a new prompt
+  //    never evicts older sequences that are already decoding.
+  bool stalled = false;
+  for (size_t i = 0; i < step.active().size() && step.budget() > 0;) {
     const SchedulerSequence s = step.active()[i];
     const int remaining = s.n_tokens - s.n_cached;
-    if (remaining <= 1) continue;
-    const int n = std::min(remaining, step.budget());
-    bool fits = true;
-    while (cache.blocks_to_append(s.id, n) > step.free_blocks()) {
-      if (!step.preempt_newest_other_than(s.id)) {
-        fits = false;
-        break;
-      }
+    if (remaining <= 1) {
+      ++i;
+      continue;
     }
-    if (!fits) {
-      step.drop_unservable(s.id);
+    const int n = std::min(remaining, step.budget());
+    while (cache.blocks_to_append(s.id, n) > step.free_blocks() && step.active().back().id != s.id) {
+      step.preempt_newest_other_than(s.id);
+    }
+    if (cache.blocks_to_append(s.id, n) > step.free_blocks()) {
+      if (step.active().size() == 1) {
+        step.drop_unservable(s.id);  // alone with the whole pool and still too big
+      } else {
+        stalled = true;  // s is the newest: it keeps its blocks and waits for older sequences to finish
+      }
       break;
     }
-    // Preemption may have removed sequences before i: find s again.
-    i = size_t(std::find_if(step.active().begin(), step.active().end(),
-                            [&](const SchedulerSequence& a) { return a.id == s.id; }) -
-               step.active().begin());
     step.add_chunk(s, n);
+    ++i;
   }
 
   // 3. Admission in arrival order, without skipping, so a long prompt is never starved by short ones. The whole
-  //    remaining prompt must fit, plus the watermark; nobody is admitted in a step that had to preempt.
+  //    remaining prompt must fit, plus the watermark that keeps room for the running sequences' decodes (none
+  //    when nothing runs: a prompt that fits the empty pool must not wait forever); nobody is admitted in a step
+  //    that had to preempt or in which a running prompt could not take its chunk.
   const int64_t watermark = int64_t(std::ceil(limits.watermark * double(cache.pool().n_total())));
   int n_running = int(step.active().size());
-  int64_t reserved = 0;  // blocks promised to the prompts admitted in this step beyond their first chunk
   for (const SchedulerSequence& s : waiting) {
-    if (n_running >= limits.max_running || step.budget() <= 0 || !step.out().preempted.empty()) break;
+    if (n_running >= limits.max_running || step.budget() <= 0 || !step.out().preempted.empty() || stalled) break;
     const int remaining = s.n_tokens - s.n_cached;
-    const int64_t whole = cache.blocks_to_append(s.id, remaining);
-    if (whole + watermark + reserved > step.free_blocks()) break;
-    const int n = std::min(remaining, step.budget());
-    reserved += whole - cache.blocks_to_append(s.id, n);
+    const int64_t keep_free = n_running == 0 ? 0 : watermark;
+    if (cache.blocks_to_append(s.id, remaining) + keep_free > step.free_blocks()) break;
     step.out().admitted.push_back(s.id);
-    step.add_chunk(s, n);
+    step.add_chunk(s, std::min(remaining, step.budget()));
     ++n_running;
   }
   return step.out();

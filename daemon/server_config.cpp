@@ -126,7 +126,7 @@ ServerConfig load_server_config(const std::string& path) {
   for (const auto& section : root) {
     const std::string name = section.first.as<std::string>();
     if (!section.second.IsMap()) {
-      throw ConfigError(path + ": " + name + ": expected a mapping of keys (e.g. " + name + ":\\n  key: value)");
+      throw ConfigError(path + ": " + name + ": expected a mapping of keys, e.g. '" + name + ": {key: value}'");
     }
     for (const auto& entry : section.second) {
       const std::string key = name + "." + entry.first.as<std::string>();
