@@ -138,7 +138,6 @@ void Engine::take_new_requests() {
     std::lock_guard lock(mutex_);
     incoming.swap(inbox_);
   }
-  static thread_local std::mt19937_64 seed_source{std::random_device{}()};
   for (GenerationRequest& r : incoming) {
     auto req = std::make_shared<RequestState>();
     req->arrival = Clock::now();
@@ -154,7 +153,7 @@ void Engine::take_new_requests() {
       seq->tokens = req->request.prompt_ids;
       seq->n_prompt = int(seq->tokens.size());
       // The same seed gives the same output; the choices of one request differ from each other.
-      seq->seed = sp.seed ? *sp.seed + uint64_t(c) : seed_source();
+      seq->seed = sp.seed ? *sp.seed + uint64_t(c) : seed_source_();
       waiting_.push_back(seq->id);
       seqs_.emplace(seq->id, std::move(seq));
     }

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,6 +84,7 @@ class Engine final : public GenerationService {
 
   // Engine thread only.
   std::thread thread_;
+  std::mt19937_64 seed_source_{std::random_device{}()};  // seeds for requests that give none
   uint64_t step_ = 0;
   int64_t next_seq_id_ = 1;
   std::map<int64_t, std::unique_ptr<Sequence>> seqs_;

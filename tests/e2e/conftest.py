@@ -6,18 +6,16 @@ openai client and raw requests (shared/style.md, section 4).
 The server's output goes to a log file whose tail is attached to every failing test's report.
 """
 import os
-import signal
-import socket
+import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import openai
 import pytest
 import requests
 
-from support import MODEL, ROOT
+from support import MODEL, ROOT, free_port, stop_process, wait_until_ready
 
 CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 STARTUP_TIMEOUT_S = 120
@@ -49,12 +47,6 @@ def _strata_binary():
     return path if path.is_absolute() else ROOT / path
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
@@ -76,34 +68,19 @@ def server():
         pytest.fail(f"{binary} is missing: run tools/setup.sh to build it (or point STRATA_BIN at a strata binary)")
     if not MODEL.exists():
         pytest.fail(f"model file {MODEL} is missing: run tools/setup.sh to fetch it")
-    port = _free_port()
+    port = free_port()
     log_path = Path(tempfile.mkdtemp(prefix="strata-e2e-")) / "serve.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen([str(binary), "serve", "--config", str(CONFIG), "--port", str(port)],
                                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     _server = Server(process, port, log_path)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"strata serve exited with {process.returncode} during start-up:\n{_server.log_tail()}")
-            try:
-                if requests.get(f"{_server.base_url}/health", timeout=5).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"strata serve did not answer /health within {STARTUP_TIMEOUT_S} s:\n{_server.log_tail()}")
-            time.sleep(0.5)
+        wait_until_ready(process, f"{_server.base_url}/health", "strata serve", STARTUP_TIMEOUT_S, _server.log_tail,
+                         interval_s=0.5)
         yield _server
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, timeout_s=20)
+        shutil.rmtree(log_path.parent, ignore_errors=True)
         _server = None
 
 

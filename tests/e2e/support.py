@@ -1,6 +1,10 @@
 """Helpers shared by the end-to-end tests: the reference fixtures, token ids from what the API returns, metrics."""
 import json
+import signal
+import socket
+import subprocess
 import sys
+import time
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -124,3 +128,40 @@ def metric(samples, name, **labels):
     key = frozenset((k, str(v)) for k, v in labels.items())
     assert key in values, f"/metrics has no {name} with labels {labels}: {sorted(map(dict, values))[:5]}"
     return values[key]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_ready(process, url, name, timeout_s, log_tail, interval_s=0.2):
+    """Polls url until it answers 200. Fails the test, with the process's log, if the process exits first or the
+    time runs out."""
+    import pytest  # only the fixtures call this
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"{name} exited with {process.returncode} during start-up:\n{log_tail()}")
+        try:
+            if requests.get(url, timeout=5).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name} did not answer {url} within {timeout_s} s:\n{log_tail()}")
+        time.sleep(interval_s)
+
+
+def stop_process(process, timeout_s):
+    """SIGTERM, then SIGKILL if it has not exited within timeout_s."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

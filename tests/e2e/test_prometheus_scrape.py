@@ -9,8 +9,6 @@ import math
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from support import ROOT
+from support import ROOT, free_port, stop_process, wait_until_ready
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "strata-dashboard.json"
 N_LAYERS = 30  # SmolLM2-135M
@@ -33,12 +31,6 @@ GRAFANA_VARIABLES = {"$__rate_interval": "15s", "$__interval": "1s", "$__range":
                      "$instance": ".*", "$tp_rank": ".*"}
 # Metrics that are declared but have no series until something happens that this test cannot cause.
 MAY_BE_ABSENT = {"strata_request_errors_total"}  # a status appears with its first failed request
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _prometheus_binary():
@@ -96,7 +88,7 @@ scrape_configs:
     static_configs:
       - targets: ["127.0.0.1:{server.port}"]
 """)
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "prometheus.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -105,29 +97,12 @@ scrape_configs:
             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     prom = Prometheus(process, port, log_path)
     try:
-        deadline = time.monotonic() + PROMETHEUS_READY_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"prometheus exited with {process.returncode} during start-up:\n{prom.log_tail()}")
-            try:
-                if requests.get(f"{prom.base_url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"prometheus not ready within {PROMETHEUS_READY_TIMEOUT_S} s:\n{prom.log_tail()}")
-            time.sleep(0.2)
+        wait_until_ready(process, f"{prom.base_url}/-/ready", "prometheus", PROMETHEUS_READY_TIMEOUT_S, prom.log_tail)
         # One successful scrape before any request, so that rate() sees the requests' increase.
         prom.wait_for('up{job="strata"} == 1', "a successful scrape of strata")
         yield prom
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, timeout_s=10)
 
 
 def _scalar(result):

@@ -22,6 +22,7 @@
 #include "model/byte_level.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
+#include "tests/routing/byte_tokenizer.h"
 
 namespace strata {
 namespace {
@@ -33,20 +34,7 @@ using tcp = net::ip::tcp;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-// One token per byte (no merges), plus the ChatML control tokens.
-Tokenizer byte_tokenizer() {
-  TokenizerData data;
-  for (int b = 0; b < 256; ++b) {
-    data.tokens.push_back(byte_level_encode(std::string(1, char(b))));
-    data.token_types.push_back(1);
-  }
-  data.tokens.push_back("<|im_start|>");
-  data.tokens.push_back("<|im_end|>");
-  data.token_types.push_back(3);
-  data.token_types.push_back(3);
-  data.eos_id = 257;
-  return Tokenizer(std::move(data));
-}
+using test::byte_tokenizer;
 
 // Polls a condition for up to five seconds.
 bool eventually(const std::function<bool()>& condition) {

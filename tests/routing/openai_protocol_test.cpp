@@ -12,6 +12,7 @@
 #include "model/byte_level.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
+#include "tests/routing/byte_tokenizer.h"
 #include "routing/api_error.h"
 
 namespace strata {
@@ -19,23 +20,9 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kImStart = 256;
-constexpr int kImEnd = 257;
-
-// One token per byte (no merges), plus the ChatML control tokens: n bytes of ASCII text are n tokens.
-Tokenizer byte_tokenizer() {
-  TokenizerData data;
-  for (int b = 0; b < 256; ++b) {
-    data.tokens.push_back(byte_level_encode(std::string(1, char(b))));
-    data.token_types.push_back(1);
-  }
-  data.tokens.push_back("<|im_start|>");
-  data.tokens.push_back("<|im_end|>");
-  data.token_types.push_back(3);
-  data.token_types.push_back(3);
-  data.eos_id = kImEnd;
-  return Tokenizer(std::move(data));
-}
+using test::kImEnd;
+using test::kImStart;
+using test::byte_tokenizer;
 
 ProtocolLimits test_limits() {
   ProtocolLimits limits;
