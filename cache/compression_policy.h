@@ -1,9 +1,11 @@
 #pragma once
-// What a layer keeps of its KV cache. One policy object serves one (request policy, layer); the engine calls its
-// hooks at the end of a sequence's prefill and after each decode step, and applies a returned selection with
-// KvCache::retain, which compacts the layer and returns freed blocks to the pool at once.
-// [engine] ships `full`; the compression issues add the rest of the family (design brief, section 3) on this
-// interface, extending PolicyNeeds and LayerState with the attention statistics they ask for.
+// What a layer keeps of its KV cache (design brief, section 3). One policy object serves one (sequence, layer).
+// The step executor asks what statistics it needs, has the forward pass compute them, calls its hooks at the end
+// of the prompt and after each decode step, and applies a returned Selection with KvCache::retain, which compacts
+// the layer and returns freed blocks to the pool at once.
+//
+// Entries are indices into the layer's cache in arrival order; after a compaction they are renumbered 0..k-1 in
+// the same order. Keys keep their original RoPE positions (design rule 5): no policy re-rotates a key.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -11,41 +13,68 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/policy_spec.h"
+
 namespace strata {
 
-// Attention statistics a policy asks the forward pass to compute (none for `full`).
+// What a policy knows about where it runs. Head counts are this rank's (tensor parallelism divides them);
+// budgets are functions of the global layer index and the total layer count (design rule 1).
+struct PolicyContext {
+  int global_layer = 0;
+  int n_layers_total = 1;
+  int n_heads = 1;     // query heads on this rank
+  int n_kv_heads = 1;  // KV heads on this rank; query head h belongs to KV head h / (n_heads / n_kv_heads)
+  std::string model_name;  // e.g. SimLayerKV's per-model threshold
+};
+
+// The attention statistics a policy asks the forward pass for. Both are column sums: for every query head h and
+// cache entry e, the sum over the selected query rows of softmax probability p(row, e).
 struct PolicyNeeds {
-  int observation_window = 0;     // > 0: scores of the last w queries against all keys at prefill end
+  // Prompt rows at positions >= this are summed, across prefill chunks, until the prompt ends (SnapKV's
+  // observation window: prompt_len - w; H2O's accumulated attention: 0). -1: none.
+  int prefill_rows_from = -1;
+  // The decode query of the coming step is summed (H2O's per-step scores, SimLayerKV's first decode step).
   bool decode_probabilities = false;
-  bool column_sums = false;
-  bool pre_rope_keys = false;
 };
 
 // One (sequence, layer) at a hook.
 struct LayerState {
-  int global_layer = 0;
-  int n_layers_total = 0;  // budgets are functions of the global index and the total (design rule 1)
   int prompt_len = 0;
-  int n_entries = 0;       // entries the layer holds now
+  int n_entries = 0;     // entries the layer holds now (including this step's token at a decode hook)
+  int n_generated = 0;   // tokens generated so far (1 at the first decode step's hook)
+  // The requested column sums, [n_heads][sums_stride], valid for entries < n_entries; nullptr when none were
+  // requested for this hook.
+  const float* column_sums = nullptr;
+  int sums_stride = 0;
+
+  float sum(int head, int entry) const { return column_sums[int64_t(head) * sums_stride + entry]; }
 };
 
-// The entries a layer keeps: ascending indices into its current entries.
+// The entries a layer keeps, ascending. One list: every KV head keeps the same entries. n_kv_heads lists: each
+// KV head keeps its own, all of the same length (design rule 2: a layer has one length in all its heads).
 struct Selection {
-  std::vector<int32_t> kept;
+  std::vector<std::vector<int32_t>> kept;
 };
 
 class CompressionPolicy {
  public:
   virtual ~CompressionPolicy() = default;
   virtual std::string_view name() const = 0;
-  virtual PolicyNeeds needs() const = 0;
+  // Asked when the sequence starts (n_generated == 0) and before each decode step.
+  virtual PolicyNeeds needs(const LayerState& state) const = 0;
+  // The prompt is complete in the cache (state.column_sums: the prefill rows asked for).
   virtual std::optional<Selection> on_prefill_end(const LayerState& state) = 0;
+  // A decode step has appended its token (state.column_sums: that step's query, when asked for).
   virtual std::optional<Selection> on_decode_step(const LayerState& state) = 0;
+  // SimLayerKV's verdict once taken: true for a lazy layer. nullopt for policies without one.
+  virtual std::optional<bool> lazy() const { return std::nullopt; }
 };
 
-// The names make_policy knows.
+// The policies make_policy knows.
 std::vector<std::string> policy_names();
-// Throws std::invalid_argument naming the policy when it is unknown.
-std::unique_ptr<CompressionPolicy> make_policy(std::string_view name);
+// Checks a spec's name and parameters without building a policy. Throws PolicyError.
+void validate_policy(const PolicySpec& spec);
+// Throws PolicyError naming the policy or the parameter.
+std::unique_ptr<CompressionPolicy> make_policy(const PolicySpec& spec, const PolicyContext& context);
 
 }  // namespace strata

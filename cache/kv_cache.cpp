@@ -85,23 +85,41 @@ void KvCache::append(SeqId seq, int n_new) {
 }
 
 void KvCache::retain(SeqId seq, int global_layer, std::span<const int32_t> kept) {
+  const std::vector<int32_t> one(kept.begin(), kept.end());
+  retain(seq, global_layer, std::span<const std::vector<int32_t>>(&one, 1));
+}
+
+void KvCache::retain(SeqId seq, int global_layer, std::span<const std::vector<int32_t>> kept_per_head) {
   LayerKv& kv = layer_mut(seq, global_layer);
-  for (size_t j = 0; j < kept.size(); ++j) {
-    if (kept[j] < 0 || kept[j] >= kv.n_entries || (j > 0 && kept[j] <= kept[j - 1])) {
-      throw std::invalid_argument("kv cache: retained entries must be ascending indices of held entries");
+  const int n_heads = pool_.layout().n_kv_heads;
+  if (kept_per_head.empty() || (kept_per_head.size() != 1 && int(kept_per_head.size()) != n_heads)) {
+    throw std::invalid_argument("kv cache: a selection has one list, or one per KV head (" + std::to_string(n_heads) +
+                                "), not " + std::to_string(kept_per_head.size()));
+  }
+  const size_t n_kept = kept_per_head[0].size();
+  for (const std::vector<int32_t>& kept : kept_per_head) {
+    if (kept.size() != n_kept) throw std::invalid_argument("kv cache: every KV head must keep as many entries");
+    for (size_t j = 0; j < kept.size(); ++j) {
+      if (kept[j] < 0 || kept[j] >= kv.n_entries || (j > 0 && kept[j] <= kept[j - 1])) {
+        throw std::invalid_argument("kv cache: retained entries must be ascending indices of held entries");
+      }
     }
   }
-  pool_.backend().kv_compact(kv.block_table, kept, pool_.view());
+  if (kept_per_head.size() == 1) {
+    pool_.backend().kv_compact(kv.block_table, kept_per_head[0], pool_.view(), -1);
+  } else {
+    for (int h = 0; h < n_heads; ++h) pool_.backend().kv_compact(kv.block_table, kept_per_head[size_t(h)], pool_.view(), h);
+  }
   const int l = global_layer - layer_begin_;
-  const int64_t need = blocks_for(int64_t(kept.size()), block_size());
+  const int64_t need = blocks_for(int64_t(n_kept), block_size());
   int64_t freed = 0;
   while (int64_t(kv.block_table.size()) > need) {
     pool_.release(kv.block_table.back());
     kv.block_table.pop_back();
     ++freed;
   }
-  account(l, int64_t(kept.size()) - kv.n_entries, -freed, 0);
-  kv.n_entries = int32_t(kept.size());
+  account(l, int64_t(n_kept) - kv.n_entries, -freed, 0);
+  kv.n_entries = int32_t(n_kept);
 }
 
 void KvCache::release(SeqId seq) {

@@ -58,6 +58,9 @@ class KvCache {
   // Keeps only the entries `kept` (ascending indices into the layer's current entries) of one layer: moves them
   // to the front and returns the blocks no longer needed to the pool at once.
   void retain(SeqId seq, int global_layer, std::span<const int32_t> kept);
+  // The same with one list per KV head (all of one length: a layer has one length in all its heads), or a single
+  // list for every head.
+  void retain(SeqId seq, int global_layer, std::span<const std::vector<int32_t>> kept_per_head);
   void release(SeqId seq);
 
  private:

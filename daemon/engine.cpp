@@ -25,6 +25,7 @@ struct Engine::Sequence {
   std::vector<int32_t> tokens;  // prompt, then generated
   int n_prompt = 0;
   int n_cached = 0;             // tokens whose KV the ranks hold
+  int prefill_len = 0;          // tokens known at (re)admission: chunks before this are prefill
   int n_generated = 0;
   bool known_to_ranks = false;
   uint64_t seed = 0;
@@ -199,10 +200,10 @@ void Engine::step() {
     Sequence& s = *seqs_.at(id);
     std::erase(waiting_, id);
     running_.push_back(id);
+    s.prefill_len = int(s.tokens.size());
     if (!s.known_to_ranks) {
       const GenerationRequest& r = s.req->request;
-      plan.added.push_back(PlannedSequence{id, r.sampling, s.seed,
-                                           r.kv_policy.empty() ? options_.default_policy : r.kv_policy, s.n_prompt});
+      plan.added.push_back(PlannedSequence{id, r.sampling, s.seed, r.kv_policy, s.n_prompt});
       s.known_to_ranks = true;
     }
   }
@@ -214,7 +215,7 @@ void Engine::step() {
     w.start_pos = c.start;
     w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
     w.sample = c.start + c.n == int(s.tokens.size());
-    w.prefill_end = c.start < s.n_prompt && c.start + c.n >= s.n_prompt;
+    w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
     plan.work.push_back(std::move(w));
   }
   {
@@ -227,6 +228,14 @@ void Engine::step() {
   }
 
   const StepResult result = executor_.execute(plan);
+  const std::vector<LayerCompressionCounters> compression = executor_.take_counters();
+  for (size_t i = 0; i < compression.size(); ++i) {
+    const LayerCompressionCounters& c = compression[i];
+    if (c.evicted_tokens || c.lazy_decisions || c.not_lazy_decisions) {
+      metrics_.add_layer_compression(cache_.layer_begin() + int(i), options_.pp_stage, options_.tp_rank,
+                                     c.evicted_tokens, c.lazy_decisions, c.not_lazy_decisions);
+    }
+  }
 
   int n_prompt_tokens = 0;
   for (const ScheduledChunk& c : schedule.chunks) {
@@ -361,16 +370,23 @@ void Engine::publish_state() {
   for (const auto& [id, seq] : seqs_) {
     nlohmann::json per_layer = nlohmann::json::array();
     if (cache_.contains(id)) {
+      const std::vector<LayerPolicyState> policies = executor_.layer_policies(id);
       for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
         const LayerKv& kv = cache_.layer(id, l);
-        per_layer.push_back({{"layer", l}, {"tokens", kv.n_entries}, {"uncompressed_tokens", kv.n_appended},
-                             {"blocks", kv.block_table.size()}});
+        nlohmann::json entry = {{"layer", l}, {"tokens", kv.n_entries}, {"uncompressed_tokens", kv.n_appended},
+                                {"blocks", kv.block_table.size()}};
+        if (size_t(l - cache_.layer_begin()) < policies.size()) {
+          const LayerPolicyState& p = policies[size_t(l - cache_.layer_begin())];
+          entry["policy"] = p.policy;
+          if (p.lazy) entry["lazy"] = *p.lazy;
+        }
+        per_layer.push_back(std::move(entry));
       }
     }
     sequences.push_back({{"seq", id},
                          {"request", seq->req->request.id},
                          {"choice", seq->choice},
-                         {"policy", seq->req->request.kv_policy.empty() ? options_.default_policy
+                         {"policy", seq->req->request.kv_policy.empty() ? "(server default)"
                                                                         : seq->req->request.kv_policy},
                          {"prompt_tokens", seq->n_prompt},
                          {"generated_tokens", seq->n_generated},

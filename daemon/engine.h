@@ -28,7 +28,6 @@ namespace strata {
 struct EngineOptions {
   SchedulerLimits limits;
   int max_waiting = 256;               // queued sequences beyond which submit() refuses (HTTP 503)
-  std::string default_policy = "full";
   int pp_stage = 0;                    // this rank's place in the grid, for the metrics labels
   int tp_rank = 0;
 };

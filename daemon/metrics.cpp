@@ -64,8 +64,14 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
                                    "KV-cache bytes held by one layer on one rank.")),
       kv_layer_uncompressed_bytes_(gauge_family(*registry_, "strata_kv_layer_uncompressed_bytes",
                                                 "Bytes the same tokens would take in the uncompressed cache.")),
+      kv_layer_evicted_tokens_(counter_family(*registry_, "strata_kv_layer_evicted_tokens_total",
+                                              "KV entries removed by compression policies, per layer.")),
+      kv_layer_lazy_decisions_(counter_family(*registry_, "strata_kv_layer_lazy_decisions_total",
+                                              "SimLayerKV verdicts per layer: lazy=\"true\" layers were trimmed.")),
       kv_saved_bytes_(gauge(*registry_, "strata_kv_saved_bytes",
                             "Uncompressed minus held KV-cache bytes, summed over all layers and ranks.")),
+      kv_compression_ratio_(gauge(*registry_, "strata_kv_compression_ratio",
+                                  "Bytes the KV cache would hold uncompressed over the bytes it holds (1: none).")),
       kv_blocks_free_(gauge(*registry_, "strata_kv_blocks_free", "Free KV-cache blocks.")),
       kv_blocks_total_(gauge(*registry_, "strata_kv_blocks_total", "KV-cache blocks in the pool.")),
       kv_block_size_tokens_(gauge(*registry_, "strata_kv_block_size_tokens", "Tokens per KV-cache block.")),
@@ -90,11 +96,10 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
                                            "Generated tokens per request.", one_two_five_buckets(max_model_len))) {
   // Every finish reason is a series from the start, so that rate() sees the first request of each.
   for (const char* reason : {"stop", "length", "abort"}) requests_.Add({{"finish_reason", reason}});
+  kv_compression_ratio_.Set(1.0);
 }
 
-void ServerMetrics::set_layer_kv(int layer, int pp_stage, int tp_rank, int64_t tokens, int64_t bytes,
-                                 int64_t uncompressed_bytes) {
-  std::lock_guard lock(layers_mutex_);
+ServerMetrics::LayerKv& ServerMetrics::layer(int layer, int pp_stage, int tp_rank) {
   auto [it, inserted] = layers_.try_emplace(LayerKey{layer, pp_stage, tp_rank});
   LayerKv& kv = it->second;
   if (inserted) {
@@ -104,14 +109,37 @@ void ServerMetrics::set_layer_kv(int layer, int pp_stage, int tp_rank, int64_t t
     kv.tokens = &kv_layer_tokens_.Add(labels);
     kv.bytes = &kv_layer_bytes_.Add(labels);
     kv.uncompressed_bytes = &kv_layer_uncompressed_bytes_.Add(labels);
+    kv.evicted_tokens = &kv_layer_evicted_tokens_.Add(labels);
+    labels["lazy"] = "true";
+    kv.lazy = &kv_layer_lazy_decisions_.Add(labels);
+    labels["lazy"] = "false";
+    kv.not_lazy = &kv_layer_lazy_decisions_.Add(labels);
   }
+  return kv;
+}
+
+void ServerMetrics::set_layer_kv(int layer_index, int pp_stage, int tp_rank, int64_t tokens, int64_t bytes,
+                                 int64_t uncompressed_bytes) {
+  std::lock_guard lock(layers_mutex_);
+  LayerKv& kv = layer(layer_index, pp_stage, tp_rank);
   kv.tokens->Set(static_cast<double>(tokens));
   kv.bytes->Set(static_cast<double>(bytes));
   kv.uncompressed_bytes->Set(static_cast<double>(uncompressed_bytes));
-  int64_t saved_bytes = uncompressed_bytes - bytes;
-  saved_bytes_ += saved_bytes - kv.saved_bytes;
-  kv.saved_bytes = saved_bytes;
-  kv_saved_bytes_.Set(static_cast<double>(saved_bytes_));
+  bytes_held_ += bytes - kv.bytes_held;
+  bytes_uncompressed_ += uncompressed_bytes - kv.bytes_uncompressed;
+  kv.bytes_held = bytes;
+  kv.bytes_uncompressed = uncompressed_bytes;
+  kv_saved_bytes_.Set(static_cast<double>(bytes_uncompressed_ - bytes_held_));
+  kv_compression_ratio_.Set(bytes_held_ > 0 ? static_cast<double>(bytes_uncompressed_) / double(bytes_held_) : 1.0);
+}
+
+void ServerMetrics::add_layer_compression(int layer_index, int pp_stage, int tp_rank, int64_t evicted_tokens,
+                                          int64_t lazy, int64_t not_lazy) {
+  std::lock_guard lock(layers_mutex_);
+  LayerKv& kv = layer(layer_index, pp_stage, tp_rank);
+  kv.evicted_tokens->Increment(static_cast<double>(evicted_tokens));
+  kv.lazy->Increment(static_cast<double>(lazy));
+  kv.not_lazy->Increment(static_cast<double>(not_lazy));
 }
 
 void ServerMetrics::set_kv_blocks(int64_t n_free, int64_t n_total, int block_size) {

@@ -31,6 +31,9 @@ class ServerMetrics {
   // KV held by one layer on one rank; strata_kv_saved_bytes follows the sum over all layers set so far.
   void set_layer_kv(int layer, int pp_stage, int tp_rank, int64_t tokens, int64_t bytes, int64_t uncompressed_bytes);
   void set_kv_blocks(int64_t n_free, int64_t n_total, int block_size);
+  // What one layer's compression policies did since the last call: entries evicted, SimLayerKV verdicts.
+  void add_layer_compression(int layer, int pp_stage, int tp_rank, int64_t evicted_tokens, int64_t lazy,
+                             int64_t not_lazy);
   void set_requests(int n_running, int n_waiting);
 
   void add_prompt_tokens(int64_t n);
@@ -52,8 +55,13 @@ class ServerMetrics {
     prometheus::Gauge* tokens = nullptr;
     prometheus::Gauge* bytes = nullptr;
     prometheus::Gauge* uncompressed_bytes = nullptr;
-    int64_t saved_bytes = 0;  // uncompressed_bytes - bytes, as last set
+    prometheus::Counter* evicted_tokens = nullptr;
+    prometheus::Counter* lazy = nullptr;
+    prometheus::Counter* not_lazy = nullptr;
+    int64_t bytes_held = 0;      // as last set
+    int64_t bytes_uncompressed = 0;
   };
+  LayerKv& layer(int layer, int pp_stage, int tp_rank);  // under layers_mutex_
   using LayerKey = std::tuple<int, int, int>;  // (layer, pp_stage, tp_rank)
 
   std::shared_ptr<prometheus::Registry> registry_;
@@ -61,7 +69,10 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& kv_layer_tokens_;
   prometheus::Family<prometheus::Gauge>& kv_layer_bytes_;
   prometheus::Family<prometheus::Gauge>& kv_layer_uncompressed_bytes_;
+  prometheus::Family<prometheus::Counter>& kv_layer_evicted_tokens_;
+  prometheus::Family<prometheus::Counter>& kv_layer_lazy_decisions_;
   prometheus::Gauge& kv_saved_bytes_;
+  prometheus::Gauge& kv_compression_ratio_;
   prometheus::Gauge& kv_blocks_free_;
   prometheus::Gauge& kv_blocks_total_;
   prometheus::Gauge& kv_block_size_tokens_;
@@ -81,9 +92,10 @@ class ServerMetrics {
   prometheus::Histogram& request_prompt_tokens_;
   prometheus::Histogram& request_generation_tokens_;
 
-  std::mutex layers_mutex_;  // guards layers_ and the saved-bytes total derived from it
+  std::mutex layers_mutex_;  // guards layers_ and the totals derived from it
   std::map<LayerKey, LayerKv> layers_;
-  int64_t saved_bytes_ = 0;
+  int64_t bytes_held_ = 0;
+  int64_t bytes_uncompressed_ = 0;
 };
 
 }  // namespace strata

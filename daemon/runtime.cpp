@@ -71,7 +71,10 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
   }
   rt->pool = std::make_unique<BlockPool>(*rt->backend, layout, n_blocks);
   rt->cache = std::make_unique<KvCache>(*rt->pool, 0, rt->weights.config.n_layers);
-  rt->executor = std::make_unique<StepExecutor>(*rt->model, *rt->cache);
+  CompressionConfig compression;
+  compression.policy = parse_policy_spec(config.kv_cache.policy);
+  compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
+  rt->executor = std::make_unique<StepExecutor>(*rt->model, *rt->cache, std::move(compression), rt->model_name);
   std::cerr << "strata: " << rt->model_name << ": " << rt->weights.config.n_layers << " layers, KV pool of "
             << n_blocks << " blocks x " << layout.block_size << " tokens (" << (config.kv_cache.memory_mib)
             << " MiB: room for " << (n_blocks * layout.block_size / rt->weights.config.n_layers)
@@ -84,7 +87,6 @@ EngineOptions engine_options(const ServerConfig& config) {
   o.limits.max_running = config.engine.max_running;
   o.limits.max_batch_tokens = config.engine.max_batch_tokens;
   o.max_waiting = config.engine.max_waiting;
-  o.default_policy = config.kv_cache.policy;
   return o;
 }
 

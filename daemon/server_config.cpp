@@ -6,6 +6,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "cache/compression_config.h"
 #include "cache/compression_policy.h"
 
 namespace strata {
@@ -34,6 +35,20 @@ std::string parse_choice(const std::string& text, const std::string& where, cons
   std::string list;
   for (const std::string& o : ok) list += (list.empty() ? "" : ", ") + o;
   throw ConfigError(where + ": expected one of " + list + ", got '" + text + "'");
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    std::string item = text.substr(start, comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+    start = comma + 1;
+  }
+  return out;
 }
 
 const std::map<std::string, Setter>& setters() {
@@ -82,7 +97,28 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"kv_cache.policy",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
-         c.kv_cache.policy = parse_choice(t, w, policy_names());
+         try {
+           validate_policy(parse_policy_spec(t));
+         } catch (const PolicyError& e) {
+           throw ConfigError(w + ": " + e.what());
+         }
+         c.kv_cache.policy = t;
+       }},
+      {"kv_cache.layer_overrides",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         try {
+           parse_layer_overrides(t);
+         } catch (const PolicyError& e) {
+           throw ConfigError(w + ": " + e.what());
+         }
+         c.kv_cache.layer_overrides = t;
+       }},
+      {"kv_cache.request_policies",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         for (const std::string& name : split_list(t)) {
+           if (name != "all" && name != "none") parse_choice(name, w, policy_names());
+         }
+         c.kv_cache.request_policies = t;
        }},
       {"parallel.tp",
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.parallel.tp = int(parse_int(t, w, 1, 1024)); }},
@@ -103,6 +139,13 @@ void set_key(ServerConfig& config, const std::string& key, const std::string& va
 }
 
 }  // namespace
+
+std::vector<std::string> request_policy_names(const ServerConfig& config) {
+  const std::vector<std::string> listed = split_list(config.kv_cache.request_policies);
+  if (listed.size() == 1 && listed[0] == "all") return policy_names();
+  if (listed.size() == 1 && listed[0] == "none") return {};
+  return listed;
+}
 
 std::vector<std::string> config_keys() {
   std::vector<std::string> keys;

@@ -42,7 +42,9 @@ struct ServerConfig {
   struct KvCache {
     int block_size = 16;
     int64_t memory_mib = 1024;              // the pool's budget, per rank
-    std::string policy = "full";
+    std::string policy = "full";            // a policy spec for every layer, e.g. "pyramidkv:budget=128"
+    std::string layer_overrides;            // "0-1=full;28-29=snapkv:budget=256"
+    std::string request_policies = "all";   // policies a request may choose ("all", "none", or a list)
   } kv_cache;
 
   struct Parallel {
@@ -54,6 +56,8 @@ struct ServerConfig {
 ServerConfig load_server_config(const std::string& path);
 // Applies "section.key=value" (the --set flag) with the same checks as the file.
 void apply_config_override(ServerConfig& config, const std::string& assignment);
+// The policies a request may choose, from kv_cache.request_policies.
+std::vector<std::string> request_policy_names(const ServerConfig& config);
 // Every key the file may hold, for --help and error messages.
 std::vector<std::string> config_keys();
 

@@ -6,28 +6,51 @@
 
 namespace strata {
 
-StepExecutor::StepExecutor(LlamaModel& model, KvCache& cache) : model_(model), cache_(cache) {}
+StepExecutor::StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig compression, std::string model_name)
+    : model_(model),
+      cache_(cache),
+      compression_(std::move(compression)),
+      model_name_(std::move(model_name)),
+      counters_(size_t(cache.n_layers())) {}
 
 StepResult StepExecutor::execute(const StepPlan& plan) {
   for (const PlannedSequence& a : plan.added) {
-    SequenceState state{SequenceSampler(a.sampling, a.seed), a.prompt_len, {}};
-    for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
-      state.policies.push_back(make_policy(a.kv_policy.empty() ? "full" : a.kv_policy));
-    }
+    SequenceState state{SequenceSampler(a.sampling, a.seed), std::nullopt, 0, {}, nullptr};
+    if (!a.kv_policy.empty()) state.request_policy = parse_policy_spec(a.kv_policy);
     seqs_.insert_or_assign(a.seq, std::move(state));
   }
   // A preempted sequence keeps its sampling state: when it is recomputed it must draw what it would have drawn.
-  for (int64_t seq : plan.preempted) cache_.release(seq);
+  // Its policies start again with the recompute's prefill.
+  for (int64_t seq : plan.preempted) {
+    cache_.release(seq);
+    if (auto it = seqs_.find(seq); it != seqs_.end()) {
+      it->second.policies.clear();
+      it->second.prefill_stats.reset();
+    }
+  }
   for (int64_t seq : plan.finished) {
     cache_.release(seq);
     seqs_.erase(seq);
   }
 
   std::vector<BatchSequence> batch;
+  std::vector<std::unique_ptr<AttentionStats>> step_stats(plan.work.size());
   batch.reserve(plan.work.size());
-  for (const PlannedWork& w : plan.work) {
-    if (!seqs_.count(w.seq)) throw std::logic_error("step plan: work for unknown sequence " + std::to_string(w.seq));
-    batch.push_back(BatchSequence{w.seq, w.tokens, w.start_pos, w.sample ? LogitsMode::last : LogitsMode::none});
+  for (size_t i = 0; i < plan.work.size(); ++i) {
+    const PlannedWork& w = plan.work[i];
+    auto it = seqs_.find(w.seq);
+    if (it == seqs_.end()) throw std::logic_error("step plan: work for unknown sequence " + std::to_string(w.seq));
+    SequenceState& state = it->second;
+    if (w.prefill_len > 0 && w.start_pos == 0) start_prefill(state, w.prefill_len);
+    AttentionStats* stats = nullptr;
+    if (w.prefill_len > 0) {
+      stats = state.prefill_stats.get();
+    } else {
+      step_stats[i] = decode_stats(w, state);
+      stats = step_stats[i].get();
+    }
+    batch.push_back(
+        BatchSequence{w.seq, w.tokens, w.start_pos, w.sample ? LogitsMode::last : LogitsMode::none, stats});
   }
 
   StepResult result;
@@ -37,7 +60,8 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
 
   const int64_t vocab = model_.config().vocab_size;
   int64_t row = 0;
-  for (const PlannedWork& w : plan.work) {
+  for (size_t i = 0; i < plan.work.size(); ++i) {
+    const PlannedWork& w = plan.work[i];
     SequenceState& state = seqs_.at(w.seq);
     if (w.sample) {
       const SampleResult s = state.sampler.sample(std::span<float>(logits_.data() + row * vocab, size_t(vocab)));
@@ -50,21 +74,115 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
       result.sampled.push_back(std::move(t));
       ++row;
     }
-    run_policy_hooks(w, state);
+    run_hooks(w, state, step_stats[i].get());
   }
   return result;
 }
 
-void StepExecutor::run_policy_hooks(const PlannedWork& work, SequenceState& state) {
-  const bool decode_step = !work.prefill_end && work.tokens.size() == 1 && work.start_pos >= state.prompt_len;
-  if (!work.prefill_end && !decode_step) return;
+void StepExecutor::start_prefill(SequenceState& state, int prefill_len) {
+  state.prefill_len = prefill_len;
+  state.policies.clear();
+  const ModelConfig& c = model_.config();
+  const int tp = model_.config().n_kv_heads / model_.n_kv_heads_local();
+  auto stats = std::make_unique<AttentionStats>();
+  bool any = false;
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    const PolicySpec& spec = state.request_policy ? *state.request_policy : compression_.for_layer(l);
+    const PolicyContext context{l, c.n_layers, c.n_heads / tp, model_.n_kv_heads_local(), model_name_};
+    state.policies.push_back(make_policy(spec, context));
+    LayerState start;
+    start.prompt_len = prefill_len;
+    const int from = state.policies.back()->needs(start).prefill_rows_from;
+    stats->rows_from.push_back(from);
+    any = any || from >= 0;
+  }
+  if (!any) {
+    state.prefill_stats.reset();
+    return;
+  }
+  stats->stride = prefill_len;  // nothing is evicted before the prompt ends: entries are positions
+  for (int from : stats->rows_from) {
+    stats->sums.emplace_back(from >= 0 ? size_t(c.n_heads / tp) * size_t(prefill_len) : 0, 0.0f);
+  }
+  state.prefill_stats = std::move(stats);
+}
+
+std::unique_ptr<AttentionStats> StepExecutor::decode_stats(const PlannedWork& work, SequenceState& state) {
+  if (state.policies.empty()) return nullptr;
+  const int n_heads = model_.config().n_heads / (model_.config().n_kv_heads / model_.n_kv_heads_local());
+  auto stats = std::make_unique<AttentionStats>();
+  bool any = false;
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    LayerState s;
+    s.prompt_len = state.prefill_len;
+    s.n_entries = cache_.layer(work.seq, l).n_entries;
+    s.n_generated = work.start_pos - state.prefill_len + 1;
+    const bool wanted = state.policies[size_t(l - cache_.layer_begin())]->needs(s).decode_probabilities;
+    stats->rows_from.push_back(wanted ? work.start_pos : -1);
+    stats->stride = std::max(stats->stride, s.n_entries + 1);
+    any = any || wanted;
+  }
+  if (!any) return nullptr;
+  for (int from : stats->rows_from) stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * stats->stride : 0, 0.0f);
+  return stats;
+}
+
+LayerState StepExecutor::layer_state(const SequenceState& state, int64_t seq, int global_layer,
+                                     const AttentionStats* stats, int n_generated) const {
+  LayerState s;
+  s.prompt_len = state.prefill_len;
+  s.n_entries = cache_.layer(seq, global_layer).n_entries;
+  s.n_generated = n_generated;
+  const size_t local = size_t(global_layer - cache_.layer_begin());
+  if (stats && stats->rows_from[local] >= 0) {
+    s.column_sums = stats->sums[local].data();
+    s.sums_stride = stats->stride;
+  }
+  return s;
+}
+
+void StepExecutor::run_hooks(const PlannedWork& work, SequenceState& state, const AttentionStats* decode) {
+  if (state.policies.empty()) return;
+  const bool prefill_end = work.prefill_len > 0 && work.start_pos + int(work.tokens.size()) == work.prefill_len;
+  const bool decode_step = work.prefill_len == 0;
+  if (!prefill_end && !decode_step) return;
+  const int n_generated = decode_step ? work.start_pos - state.prefill_len + 1 : 0;
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
     CompressionPolicy& policy = *state.policies[size_t(l - cache_.layer_begin())];
-    const LayerState layer{l, model_.config().n_layers, state.prompt_len, cache_.layer(work.seq, l).n_entries};
-    const std::optional<Selection> keep =
-        work.prefill_end ? policy.on_prefill_end(layer) : policy.on_decode_step(layer);
-    if (keep) cache_.retain(work.seq, l, keep->kept);
+    const std::optional<bool> lazy_before = policy.lazy();
+    const LayerState s = layer_state(state, work.seq, l, prefill_end ? state.prefill_stats.get() : decode, n_generated);
+    apply(work.seq, l, s.n_entries, prefill_end ? policy.on_prefill_end(s) : policy.on_decode_step(s));
+    if (!lazy_before && policy.lazy()) {
+      LayerCompressionCounters& c = counters_[size_t(l - cache_.layer_begin())];
+      (*policy.lazy() ? c.lazy_decisions : c.not_lazy_decisions) += 1;
+    }
   }
+  if (prefill_end) state.prefill_stats.reset();
+}
+
+void StepExecutor::apply(int64_t seq, int global_layer, int n_entries, const std::optional<Selection>& keep) {
+  if (!keep) return;
+  cache_.retain(seq, global_layer, keep->kept);
+  counters_[size_t(global_layer - cache_.layer_begin())].evicted_tokens += n_entries - int64_t(keep->kept[0].size());
+}
+
+std::vector<LayerCompressionCounters> StepExecutor::take_counters() {
+  std::vector<LayerCompressionCounters> out(counters_.size());
+  out.swap(counters_);
+  return out;
+}
+
+std::vector<LayerPolicyState> StepExecutor::layer_policies(int64_t seq) const {
+  std::vector<LayerPolicyState> out;
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return out;
+  const SequenceState& state = it->second;
+  for (size_t i = 0; i < state.policies.size(); ++i) {
+    const int l = cache_.layer_begin() + int(i);
+    const PolicySpec& spec = state.request_policy ? *state.request_policy : compression_.for_layer(l);
+    out.push_back({to_string(spec), state.policies[i]->lazy()});
+  }
+  return out;
 }
 
 }  // namespace strata

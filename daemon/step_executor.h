@@ -1,12 +1,16 @@
 #pragma once
 // What every rank does with a StepPlan: create and forget per-sequence state, free the blocks of preempted and
-// finished sequences, run its shard of the forward pass, sample (on the last stage), and run the compression
-// policies' hooks on its own layers. With one rank the leader calls it directly.
+// finished sequences, run its shard of the forward pass (with the attention statistics its layers' compression
+// policies ask for), sample (on the last stage), and run the policies' hooks on its own layers. With one rank the
+// leader calls it directly.
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "cache/compression_config.h"
 #include "cache/compression_policy.h"
 #include "cache/kv_cache.h"
 #include "daemon/sampler.h"
@@ -15,25 +19,53 @@
 
 namespace strata {
 
+// What the policies of one layer did since the last report (for the metrics).
+struct LayerCompressionCounters {
+  int64_t evicted_tokens = 0;
+  int64_t lazy_decisions = 0;      // SimLayerKV: layers found lazy
+  int64_t not_lazy_decisions = 0;  // and found not lazy
+};
+
+// One layer of one sequence, for the JSON view.
+struct LayerPolicyState {
+  std::string policy;        // the spec in effect
+  std::optional<bool> lazy;  // SimLayerKV's verdict, once taken
+};
+
 class StepExecutor {
  public:
-  StepExecutor(LlamaModel& model, KvCache& cache);
+  StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig compression, std::string model_name);
 
   StepResult execute(const StepPlan& plan);
-  // Sequences whose sampling state this rank holds.
+
   size_t n_sequences() const { return seqs_.size(); }
+  // Counters per local layer since the last call, then reset.
+  std::vector<LayerCompressionCounters> take_counters();
+  // The policies of a sequence's local layers (empty when unknown or not built yet).
+  std::vector<LayerPolicyState> layer_policies(int64_t seq) const;
 
  private:
   struct SequenceState {
     SequenceSampler sampler;
-    int prompt_len;
-    std::vector<std::unique_ptr<CompressionPolicy>> policies;  // one per local layer
+    std::optional<PolicySpec> request_policy;  // replaces the server's configuration when set
+    int prefill_len = 0;                       // of the current prefill (the prompt, or a recompute)
+    std::vector<std::unique_ptr<CompressionPolicy>> policies;  // per local layer, built when a prefill starts
+    std::unique_ptr<AttentionStats> prefill_stats;
   };
-  void run_policy_hooks(const PlannedWork& work, SequenceState& state);
+
+  void start_prefill(SequenceState& state, int prefill_len);
+  std::unique_ptr<AttentionStats> decode_stats(const PlannedWork& work, SequenceState& state);
+  void run_hooks(const PlannedWork& work, SequenceState& state, const AttentionStats* decode);
+  void apply(int64_t seq, int global_layer, int n_entries, const std::optional<Selection>& keep);
+  LayerState layer_state(const SequenceState& state, int64_t seq, int global_layer, const AttentionStats* stats,
+                         int n_generated) const;
 
   LlamaModel& model_;
   KvCache& cache_;
+  CompressionConfig compression_;
+  std::string model_name_;
   std::unordered_map<int64_t, SequenceState> seqs_;
+  std::vector<LayerCompressionCounters> counters_;  // per local layer
   std::vector<float> logits_;
 };
 

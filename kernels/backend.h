@@ -21,6 +21,11 @@ struct AttentionSequence {
   int n_q = 0;                           // rows (new tokens) of this sequence in the step
   int n_ctx_before = 0;                  // cache entries of this layer before the step's tokens
   std::span<const int32_t> block_table;  // blocks of this (sequence, layer), in entry order
+  // Attention statistics for compression policies: when column_sums is set, the softmax probabilities of query
+  // rows >= stats_row_begin are added to column_sums[h * sums_stride + e] for every query head h and entry e.
+  float* column_sums = nullptr;
+  int sums_stride = 0;
+  int stats_row_begin = 0;
 };
 
 struct RopeParams {
@@ -65,9 +70,10 @@ class Backend {
   virtual void paged_attention(const Tensor& q, std::span<const AttentionSequence> seqs, const KvPoolView& pool,
                                int n_heads, float scale, Tensor& out) = 0;
   // Compaction after a policy's selection: entry kept[j] of the block table moves to entry j (kept ascending,
-  // so every move goes towards the front and never overwrites an entry still to be read).
+  // so every move goes towards the front and never overwrites an entry still to be read), in KV head `head`, or
+  // in every KV head when head < 0.
   virtual void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept,
-                          const KvPoolView& pool) = 0;
+                          const KvPoolView& pool, int head) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -109,6 +109,12 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
       const LayerKv& kv = cache.layer(batch[i].seq, global_layer);
       const int n_q = int(batch[i].tokens.size());
       seqs[i] = AttentionSequence{row, n_q, kv.n_entries - n_q, kv.block_table};
+      if (AttentionStats* st = batch[i].stats; st && st->rows_from[size_t(l)] >= 0) {
+        if (kv.n_entries > st->stride) throw std::logic_error("attention statistics: stride below the entries held");
+        seqs[i].column_sums = st->sums[size_t(l)].data();
+        seqs[i].sums_stride = st->stride;
+        seqs[i].stats_row_begin = std::max(0, st->rows_from[size_t(l)] - batch[i].start_pos);
+      }
       row += n_q;
     }
     run_layer(layers_[size_t(l)], w, seqs, positions, cache.pool_view());

@@ -17,12 +17,22 @@ namespace strata {
 
 enum class LogitsMode { none, last, all };
 
+// Column sums of attention probabilities that a sequence's compression policies asked for (PolicyNeeds): for
+// every local layer, query head h and cache entry e, sums[layer][h * stride + e] += p(row, e) over the query
+// rows at positions >= rows_from[layer]. Kept by the caller across the steps it spans (a chunked prefill).
+struct AttentionStats {
+  int stride = 0;                         // entries per head row: at least the entries at the hook
+  std::vector<int> rows_from;             // per local layer; -1: this layer wants none
+  std::vector<std::vector<float>> sums;   // per local layer: [n_heads_local][stride]
+};
+
 // One sequence's part of a step.
 struct BatchSequence {
   SeqId seq = 0;
   std::span<const int32_t> tokens;  // the new tokens: a prefill chunk, or the one token of a decode step
   int start_pos = 0;                // position of tokens[0]
   LogitsMode logits = LogitsMode::last;
+  AttentionStats* stats = nullptr;  // statistics to accumulate in this step (nullable)
 };
 
 class LlamaModel {

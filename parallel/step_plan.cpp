@@ -141,7 +141,7 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
     w.put(p.start_pos);
     w.put(p.tokens);
     w.put<uint8_t>(p.sample);
-    w.put<uint8_t>(p.prefill_end);
+    w.put(p.prefill_len);
   }
   return w.take();
 }
@@ -171,7 +171,7 @@ StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
     p.start_pos = r.get<int32_t>();
     p.tokens = r.get_vector<int32_t>();
     p.sample = r.get<uint8_t>() != 0;
-    p.prefill_end = r.get<uint8_t>() != 0;
+    p.prefill_len = r.get<int32_t>();
     plan.work.push_back(std::move(p));
   }
   r.expect_end();

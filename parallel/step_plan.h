@@ -15,7 +15,7 @@ struct PlannedSequence {
   int64_t seq = 0;
   SamplingParams sampling;
   uint64_t seed = 0;        // the RNG seed (the request's, or one the leader drew): every TP rank agrees
-  std::string kv_policy;    // "full" unless the request chose another
+  std::string kv_policy;    // the request's policy spec ("snapkv:budget=128"); empty: the server's configuration
   int32_t prompt_len = 0;
 };
 
@@ -25,7 +25,8 @@ struct PlannedWork {
   int32_t start_pos = 0;
   std::vector<int32_t> tokens;
   bool sample = false;      // the chunk ends the known tokens: sample the next one
-  bool prefill_end = false; // the chunk completes the prompt: run the policy's prefill hook
+  int32_t prefill_len = 0;  // a prefill chunk: the length of the prefill it belongs to (the prompt, or all known
+                            // tokens when a preempted sequence is recomputed); 0: a decode step
 };
 
 struct StepPlan {

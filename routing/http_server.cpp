@@ -197,6 +197,7 @@ struct ServerContext {
     limits.vocab_size = tokenizer.vocab_size();
     limits.max_n = options.max_n;
     limits.max_top_logprobs = options.max_top_logprobs;
+    limits.kv_policies = options.kv_policies;
   }
 
   ServerOptions options;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace strata {
 
@@ -27,6 +28,7 @@ struct ServerOptions {
   int max_context = 2048;                        // tokens of prompt + completion
   int max_n = 16;                                // choices per request
   int max_top_logprobs = 20;
+  std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
 };
 
 class HttpServer {

@@ -1,5 +1,6 @@
 #include "routing/openai_protocol.h"
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache/compression_policy.h"
 #include "model/tokenizer.h"
 #include "routing/api_error.h"
 
@@ -315,19 +317,45 @@ void parse_echo(const json& root, ParsedCompletion& parsed) {
   }
 }
 
-// Strata's extension: "kv_compression": {"policy": "full"} picks the request's KV compression policy.
-void parse_kv_compression(const json& root, ParsedCompletion& parsed) {
+// Strata's extension: "kv_compression": {"policy": "pyramidkv", "budget": 128, ...} picks the request's KV
+// compression policy and its parameters, among the policies the operator enabled (kv_cache.request_policies).
+void parse_kv_compression(const json& root, ParsedCompletion& parsed, const ProtocolLimits& limits) {
   const json* kv = find_field(root, "kv_compression");
   if (!kv) return;
   if (!kv->is_object()) throw_type("kv_compression", "an object", *kv);
   const json* policy = find_field(*kv, "policy");
   if (!policy) throw ApiError::invalid_request("kv_compression.policy", "'kv_compression.policy' is required");
-  const std::string& name = read_string(*policy, "kv_compression.policy");
-  if (name != "full") {
-    throw ApiError::invalid_request("kv_compression.policy",
-                                    "unknown KV compression policy '" + name + "'; this server accepts 'full'");
+  PolicySpec spec;
+  spec.name = read_string(*policy, "kv_compression.policy");
+  if (std::find(limits.kv_policies.begin(), limits.kv_policies.end(), spec.name) == limits.kv_policies.end()) {
+    std::string enabled;
+    for (const std::string& p : limits.kv_policies) enabled += (enabled.empty() ? "" : ", ") + p;
+    throw ApiError::invalid_request("kv_compression.policy", "KV compression policy '" + spec.name +
+                                                                 "' is not enabled on this server (enabled: " +
+                                                                 enabled + ")");
   }
-  parsed.request.kv_policy = name;
+  for (const auto& [key, value] : kv->items()) {
+    if (key == "policy") continue;
+    const std::string param = "kv_compression." + key;
+    if (value.is_string()) {
+      spec.params[key] = value.get<std::string>();
+    } else if (value.is_boolean()) {
+      spec.params[key] = value.get<bool>() ? "true" : "false";
+    } else if (value.is_number_integer()) {
+      spec.params[key] = std::to_string(value.get<int64_t>());
+    } else if (value.is_number()) {
+      spec.params[key] = value.dump();
+    } else {
+      throw_type(param, "a number, a string or a boolean", value);
+    }
+  }
+  try {
+    validate_policy(spec);
+  } catch (const PolicyError& e) {
+    const bool about_name = e.param().empty() || e.param() == "policy";
+    throw ApiError::invalid_request(about_name ? "kv_compression.policy" : "kv_compression." + e.param(), e.what());
+  }
+  parsed.request.kv_policy = to_string(spec);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -447,7 +475,7 @@ ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dial
   parse_logprobs(root, dialect, limits, parsed);
   if (dialect == ApiDialect::completions) parse_echo(root, parsed);
   parse_stream(root, parsed);
-  parse_kv_compression(root, parsed);
+  parse_kv_compression(root, parsed, limits);
   return parsed;
 }
 

@@ -27,6 +27,7 @@ struct ProtocolLimits {
   int max_n = 16;            // choices per request
   int max_top_logprobs = 20;
   int max_stop = 4;          // stop strings per request
+  std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
 };
 
 // A prompt as the request gave it: text (completions), token ids (completions), or messages (chat).

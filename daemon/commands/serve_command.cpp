@@ -79,6 +79,7 @@ int serve_command(int argc, char** argv) {
     options.model_name = rt->model_name;
     options.max_context = rt->weights.config.max_context;
     options.max_n = config.server.max_n;
+    options.kv_policies = request_policy_names(config);
     HttpServer server(options, engine, *rt->tokenizer, *rt->chat_template);
     server.start();
     std::cerr << "strata: serving " << rt->model_name << " on http://" << config.server.host << ":" << server.port()

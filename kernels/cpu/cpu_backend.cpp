@@ -80,9 +80,9 @@ class CpuBackend final : public Backend {
     cpu::paged_attention(q.f32(), seqs, pool, n_heads, scale, out.f32());
   }
 
-  void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept,
-                  const KvPoolView& pool) override {
-    cpu::kv_compact(block_table, kept, pool);
+  void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept, const KvPoolView& pool,
+                  int head) override {
+    cpu::kv_compact(block_table, kept, pool, head);
   }
 
   ~CpuBackend() override {

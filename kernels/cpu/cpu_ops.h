@@ -15,7 +15,8 @@ void rope(float* x, std::span<const int32_t> positions, int n_heads, int head_di
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(float* x, const float* y, int64_t n);
 void kv_write(const float* k, const float* v, std::span<const AttentionSequence> seqs, const KvPoolView& pool);
-void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept, const KvPoolView& pool);
+void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept, const KvPoolView& pool,
+                int head);
 void paged_attention(const float* q, std::span<const AttentionSequence> seqs, const KvPoolView& pool, int n_heads,
                      float scale, float* out);
 

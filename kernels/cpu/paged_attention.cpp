@@ -28,14 +28,16 @@ void kv_write(const float* k, const float* v, std::span<const AttentionSequence>
   }
 }
 
-void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept, const KvPoolView& pool) {
+void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept, const KvPoolView& pool,
+                int head) {
   const KvBlockLayout& L = pool.layout;
+  const int h_begin = head < 0 ? 0 : head, h_end = head < 0 ? L.n_kv_heads : head + 1;
   for (size_t j = 0; j < kept.size(); ++j) {
     const int from = kept[j];
     if (from == int(j)) continue;
     const float* src = pool.block_f32(block_table[from / L.block_size]);
     float* dst = pool.block_f32(block_table[j / L.block_size]);
-    for (int h = 0; h < L.n_kv_heads; ++h) {
+    for (int h = h_begin; h < h_end; ++h) {
       std::memmove(dst + L.k_offset(h, int(j) % L.block_size), src + L.k_offset(h, from % L.block_size),
                    sizeof(float) * L.head_dim);
       std::memmove(dst + L.v_offset(h, int(j) % L.block_size), src + L.v_offset(h, from % L.block_size),
@@ -52,11 +54,16 @@ float dot(const float* a, const float* b, int n) {
   return acc;
 }
 
+// A run of query rows of one (sequence, head). Rows that add to column sums stay in one item: one thread owns
+// a head's sums, so no two threads add to the same cell.
 struct QueryItem {
   int seq;
   int head;
-  int row;  // query index inside the sequence's rows
+  int row_begin;  // query indices inside the sequence's rows
+  int row_end;
 };
+
+constexpr int kRowsPerItem = 4;
 
 }  // namespace
 
@@ -69,48 +76,56 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
 
   std::vector<QueryItem> items;
   for (int s = 0; s < int(seqs.size()); ++s) {
+    const int step = seqs[s].column_sums ? seqs[s].n_q : kRowsPerItem;
     for (int h = 0; h < n_heads; ++h) {
-      for (int i = 0; i < seqs[s].n_q; ++i) items.push_back({s, h, i});
+      for (int i = 0; i < seqs[s].n_q; i += step) items.push_back({s, h, i, std::min(i + step, seqs[s].n_q)});
     }
   }
 
 #pragma omp parallel
   {
     std::vector<float> scores;
-#pragma omp for schedule(dynamic, 8)
+#pragma omp for schedule(dynamic, 4)
     for (size_t it = 0; it < items.size(); ++it) {
       const QueryItem& item = items[it];
       const AttentionSequence& s = seqs[item.seq];
       const int kv_head = item.head / group;
-      const float* qv = q + int64_t(s.q_begin + item.row) * q_row + int64_t(item.head) * hd;
-      float* o = out + int64_t(s.q_begin + item.row) * q_row + int64_t(item.head) * hd;
-      const int n_keys = s.n_ctx_before + item.row + 1;
-      scores.resize(n_keys);
+      float* sums = s.column_sums ? s.column_sums + int64_t(item.head) * s.sums_stride : nullptr;
+      for (int row = item.row_begin; row < item.row_end; ++row) {
+        const float* qv = q + int64_t(s.q_begin + row) * q_row + int64_t(item.head) * hd;
+        float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(item.head) * hd;
+        const int n_keys = s.n_ctx_before + row + 1;
+        scores.resize(n_keys);
 
-      float max_score = -INFINITY;
-      for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
-        const float* block = pool.block_f32(s.block_table[e0 / L.block_size]);
-        const int n = std::min(L.block_size, n_keys - e0);
-        for (int j = 0; j < n; ++j) {
-          const float sc = dot(qv, block + L.k_offset(kv_head, j), hd) * scale;
-          scores[e0 + j] = sc;
-          max_score = std::max(max_score, sc);
+        float max_score = -INFINITY;
+        for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
+          const float* block = pool.block_f32(s.block_table[e0 / L.block_size]);
+          const int n = std::min(L.block_size, n_keys - e0);
+          for (int j = 0; j < n; ++j) {
+            const float sc = dot(qv, block + L.k_offset(kv_head, j), hd) * scale;
+            scores[e0 + j] = sc;
+            max_score = std::max(max_score, sc);
+          }
         }
-      }
-      float sum = 0.0f;
-      for (int e = 0; e < n_keys; ++e) {
-        scores[e] = std::exp(scores[e] - max_score);
-        sum += scores[e];
-      }
-      const float inv_sum = 1.0f / sum;
-      std::fill(o, o + hd, 0.0f);
-      for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
-        const float* block = pool.block_f32(s.block_table[e0 / L.block_size]);
-        const int n = std::min(L.block_size, n_keys - e0);
-        for (int j = 0; j < n; ++j) {
-          const float p = scores[e0 + j] * inv_sum;
-          const float* vv = block + L.v_offset(kv_head, j);
-          for (int d = 0; d < hd; ++d) o[d] += p * vv[d];
+        float sum = 0.0f;
+        for (int e = 0; e < n_keys; ++e) {
+          scores[e] = std::exp(scores[e] - max_score);
+          sum += scores[e];
+        }
+        const float inv_sum = 1.0f / sum;
+        for (int e = 0; e < n_keys; ++e) scores[e] *= inv_sum;
+        if (sums && row >= s.stats_row_begin) {
+          for (int e = 0; e < n_keys; ++e) sums[e] += scores[e];
+        }
+        std::fill(o, o + hd, 0.0f);
+        for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
+          const float* block = pool.block_f32(s.block_table[e0 / L.block_size]);
+          const int n = std::min(L.block_size, n_keys - e0);
+          for (int j = 0; j < n; ++j) {
+            const float p = scores[e0 + j];
+            const float* vv = block + L.v_offset(kv_head, j);
+            for (int d = 0; d < hd; ++d) o[d] += p * vv[d];
+          }
         }
       }
     }

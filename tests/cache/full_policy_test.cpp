@@ -1,3 +1,4 @@
+// The `full` policy and the policy factory.
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -11,54 +12,64 @@
 namespace strata {
 namespace {
 
+PolicySpec spec(const std::string& name) { return PolicySpec{name, {}}; }
+
 TEST(FullPolicy, KeepsEverythingAtEveryHook) {
-  std::unique_ptr<CompressionPolicy> p = make_policy("full");
-  ASSERT_NE(p, nullptr);
-  EXPECT_EQ(p->name(), "full");
   for (int layer : {0, 7, 29}) {
+    std::unique_ptr<CompressionPolicy> p = make_policy(spec("full"), PolicyContext{layer, 30, 9, 3, "m"});
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->name(), "full");
     for (int entries : {0, 1, 100, 5000}) {
       LayerState s;
-      s.global_layer = layer;
-      s.n_layers_total = 30;
       s.prompt_len = entries;
       s.n_entries = entries;
       EXPECT_FALSE(p->on_prefill_end(s).has_value()) << "layer " << layer << " entries " << entries;
+      s.n_generated = 1;
       EXPECT_FALSE(p->on_decode_step(s).has_value()) << "layer " << layer << " entries " << entries;
     }
+    EXPECT_FALSE(p->lazy().has_value());
   }
 }
 
 TEST(FullPolicy, NeedsNoAttentionStatistics) {
-  const PolicyNeeds n = make_policy("full")->needs();
-  EXPECT_EQ(n.observation_window, 0);
+  LayerState s;
+  s.prompt_len = 100;
+  const PolicyNeeds n = make_policy(spec("full"), PolicyContext{})->needs(s);
+  EXPECT_EQ(n.prefill_rows_from, -1);
   EXPECT_FALSE(n.decode_probabilities);
-  EXPECT_FALSE(n.column_sums);
-  EXPECT_FALSE(n.pre_rope_keys);
 }
 
-TEST(FullPolicy, EachCallMakesItsOwnObject) {
-  auto a = make_policy("full"), b = make_policy("full");
-  EXPECT_NE(a.get(), b.get());
+TEST(FullPolicy, TakesNoParameters) {
+  try {
+    make_policy(PolicySpec{"full", {{"budget", "128"}}}, PolicyContext{});
+    ADD_FAILURE() << "full:budget=128 was accepted";
+  } catch (const PolicyError& e) {
+    EXPECT_EQ(e.param(), "budget");
+  }
 }
 
 TEST(MakePolicy, UnknownNamesThrowNamingThePolicy) {
-  for (const std::string name : {"fulll", "h2o-typo", "", "FULL"}) {
+  for (const std::string name : {"fulll", "h2o-typo", "FULL"}) {
     try {
-      make_policy(name);
+      make_policy(spec(name), PolicyContext{});
       ADD_FAILURE() << "make_policy('" << name << "') did not throw";
-    } catch (const std::invalid_argument& e) {
+    } catch (const PolicyError& e) {
       EXPECT_NE(std::string(e.what()).find("'" + name + "'"), std::string::npos) << e.what();
+      EXPECT_EQ(e.param(), "policy");
     }
   }
 }
 
-TEST(MakePolicy, PolicyNamesListsFullAndEveryNameIsMade) {
+TEST(MakePolicy, EveryListedNameIsMadeWithItsDefaults) {
   const std::vector<std::string> names = policy_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "full"), names.end());
+  for (const std::string n : {"full", "streaming", "h2o", "snapkv", "pyramidkv", "simlayerkv"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  }
   for (const std::string& n : names) {
-    auto p = make_policy(n);
+    auto p = make_policy(spec(n), PolicyContext{3, 30, 9, 3, "SmolLM2-135M-Instruct"});
     ASSERT_NE(p, nullptr) << n;
     EXPECT_EQ(p->name(), n);
+    validate_policy(spec(n));
   }
 }
 

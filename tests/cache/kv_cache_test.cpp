@@ -223,7 +223,7 @@ TEST(KvCache, RetainKeepingAllOrNone) {
   EXPECT_EQ(f.pool.n_free(), free_before);
   expect_tags(f.cache, 1, 0, iota_n(7));
 
-  f.cache.retain(1, 0, {});
+  f.cache.retain(1, 0, std::vector<int32_t>{});
   EXPECT_EQ(f.cache.layer(1, 0).n_entries, 0);
   EXPECT_TRUE(f.cache.layer(1, 0).block_table.empty());
   EXPECT_EQ(f.pool.n_free(), free_before + 2);
@@ -377,6 +377,35 @@ TEST(KvCache, PipelineStageHoldsOnlyItsLayers) {
   EXPECT_EQ(f.cache.layer(1, 19).block_table.size(), 1u);
   EXPECT_EQ(f.cache.layer(1, 10).n_entries, 5);
   EXPECT_EQ(f.pool.n_free(), 100 - 19);
+}
+
+// Per-KV-head selections: each head keeps its own entries, all heads the same count.
+TEST(KvCache, RetainPerHeadKeepsEachHeadsOwnEntries) {
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  const KvBlockLayout layout{2, 4, 4, DType::f32};
+  BlockPool pool(*backend, layout, 16);
+  KvCache cache(pool, 0, 1);
+  cache.append(1, 10);
+  const KvPoolView view = pool.view();
+  const LayerKv& kv = cache.layer(1, 0);
+  auto key = [&](int head, int entry) {
+    return view.block_f32(kv.block_table[size_t(entry / 4)]) + layout.k_offset(head, entry % 4);
+  };
+  for (int h = 0; h < 2; ++h) {
+    for (int e = 0; e < 10; ++e) key(h, e)[0] = float(100 * h + e);  // tag each key by (head, entry)
+  }
+  const std::vector<std::vector<int32_t>> kept = {{0, 3, 9}, {1, 2, 8}};
+  cache.retain(1, 0, kept);
+  EXPECT_EQ(cache.layer(1, 0).n_entries, 3);
+  EXPECT_EQ(cache.layer(1, 0).block_table.size(), 1u);
+  EXPECT_EQ(pool.n_free(), 15);
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(key(h, j)[0], float(100 * h + kept[size_t(h)][size_t(j)]));
+  }
+  const std::vector<std::vector<int32_t>> uneven = {{0, 1}, {0}};
+  EXPECT_THROW(cache.retain(1, 0, uneven), std::invalid_argument);
+  const std::vector<std::vector<int32_t>> three = {{0}, {0}, {0}};
+  EXPECT_THROW(cache.retain(1, 0, three), std::invalid_argument);
 }
 
 }  // namespace

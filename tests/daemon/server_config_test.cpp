@@ -315,8 +315,8 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "server.host",         "server.port",          "server.threads",      "server.max_body_bytes",
       "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",
-      "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "parallel.tp",
-      "parallel.pp",
+      "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
+      "kv_cache.request_policies", "parallel.tp", "parallel.pp",
   };
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
   EXPECT_EQ(keys.size(), expected.size());  // no duplicates
@@ -325,10 +325,35 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
   for (const std::string& k : keys) {
     const std::string value = k == "model.chat_template" ? "chatml"
                               : k == "kv_cache.policy"   ? "full"
+                              : k == "kv_cache.layer_overrides" ? "0-1=full"
+                              : k == "kv_cache.request_policies" ? "full,snapkv"
                               : k == "server.max_body_bytes" ? "2048"
                                                              : "16";
     EXPECT_NO_THROW(apply_config_override(c, k + "=" + value)) << k;
   }
+}
+
+TEST_F(ServerConfigTest, CompressionKeysAreCheckedWhereTheyAreRead) {
+  ServerConfig c;
+  apply_config_override(c, "kv_cache.policy=pyramidkv:budget=128,window=8");
+  EXPECT_EQ(c.kv_cache.policy, "pyramidkv:budget=128,window=8");
+  for (const std::string bad : {"kv_cache.policy=nosuch", "kv_cache.policy=snapkv:budget=0",
+                                "kv_cache.policy=snapkv:colour=red", "kv_cache.layer_overrides=0-1",
+                                "kv_cache.layer_overrides=2=snapkv:pool=median", "kv_cache.request_policies=full,nosuch"}) {
+    try {
+      apply_config_override(c, bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      const std::string key = bad.substr(0, bad.find('='));
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  apply_config_override(c, "kv_cache.request_policies=none");
+  EXPECT_TRUE(request_policy_names(c).empty());
+  apply_config_override(c, "kv_cache.request_policies=all");
+  EXPECT_EQ(request_policy_names(c).size(), 6u);
+  apply_config_override(c, "kv_cache.request_policies= full , snapkv ");
+  EXPECT_EQ(request_policy_names(c), (std::vector<std::string>{"full", "snapkv"}));
 }
 
 }  // namespace

@@ -729,7 +729,7 @@ class CpuKvCompact : public ::testing::Test {
     return float(entry * 100 + head * 10 + d) + (is_v ? 0.5f : 0.0f);
   }
   void compact_and_check(const std::vector<int32_t>& kept) {
-    be->kv_compact(table, kept, pool->view);
+    be->kv_compact(table, kept, pool->view, -1);
     for (size_t j = 0; j < kept.size(); ++j) {
       for (int h = 0; h < L.n_kv_heads; ++h) {
         for (int d = 0; d < L.head_dim; ++d) {
@@ -757,7 +757,7 @@ TEST_F(CpuKvCompact, KeepingAllChangesNothing) {
 
 TEST_F(CpuKvCompact, KeepingNoneTouchesNothing) {
   std::vector<float> before(pool->storage.f32(), pool->storage.f32() + pool->storage.size());
-  be->kv_compact(table, {}, pool->view);
+  be->kv_compact(table, {}, pool->view, -1);
   EXPECT_TRUE(std::equal(before.begin(), before.end(), pool->storage.f32()));
 }
 

@@ -54,13 +54,13 @@ StepPlan full_plan() {
   w1.start_pos = 0;
   w1.tokens = {1, 2, 3, -1, std::numeric_limits<int32_t>::max()};
   w1.sample = false;
-  w1.prefill_end = true;
+  w1.prefill_len = 300;
   PlannedWork w2;
   w2.seq = 9;
   w2.start_pos = 4096;
   w2.tokens = {};
   w2.sample = true;
-  w2.prefill_end = false;
+  w2.prefill_len = 0;
   p.work = {w1, w2};
   return p;
 }
@@ -100,7 +100,7 @@ void expect_plan_eq(const StepPlan& a, const StepPlan& b) {
     EXPECT_EQ(a.work[i].start_pos, b.work[i].start_pos);
     EXPECT_EQ(a.work[i].tokens, b.work[i].tokens);
     EXPECT_EQ(a.work[i].sample, b.work[i].sample);
-    EXPECT_EQ(a.work[i].prefill_end, b.work[i].prefill_end);
+    EXPECT_EQ(a.work[i].prefill_len, b.work[i].prefill_len);
   }
 }
 

@@ -1,0 +1,54 @@
+#include "cache/compression_config.h"
+
+#include <cstdlib>
+
+#include "cache/compression_policy.h"
+
+namespace strata {
+
+const PolicySpec& CompressionConfig::for_layer(int global_layer) const {
+  const PolicySpec* spec = &policy;
+  for (const LayerOverride& o : overrides) {
+    if (global_layer >= o.first_layer && global_layer <= o.last_layer) spec = &o.policy;
+  }
+  return *spec;
+}
+
+namespace {
+
+int parse_layer(const std::string& text, const std::string& item) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || v < 0 || v > 100000) {
+    throw PolicyError("", "layer override '" + item + "': '" + text + "' is not a layer index");
+  }
+  return int(v);
+}
+
+}  // namespace
+
+std::vector<LayerOverride> parse_layer_overrides(std::string_view text) {
+  std::vector<LayerOverride> out;
+  while (!text.empty()) {
+    const size_t semi = text.find(';');
+    const std::string item(text.substr(0, semi));
+    text = semi == std::string_view::npos ? std::string_view() : text.substr(semi + 1);
+    if (item.find_first_not_of(" \t") == std::string::npos) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) throw PolicyError("", "layer override '" + item + "': expected LAYERS=POLICY");
+    std::string layers = item.substr(0, eq);
+    layers.erase(0, layers.find_first_not_of(" \t"));
+    layers.erase(layers.find_last_not_of(" \t") + 1);
+    LayerOverride o;
+    const size_t dash = layers.find('-');
+    o.first_layer = parse_layer(layers.substr(0, dash), item);
+    o.last_layer = dash == std::string::npos ? o.first_layer : parse_layer(layers.substr(dash + 1), item);
+    if (o.last_layer < o.first_layer) throw PolicyError("", "layer override '" + item + "': empty layer range");
+    o.policy = parse_policy_spec(item.substr(eq + 1));
+    validate_policy(o.policy);
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,30 @@
+#pragma once
+// The server's KV compression configuration: one policy for all layers, with per-layer overrides, e.g.
+//   policy:          "pyramidkv:budget=128"
+//   layer_overrides: "0-1=full;28-29=snapkv:budget=256"
+// A request that names its own policy (the API's kv_compression field) replaces all of it for its sequences.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache/policy_spec.h"
+
+namespace strata {
+
+struct LayerOverride {
+  int first_layer = 0;  // global layer indices, inclusive
+  int last_layer = 0;
+  PolicySpec policy;
+};
+
+struct CompressionConfig {
+  PolicySpec policy;
+  std::vector<LayerOverride> overrides;  // the last matching one wins
+
+  const PolicySpec& for_layer(int global_layer) const;
+};
+
+// "A-B=spec;C=spec;..." (empty: none). Throws PolicyError for malformed text or an invalid policy.
+std::vector<LayerOverride> parse_layer_overrides(std::string_view text);
+
+}  // namespace strata

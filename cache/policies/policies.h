@@ -1,0 +1,17 @@
+#pragma once
+// The constructors of the policies, one per file in cache/policies/; cache/policy_factory.cpp maps names to them.
+// Each reads its parameters from the spec with ParamReader (unknown or bad parameters throw PolicyError).
+#include <memory>
+
+#include "cache/compression_policy.h"
+
+namespace strata {
+
+std::unique_ptr<CompressionPolicy> make_full_policy(const PolicySpec& spec, const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_streaming_policy(const PolicySpec& spec, const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_h2o_policy(const PolicySpec& spec, const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_snapkv_policy(const PolicySpec& spec, const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_pyramidkv_policy(const PolicySpec& spec, const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_simlayerkv_policy(const PolicySpec& spec, const PolicyContext& context);
+
+}  // namespace strata
