@@ -53,6 +53,9 @@ class H2oPolicy final : public CompressionPolicy {
   std::optional<Selection> on_decode_step(const LayerState& state) override {
     if (!per_step_) return std::nullopt;
     require_sums(state, "on_decode_step");
+    if (scores_.size() != size_t(context_.n_kv_heads)) {
+      throw std::logic_error("h2o: a decode step before the end of the prompt");
+    }
     const int n = state.n_entries;
     const std::vector<std::vector<float>> step = reduce_to_kv_heads(
         state.column_sums, state.sums_stride, context_.n_heads, context_.n_kv_heads, n, reduction_);

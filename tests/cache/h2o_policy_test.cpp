@@ -1,6 +1,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -164,6 +165,15 @@ TEST(H2oPolicy, PerStepAfterAShortPromptAccumulatesUntilTheBudgetIsExceeded) {
   const std::optional<Selection> next = p->on_decode_step(at(3, 5, 3, {0.5, 0.5, 0, 0, 0}));
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->kept[0], (Ids{0, 1, 2, 4}));
+}
+
+TEST(H2oPolicy, PerStepRejectsHooksWithoutTheirStatistics) {
+  auto p = h2o("budget=4,window=1,mode=per_step");
+  EXPECT_THROW(p->on_prefill_end(at(5, 5, 0, {})), std::logic_error);
+  EXPECT_THROW(p->on_decode_step(at(5, 6, 1, {0, 0, 0, 0, 0, 1})), std::logic_error);  // no prompt scores yet
+  ASSERT_NO_THROW(p->on_prefill_end(at(3, 3, 0, {1, 1, 1})));
+  EXPECT_THROW(p->on_decode_step(at(3, 4, 1, {})), std::logic_error);
+  EXPECT_THROW(p->on_decode_step(at(3, 5, 1, {0, 0, 0, 0, 1})), std::logic_error);  // two entries arrived at once
 }
 
 TEST(H2oPolicy, ParameterErrorsNameTheParameter) {
