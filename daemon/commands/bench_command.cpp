@@ -2,7 +2,10 @@
 // Each batch size runs B requests of P random prompt tokens that each generate G tokens (greedy, EOS ignored):
 //   prefill tokens/s = B*P / (time until every request has its first token)
 //   decode tokens/s  = B*(G-1) / (time from the last first token to the end)
+// With --policy SPEC every request uses that KV compression policy; with the pool fixed (kv_cache.memory_mib),
+// max_concurrent (the most sequences decoding at one time) shows how compression turns into capacity.
 // Raw results go to --out as JSON with the machine, the command and the configuration.
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -13,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache/compression_policy.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
 #include "daemon/engine.h"
@@ -38,7 +42,7 @@ class TimingSink final : public GenerationSink {
   }
   bool cancelled() const override { return false; }
 
-  std::optional<Clock::time_point> first_token, done;
+  std::optional<Clock::time_point> first_token, done;  // done: the request's last event
   int n_tokens = 0;
   std::string error;
 };
@@ -62,15 +66,28 @@ std::vector<int> parse_list(const std::string& text) {
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+// The most requests between their first token and their end at one time.
+int max_concurrent(const std::vector<std::shared_ptr<TimingSink>>& sinks) {
+  std::vector<std::pair<Clock::time_point, int>> events;
+  for (const auto& s : sinks) {
+    events.emplace_back(*s->first_token, +1);
+    events.emplace_back(*s->done, -1);
+  }
+  std::sort(events.begin(), events.end());  // at equal times an end (-1) sorts before a start (+1)
+  int now = 0, most = 0;
+  for (const auto& [t, d] : events) most = std::max(most, now += d);
+  return most;
+}
+
 }  // namespace
 
 int bench_command(int argc, char** argv) {
   try {
-    CommandLine cl(argc, argv, {"config", "model", "batch", "prompt-tokens", "gen-tokens", "out", "set"}, {"help"},
-                   {"set"});
+    CommandLine cl(argc, argv, {"config", "model", "batch", "prompt-tokens", "gen-tokens", "out", "set", "policy"},
+                   {"help"}, {"set"});
     if (cl.has("help")) {
       std::cout << "usage: strata bench --config FILE [--model PATH|preset:NAME] [--batch 1,8] [--prompt-tokens 128]\n"
-                   "                   [--gen-tokens 32] [--out FILE.json] [--set section.key=value]...\n";
+                   "                   [--gen-tokens 32] [--policy SPEC] [--out FILE.json] [--set section.key=value]...\n";
       return 0;
     }
     ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
@@ -79,6 +96,8 @@ int bench_command(int argc, char** argv) {
     const int n_prompt = cl.get_int("prompt-tokens", 128);
     const int n_gen = cl.get_int("gen-tokens", 32);
     const std::vector<int> batches = parse_list(cl.get("batch", "1,8"));
+    const std::string policy = cl.get("policy", "");
+    if (!policy.empty()) validate_policy(parse_policy_spec(policy));
     if (n_prompt < 1 || n_gen < 2) throw std::invalid_argument("--prompt-tokens must be >= 1 and --gen-tokens >= 2");
 
     std::unique_ptr<Runtime> rt = make_runtime(config);
@@ -103,6 +122,9 @@ int bench_command(int argc, char** argv) {
         {"prompt_tokens", n_prompt},
         {"gen_tokens", n_gen},
         {"max_batch_tokens", config.engine.max_batch_tokens},
+        {"kv_pool", {{"memory_mib", config.kv_cache.memory_mib}, {"blocks", rt->pool->n_total()},
+                     {"block_size", config.kv_cache.block_size}}},
+        {"policy", policy.empty() ? config.kv_cache.policy : policy},
         {"results", nlohmann::json::array()}};
 
     std::mt19937 rng(7);
@@ -121,6 +143,7 @@ int bench_command(int argc, char** argv) {
         r.sampling.temperature = 0.0f;
         r.sampling.max_tokens = n_gen;
         r.sampling.ignore_eos = true;
+        r.kv_policy = policy;
         sinks.push_back(std::make_shared<TimingSink>());
         r.sink = sinks.back();
         engine.submit(std::move(r));
@@ -140,7 +163,10 @@ int bench_command(int argc, char** argv) {
                                   {"prefill_tokens_per_second", batch * n_prompt / prefill_s},
                                   {"decode_seconds", decode_s},
                                   {"decode_tokens_per_second", (generated - batch) / decode_s},
-                                  {"generated_tokens", generated}};
+                                  {"generated_tokens", generated},
+                                  {"total_seconds", seconds(start, end)},
+                                  {"generated_tokens_per_second_overall", generated / seconds(start, end)},
+                                  {"max_concurrent", max_concurrent(sinks)}};
       std::cout << row.dump() << std::endl;
       report["results"].push_back(row);
     }

@@ -164,7 +164,8 @@ TEST(MetricsTest, WritesExpositionForTheParser) {
         "strata_kv_usage_ratio", "strata_requests_running", "strata_requests_waiting", "strata_prompt_tokens_total",
         "strata_generation_tokens_total", "strata_requests_total", "strata_preemptions_total",
         "strata_request_errors_total", "strata_time_to_first_token_seconds", "strata_inter_token_latency_seconds",
-        "strata_e2e_request_latency_seconds", "strata_request_prompt_tokens", "strata_request_generation_tokens"}) {
+        "strata_e2e_request_latency_seconds", "strata_request_prompt_tokens", "strata_request_generation_tokens",
+        "strata_kv_compression_ratio", "strata_kv_layer_evicted_tokens_total", "strata_kv_layer_lazy_decisions_total"}) {
     EXPECT_NE(text.find(std::string("# TYPE ") + name + " "), std::string::npos) << name;
   }
   if (const char* path = std::getenv("STRATA_METRICS_EXPOSITION")) {
@@ -172,6 +173,31 @@ TEST(MetricsTest, WritesExpositionForTheParser) {
     out << text;
     ASSERT_TRUE(out.good()) << "cannot write " << path;
   }
+}
+
+TEST(MetricsTest, CompressionRatioEvictionsAndLazyDecisions) {
+  ServerMetrics metrics(4096);
+  EXPECT_NE(metrics.render().find("strata_kv_compression_ratio 1"), std::string::npos) << "1 while empty";
+  metrics.set_layer_kv(0, 0, 0, 100, 1000, 4000);
+  metrics.set_layer_kv(1, 0, 0, 100, 1000, 2000);
+  std::string text = metrics.render();
+  EXPECT_NE(text.find("strata_kv_compression_ratio 3"), std::string::npos) << text;  // 6000 / 2000
+  metrics.set_layer_kv(1, 0, 0, 100, 2000, 2000);  // a layer's new value replaces its old one
+  text = metrics.render();
+  EXPECT_NE(text.find("strata_kv_compression_ratio 2"), std::string::npos);  // 6000 / 3000
+
+  metrics.add_layer_compression(1, 0, 0, 37, 1, 0);
+  metrics.add_layer_compression(1, 0, 0, 5, 0, 2);
+  text = metrics.render();
+  EXPECT_NE(text.find(R"(strata_kv_layer_evicted_tokens_total{layer="1",pp_stage="0",tp_rank="0"} 42)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(strata_kv_layer_lazy_decisions_total{layer="1",lazy="true",pp_stage="0",tp_rank="0"} 1)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(strata_kv_layer_lazy_decisions_total{layer="1",lazy="false",pp_stage="0",tp_rank="0"} 2)"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace
