@@ -1,0 +1,293 @@
+// The kept entries of SnapKV, PyramidKV and StreamingLLM against an independent implementation: the spec's
+// arithmetic (../shared/specs/pyramidkv.md, sections 2, 3.1, 3.3, 3.4, 5, 8, with Strata's choices from
+// docs/compression.md) applied by tools/make_reference_selections.py to the attention probabilities of Hugging Face
+// transformers on the same GGUF. It wrote tests/fixtures/selections/<prompt>.json (format: that folder's README.md).
+//
+// Here our own forward pass computes the column sums the way the step executor asks for them (rows from n - w in
+// every layer, stride n; one chunked prefill serves both windows, 8 and 32), and each layer's policy, built
+// with make_*_policy from the fixture's spec, selects at on_prefill_end. Every (policy, layer, KV head) must keep
+// exactly the reference's entries, except at a near-tie: the reference's scores of the last kept and the first
+// dropped candidate differ by at most kNearTie (relative), and every entry on which the two sides differ has a
+// reference score that close to the cut. Near-ties are counted and printed; more than kMaxNearTieShare of them
+// would hide a systematic difference (a tie rule, say) and fail too.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cache/block_pool.h"
+#include "cache/compression_policy.h"
+#include "cache/kv_cache.h"
+#include "cache/policies/policies.h"
+#include "cache/policies/selection.h"
+#include "cache/policy_spec.h"
+#include "kernels/backend.h"
+#include "model/gguf_file.h"
+#include "model/llama_model.h"
+#include "model/model_loader.h"
+#include "tests/test_paths.h"
+
+namespace strata {
+namespace {
+
+// Relative to the score at the cut. Our fp32 forward pass and transformers' differ in summation order; their
+// pooled scores near the cuts differ by up to about 1.4e-5 relative (the test prints the largest difference it
+// sees), so a cut closer than 1e-4 may legitimately fall either way.
+constexpr double kNearTie = 1e-4;
+constexpr double kMaxNearTieShare = 0.05;
+
+// "0-3,17,25-26" -> {0, 1, 2, 3, 17, 25, 26}
+std::vector<int32_t> parse_ranges(const std::string& text) {
+  std::vector<int32_t> out;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    const size_t dash = part.find('-');
+    const int lo = std::stoi(part.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int i = lo; i <= hi; ++i) out.push_back(i);
+  }
+  return out;
+}
+
+std::string join(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) s += (s.empty() ? "" : " ") + std::to_string(x);
+  return s;
+}
+
+struct Counts {
+  int compared = 0, exact = 0, near_ties = 0;
+  double worst_score_diff = 0.0;  // largest relative |ours - reference| pooled score over the cut bands
+};
+
+class SelectionReferenceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    gguf_ = GgufFile::open(test::smollm2_gguf_path());
+    weights_ = std::make_unique<ModelWeights>(load_gguf_weights(gguf_, ShardSpec{}));
+    backend_ = make_cpu_backend();
+    model_ = std::make_unique<LlamaModel>(*backend_, *weights_);
+    pool_ = std::make_unique<BlockPool>(*backend_, model_->kv_layout(16), 30 * 70);
+  }
+  static void TearDownTestSuite() {
+    pool_.reset();
+    model_.reset();
+    backend_.reset();
+    weights_.reset();
+    gguf_.reset();
+  }
+
+  // The column sums of the query rows at positions >= n - w in every layer, for each window w, as the step
+  // executor sets them up for an observation-window policy (start_prefill): stride n, one [n_heads][n] buffer per
+  // layer. One forward pass serves all windows: the prompt is prefilled in chunks that end at n - w for every w,
+  // chunk [n - w_i, n - w_{i+1}) adding its rows to a buffer of its own, and the sums for w are those of all
+  // chunks from n - w on (float addition, as the kernel accumulates across the chunks of a chunked prefill).
+  static std::map<int, AttentionStats> window_stats(const std::vector<int32_t>& ids, std::vector<int> windows) {
+    const ModelConfig& c = model_->config();
+    const int n = int(ids.size());
+    std::sort(windows.begin(), windows.end(), std::greater<>());
+    std::vector<AttentionStats> parts(windows.size());
+    KvCache cache(*pool_, 0, c.n_layers);
+    std::vector<float> logits;
+    int start = 0;
+    for (size_t i = 0; i <= windows.size(); ++i) {
+      const int end = i < windows.size() ? n - windows[i] : n;
+      AttentionStats* stats = nullptr;
+      if (i > 0) {
+        stats = &parts[i - 1];
+        stats->stride = n;
+        stats->rows_from.assign(size_t(c.n_layers), n - windows[i - 1]);
+        stats->sums.assign(size_t(c.n_layers), std::vector<float>(size_t(c.n_heads) * size_t(n), 0.0f));
+      }
+      if (end > start) {
+        const BatchSequence seq{1, std::span<const int32_t>(ids).subspan(size_t(start), size_t(end - start)),
+                                start, LogitsMode::none, stats};
+        model_->forward({&seq, 1}, cache, logits);
+      }
+      start = end;
+    }
+    std::map<int, AttentionStats> out;
+    for (size_t i = 0; i < windows.size(); ++i) {
+      AttentionStats total = parts[i];
+      for (size_t j = i + 1; j < parts.size(); ++j) {
+        for (size_t l = 0; l < total.sums.size(); ++l) {
+          for (size_t e = 0; e < total.sums[l].size(); ++e) total.sums[l][e] += parts[j].sums[l][e];
+        }
+      }
+      out.emplace(windows[i], std::move(total));
+    }
+    return out;
+  }
+
+  static std::shared_ptr<GgufFile> gguf_;
+  static std::unique_ptr<ModelWeights> weights_;
+  static std::unique_ptr<Backend> backend_;
+  static std::unique_ptr<LlamaModel> model_;
+  static std::unique_ptr<BlockPool> pool_;
+};
+
+std::shared_ptr<GgufFile> SelectionReferenceTest::gguf_;
+std::unique_ptr<ModelWeights> SelectionReferenceTest::weights_;
+std::unique_ptr<Backend> SelectionReferenceTest::backend_;
+std::unique_ptr<LlamaModel> SelectionReferenceTest::model_;
+std::unique_ptr<BlockPool> SelectionReferenceTest::pool_;
+
+std::unique_ptr<CompressionPolicy> make(const PolicySpec& spec, const PolicyContext& context) {
+  if (spec.name == "snapkv") return make_snapkv_policy(spec, context);
+  if (spec.name == "pyramidkv") return make_pyramidkv_policy(spec, context);
+  if (spec.name == "streaming") return make_streaming_policy(spec, context);
+  throw std::runtime_error("no reference for policy " + spec.name);
+}
+
+// Our pooled scores of one KV head, recomputed from the same column sums with the same primitives the policy uses,
+// only to measure how far they lie from the reference's at the cut.
+std::vector<float> our_scores(const AttentionStats& stats, int layer, int kv_head, int n, int window,
+                              const PolicySpec& spec, int n_heads, int n_kv_heads) {
+  const std::vector<std::vector<float>> reduced = reduce_to_kv_heads(
+      stats.sums[size_t(layer)].data(), stats.stride, n_heads, n_kv_heads, n - window, HeadReduction::mean);
+  const int kernel = std::stoi(spec.params.at("kernel"));
+  const Pooling pooling = spec.params.at("pool") == "max" ? Pooling::max : Pooling::avg;
+  return pool1d(reduced[size_t(kv_head)], kernel, pooling);
+}
+
+// Compares one (policy, layer, KV head); returns false for a disagreement that no near-tie explains.
+bool compare_head(const std::vector<int32_t>& ours, const nlohmann::json& ref, const std::vector<float>& scores,
+                  const std::string& where, Counts& counts) {
+  ++counts.compared;
+  const std::vector<int32_t> expected = parse_ranges(ref.at("kept").get<std::string>());
+  std::map<int32_t, double> band;
+  for (const nlohmann::json& e : ref.value("band", nlohmann::json::array())) {
+    band[e.at(0).get<int32_t>()] = e.at(1).get<double>();
+  }
+  const double last_kept = ref.value("last_kept", 0.0), first_dropped = ref.value("first_dropped", 0.0);
+  const double scale = std::max(std::fabs(last_kept), 1e-30);
+  for (const auto& [index, score] : band) {
+    counts.worst_score_diff = std::max(counts.worst_score_diff, std::fabs(scores[size_t(index)] - score) / scale);
+  }
+  if (ours == expected) {
+    ++counts.exact;
+    return true;
+  }
+  std::vector<int32_t> only_ours, only_ref;
+  std::set_difference(ours.begin(), ours.end(), expected.begin(), expected.end(), std::back_inserter(only_ours));
+  std::set_difference(expected.begin(), expected.end(), ours.begin(), ours.end(), std::back_inserter(only_ref));
+  const double margin = ref.value("margin_rel", 1.0);
+  bool explained = ours.size() == expected.size() && margin <= kNearTie;
+  std::ostringstream detail;
+  detail << where << ": ours only {" << join(only_ours) << "}, reference only {" << join(only_ref)
+         << "}, reference cut " << last_kept << " | " << first_dropped << " (relative margin " << margin << ")";
+  for (const std::vector<int32_t>* side : {&only_ours, &only_ref}) {
+    for (int32_t index : *side) {
+      const auto it = band.find(index);
+      if (it == band.end()) {
+        explained = false;
+        detail << "; " << index << " is far from the cut";
+        continue;
+      }
+      const double d = std::min(std::fabs(it->second - last_kept), std::fabs(it->second - first_dropped)) / scale;
+      detail << "; " << index << ": reference " << it->second << ", ours " << scores[size_t(index)];
+      if (d > kNearTie) explained = false;
+    }
+  }
+  if (explained) {
+    ++counts.near_ties;
+    std::cout << "[ near-tie  ] " << detail.str() << std::endl;
+    return true;
+  }
+  ADD_FAILURE() << detail.str();
+  return false;
+}
+
+TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersAttention) {
+  const std::string path = test::source_path("tests/fixtures/selections/" + GetParam() + ".json");
+  std::ifstream file(path);
+  ASSERT_TRUE(file) << "missing fixture " << path;
+  const nlohmann::json fixture = nlohmann::json::parse(file);
+  const std::vector<int32_t> ids = fixture.at("prompt_ids").get<std::vector<int32_t>>();
+  const int n = int(ids.size());
+  const ModelConfig& c = model_->config();
+  ASSERT_EQ(fixture.at("n").get<int>(), n);
+  ASSERT_EQ(fixture.at("n_layers").get<int>(), c.n_layers);
+  ASSERT_EQ(fixture.at("n_heads").get<int>(), c.n_heads);
+  ASSERT_EQ(fixture.at("n_kv_heads").get<int>(), c.n_kv_heads);
+
+  std::vector<int> windows;
+  for (const nlohmann::json& entry : fixture.at("policies")) {
+    if (entry.contains("window") &&
+        std::find(windows.begin(), windows.end(), entry.at("window").get<int>()) == windows.end()) {
+      windows.push_back(entry.at("window").get<int>());
+    }
+  }
+  const std::map<int, AttentionStats> stats = window_stats(ids, windows);  // by window
+  Counts counts;
+  int disagreements = 0, n_scored = 0;
+  for (const nlohmann::json& entry : fixture.at("policies")) {
+    const std::string text = entry.at("spec").get<std::string>();
+    const PolicySpec spec = parse_policy_spec(text);
+    const bool scored = entry.contains("window");
+    const int window = scored ? entry.at("window").get<int>() : 0;
+    n_scored += scored ? 1 : 0;
+    for (int layer = 0; layer < c.n_layers; ++layer) {
+      const std::string where = GetParam() + " " + text + " layer " + std::to_string(layer);
+      std::unique_ptr<CompressionPolicy> policy =
+          make(spec, PolicyContext{layer, c.n_layers, c.n_heads, c.n_kv_heads, "SmolLM2"});
+      LayerState state;
+      state.prompt_len = n;
+      const int rows_from = policy->needs(state).prefill_rows_from;
+      ASSERT_EQ(rows_from, scored ? n - window : -1) << where;
+      state.n_entries = n;
+      if (scored) {
+        state.column_sums = stats.at(window).sums[size_t(layer)].data();
+        state.sums_stride = stats.at(window).stride;
+      }
+      const std::optional<Selection> selection = policy->on_prefill_end(state);
+      ASSERT_TRUE(selection.has_value()) << where << ": kept the whole prompt";
+      if (!scored) {
+        ASSERT_EQ(selection->kept.size(), 1u) << where;
+        const nlohmann::json ref = {{"kept", entry.at("kept")}};
+        if (!compare_head(selection->kept[0], ref, {}, where, counts)) ++disagreements;
+        continue;
+      }
+      const int keep = entry.at("keep_per_layer").at(size_t(layer)).get<int>();
+      ASSERT_EQ(selection->kept.size(), size_t(c.n_kv_heads)) << where;
+      for (int g = 0; g < c.n_kv_heads; ++g) {
+        const std::string head = where + " KV head " + std::to_string(g);
+        EXPECT_EQ(selection->kept[size_t(g)].size(), size_t(keep + window)) << head << ": budget";
+        const std::vector<float> scores =
+            our_scores(stats.at(window), layer, g, n, window, spec, c.n_heads, c.n_kv_heads);
+        if (!compare_head(selection->kept[size_t(g)], entry.at("layers").at(size_t(layer)).at(size_t(g)), scores,
+                          head, counts)) {
+          ++disagreements;
+        }
+      }
+    }
+  }
+  std::cout << "[ selection ] " << GetParam() << " (" << n << " tokens): " << counts.compared
+            << " selections compared (" << n_scored << " SnapKV/PyramidKV configurations x " << c.n_layers
+            << " layers x " << c.n_kv_heads << " KV heads + " << fixture.at("policies").size() - n_scored
+            << " StreamingLLM x " << c.n_layers << " layers), "
+            << counts.exact << " exact, " << counts.near_ties << " near-ties (relative margin <= " << kNearTie
+            << "), " << disagreements << " disagreements; largest relative pooled-score difference at the cuts "
+            << counts.worst_score_diff << std::endl;
+  EXPECT_EQ(disagreements, 0);
+  EXPECT_LE(counts.near_ties, kMaxNearTieShare * counts.compared) << "too many near-ties: a systematic difference?";
+}
+
+INSTANTIATE_TEST_SUITE_P(SelectionReference, SelectionReferenceTest, ::testing::Values("ledger_300", "ledger_1000"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace strata

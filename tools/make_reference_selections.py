@@ -1,0 +1,240 @@
+"""Writes tests/fixtures/selections/<prompt>.json: the entries SnapKV, PyramidKV and StreamingLLM keep, computed
+independently of Strata (format: that folder's README.md).
+
+The attention probabilities come from Hugging Face transformers loading models/SmolLM2-135M-Instruct.Q4_1.gguf
+(dequantized to fp32, eager attention, output_attentions=True): one forward pass over the prompt gives, for every
+layer, P[query head][row][key] as the plain softmax(QK^T / sqrt(d)) with the causal mask. The selection is then
+the arithmetic of ../shared/specs/pyramidkv.md (sections 2, 3.1, 3.3, 3.4 and 8), in float64, with Strata's
+documented choices (docs/compression.md):
+  - per KV head: the G = 3 query heads' window sums (query head h belongs to KV head h // 3) are reduced by MEAN
+    before pooling (spec section 5);
+  - pooling as PyTorch's max_pool1d / avg_pool1d(count_include_pad=True), stride 1, padding k // 2 (spec 2.5);
+  - ties: higher score first, then lower index; kept indices ascending, the window appended (spec 1.5-1.6);
+  - PyramidKV's official integer schedule (spec 3.4), L = 30 layers, beta = 20.
+Nothing here imports or runs Strata code; the prompts are tokenized with tools/reference_tokenizer.py.
+
+Needs the reference stack (tools/requirements-reference.txt: torch, transformers, accelerate, gguf, tokenizers).
+CI never runs this; rerun it by hand when a prompt or a configuration changes and commit the output:
+
+    nice -n 10 python tools/make_reference_selections.py
+"""
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reference_tokenizer import build_reference_tokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = "tests/fixtures/texts/the_keepers_ledger.txt"
+# (name, heading the piece starts at, tokens): the first that many tokens of the text from that heading.
+PROMPTS = [
+    ("ledger_300", "CHAPTER III. THE VILLAGE", 300),
+    ("ledger_1000", "THE KEEPER'S LEDGER", 1000),
+]
+PIECE_CHARS = 8000  # more than enough text for 1,000 tokens (about 4.3 characters per token)
+BUDGETS = [64, 128]
+N_LAYERS, N_HEADS, N_KV_HEADS = 30, 9, 3
+# Candidates whose score lies within this relative distance of the cut are listed in "band", so that a test can
+# tell a near-tie at the cut from a real disagreement.
+BAND_REL = 1e-3
+BAND_MAX = 64
+
+
+def configs():
+    """(policy spec as Strata parses it, parameters for the arithmetic below). Every parameter is spelled out, so
+    that the fixture does not depend on Strata's defaults."""
+    out = []
+    for c in BUDGETS:
+        # SnapKV's official defaults (spec 3.3) and the settings of PyramidKV's runs (spec 3.3, section 4).
+        out.append((f"snapkv:budget={c},window=32,kernel=5,pool=avg,agg=mean",
+                    dict(method="snapkv", budget=c, window=32, kernel=5, pool="avg")))
+        out.append((f"snapkv:budget={c},window=8,kernel=7,pool=max,agg=mean",
+                    dict(method="snapkv", budget=c, window=8, kernel=7, pool="max")))
+        out.append((f"pyramidkv:budget={c},window=8,kernel=7,pool=max,beta=20,schedule=official,agg=mean",
+                    dict(method="pyramidkv", budget=c, window=8, kernel=7, pool="max", beta=20)))
+        out.append((f"streaming:budget={c},sinks=4,mode=one_shot", dict(method="streaming", budget=c, sinks=4)))
+    return out
+
+
+def prompt_ids(tokenizer, text, heading, n_tokens):
+    """The first n_tokens token ids of the text from `heading` (the ids are what the fixture stores)."""
+    start = text.index(heading)
+    ids = tokenizer.encode(text[start:start + PIECE_CHARS], add_special_tokens=False).ids
+    if len(ids) < n_tokens + 1:
+        raise ValueError(f"fewer than {n_tokens} tokens after {heading!r}")
+    return ids[:n_tokens]
+
+
+def pyramid_budget_official(layer, n_layers, n, capacity, window, beta):
+    """Spec 3.4, the code formula: the non-window budget k_l, or None when nothing is compressed (n < C)."""
+    if n < capacity:
+        return None
+    a = capacity - window
+    if n < 2 * a or n_layers == 1:
+        return a
+    lo = a // beta
+    hi = 2 * a - lo
+    if hi >= n - window:
+        hi = n - window
+        lo = 2 * a - hi
+    step = (hi - lo) // (n_layers - 1)
+    return hi - layer * step
+
+
+def pool(scores, kernel, kind):
+    """Spec 2.5: 1-D pooling along the keys, stride 1, padding k // 2 (PyTorch's, as the official code)."""
+    x = torch.from_numpy(scores).view(1, 1, -1)
+    if kind == "max":
+        y = F.max_pool1d(x, kernel_size=kernel, stride=1, padding=kernel // 2)
+    else:
+        y = F.avg_pool1d(x, kernel_size=kernel, stride=1, padding=kernel // 2, count_include_pad=True)
+    return y.view(-1).numpy()
+
+
+def ranges(indices):
+    """[0, 1, 2, 3, 17, 25, 26] -> "0-3,17,25-26" (ascending input)."""
+    parts, i = [], 0
+    while i < len(indices):
+        j = i
+        while j + 1 < len(indices) and indices[j + 1] == indices[j] + 1:
+            j += 1
+        parts.append(str(indices[i]) if i == j else f"{indices[i]}-{indices[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def g9(x):
+    return float(f"{x:.9g}")
+
+
+def select(scores, keep, n, window):
+    """Spec 2.6 with Strata's tie rule: the top-`keep` of scores (over [0, n - w)), higher score first, then lower
+    index; returns the kept indices ascending with the window appended, and the cut's numbers."""
+    m = len(scores)
+    order = np.lexsort((np.arange(m), -scores))  # last key is primary: descending score, then ascending index
+    kept = sorted(int(i) for i in order[:keep]) + list(range(n - window, n))
+    last_kept = float(scores[order[keep - 1]]) if keep > 0 else None
+    first_dropped = float(scores[order[keep]]) if keep < m else None
+    record = {"kept": ranges(kept), "last_kept": None if last_kept is None else g9(last_kept),
+              "first_dropped": None if first_dropped is None else g9(first_dropped)}
+    if last_kept is not None and first_dropped is not None:
+        scale = abs(last_kept)
+        record["margin_rel"] = g9((last_kept - first_dropped) / scale) if scale > 0 else 0.0
+        near = [int(i) for i in order
+                if abs(scores[i] - last_kept) <= BAND_REL * scale or abs(scores[i] - first_dropped) <= BAND_REL * scale]
+        near.sort(key=lambda i: min(abs(scores[i] - last_kept), abs(scores[i] - first_dropped)))
+        record["band"] = sorted([i, g9(float(scores[i]))] for i in near[:BAND_MAX])
+    return record
+
+
+def window_sums(attentions, n, window):
+    """Per layer, [KV head][n - w] in float64: sum over the w window query rows of P[row][key] for the non-window
+    keys (spec 2.4: the softmax ran over all n keys, window columns dropped, not renormalised), then the MEAN over
+    the query heads of each KV head (spec 5; query head h belongs to KV head h // G)."""
+    group = N_HEADS // N_KV_HEADS
+    out = []
+    for probs in attentions:  # [1, heads, n, n]
+        s = probs[0, :, n - window:, :n - window].to(torch.float64).sum(dim=1)  # [heads, n - w]
+        out.append(s.view(N_KV_HEADS, group, n - window).mean(dim=1).numpy())
+    return out
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    parser.add_argument("--out", default=str(ROOT / "tests/fixtures/selections"))
+    args = parser.parse_args()
+
+    model_path = Path(args.model)
+    if not model_path.exists():
+        sys.exit(f"{model_path} is missing: run tools/setup.sh to fetch it")
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    tokenizer = build_reference_tokenizer(str(model_path))
+    text = (ROOT / TEXT).read_text(encoding="utf-8")
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name,
+                                                 dtype=torch.float32, attn_implementation="eager").eval()
+    cfg = model.config
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (N_LAYERS, N_HEADS,
+                                                                                         N_KV_HEADS), cfg
+    versions = {p: version(p) for p in ("torch", "transformers", "gguf", "tokenizers", "numpy")}
+    versions["python"] = sys.version.split()[0]
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    model_info = {"file": model_path.name, "sha256": sha256(model_path)}
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, heading, n_tokens in PROMPTS:
+        ids = prompt_ids(tokenizer, text, heading, n_tokens)
+        n = len(ids)
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), output_attentions=True)
+        attentions = [a.detach() for a in out.attentions]
+        assert len(attentions) == N_LAYERS and tuple(attentions[0].shape) == (1, N_HEADS, n, n)
+        sums = {}
+        policies = []
+        for spec, p in configs():
+            entry = {"spec": spec, "method": p["method"], "budget": p["budget"]}
+            if p["method"] == "streaming":
+                recent = p["budget"] - p["sinks"]
+                entry["kept"] = ranges(list(range(p["sinks"])) + list(range(n - recent, n)))
+                policies.append(entry)
+                continue
+            w = p["window"]
+            if w not in sums:
+                sums[w] = window_sums(attentions, n, w)
+            entry["window"] = w
+            layers, keeps = [], []
+            for layer in range(N_LAYERS):
+                if p["method"] == "pyramidkv":
+                    keep = pyramid_budget_official(layer, N_LAYERS, n, p["budget"], w, p["beta"])
+                else:
+                    keep = p["budget"] - w if n >= p["budget"] else None
+                assert keep is not None and 0 <= keep < n - w, (spec, layer, keep)
+                keeps.append(keep)
+                layers.append([select(pool(sums[w][layer][g], p["kernel"], p["pool"]), keep, n, w)
+                               for g in range(N_KV_HEADS)])
+            entry["keep_per_layer"] = keeps
+            entry["layers"] = layers
+            policies.append(entry)
+        record = {"name": name, "source": f"{TEXT}: the first {n} tokens from {heading!r}", "n": n, "prompt_ids": ids,
+                  "n_layers": N_LAYERS, "n_heads": N_HEADS, "n_kv_heads": N_KV_HEADS, "band_rel": BAND_REL,
+                  "model": model_info, "versions": versions, "command": command, "policies": policies}
+        # One top-level key per line; each policy on its own line.
+        lines = []
+        for key, value in record.items():
+            if key == "policies":
+                body = ",\n".join("  " + json.dumps(v, separators=(",", ":")) for v in value)
+                lines.append(f' "policies": [\n{body}\n ]')
+            else:
+                lines.append(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}")
+        path = out_dir / f"{name}.json"
+        path.write_text("{\n" + ",\n".join(lines) + "\n}\n", encoding="utf-8")
+        margins = [h["margin_rel"] for pol in policies for layer in pol.get("layers", []) for h in layer]
+        print(f"{name}: {n} tokens, {path.stat().st_size} bytes, {len(margins)} (policy, layer, KV head) cuts: "
+              f"{sum(m == 0 for m in margins)} inside an exact tie (decided by the index rule), "
+              f"{sum(0 < m < 1e-4 for m in margins)} with a relative margin in (0, 1e-4), "
+              f"smallest non-zero margin {min(m for m in margins if m > 0):.3g}")
+
+
+if __name__ == "__main__":
+    main()
