@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "cache/policies/policies.h"
+#include "tests/cache/policy_test_states.h"
 #include "cache/policies/selection.h"
 
 namespace strata {
@@ -24,21 +25,8 @@ std::unique_ptr<CompressionPolicy> pyramidkv(const std::string& params, int laye
   return make_pyramidkv_policy(parse_policy_spec("pyramidkv" + (params.empty() ? "" : ":" + params)), context);
 }
 
-// sums: [n_heads][n], row-major; an empty vector gives no statistics.
-LayerState prompt_end(int n, const std::vector<float>& sums) {
-  LayerState s;
-  s.prompt_len = n;
-  s.n_entries = n;
-  s.column_sums = sums.empty() ? nullptr : sums.data();
-  s.sums_stride = n;
-  return s;
-}
-
-LayerState start(int prompt_len) {
-  LayerState s;
-  s.prompt_len = prompt_len;
-  return s;
-}
+using test::prompt_end;
+using test::start;
 
 // Entries a layer holds after the prompt: its selection's length, or the whole prompt.
 int held(CompressionPolicy& policy, const LayerState& state) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "cache/policies/policies.h"
+#include "tests/cache/policy_test_states.h"
 
 namespace strata {
 namespace {
@@ -20,21 +21,8 @@ std::unique_ptr<CompressionPolicy> snapkv(const std::string& params, int n_heads
   return make_snapkv_policy(parse_policy_spec("snapkv" + (params.empty() ? "" : ":" + params)), context);
 }
 
-// sums: [n_heads][n], row-major; an empty vector gives no statistics.
-LayerState prompt_end(int n, const std::vector<float>& sums) {
-  LayerState s;
-  s.prompt_len = n;
-  s.n_entries = n;
-  s.column_sums = sums.empty() ? nullptr : sums.data();
-  s.sums_stride = n;
-  return s;
-}
-
-LayerState start(int prompt_len) {
-  LayerState s;
-  s.prompt_len = prompt_len;
-  return s;
-}
+using test::prompt_end;
+using test::start;
 
 // One head: the given scores on the first keys, then `window` window columns of 100 (never selected: window
 // columns are dropped from the scores).

@@ -1,0 +1,44 @@
+#include "cache/policies/observation_window_policy.h"
+
+#include <stdexcept>
+
+namespace strata {
+
+WindowParams read_window_params(ParamReader& reader, const std::string& policy, int default_window,
+                                int default_kernel, const std::string& default_pool) {
+  WindowParams p;
+  p.budget = reader.get_budget("budget", Budget{128});
+  p.window = reader.get_int("window", default_window, 1, 1 << 20);
+  p.scoring.kernel = reader.get_int("kernel", default_kernel, 1, 1023);
+  p.scoring.pooling =
+      reader.get_choice("pool", default_pool, {"max", "avg"}) == "max" ? Pooling::max : Pooling::avg;
+  p.scoring.reduction =
+      reader.get_choice("agg", "mean", {"mean", "max"}) == "max" ? HeadReduction::max : HeadReduction::mean;
+  if (p.scoring.kernel % 2 == 0) {
+    throw PolicyError("kernel", policy + ": kernel: must be odd, got " + std::to_string(p.scoring.kernel));
+  }
+  if (p.budget.fraction == 0.0 && p.budget.tokens <= p.window) {
+    throw PolicyError("budget", policy + ": budget: must exceed the window (" + std::to_string(p.window) +
+                                    "), got " + std::to_string(p.budget.tokens));
+  }
+  return p;
+}
+
+ObservationWindowPolicy::ObservationWindowPolicy(std::string name, int window, WindowScoring scoring, KeepRule keep,
+                                                 const PolicyContext& context)
+    : name_(std::move(name)), window_(window), scoring_(scoring), keep_(std::move(keep)), context_(context) {}
+
+PolicyNeeds ObservationWindowPolicy::needs(const LayerState& state) const {
+  PolicyNeeds needs;
+  if (state.n_generated == 0 && keep_(state.prompt_len)) needs.prefill_rows_from = state.prompt_len - window_;
+  return needs;
+}
+
+std::optional<Selection> ObservationWindowPolicy::on_prefill_end(const LayerState& state) {
+  const std::optional<int> k = keep_(state.prompt_len);
+  if (!k) return std::nullopt;
+  if (!state.column_sums) throw std::logic_error(name_ + ": on_prefill_end without the column sums it asked for");
+  return select_top_plus_window(state, context_.n_heads, context_.n_kv_heads, window_, *k, scoring_);
+}
+
+}  // namespace strata
