@@ -11,7 +11,6 @@ CI never runs this; rerun it by hand when a prompt changes and commit the output
     nice -n 10 python tools/make_reference_logits.py
 """
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -27,6 +26,7 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_tokenizer import build_reference_tokenizer  # noqa: E402
+from file_digest import sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPK = 16
@@ -88,14 +88,6 @@ def write_topk(path, logits):
         for t in range(logits.shape[0]):
             f.write(struct.pack(f"<{TOPK}i", *top.indices[t].tolist()))
             f.write(struct.pack(f"<{TOPK}f", *top.values[t].tolist()))
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def main():

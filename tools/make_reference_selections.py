@@ -19,7 +19,6 @@ CI never runs this; rerun it by hand when a prompt or a configuration changes an
     nice -n 10 python tools/make_reference_selections.py
 """
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -34,6 +33,7 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_tokenizer import build_reference_tokenizer  # noqa: E402
+from file_digest import sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "tests/fixtures/texts/the_keepers_ledger.txt"
@@ -148,14 +148,6 @@ def window_sums(attentions, n, window):
         s = probs[0, :, n - window:, :n - window].to(torch.float64).sum(dim=1)  # [heads, n - w]
         out.append(s.view(N_KV_HEADS, group, n - window).mean(dim=1).numpy())
     return out
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def main():

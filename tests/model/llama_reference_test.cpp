@@ -26,6 +26,7 @@
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
+#include "tests/model/smollm2_model.h"
 #include "tests/test_paths.h"
 
 namespace strata {
@@ -68,35 +69,7 @@ Reference load_reference(const std::string& name) {
   return r;
 }
 
-class LlamaReferenceTest : public ::testing::TestWithParam<std::string> {
- protected:
-  static void SetUpTestSuite() {
-    gguf_ = GgufFile::open(test::smollm2_gguf_path());
-    weights_ = std::make_unique<ModelWeights>(load_gguf_weights(gguf_, ShardSpec{}));
-    backend_ = make_cpu_backend();
-    model_ = std::make_unique<LlamaModel>(*backend_, *weights_);
-    pool_ = std::make_unique<BlockPool>(*backend_, model_->kv_layout(16), 30 * 100);
-  }
-  static void TearDownTestSuite() {
-    pool_.reset();
-    model_.reset();
-    backend_.reset();
-    weights_.reset();
-    gguf_.reset();
-  }
-
-  static std::shared_ptr<GgufFile> gguf_;
-  static std::unique_ptr<ModelWeights> weights_;
-  static std::unique_ptr<Backend> backend_;
-  static std::unique_ptr<LlamaModel> model_;
-  static std::unique_ptr<BlockPool> pool_;
-};
-
-std::shared_ptr<GgufFile> LlamaReferenceTest::gguf_;
-std::unique_ptr<ModelWeights> LlamaReferenceTest::weights_;
-std::unique_ptr<Backend> LlamaReferenceTest::backend_;
-std::unique_ptr<LlamaModel> LlamaReferenceTest::model_;
-std::unique_ptr<BlockPool> LlamaReferenceTest::pool_;
+class LlamaReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 int32_t argmax(const float* row, int64_t n) {
   int64_t best = 0;
@@ -108,8 +81,8 @@ int32_t argmax(const float* row, int64_t n) {
 
 TEST_P(LlamaReferenceTest, LogitsAtEveryPositionMatchTransformers) {
   const Reference ref = load_reference(GetParam());
-  KvCache cache(*pool_, 0, model_->config().n_layers);
-  const int64_t vocab = model_->config().vocab_size;
+  KvCache cache(*test::smollm2().pool, 0, test::smollm2().model->config().n_layers);
+  const int64_t vocab = test::smollm2().model->config().vocab_size;
   const int n = int(ref.prompt_ids.size());
 
   // Prefill in chunks of 100, so that later chunks attend to entries written by earlier steps.
@@ -118,7 +91,7 @@ TEST_P(LlamaReferenceTest, LogitsAtEveryPositionMatchTransformers) {
     const int len = std::min(100, n - start);
     const BatchSequence seq{1, std::span<const int32_t>(ref.prompt_ids).subspan(size_t(start), size_t(len)), start,
                             LogitsMode::all};
-    model_->forward({&seq, 1}, cache, chunk_logits);
+    test::smollm2().model->forward({&seq, 1}, cache, chunk_logits);
     logits.insert(logits.end(), chunk_logits.begin(), chunk_logits.end());
   }
   ASSERT_EQ(logits.size(), size_t(n) * size_t(vocab));
@@ -147,8 +120,8 @@ TEST_P(LlamaReferenceTest, LogitsAtEveryPositionMatchTransformers) {
 
 TEST_P(LlamaReferenceTest, GreedyGenerationMatchesTransformers) {
   const Reference ref = load_reference(GetParam());
-  KvCache cache(*pool_, 0, model_->config().n_layers);
-  const int64_t vocab = model_->config().vocab_size;
+  KvCache cache(*test::smollm2().pool, 0, test::smollm2().model->config().n_layers);
+  const int64_t vocab = test::smollm2().model->config().vocab_size;
   const int n = int(ref.prompt_ids.size());
 
   std::vector<float> logits;
@@ -156,7 +129,7 @@ TEST_P(LlamaReferenceTest, GreedyGenerationMatchesTransformers) {
     const int len = std::min(256, n - start);
     const BatchSequence seq{7, std::span<const int32_t>(ref.prompt_ids).subspan(size_t(start), size_t(len)), start,
                             start + len == n ? LogitsMode::last : LogitsMode::none};
-    model_->forward({&seq, 1}, cache, logits);
+    test::smollm2().model->forward({&seq, 1}, cache, logits);
   }
   std::vector<int32_t> generated;
   for (size_t i = 0; i < ref.greedy_ids.size(); ++i) {
@@ -172,7 +145,7 @@ TEST_P(LlamaReferenceTest, GreedyGenerationMatchesTransformers) {
       return;
     }
     const BatchSequence seq{7, std::span<const int32_t>(&generated.back(), 1), n + int(i), LogitsMode::last};
-    model_->forward({&seq, 1}, cache, logits);
+    test::smollm2().model->forward({&seq, 1}, cache, logits);
   }
   std::cout << "[ reference ] " << ref.name << ": all " << ref.greedy_ids.size() << " greedy tokens equal"
             << std::endl;

@@ -37,6 +37,7 @@
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
+#include "tests/model/smollm2_model.h"
 #include "tests/test_paths.h"
 
 namespace strata {
@@ -75,32 +76,17 @@ struct Counts {
 
 class SelectionReferenceTest : public ::testing::TestWithParam<std::string> {
  protected:
-  static void SetUpTestSuite() {
-    gguf_ = GgufFile::open(test::smollm2_gguf_path());
-    weights_ = std::make_unique<ModelWeights>(load_gguf_weights(gguf_, ShardSpec{}));
-    backend_ = make_cpu_backend();
-    model_ = std::make_unique<LlamaModel>(*backend_, *weights_);
-    pool_ = std::make_unique<BlockPool>(*backend_, model_->kv_layout(16), 30 * 70);
-  }
-  static void TearDownTestSuite() {
-    pool_.reset();
-    model_.reset();
-    backend_.reset();
-    weights_.reset();
-    gguf_.reset();
-  }
-
   // The column sums of the query rows at positions >= n - w in every layer, for each window w, as the step
   // executor sets them up for an observation-window policy (start_prefill): stride n, one [n_heads][n] buffer per
   // layer. One forward pass serves all windows: the prompt is prefilled in chunks that end at n - w for every w,
   // chunk [n - w_i, n - w_{i+1}) adding its rows to a buffer of its own, and the sums for w are those of all
   // chunks from n - w on (float addition, as the kernel accumulates across the chunks of a chunked prefill).
   static std::map<int, AttentionStats> window_stats(const std::vector<int32_t>& ids, std::vector<int> windows) {
-    const ModelConfig& c = model_->config();
+    const ModelConfig& c = test::smollm2().model->config();
     const int n = int(ids.size());
     std::sort(windows.begin(), windows.end(), std::greater<>());
     std::vector<AttentionStats> parts(windows.size());
-    KvCache cache(*pool_, 0, c.n_layers);
+    KvCache cache(*test::smollm2().pool, 0, c.n_layers);
     std::vector<float> logits;
     int start = 0;
     for (size_t i = 0; i <= windows.size(); ++i) {
@@ -115,7 +101,7 @@ class SelectionReferenceTest : public ::testing::TestWithParam<std::string> {
       if (end > start) {
         const BatchSequence seq{1, std::span<const int32_t>(ids).subspan(size_t(start), size_t(end - start)),
                                 start, LogitsMode::none, stats};
-        model_->forward({&seq, 1}, cache, logits);
+        test::smollm2().model->forward({&seq, 1}, cache, logits);
       }
       start = end;
     }
@@ -131,19 +117,8 @@ class SelectionReferenceTest : public ::testing::TestWithParam<std::string> {
     }
     return out;
   }
-
-  static std::shared_ptr<GgufFile> gguf_;
-  static std::unique_ptr<ModelWeights> weights_;
-  static std::unique_ptr<Backend> backend_;
-  static std::unique_ptr<LlamaModel> model_;
-  static std::unique_ptr<BlockPool> pool_;
 };
 
-std::shared_ptr<GgufFile> SelectionReferenceTest::gguf_;
-std::unique_ptr<ModelWeights> SelectionReferenceTest::weights_;
-std::unique_ptr<Backend> SelectionReferenceTest::backend_;
-std::unique_ptr<LlamaModel> SelectionReferenceTest::model_;
-std::unique_ptr<BlockPool> SelectionReferenceTest::pool_;
 
 std::unique_ptr<CompressionPolicy> make(const PolicySpec& spec, const PolicyContext& context) {
   if (spec.name == "snapkv") return make_snapkv_policy(spec, context);
@@ -218,7 +193,7 @@ TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersA
   const nlohmann::json fixture = nlohmann::json::parse(file);
   const std::vector<int32_t> ids = fixture.at("prompt_ids").get<std::vector<int32_t>>();
   const int n = int(ids.size());
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = test::smollm2().model->config();
   ASSERT_EQ(fixture.at("n").get<int>(), n);
   ASSERT_EQ(fixture.at("n_layers").get<int>(), c.n_layers);
   ASSERT_EQ(fixture.at("n_heads").get<int>(), c.n_heads);
