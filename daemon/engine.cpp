@@ -1,7 +1,6 @@
 #include "daemon/engine.h"
 
 #include <algorithm>
-#include <random>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>

@@ -83,12 +83,12 @@ void StepExecutor::start_prefill(SequenceState& state, int prefill_len) {
   state.prefill_len = prefill_len;
   state.policies.clear();
   const ModelConfig& c = model_.config();
-  const int tp = model_.config().n_kv_heads / model_.n_kv_heads_local();
+  const int n_heads = model_.n_heads_local();
   auto stats = std::make_unique<AttentionStats>();
   bool any = false;
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
     const PolicySpec& spec = state.request_policy ? *state.request_policy : compression_.for_layer(l);
-    const PolicyContext context{l, c.n_layers, c.n_heads / tp, model_.n_kv_heads_local(), model_name_};
+    const PolicyContext context{l, c.n_layers, n_heads, model_.n_kv_heads_local(), model_name_};
     state.policies.push_back(make_policy(spec, context));
     LayerState start;
     start.prompt_len = prefill_len;
@@ -102,14 +102,14 @@ void StepExecutor::start_prefill(SequenceState& state, int prefill_len) {
   }
   stats->stride = prefill_len;  // nothing is evicted before the prompt ends: entries are positions
   for (int from : stats->rows_from) {
-    stats->sums.emplace_back(from >= 0 ? size_t(c.n_heads / tp) * size_t(prefill_len) : 0, 0.0f);
+    stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * size_t(prefill_len) : 0, 0.0f);
   }
   state.prefill_stats = std::move(stats);
 }
 
 std::unique_ptr<AttentionStats> StepExecutor::decode_stats(const PlannedWork& work, SequenceState& state) {
   if (state.policies.empty()) return nullptr;
-  const int n_heads = model_.config().n_heads / (model_.config().n_kv_heads / model_.n_kv_heads_local());
+  const int n_heads = model_.n_heads_local();
   auto stats = std::make_unique<AttentionStats>();
   bool any = false;
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {

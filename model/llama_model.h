@@ -43,7 +43,8 @@ class LlamaModel {
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   const ModelConfig& config() const { return weights_.config; }
-  // KV heads this rank holds (all of them until tensor parallelism splits them).
+  // Query and KV heads this rank holds (all of them until tensor parallelism splits them).
+  int n_heads_local() const { return n_heads_local_; }
   int n_kv_heads_local() const { return n_kv_heads_local_; }
   KvBlockLayout kv_layout(int block_size) const;
 
