@@ -1,7 +1,20 @@
 #pragma once
 // One rank's pool of fixed-size KV blocks, carved out at start-up from a memory budget. A block holds block_size
 // entries of ONE layer (all of the rank's KV heads), so a block freed by one layer serves any layer or sequence.
+//
+// The pool is an array of slots, each the size of one full-precision block. In a quantized pool
+// (layout.quant int8 | int4, kernels/kv_block_layout.h) a slot either holds a full-precision block (the staging
+// blocks that new entries are written to) or serves as a slab of quantized_per_slot() quantized blocks (sealed
+// groups). One budget therefore serves both formats, and memory moves between them as groups are sealed: a long
+// prompt may fill the pool at full precision and shrink once it is quantized. Quantized blocks are taken from
+// the fullest slab that has room, so that slabs empty out and return to the pool as slots.
+//
+// Counts for admission (n_total, n_free, can_allocate) are slots for full-precision blocks. A quantized pool keeps
+// one free slot in reserve that only quantized blocks may take: sealing a group then always finds room, and
+// gives the slot of the full-precision block it quantized back right after.
+#include <algorithm>
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -11,31 +24,53 @@ namespace strata {
 
 class BlockPool {
  public:
-  BlockPool(Backend& backend, KvBlockLayout layout, int64_t n_blocks);
+  BlockPool(Backend& backend, KvBlockLayout layout, int64_t n_slots);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  // Blocks that fit in memory_bytes.
+  // Slots (full-precision blocks) that fit in memory_bytes.
   static int64_t blocks_for_memory(const KvBlockLayout& layout, int64_t memory_bytes);
 
-  int64_t n_total() const { return n_total_; }
-  int64_t n_free() const { return int64_t(free_.size()); }
+  // Full-precision blocks: what appends need.
+  int64_t n_total() const { return n_slots_ - reserve_; }
+  int64_t n_free() const { return std::max<int64_t>(0, int64_t(free_.size()) - reserve_); }
   bool can_allocate(int64_t n) const { return n <= n_free(); }
-  int32_t allocate();  // throws std::runtime_error when the pool is empty (callers check can_allocate first)
+  // Throws std::runtime_error when the pool is empty (callers check can_allocate first). use_reserve: a
+  // quantized pool's reserve may be taken too (KvCache::retain, which gives more back than it takes).
+  int32_t allocate(bool use_reserve = false);
+
+  // Quantized blocks (a quantized pool only).
+  bool quantized() const { return layout_.quant != KvQuant::none; }
+  bool can_allocate_quantized() const;
+  int32_t allocate_quantized();  // may take the reserve; throws std::runtime_error when there is no room
+  bool is_quantized(int32_t block) const { return view().is_quantized(block); }
+  int64_t quantized_block_bytes() const { return quantized() ? layout_.quantized_block_bytes() : 0; }
+  // The slot a block lives in, and how many quantized blocks its slab holds (0 for a full-precision block).
+  int32_t slot_of(int32_t block) const;
+  int slab_used(int32_t slot) const { return slab_used_[size_t(slot)]; }
+
+  // Either kind.
   void release(int32_t block);
 
   const KvBlockLayout& layout() const { return layout_; }
-  KvPoolView view() const { return KvPoolView{storage_.data, layout_}; }
+  KvPoolView view() const { return KvPoolView{storage_.data, layout_, int32_t(n_slots_)}; }
   Backend& backend() const { return backend_; }
 
  private:
+  void set_slab_free_count(int32_t slot, int before, int after);
+
   Backend& backend_;
   KvBlockLayout layout_;
-  int64_t n_total_;
+  int64_t n_slots_;
+  int64_t reserve_;  // 1 in a quantized pool
+  int per_slot_;     // quantized blocks per slab
   Tensor storage_;
-  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first (warm in cache)
-  std::vector<bool> is_free_;  // catches a block released twice, which would later be handed out twice
+  std::vector<int32_t> free_;      // free slots, a stack: the most recently freed is reused first (warm in cache)
+  std::vector<bool> is_free_;      // catches a block released twice, which would later be handed out twice
+  std::vector<uint8_t> slab_used_;  // per slot: quantized blocks in use (0 for free and full-precision slots)
+  std::vector<uint8_t> slab_bits_;  // per slot: which of them
+  std::vector<std::set<int32_t>> slabs_by_free_;  // [n] = slabs with n free quantized blocks, 1 <= n < per_slot
 };
 
 }  // namespace strata

@@ -68,6 +68,13 @@ class CompressionPolicy {
   virtual std::optional<Selection> on_decode_step(const LayerState& state) = 0;
   // SimLayerKV's verdict once taken: true for a lazy layer. nullopt for policies without one.
   virtual std::optional<bool> lazy() const { return std::nullopt; }
+  // Whether a decision still to come must read this layer's cache unquantized (kv_cache.dtype int8 | int4:
+  // decide on the unquantized cache, then quantize, as SimLayerKV + KIVI does). The executor seals the layer's
+  // full groups only once this is false. The default holds the cache until the hooks of the first decode step
+  // have run, which covers every decision taken at prefill end or at the first decode step; a policy that
+  // decides every step reads the quantized cache after that. One whose later steps need full precision (e.g.
+  // merging entries, which Backend::kv_merge does on full-precision blocks only) returns true for as long.
+  virtual bool needs_unquantized(const LayerState& state) const { return state.n_generated < 1; }
 };
 
 // The policies make_policy knows.

@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 namespace strata {
 
 KvCache::KvCache(BlockPool& pool, int layer_begin, int layer_end)
     : pool_(pool), layer_begin_(layer_begin), layer_end_(layer_end) {
   if (layer_end <= layer_begin) throw std::invalid_argument("kv cache: empty layer range");
-  usage_.resize(size_t(n_layers()));
-  uncompressed_blocks_.resize(size_t(n_layers()));
+  counts_.resize(size_t(n_layers()));
 }
 
 KvCache::~KvCache() {
@@ -19,13 +19,22 @@ KvCache::~KvCache() {
 
 static int64_t blocks_for(int64_t entries, int block_size) { return (entries + block_size - 1) / block_size; }
 
+// Entries and blocks after a layer's quantized ones.
+static int64_t full_entries(const LayerKv& kv, int block_size) {
+  return kv.n_entries - int64_t(kv.n_quantized_blocks) * block_size;
+}
+static int64_t full_blocks(const LayerKv& kv) { return int64_t(kv.block_table.size()) - kv.n_quantized_blocks; }
+
 int64_t KvCache::blocks_to_append(SeqId seq, int n_new) const {
   auto it = seqs_.find(seq);
   int64_t total = 0;
   for (int l = 0; l < n_layers(); ++l) {
-    const int64_t have = it == seqs_.end() ? 0 : int64_t(it->second[l].block_table.size());
-    const int64_t entries = (it == seqs_.end() ? 0 : it->second[l].n_entries) + n_new;
-    total += std::max<int64_t>(0, blocks_for(entries, block_size()) - have);
+    if (it == seqs_.end()) {
+      total += blocks_for(n_new, block_size());
+      continue;
+    }
+    const LayerKv& kv = it->second[size_t(l)];
+    total += std::max<int64_t>(0, blocks_for(full_entries(kv, block_size()) + n_new, block_size()) - full_blocks(kv));
   }
   return total;
 }
@@ -34,7 +43,12 @@ int64_t KvCache::blocks_held(SeqId seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return 0;
   int64_t total = 0;
-  for (const LayerKv& l : it->second) total += int64_t(l.block_table.size());
+  std::unordered_map<int32_t, int> per_slab;  // quantized blocks of seq in each slab
+  for (const LayerKv& l : it->second) {
+    total += full_blocks(l);
+    for (int i = 0; i < l.n_quantized_blocks; ++i) ++per_slab[pool_.slot_of(l.block_table[size_t(i)])];
+  }
+  for (const auto& [slot, n] : per_slab) total += n == pool_.slab_used(slot) ? 1 : 0;
   return total;
 }
 
@@ -50,17 +64,22 @@ const LayerKv& KvCache::layer(SeqId seq, int global_layer) const {
 LayerKv& KvCache::layer_mut(SeqId seq, int global_layer) { return const_cast<LayerKv&>(layer(seq, global_layer)); }
 
 LayerUsage KvCache::layer_usage(int global_layer) const {
-  const int l = global_layer - layer_begin_;
-  LayerUsage u = usage_.at(size_t(l));
-  u.bytes = u.blocks * pool_.layout().block_bytes();
-  u.uncompressed_bytes = uncompressed_blocks_.at(size_t(l)) * pool_.layout().block_bytes();
+  const LayerCounts& c = counts_.at(size_t(global_layer - layer_begin_));
+  LayerUsage u;
+  u.entries = c.entries;
+  u.blocks = c.full_blocks + c.quantized_blocks;
+  u.quantized_blocks = c.quantized_blocks;
+  u.bytes = c.full_blocks * pool_.layout().block_bytes() + c.quantized_blocks * pool_.quantized_block_bytes();
+  u.uncompressed_bytes = c.uncompressed_blocks * pool_.layout().block_bytes();
   return u;
 }
 
-void KvCache::account(int l, int64_t d_entries, int64_t d_blocks, int64_t d_uncompressed_blocks) {
-  usage_[size_t(l)].entries += d_entries;
-  usage_[size_t(l)].blocks += d_blocks;
-  uncompressed_blocks_[size_t(l)] += d_uncompressed_blocks;
+void KvCache::account(int l, const LayerCounts& d) {
+  LayerCounts& c = counts_[size_t(l)];
+  c.entries += d.entries;
+  c.full_blocks += d.full_blocks;
+  c.quantized_blocks += d.quantized_blocks;
+  c.uncompressed_blocks += d.uncompressed_blocks;
 }
 
 void KvCache::append(SeqId seq, int n_new) {
@@ -70,9 +89,9 @@ void KvCache::append(SeqId seq, int n_new) {
   if (inserted) it->second.resize(size_t(n_layers()));
   for (int l = 0; l < n_layers(); ++l) {
     LayerKv& kv = it->second[size_t(l)];
-    const int64_t need = blocks_for(kv.n_entries + n_new, block_size());
+    const int64_t need = blocks_for(full_entries(kv, block_size()) + n_new, block_size());
     int64_t added = 0;
-    while (int64_t(kv.block_table.size()) < need) {
+    while (full_blocks(kv) < need) {
       kv.block_table.push_back(pool_.allocate());
       ++added;
     }
@@ -80,7 +99,7 @@ void KvCache::append(SeqId seq, int n_new) {
         blocks_for(kv.n_appended + n_new, block_size()) - blocks_for(kv.n_appended, block_size());
     kv.n_entries += n_new;
     kv.n_appended += n_new;
-    account(l, n_new, added, uncompressed_added);
+    account(l, {n_new, added, 0, uncompressed_added});
   }
 }
 
@@ -105,21 +124,63 @@ void KvCache::retain(SeqId seq, int global_layer, std::span<const std::vector<in
       }
     }
   }
+  // The layout after compaction (kernels/kv_block_layout.h): the quantized blocks that the kept entries fill,
+  // then full-precision blocks for the rest.
+  const int kept_quantized = compacted_quantized_blocks(kv.n_quantized_blocks, int(n_kept));
+  const int64_t full_need = blocks_for(int64_t(n_kept) - int64_t(kept_quantized) * block_size(), block_size());
+  const int l = global_layer - layer_begin_;
+  if (full_need > full_blocks(kv)) {
+    // Only when quantized groups are given up and the layer has no full-precision block: never at a policy hook,
+    // which follows a step that wrote at least one entry. A compaction frees memory overall, so it may take the
+    // pool's reserve.
+    kv.block_table.push_back(pool_.allocate(/*use_reserve=*/true));
+    account(l, {0, 1, 0, 0});
+  }
   if (kept_per_head.size() == 1) {
     pool_.backend().kv_compact(kv.block_table, kept_per_head[0], pool_.view(), -1);
   } else {
     for (int h = 0; h < n_heads; ++h) pool_.backend().kv_compact(kv.block_table, kept_per_head[size_t(h)], pool_.view(), h);
   }
-  const int l = global_layer - layer_begin_;
-  const int64_t need = blocks_for(int64_t(n_kept), block_size());
-  int64_t freed = 0;
-  while (int64_t(kv.block_table.size()) > need) {
+  // Give back the quantized blocks after the kept ones, and the full-precision blocks past the need.
+  const int64_t freed_quantized = kv.n_quantized_blocks - kept_quantized;
+  for (int i = kept_quantized; i < kv.n_quantized_blocks; ++i) pool_.release(kv.block_table[size_t(i)]);
+  kv.block_table.erase(kv.block_table.begin() + kept_quantized, kv.block_table.begin() + kv.n_quantized_blocks);
+  kv.n_quantized_blocks = kept_quantized;
+  int64_t freed_full = 0;
+  while (full_blocks(kv) > full_need) {
     pool_.release(kv.block_table.back());
     kv.block_table.pop_back();
-    ++freed;
+    ++freed_full;
   }
-  account(l, int64_t(n_kept) - kv.n_entries, -freed, 0);
+  account(l, {int64_t(n_kept) - kv.n_entries, -freed_full, -freed_quantized, 0});
   kv.n_entries = int32_t(n_kept);
+}
+
+int KvCache::seal(SeqId seq, int global_layer) {
+  if (!pool_.quantized()) return 0;
+  LayerKv& kv = layer_mut(seq, global_layer);
+  const int l = global_layer - layer_begin_;
+  int sealed = 0;
+  std::vector<int32_t> src, dst;
+  for (;;) {
+    // Each full group is one whole full-precision block: the region starts at a block boundary.
+    const int64_t groups = full_entries(kv, block_size()) / block_size();
+    src.clear();
+    dst.clear();
+    for (int64_t g = 0; g < groups && pool_.can_allocate_quantized(); ++g) {
+      dst.push_back(pool_.allocate_quantized());
+      src.push_back(kv.block_table[size_t(kv.n_quantized_blocks + g)]);
+    }
+    if (dst.empty()) return sealed;
+    pool_.backend().kv_quantize(src, dst, pool_.view());
+    for (size_t i = 0; i < src.size(); ++i) {
+      kv.block_table[size_t(kv.n_quantized_blocks) + i] = dst[i];
+      pool_.release(src[i]);  // frees its slot for the next quantized blocks
+    }
+    kv.n_quantized_blocks += int32_t(src.size());
+    sealed += int(src.size());
+    account(l, {0, -int64_t(src.size()), int64_t(src.size()), 0});
+  }
 }
 
 void KvCache::release(SeqId seq) {
@@ -128,7 +189,8 @@ void KvCache::release(SeqId seq) {
   for (int l = 0; l < n_layers(); ++l) {
     LayerKv& kv = it->second[size_t(l)];
     for (int32_t b : kv.block_table) pool_.release(b);
-    account(l, -kv.n_entries, -int64_t(kv.block_table.size()), -blocks_for(kv.n_appended, block_size()));
+    account(l, {-kv.n_entries, -full_blocks(kv), -int64_t(kv.n_quantized_blocks),
+                -blocks_for(kv.n_appended, block_size())});
   }
   seqs_.erase(it);
 }

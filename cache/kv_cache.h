@@ -2,6 +2,11 @@
 // The KV cache of one rank: for every (sequence, layer) a block table and an entry count, over one BlockPool.
 // Layers hold different numbers of entries once a compression policy has run; `n_appended` keeps the count the
 // same sequence would hold uncompressed, for the accounting.
+//
+// In a quantized pool (kv_cache.dtype int8 | int4) a layer's table starts with quantized blocks, each one sealed
+// group of 32 entries, and continues with full-precision blocks: new entries are written there, and seal()
+// quantizes them once a group is full and the layer's policy no longer needs them unquantized. Entry e is in
+// block e / 32 either way, so the model and the attention op address both kinds alike.
 #include <cstdint>
 #include <map>
 #include <span>
@@ -15,6 +20,7 @@ using SeqId = int64_t;
 
 struct LayerKv {
   std::vector<int32_t> block_table;  // blocks in entry order
+  int32_t n_quantized_blocks = 0;    // the first ones of block_table: quantized, full groups
   int32_t n_entries = 0;             // entries held (after compression)
   int32_t n_appended = 0;            // entries ever appended (what `full` would hold)
 };
@@ -22,9 +28,10 @@ struct LayerKv {
 // What one layer holds over all sequences.
 struct LayerUsage {
   int64_t entries = 0;             // tokens held
-  int64_t blocks = 0;
-  int64_t bytes = 0;               // blocks * block bytes: the memory really taken from the pool
-  int64_t uncompressed_bytes = 0;  // what the same sequences would take with `full`
+  int64_t blocks = 0;              // of both kinds
+  int64_t quantized_blocks = 0;    // of which quantized
+  int64_t bytes = 0;               // the memory the blocks really take: each kind at its own size
+  int64_t uncompressed_bytes = 0;  // what the same sequences would take with `full` at full precision
 };
 
 class KvCache {
@@ -47,7 +54,8 @@ class KvCache {
   // New blocks that appending n_new entries to every layer of seq would take (seq may be unknown: new).
   int64_t blocks_to_append(SeqId seq, int n_new) const;
   bool can_append(SeqId seq, int n_new) const { return blocks_to_append(seq, n_new) <= pool_.n_free(); }
-  // Blocks seq holds over all layers (what releasing it gives back).
+  // Full-precision blocks (slots) that releasing seq gives back: its full-precision blocks and the slabs that
+  // hold only its quantized blocks.
   int64_t blocks_held(SeqId seq) const;
   const LayerKv& layer(SeqId seq, int global_layer) const;
   LayerUsage layer_usage(int global_layer) const;
@@ -61,18 +69,27 @@ class KvCache {
   // The same with one list per KV head (all of one length: a layer has one length in all its heads), or a single
   // list for every head.
   void retain(SeqId seq, int global_layer, std::span<const std::vector<int32_t>> kept_per_head);
+  // Quantizes the full groups of the layer's full-precision entries (nothing in a full-precision pool) and
+  // returns how many were sealed. When the pool has no room for a quantized block, the rest waits for a later
+  // call.
+  int seal(SeqId seq, int global_layer);
   void release(SeqId seq);
 
  private:
   LayerKv& layer_mut(SeqId seq, int global_layer);
-  void account(int local_layer, int64_t d_entries, int64_t d_blocks, int64_t d_uncompressed_blocks);
+  struct LayerCounts {
+    int64_t entries = 0;
+    int64_t full_blocks = 0;
+    int64_t quantized_blocks = 0;
+    int64_t uncompressed_blocks = 0;  // blocks the sequences would hold with `full`
+  };
+  void account(int local_layer, const LayerCounts& delta);
 
   BlockPool& pool_;
   int layer_begin_;
   int layer_end_;
   std::map<SeqId, std::vector<LayerKv>> seqs_;
-  std::vector<LayerUsage> usage_;           // per local layer
-  std::vector<int64_t> uncompressed_blocks_;  // per local layer: blocks the sequences would hold with `full`
+  std::vector<LayerCounts> counts_;  // per local layer
 };
 
 }  // namespace strata

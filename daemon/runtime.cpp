@@ -27,6 +27,25 @@ ChatTemplate choose_template(const ServerConfig::Model& m, std::string_view jinj
   return ChatTemplate::from_name(m.chat_template, system);
 }
 
+// The KV block layout of the model with kv_cache.dtype; quantized blocks hold one KIVI group of 32 entries.
+KvBlockLayout kv_pool_layout(const ServerConfig& config, const LlamaModel& model) {
+  KvBlockLayout layout = model.kv_layout(config.kv_cache.block_size);
+  const std::string& dtype = config.kv_cache.dtype;
+  if (dtype == "f32") return layout;
+  layout.quant = dtype == "int8" ? KvQuant::int8 : KvQuant::int4;
+  if (layout.block_size != kKvQuantGroup) {
+    throw ConfigError(config.file + ": kv_cache.block_size: kv_cache.dtype " + dtype + " needs " +
+                      std::to_string(kKvQuantGroup) + " (one quantization group per block), got " +
+                      std::to_string(layout.block_size));
+  }
+  if (layout.head_dim % kKvQuantGroup != 0) {
+    throw ConfigError(config.file + ": kv_cache.dtype: " + dtype + " groups values by " +
+                      std::to_string(kKvQuantGroup) + " channels; the model's head dim is " +
+                      std::to_string(layout.head_dim));
+  }
+  return layout;
+}
+
 }  // namespace
 
 std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
@@ -62,9 +81,10 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
   if (config.engine.threads > 0) omp_set_num_threads(config.engine.threads);
   rt->backend = make_cpu_backend();
   rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights);
-  const KvBlockLayout layout = rt->model->kv_layout(config.kv_cache.block_size);
+  const KvBlockLayout layout = kv_pool_layout(config, *rt->model);
   const int64_t n_blocks = BlockPool::blocks_for_memory(layout, config.kv_cache.memory_mib << 20);
-  if (n_blocks < rt->weights.config.n_layers) {
+  // A quantized pool keeps one block in reserve for sealing (cache/block_pool.h).
+  if (n_blocks < rt->weights.config.n_layers + (layout.quant == KvQuant::none ? 0 : 1)) {
     throw ConfigError(config.file + ": kv_cache.memory_mib: " + std::to_string(config.kv_cache.memory_mib) +
                       " MiB does not hold one block per layer (" + std::to_string(layout.block_bytes()) +
                       " bytes each)");
@@ -78,7 +98,8 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
   std::cerr << "strata: " << rt->model_name << ": " << rt->weights.config.n_layers << " layers, KV pool of "
             << n_blocks << " blocks x " << layout.block_size << " tokens (" << (config.kv_cache.memory_mib)
             << " MiB: room for " << (n_blocks * layout.block_size / rt->weights.config.n_layers)
-            << " tokens in all layers), backend " << rt->backend->name() << "\n";
+            << " tokens in all layers at f32), KV dtype " << config.kv_cache.dtype << ", backend "
+            << rt->backend->name() << "\n";
   return rt;
 }
 

@@ -95,6 +95,10 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.kv_cache.memory_mib = parse_int(t, w, 1, int64_t(1) << 24);
        }},
+      {"kv_cache.dtype",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.kv_cache.dtype = parse_choice(t, w, {"f32", "int8", "int4"});
+       }},
       {"kv_cache.policy",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          try {

@@ -42,6 +42,7 @@ struct ServerConfig {
   struct KvCache {
     int block_size = 16;
     int64_t memory_mib = 1024;              // the pool's budget, per rank
+    std::string dtype = "f32";              // f32 | int8 | int4 (KIVI groups of 32; needs block_size 32)
     std::string policy = "full";            // a policy spec for every layer, e.g. "pyramidkv:budget=128"
     std::string layer_overrides;            // "0-1=full;28-29=snapkv:budget=256"
     std::string request_policies = "all";   // policies a request may choose ("all", "none", or a list)

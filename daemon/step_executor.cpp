@@ -75,6 +75,7 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
       ++row;
     }
     run_hooks(w, state, step_stats[i].get());
+    seal_groups(w, state);
   }
   return result;
 }
@@ -158,6 +159,17 @@ void StepExecutor::run_hooks(const PlannedWork& work, SequenceState& state, cons
     }
   }
   if (prefill_end) state.prefill_stats.reset();
+}
+
+// kv_cache.dtype int8 | int4: after the hooks, the full groups of every layer whose policy has taken the decisions
+// that read the unquantized cache are quantized (CompressionPolicy::needs_unquantized).
+void StepExecutor::seal_groups(const PlannedWork& work, const SequenceState& state) {
+  if (!cache_.pool().quantized() || state.policies.empty()) return;
+  const int n_generated = work.prefill_len > 0 ? 0 : work.start_pos - state.prefill_len + 1;
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    const LayerState s = layer_state(state, work.seq, l, nullptr, n_generated);
+    if (!state.policies[size_t(l - cache_.layer_begin())]->needs_unquantized(s)) cache_.seal(work.seq, l);
+  }
 }
 
 void StepExecutor::apply(int64_t seq, int global_layer, int n_entries, const std::optional<Selection>& keep) {

@@ -56,6 +56,7 @@ class StepExecutor {
   void start_prefill(SequenceState& state, int prefill_len);
   std::unique_ptr<AttentionStats> decode_stats(const PlannedWork& work, SequenceState& state);
   void run_hooks(const PlannedWork& work, SequenceState& state, const AttentionStats* decode);
+  void seal_groups(const PlannedWork& work, const SequenceState& state);
   void apply(int64_t seq, int global_layer, int n_entries, const std::optional<Selection>& keep);
   LayerState layer_state(const SequenceState& state, int64_t seq, int global_layer, const AttentionStats* stats,
                          int n_generated) const;

@@ -62,18 +62,27 @@ class Backend {
   virtual void add(Tensor& x, const Tensor& y) = 0;
 
   // Writes the step's keys and values into the cache: token row q_begin + i of a sequence goes to entry
-  // n_ctx_before + i of its block table.                            k, v [T, Hkv * Dh]
+  // n_ctx_before + i of its block table, which is always a full-precision block.   k, v [T, Hkv * Dh]
   virtual void kv_write(const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,
                         const KvPoolView& pool) = 0;
   // Causal attention over the paged cache: query row q_begin + i of a sequence attends to its entries
-  // [0, n_ctx_before + i]. Serves prefill chunks and decode steps alike. q, out [T, H * Dh]
+  // [0, n_ctx_before + i]. Serves prefill chunks and decode steps alike. Quantized blocks are dequantized as they
+  // are read, so the output and the column sums cover any mix of block formats. q, out [T, H * Dh]
   virtual void paged_attention(const Tensor& q, std::span<const AttentionSequence> seqs, const KvPoolView& pool,
                                int n_heads, float scale, Tensor& out) = 0;
   // Compaction after a policy's selection: entry kept[j] of the block table moves to entry j (kept ascending,
   // so every move goes towards the front and never overwrites an entry still to be read), in KV head `head`, or
-  // in every KV head when head < 0.
+  // in every KV head when head < 0. A table that starts with quantized blocks keeps the first
+  // compacted_quantized_blocks() of them (kernels/kv_block_layout.h) and needs full-precision blocks after them
+  // for the remaining kept entries. Values keep their codes and scales wherever they stay quantized; a key group
+  // whose entries change is dequantized and quantized again (its error adds up over repeated compactions).
   virtual void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept,
                           const KvPoolView& pool, int head) = 0;
+  // Seals KV groups (kv_cache.dtype int8 | int4): the 32 entries of full-precision block src[i] are quantized into
+  // quantized block dst[i] (keys per channel, values per token; kernels/kv_block_layout.h). Every KV head.
+  virtual void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) = 0;
+  // The inverse: quantized block src[i] is written, dequantized, into full-precision block dst[i].
+  virtual void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

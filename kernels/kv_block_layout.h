@@ -1,37 +1,99 @@
 #pragma once
 // Where the keys and values of one KV block live. A block holds `block_size` consecutive cache entries of one
-// layer for all of a rank's KV heads:
+// layer for all of a rank's KV heads. Two formats share one pool:
+//
+// Full-precision blocks (every block of an f32 pool; the "staging" blocks of a quantized pool), `dtype` elements:
 //   K: [n_kv_heads][block_size][head_dim]  then  V: [n_kv_heads][block_size][head_dim]
 // Head-major inside a block so that one head's keys are contiguous for the attention dot products.
+//
+// Quantized blocks (kv_cache.dtype int8 | int4, KIVI: ../shared/specs/simlayerkv.md "4-bit quantization"), one
+// full group of kKvQuantGroup entries. Codes are unsigned, asymmetric round-to-nearest: x ≈ min + code * scale,
+// scale = (max - min) / (2^bits - 1) over the group. Keys are grouped per channel (one scale and min per (head,
+// channel) over the block's 32 entries), values per token (one per (head, entry, 32 consecutive channels)):
+//   K codes  [n_kv_heads][32][head_dim]          bytes; int4: two channels per byte, the even one in the low nibble
+//   V codes  [n_kv_heads][32][head_dim]          likewise
+//   K scale, K min  [n_kv_heads][head_dim]       fp32 each
+//   V scale, V min  [n_kv_heads][32][head_dim/32]  fp32 each
+// Quantized blocks are packed `quantized_per_slot()` to the memory of one full-precision block (a slot), so one
+// pool and one budget serve both (cache/block_pool.h).
 #include <cstdint>
 
 #include "kernels/tensor.h"
 
 namespace strata {
 
+// The quantization group of KIVI's configuration: 32 tokens per key group, 32 channels per value group.
+constexpr int kKvQuantGroup = 32;
+
+enum class KvQuant : uint8_t { none, int8, int4 };
+
+inline int kv_quant_bits(KvQuant q) { return q == KvQuant::int8 ? 8 : q == KvQuant::int4 ? 4 : 32; }
+// The largest code: 2^bits - 1.
+inline int kv_quant_levels(KvQuant q) { return (1 << kv_quant_bits(q)) - 1; }
+
 struct KvBlockLayout {
   int n_kv_heads = 0;   // KV heads on this rank
   int head_dim = 0;
   int block_size = 16;  // cache entries per block
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;       // elements of full-precision blocks
+  KvQuant quant = KvQuant::none;  // format of sealed groups; none: every block is full precision
 
+  // Full-precision blocks.
   int64_t elements_per_block() const { return 2LL * n_kv_heads * block_size * head_dim; }
   int64_t block_bytes() const { return elements_per_block() * dtype_bytes(dtype); }
-  // Bytes one cache entry takes in one layer, K and V together.
+  // Bytes one cache entry takes in one layer, K and V together, at full precision.
   int64_t entry_bytes() const { return 2LL * n_kv_heads * head_dim * dtype_bytes(dtype); }
   int64_t k_offset(int head, int slot) const { return (int64_t(head) * block_size + slot) * head_dim; }
   int64_t v_offset(int head, int slot) const {
     return int64_t(n_kv_heads) * block_size * head_dim + k_offset(head, slot);
   }
+
+  // Quantized blocks (quant != none, block_size == kKvQuantGroup). Byte offsets from the block's start.
+  int64_t code_row_bytes() const { return int64_t(head_dim) * kv_quant_bits(quant) / 8; }  // one entry, one head
+  int64_t codes_bytes() const { return int64_t(n_kv_heads) * block_size * code_row_bytes(); }  // K or V
+  int v_groups() const { return head_dim / kKvQuantGroup; }  // value groups per (head, entry)
+  int64_t k_codes_offset(int head, int slot) const { return (int64_t(head) * block_size + slot) * code_row_bytes(); }
+  int64_t v_codes_offset(int head, int slot) const { return codes_bytes() + k_codes_offset(head, slot); }
+  int64_t k_scale_offset(int head) const { return 2 * codes_bytes() + int64_t(head) * head_dim * 4; }
+  int64_t k_min_offset(int head) const { return k_scale_offset(n_kv_heads) + int64_t(head) * head_dim * 4; }
+  int64_t v_scale_offset(int head, int slot) const {
+    return k_min_offset(n_kv_heads) + (int64_t(head) * block_size + slot) * v_groups() * 4;
+  }
+  int64_t v_min_offset(int head, int slot) const {
+    return v_scale_offset(n_kv_heads, 0) + (int64_t(head) * block_size + slot) * v_groups() * 4;
+  }
+  int64_t quantized_block_bytes() const { return v_min_offset(n_kv_heads, 0); }
+  int quantized_per_slot() const {
+    return quant == KvQuant::none ? 0 : int(block_bytes() / quantized_block_bytes());
+  }
 };
 
-// One layer's view of the pool for one step: the pool's base and layout. Block tables index into it.
+// One layer's view of the pool for one step: the pool's base and layout. Block tables index into it. Ids below
+// n_slots are full-precision blocks (slot i); in a quantized pool, id n_slots + q is quantized block q, stored as
+// sub-block q % quantized_per_slot() of slot q / quantized_per_slot().
 struct KvPoolView {
   void* base = nullptr;
   KvBlockLayout layout;
+  int32_t n_slots = 0;
+
+  bool is_quantized(int32_t block) const { return layout.quant != KvQuant::none && block >= n_slots; }
   float* block_f32(int32_t block) const {
     return static_cast<float*>(base) + int64_t(block) * layout.elements_per_block();
   }
+  uint8_t* block_quantized(int32_t block) const {
+    const int64_t q = int64_t(block) - n_slots;
+    const int per_slot = layout.quantized_per_slot();
+    return static_cast<uint8_t*>(base) + (q / per_slot) * layout.block_bytes() +
+           (q % per_slot) * layout.quantized_block_bytes();
+  }
 };
+
+// Compaction of a layer whose table starts with n_quantized quantized blocks (full groups) and continues with
+// full-precision blocks: the compacted layer keeps its first compacted_quantized_blocks() quantized blocks (as many
+// as the kept entries fill, never more than it had) and holds the other kept entries in the full-precision blocks
+// that follow them. Backend::kv_compact and KvCache::retain both follow this rule.
+inline int compacted_quantized_blocks(int n_quantized, int n_kept) {
+  return n_kept / kKvQuantGroup < n_quantized ? n_kept / kKvQuantGroup : n_quantized;
+}
 
 }  // namespace strata

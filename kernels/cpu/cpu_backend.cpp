@@ -84,6 +84,12 @@ class CpuBackend final : public Backend {
                   int head) override {
     cpu::kv_compact(block_table, kept, pool, head);
   }
+  void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) override {
+    cpu::kv_quantize(src, dst, pool);
+  }
+  void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) override {
+    cpu::kv_dequantize(src, dst, pool);
+  }
 
   ~CpuBackend() override {
     for (void* p : owned_) std::free(p);

@@ -19,6 +19,8 @@ void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> k
                 int head);
 void paged_attention(const float* q, std::span<const AttentionSequence> seqs, const KvPoolView& pool, int n_heads,
                      float scale, float* out);
+void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool);
+void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool);
 
 // The inverse frequencies RoPE uses for a head of head_dim (head_dim / 2 values), with Llama 3 scaling applied.
 void rope_inv_freq(int head_dim, const RopeParams& params, float* inv_freq);

@@ -1,0 +1,165 @@
+// KIVI group quantization of KV blocks on the CPU: the per-group arithmetic, the seal of full-precision blocks
+// into quantized ones (kv_quantize) and the way back (kv_dequantize). Work per block and KV head: a pass over
+// 2 x 32 x head_dim floats and as many codes.
+#include "kernels/cpu/kv_quantization.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace strata::cpu {
+namespace {
+
+float* floats_at(uint8_t* block, int64_t offset) { return reinterpret_cast<float*>(block + offset); }
+const float* floats_at(const uint8_t* block, int64_t offset) { return reinterpret_cast<const float*>(block + offset); }
+
+void put_code(uint8_t* row, int c, int code, KvQuant quant) {
+  if (quant == KvQuant::int8) {
+    row[c] = uint8_t(code);
+  } else {
+    const int shift = (c & 1) * 4;
+    row[c / 2] = uint8_t((row[c / 2] & ~(0xF << shift)) | (code << shift));
+  }
+}
+
+int get_code(const uint8_t* row, int c, KvQuant quant) {
+  return quant == KvQuant::int8 ? row[c] : (row[c / 2] >> ((c & 1) * 4)) & 0xF;
+}
+
+void require_quantized_pool(const KvPoolView& pool, const char* op) {
+  const KvBlockLayout& L = pool.layout;
+  if (L.quant == KvQuant::none) throw std::invalid_argument(std::string(op) + ": the pool is not quantized");
+  if (L.block_size != kKvQuantGroup || L.head_dim % kKvQuantGroup != 0) {
+    throw std::invalid_argument(std::string(op) + ": quantized blocks need block_size " +
+                                std::to_string(kKvQuantGroup) + " and a head_dim that is a multiple of it");
+  }
+}
+
+void require_pairs(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool,
+                   bool src_quantized, const char* op) {
+  if (src.size() != dst.size()) throw std::invalid_argument(std::string(op) + ": one destination per source block");
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (pool.is_quantized(src[i]) != src_quantized || pool.is_quantized(dst[i]) == src_quantized) {
+      throw std::invalid_argument(std::string(op) + ": block pair " + std::to_string(i) + " (" +
+                                  std::to_string(src[i]) + " -> " + std::to_string(dst[i]) +
+                                  ") does not go between the two formats");
+    }
+  }
+}
+
+}  // namespace
+
+QuantGroup fit_group(const float* x, int n, int64_t stride, int levels) {
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i * stride]);
+    hi = std::max(hi, x[i * stride]);
+  }
+  return QuantGroup{(hi - lo) / float(levels), lo};
+}
+
+int quantize_value(float x, const QuantGroup& g, int levels) {
+  if (!(g.scale > 0.0f)) return 0;
+  const float q = std::nearbyint((x - g.min) / g.scale);
+  // Written so that NaN gives 0 rather than an undefined conversion.
+  return q > 0.0f ? (q < float(levels) ? int(q) : levels) : 0;
+}
+
+void quantize_keys(const float* k, int64_t stride, uint8_t* block, int head, const KvBlockLayout& L) {
+  const int levels = kv_quant_levels(L.quant);
+  float* scale = floats_at(block, L.k_scale_offset(head));
+  float* min = floats_at(block, L.k_min_offset(head));
+  for (int c = 0; c < L.head_dim; ++c) {
+    const QuantGroup g = fit_group(k + c, L.block_size, stride, levels);
+    scale[c] = g.scale;
+    min[c] = g.min;
+    for (int t = 0; t < L.block_size; ++t) {
+      put_code(block + L.k_codes_offset(head, t), c, quantize_value(k[t * stride + c], g, levels), L.quant);
+    }
+  }
+}
+
+void quantize_value_row(const float* v, uint8_t* block, int head, int slot, const KvBlockLayout& L) {
+  const int levels = kv_quant_levels(L.quant);
+  float* scale = floats_at(block, L.v_scale_offset(head, slot));
+  float* min = floats_at(block, L.v_min_offset(head, slot));
+  uint8_t* row = block + L.v_codes_offset(head, slot);
+  for (int g = 0; g < L.v_groups(); ++g) {
+    const float* x = v + g * kKvQuantGroup;
+    const QuantGroup group = fit_group(x, kKvQuantGroup, 1, levels);
+    scale[g] = group.scale;
+    min[g] = group.min;
+    for (int c = 0; c < kKvQuantGroup; ++c) {
+      put_code(row, g * kKvQuantGroup + c, quantize_value(x[c], group, levels), L.quant);
+    }
+  }
+}
+
+void unpack_codes(const uint8_t* row, const KvBlockLayout& L, float* out) {
+  for (int c = 0; c < L.head_dim; ++c) out[c] = float(get_code(row, c, L.quant));
+}
+
+void dequantize_key_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out) {
+  const float* scale = floats_at(block, L.k_scale_offset(head));
+  const float* min = floats_at(block, L.k_min_offset(head));
+  const uint8_t* row = block + L.k_codes_offset(head, slot);
+  for (int c = 0; c < L.head_dim; ++c) out[c] = min[c] + float(get_code(row, c, L.quant)) * scale[c];
+}
+
+void dequantize_value_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out) {
+  const float* scale = floats_at(block, L.v_scale_offset(head, slot));
+  const float* min = floats_at(block, L.v_min_offset(head, slot));
+  const uint8_t* row = block + L.v_codes_offset(head, slot);
+  for (int c = 0; c < L.head_dim; ++c) {
+    const int g = c / kKvQuantGroup;
+    out[c] = min[g] + float(get_code(row, c, L.quant)) * scale[g];
+  }
+}
+
+void copy_value_entry(const uint8_t* src_block, int src_slot, uint8_t* dst_block, int dst_slot, int head,
+                      const KvBlockLayout& L) {
+  std::memmove(dst_block + L.v_codes_offset(head, dst_slot), src_block + L.v_codes_offset(head, src_slot),
+               size_t(L.code_row_bytes()));
+  std::memmove(dst_block + L.v_scale_offset(head, dst_slot), src_block + L.v_scale_offset(head, src_slot),
+               sizeof(float) * size_t(L.v_groups()));
+  std::memmove(dst_block + L.v_min_offset(head, dst_slot), src_block + L.v_min_offset(head, src_slot),
+               sizeof(float) * size_t(L.v_groups()));
+}
+
+void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) {
+  require_quantized_pool(pool, "kv_quantize");
+  require_pairs(src, dst, pool, /*src_quantized=*/false, "kv_quantize");
+  const KvBlockLayout& L = pool.layout;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (size_t i = 0; i < src.size(); ++i) {
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      const float* from = pool.block_f32(src[i]);
+      uint8_t* to = pool.block_quantized(dst[i]);
+      quantize_keys(from + L.k_offset(h, 0), L.head_dim, to, h, L);
+      for (int t = 0; t < L.block_size; ++t) quantize_value_row(from + L.v_offset(h, t), to, h, t, L);
+    }
+  }
+}
+
+void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) {
+  require_quantized_pool(pool, "kv_dequantize");
+  require_pairs(src, dst, pool, /*src_quantized=*/true, "kv_dequantize");
+  const KvBlockLayout& L = pool.layout;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (size_t i = 0; i < src.size(); ++i) {
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      const uint8_t* from = pool.block_quantized(src[i]);
+      float* to = pool.block_f32(dst[i]);
+      for (int t = 0; t < L.block_size; ++t) {
+        dequantize_key_row(from, h, t, L, to + L.k_offset(h, t));
+        dequantize_value_row(from, h, t, L, to + L.v_offset(h, t));
+      }
+    }
+  }
+}
+
+}  // namespace strata::cpu

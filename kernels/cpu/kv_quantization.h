@@ -1,0 +1,35 @@
+#pragma once
+// KIVI group quantization on the CPU (kernels/kv_block_layout.h has the block format): the primitives that the
+// seal (kv_quantize), kv_dequantize, the compaction of quantized layers and paged attention share. Each works on
+// one KV head of one quantized block.
+#include <cstdint>
+
+#include "kernels/kv_block_layout.h"
+
+namespace strata::cpu {
+
+// Asymmetric round-to-nearest over one group: scale = (max - min) / levels, code = round((x - min) / scale)
+// (ties to even, as torch.round), so |x - (min + code * scale)| <= scale / 2. A constant group has scale 0 and
+// every code 0: it comes back exactly.
+struct QuantGroup {
+  float scale = 0.0f;
+  float min = 0.0f;
+};
+QuantGroup fit_group(const float* x, int n, int64_t stride, int levels);
+int quantize_value(float x, const QuantGroup& g, int levels);
+
+// Keys of one head: the block's 32 entries, entry t at k + t * stride, quantized per channel.
+void quantize_keys(const float* k, int64_t stride, uint8_t* block, int head, const KvBlockLayout& L);
+// One entry's value vector (head_dim floats), quantized per group of 32 channels into entry `slot`.
+void quantize_value_row(const float* v, uint8_t* block, int head, int slot, const KvBlockLayout& L);
+// Entry `slot` of one head, dequantized into head_dim floats.
+void dequantize_key_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out);
+void dequantize_value_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out);
+// The codes of one entry as floats 0 .. levels (head_dim of them).
+void unpack_codes(const uint8_t* row, const KvBlockLayout& L, float* out);
+
+// A value entry with its codes and per-token scales, as stored (values move without requantization).
+void copy_value_entry(const uint8_t* src_block, int src_slot, uint8_t* dst_block, int dst_slot, int head,
+                      const KvBlockLayout& L);
+
+}  // namespace strata::cpu
