@@ -36,14 +36,26 @@ struct Engine::Sequence {
       : decoder(tokenizer, /*skip_special=*/true), stop(stops) {}
 };
 
+Engine::Engine(StepDispatcher& ranks, const Tokenizer& tokenizer, const ModelConfig& config, ServerMetrics& metrics,
+               EngineOptions options)
+    : Engine(nullptr, &ranks, tokenizer, config, metrics, std::move(options)) {}
+
 Engine::Engine(StepExecutor& executor, const KvCache& cache, const Tokenizer& tokenizer, const ModelConfig& config,
                ServerMetrics& metrics, EngineOptions options)
-    : executor_(executor),
-      cache_(cache),
+    : Engine(std::make_unique<StepDispatcher>(RankGrid{}, executor, cache, nullptr), nullptr, tokenizer, config,
+             metrics, std::move(options)) {}
+
+Engine::Engine(std::unique_ptr<StepDispatcher> own_ranks, StepDispatcher* ranks, const Tokenizer& tokenizer,
+               const ModelConfig& config, ServerMetrics& metrics, EngineOptions options)
+    : own_ranks_(std::move(own_ranks)),
+      ranks_(ranks ? *ranks : *own_ranks_),
       tokenizer_(tokenizer),
       config_(config),
       metrics_(metrics),
       options_(std::move(options)) {
+  const PipelineKv kv = ranks_.pipeline_kv();
+  for (int s = 0; s < kv.n_stages(); ++s) stages_.push_back({kv.n_layers(s), kv.n_total(s)});
+  block_size_ = kv.block_size();
   publish_state();
 }
 
@@ -67,15 +79,19 @@ void Engine::submit(GenerationRequest request) {
     throw std::invalid_argument("the prompt has " + std::to_string(n_prompt) + " tokens; the model's context is " +
                                 std::to_string(config_.max_context) + " tokens");
   }
-  // A prompt that cannot fit the whole KV pool alone would wait forever.
-  const int64_t blocks = int64_t(cache_.n_layers()) * ((n_prompt + 1 + cache_.block_size() - 1) / cache_.block_size());
-  if (blocks > cache_.pool().n_total()) {
-    throw std::invalid_argument("the prompt needs " + std::to_string(blocks) + " KV blocks; the server's pool has " +
-                                std::to_string(cache_.pool().n_total()));
+  // A prompt that cannot fit the whole KV pool of a pipeline stage alone would wait forever.
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    const int64_t blocks = int64_t(stages_[s].n_layers) * ((n_prompt + 1 + block_size_ - 1) / block_size_);
+    if (blocks > stages_[s].n_blocks) {
+      throw std::invalid_argument("the prompt needs " + std::to_string(blocks) + " KV blocks" +
+                                  (stages_.size() > 1 ? " on pipeline stage " + std::to_string(s) : std::string()) +
+                                  "; the server's pool has " + std::to_string(stages_[s].n_blocks));
+    }
   }
   if (!request.sink) throw std::logic_error("generation request without a sink");
   {
     std::lock_guard lock(mutex_);
+    if (!broken_.empty()) throw std::runtime_error("the server lost a rank: " + broken_);
     if (stopping_) throw std::runtime_error("the server is shutting down");
     if (n_queued_ + size_t(request.n) > size_t(options_.max_waiting)) {
       throw std::runtime_error("the request queue is full (" + std::to_string(options_.max_waiting) +
@@ -96,7 +112,7 @@ std::string Engine::kv_state_json() {
 
 bool Engine::healthy() const {
   std::lock_guard lock(mutex_);
-  return healthy_ && !stopping_;
+  return healthy_ && broken_.empty() && !stopping_;
 }
 
 void Engine::record_error(int http_status) { metrics_.add_request_error(http_status); }
@@ -107,19 +123,31 @@ void Engine::loop() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      // Poll while idle too, so that a client gone during a long prompt's queueing is noticed.
+      // Step while idle too, every 100 ms: a client gone during a long prompt's queueing is noticed, and with
+      // several ranks the empty step is the heartbeat by which they know the leader is alive.
       wake_.wait_for(lock, std::chrono::milliseconds(100),
                      [&] { return stopping_ || !inbox_.empty() || has_work(); });
       if (stopping_) break;
     }
     try {
       step();
+    } catch (const RankFailure& e) {
+      // The world is broken: fail what is in flight (the ranks cannot free anything now), refuse new requests,
+      // and let the owner end the world.
+      const std::string message = std::string("a rank failed: ") + e.what();
+      {
+        std::lock_guard lock(mutex_);
+        broken_ = e.what();
+      }
+      fail_all(message, /*release=*/false);
+      if (options_.on_rank_failure) options_.on_rank_failure(e.what());
+      return;
     } catch (const std::exception& e) {
       // A failed step must not take the server down or leave clients waiting: fail what is in flight.
-      fail_all(std::string("engine step failed: ") + e.what());
+      fail_all(std::string("engine step failed: ") + e.what(), /*release=*/true);
     }
   }
-  fail_all("the server is shutting down");
+  fail_all("the server is shutting down", /*release=*/true);
 }
 
 void Engine::run_until_idle() {
@@ -182,7 +210,7 @@ void Engine::step() {
     const Sequence& s = *seqs_.at(id);
     waiting.push_back({id, int(s.tokens.size()), s.n_cached});
   }
-  const Schedule schedule = schedule_step(running, waiting, to_release_, cache_, options_.limits);
+  const Schedule schedule = schedule_step(running, waiting, to_release_, ranks_.pipeline_kv(), options_.limits);
 
   StepPlan plan;
   plan.step = ++step_;
@@ -226,13 +254,16 @@ void Engine::step() {
     }();
   }
 
-  const StepResult result = executor_.execute(plan);
-  const std::vector<LayerCompressionCounters> compression = executor_.take_counters();
-  for (size_t i = 0; i < compression.size(); ++i) {
-    const LayerCompressionCounters& c = compression[i];
-    if (c.evicted_tokens || c.lazy_decisions || c.not_lazy_decisions) {
-      metrics_.add_layer_compression(cache_.layer_begin() + int(i), options_.pp_stage, options_.tp_rank,
-                                     c.evicted_tokens, c.lazy_decisions, c.not_lazy_decisions);
+  const StepResult result = ranks_.execute(plan);
+  for (const RankReport& r : ranks_.reports()) {
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      const LayerReport& c = r.layers[i];
+      const int layer = r.layer_begin + int(i);
+      if (c.evicted_tokens || c.lazy_decisions || c.not_lazy_decisions) {
+        metrics_.add_layer_compression(layer, r.pp_stage, r.tp_rank, c.evicted_tokens, c.lazy_decisions,
+                                       c.not_lazy_decisions);
+      }
+      if (c.merged_tokens) metrics_.add_layer_merges(layer, r.pp_stage, r.tp_rank, c.merged_tokens);
     }
   }
 
@@ -319,7 +350,7 @@ void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {
   }
 }
 
-void Engine::fail_all(const std::string& message) {
+void Engine::fail_all(const std::string& message, bool release) {
   std::vector<std::shared_ptr<RequestState>> reqs;
   for (auto& [id, seq] : seqs_) {
     if (std::find(reqs.begin(), reqs.end(), seq->req) == reqs.end()) reqs.push_back(seq->req);
@@ -337,12 +368,13 @@ void Engine::fail_all(const std::string& message) {
   for (auto& req : reqs) req->request.sink->on_event(RequestFailed{500, "server_error", message});
   for (auto& r : incoming) r.sink->on_event(RequestFailed{503, "server_error", message});
   // The ranks still hold the KV of the failed sequences: free it now (the next plan would otherwise do it).
+  if (!release) to_release_.clear();
   if (!to_release_.empty()) {
     StepPlan plan;
     plan.step = ++step_;
     plan.finished.swap(to_release_);
     try {
-      executor_.execute(plan);
+      ranks_.execute(plan);
     } catch (const std::exception&) {
       std::lock_guard lock(mutex_);
       healthy_ = false;  // the ranks are in an unknown state: report it on /health
@@ -351,34 +383,54 @@ void Engine::fail_all(const std::string& message) {
   publish_state();
 }
 
+// Every rank's report of the last step: per-layer gauges for each (layer, pp_stage, tp_rank); the JSON view and
+// the pool totals from the first tensor rank of each stage (its TP peers hold the same lengths and block counts).
 void Engine::publish_state() {
-  int64_t held = 0;
-  nlohmann::json layers = nlohmann::json::array();
-  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
-    const LayerUsage u = cache_.layer_usage(l);
-    metrics_.set_layer_kv(l, options_.pp_stage, options_.tp_rank, u.entries, u.bytes, u.uncompressed_bytes);
-    layers.push_back({{"layer", l}, {"tokens", u.entries}, {"blocks", u.blocks}, {"bytes", u.bytes},
-                      {"uncompressed_bytes", u.uncompressed_bytes}});
-    held += u.blocks;
+  const RankGrid& grid = ranks_.grid();
+  const std::vector<RankReport>& reports = ranks_.reports();
+  for (const RankReport& r : reports) {
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      const LayerReport& u = r.layers[i];
+      metrics_.set_layer_kv(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.tokens, u.bytes, u.uncompressed_bytes);
+    }
   }
-  const BlockPool& pool = cache_.pool();
-  metrics_.set_kv_blocks(pool.n_free(), pool.n_total(), cache_.block_size());
+  int64_t held = 0, blocks_free = 0, blocks_total = 0;
+  nlohmann::json layers = nlohmann::json::array();
+  nlohmann::json ranks = nlohmann::json::array();
+  std::vector<const RankReport*> stages;
+  for (int st = 0; st < grid.pp; ++st) {
+    const RankReport& r = reports.at(size_t(grid.rank_of(st, 0)));
+    stages.push_back(&r);
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      const LayerReport& u = r.layers[i];
+      layers.push_back({{"layer", r.layer_begin + int(i)}, {"pp_stage", st}, {"tokens", u.tokens},
+                        {"blocks", u.blocks}, {"bytes", u.bytes}, {"uncompressed_bytes", u.uncompressed_bytes}});
+      held += u.blocks;
+    }
+    blocks_free += r.blocks_free;
+    blocks_total += r.blocks_total;
+  }
+  for (const RankReport& r : reports) {
+    ranks.push_back({{"rank", r.world_rank}, {"pp_stage", r.pp_stage}, {"tp_rank", r.tp_rank},
+                     {"blocks_free", r.blocks_free}, {"blocks_total", r.blocks_total}});
+  }
+  metrics_.set_kv_blocks(blocks_free, blocks_total, stages[0]->block_size);
   metrics_.set_requests(int(running_.size()), int(waiting_.size()));
 
   nlohmann::json sequences = nlohmann::json::array();
   for (const auto& [id, seq] : seqs_) {
     nlohmann::json per_layer = nlohmann::json::array();
-    if (cache_.contains(id)) {
-      const std::vector<LayerPolicyState> policies = executor_.layer_policies(id);
-      for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
-        const LayerKv& kv = cache_.layer(id, l);
-        nlohmann::json entry = {{"layer", l}, {"tokens", kv.n_entries}, {"uncompressed_tokens", kv.n_appended},
-                                {"blocks", kv.block_table.size()}};
-        if (size_t(l - cache_.layer_begin()) < policies.size()) {
-          const LayerPolicyState& p = policies[size_t(l - cache_.layer_begin())];
-          entry["policy"] = p.policy;
-          if (p.lazy) entry["lazy"] = *p.lazy;
-        }
+    for (const RankReport* r : stages) {
+      auto it = std::lower_bound(r->sequences.begin(), r->sequences.end(), id,
+                                 [](const SequenceReport& s, int64_t seq) { return s.seq < seq; });
+      if (it == r->sequences.end() || it->seq != id) continue;
+      for (size_t i = 0; i < it->entries.size(); ++i) {
+        nlohmann::json entry = {{"layer", r->layer_begin + int(i)}, {"tokens", it->entries[i]},
+                                {"uncompressed_tokens", it->appended[i]}, {"blocks", it->blocks[i]}};
+        if (i < it->policy.size()) entry["policy"] = it->policy[i];
+        if (it->lazy[i] >= 0) entry["lazy"] = it->lazy[i] == 1;
+        if (it->capacity[i] >= 0) entry["capacity"] = it->capacity[i];
+        if (it->merged[i]) entry["merged_tokens"] = it->merged[i];
         per_layer.push_back(std::move(entry));
       }
     }
@@ -392,14 +444,17 @@ void Engine::publish_state() {
                          {"cached_tokens", seq->n_cached},
                          {"layers", per_layer}});
   }
-  nlohmann::json state = {{"pp_stage", options_.pp_stage},
-                          {"tp_rank", options_.tp_rank},
-                          {"block_size", cache_.block_size()},
-                          {"blocks_total", pool.n_total()},
-                          {"blocks_free", pool.n_free()},
+  nlohmann::json state = {{"pp_stage", grid.stage()},
+                          {"tp_rank", grid.tp_rank()},
+                          {"tp", grid.tp},
+                          {"pp", grid.pp},
+                          {"block_size", stages[0]->block_size},
+                          {"blocks_total", blocks_total},
+                          {"blocks_free", blocks_free},
                           {"blocks_held", held},
-                          {"block_bytes", pool.layout().block_bytes()},
+                          {"block_bytes", stages[0]->block_bytes},
                           {"layers", layers},
+                          {"ranks", ranks},
                           {"sequences", sequences}};
   std::string text = state.dump();
   std::lock_guard lock(mutex_);

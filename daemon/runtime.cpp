@@ -6,6 +6,8 @@
 #include <omp.h>
 
 #include "model/model_loader.h"
+#include "parallel/comm_policy_collectives.h"
+#include "parallel/rank_grid.h"
 
 namespace strata {
 namespace {
@@ -48,19 +50,46 @@ KvBlockLayout kv_pool_layout(const ServerConfig& config, const LlamaModel& model
 
 }  // namespace
 
-std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
+// This rank's part of the model: its stage's layers and, under tensor parallelism, its slice of the heads, the MLP
+// and the vocabulary. A start-up error names parallel.tp when the model's dimensions do not divide.
+ShardSpec shard_of(const ServerConfig& config, const RankGrid& grid, const ModelConfig& mc) {
+  const std::pair<const char*, int> dims[] = {{"query heads", mc.n_heads},
+                                              {"KV heads", mc.n_kv_heads},
+                                              {"MLP width (d_ff)", mc.d_ff},
+                                              {"vocabulary size", mc.vocab_size}};
+  for (const auto& [what, value] : dims) {
+    if (value % grid.tp != 0) {
+      throw ConfigError(config.file + ": parallel.tp: the model's " + std::to_string(value) + " " + what +
+                        " do not divide among " + std::to_string(grid.tp) + " tensor ranks");
+    }
+  }
+  ShardSpec shard;
+  try {
+    std::tie(shard.layer_begin, shard.layer_end) = stage_layers(mc.n_layers, grid.pp, grid.stage());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(config.file + ": " + e.what());
+  }
+  shard.tp_rank = grid.tp_rank();
+  shard.tp_size = grid.tp;
+  shard.has_embedding = grid.is_first_stage();
+  shard.has_output = grid.is_last_stage();
+  return shard;
+}
+
+std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorld* world) {
   auto rt = std::make_unique<Runtime>();
   const ServerConfig::Model& m = config.model;
   if (m.path.empty()) throw ConfigError(config.file + ": model.path: missing (a .gguf file, a directory or preset:NAME)");
-  ShardSpec shard;  // the whole model: [distributed] gives each rank its part
+  const RankGrid grid = world ? world->grid() : RankGrid{};
+  auto shard = [&](const ModelConfig& mc) { return shard_of(config, grid, mc); };
   namespace fs = std::filesystem;
 
   if (m.path.rfind(kPresetPrefix, 0) == 0) {
     const ModelConfig mc = preset_config(m.path.substr(kPresetPrefix.size()));
-    rt->weights = make_dummy_weights(mc, shard, /*seed=*/1234);
+    rt->weights = make_dummy_weights(mc, shard(mc), /*seed=*/1234);
     rt->model_name = m.name.empty() ? m.path.substr(kPresetPrefix.size()) : m.name;
   } else if (fs::is_directory(m.path)) {
-    rt->weights = load_safetensors_weights(m.path, shard);
+    rt->weights = load_safetensors_weights(m.path, shard(config_from_hf_json((fs::path(m.path) / "config.json").string())));
     const std::string tokenizer_json = (fs::path(m.path) / "tokenizer.json").string();
     if (fs::exists(tokenizer_json)) rt->tokenizer = Tokenizer::from_hf_json(tokenizer_json);
     rt->chat_template = choose_template(m, "");
@@ -70,7 +99,7 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
       throw ConfigError(config.file + ": model.path: " + m.path + " does not exist (tools/setup.sh fetches the default model)");
     }
     rt->gguf = GgufFile::open(m.path);
-    rt->weights = load_gguf_weights(rt->gguf, shard);
+    rt->weights = load_gguf_weights(rt->gguf, shard(config_from_gguf(*rt->gguf)));
     rt->tokenizer = Tokenizer::from_gguf(*rt->gguf);
     rt->chat_template = choose_template(m, rt->gguf->get_string("tokenizer.chat_template").value_or(""));
     rt->model_name = m.name.empty() ? fs::path(m.path).stem().string() : m.name;
@@ -80,27 +109,49 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config) {
   // can be faster on a busy machine (docs/decisions.md).
   if (config.engine.threads > 0) omp_set_num_threads(config.engine.threads);
   rt->backend = make_cpu_backend();
-  rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights);
+  const ShardSpec& sh = rt->weights.shard;
+  const int n_layers_local = sh.layer_end - sh.layer_begin;
+  rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights,
+                                           ShardComms{world ? world->tp() : nullptr, world ? world->pp() : nullptr});
   const KvBlockLayout layout = kv_pool_layout(config, *rt->model);
   const int64_t n_blocks = BlockPool::blocks_for_memory(layout, config.kv_cache.memory_mib << 20);
   // A quantized pool keeps one block in reserve for sealing (cache/block_pool.h).
-  if (n_blocks < rt->weights.config.n_layers + (layout.quant == KvQuant::none ? 0 : 1)) {
+  if (n_blocks < n_layers_local + (layout.quant == KvQuant::none ? 0 : 1)) {
     throw ConfigError(config.file + ": kv_cache.memory_mib: " + std::to_string(config.kv_cache.memory_mib) +
                       " MiB does not hold one block per layer (" + std::to_string(layout.block_bytes()) +
                       " bytes each)");
   }
   rt->pool = std::make_unique<BlockPool>(*rt->backend, layout, n_blocks);
-  rt->cache = std::make_unique<KvCache>(*rt->pool, 0, rt->weights.config.n_layers);
+  rt->cache = std::make_unique<KvCache>(*rt->pool, sh.layer_begin, sh.layer_end);
   CompressionConfig compression;
   compression.policy = parse_policy_spec(config.kv_cache.policy);
   compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
-  rt->executor = std::make_unique<StepExecutor>(*rt->model, *rt->cache, std::move(compression), rt->model_name);
-  std::cerr << "strata: " << rt->model_name << ": " << rt->weights.config.n_layers << " layers, KV pool of "
-            << n_blocks << " blocks x " << layout.block_size << " tokens (" << (config.kv_cache.memory_mib)
-            << " MiB: room for " << (n_blocks * layout.block_size / rt->weights.config.n_layers)
+  if (world && world->distributed()) {
+    rt->collectives = std::make_unique<CommPolicyCollectives>(world->tp(), world->pp(), rt->weights.config.n_layers);
+    rt->exchange = std::make_unique<StepExchange>(*world->world());
+  }
+  rt->executor = std::make_unique<StepExecutor>(*rt->model, *rt->cache, std::move(compression), rt->model_name,
+                                                rt->collectives.get());
+  std::cerr << "strata: " << (grid.world_size() > 1 ? grid.describe(grid.rank) + ": " : "") << rt->model_name
+            << ": layers [" << sh.layer_begin << ", " << sh.layer_end << ") of " << rt->weights.config.n_layers
+            << (sh.tp_size > 1 ? ", tensor slice " + std::to_string(sh.tp_rank + 1) + "/" + std::to_string(sh.tp_size)
+                               : std::string())
+            << ", KV pool of " << n_blocks << " blocks x " << layout.block_size << " tokens ("
+            << (config.kv_cache.memory_mib) << " MiB: room for " << (n_blocks * layout.block_size / n_layers_local)
             << " tokens in all layers at f32), KV dtype " << config.kv_cache.dtype << ", backend "
             << rt->backend->name() << "\n";
   return rt;
+}
+
+std::unique_ptr<StepDispatcher> make_dispatcher(Runtime& rt, const RankWorld* world) {
+  const RankGrid grid = world ? world->grid() : RankGrid{};
+  return std::make_unique<StepDispatcher>(grid, *rt.executor, *rt.cache, rt.exchange.get());
+}
+
+Tokenizer stand_in_tokenizer(const ModelConfig& config) {
+  TokenizerData data;
+  for (int i = 0; i < config.vocab_size; ++i) data.tokens.push_back("t" + std::to_string(i));
+  return Tokenizer(std::move(data));
 }
 
 EngineOptions engine_options(const ServerConfig& config) {

@@ -6,13 +6,14 @@
 //   2. running sequences in the middle of their prompt take the next chunk;
 //   3. waiting sequences are admitted in arrival order while the running count, the step's token budget and the
 //      free blocks allow (the whole remaining prompt must fit, plus a watermark kept for decodes).
-// Pure over plain data: it reads the KV cache's counts and changes nothing itself.
+// Pure over plain data: it reads the KV counts of every pipeline stage (a chunk must fit in each) and changes
+// nothing itself.
 #include <cstdint>
 #include <deque>
 #include <span>
 #include <vector>
 
-#include "cache/kv_cache.h"
+#include "daemon/pipeline_kv.h"
 
 namespace strata {
 
@@ -43,8 +44,8 @@ struct Schedule {
 };
 
 // running: in admission order (oldest first); waiting: in arrival order; releasing: finished sequences whose
-// blocks the same step gives back before it runs (they count as free).
+// blocks the same step gives back before it runs (they count as free); kv: the blocks of every stage.
 Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std::deque<SchedulerSequence>& waiting,
-                       std::span<const SeqId> releasing, const KvCache& cache, const SchedulerLimits& limits);
+                       std::span<const SeqId> releasing, const PipelineKv& kv, const SchedulerLimits& limits);
 
 }  // namespace strata

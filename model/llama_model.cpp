@@ -15,10 +15,18 @@ struct LlamaModel::Workspace {
   int64_t head_capacity = 0;
 };
 
-LlamaModel::LlamaModel(Backend& backend, const ModelWeights& weights)
-    : backend_(backend), weights_(weights), ws_(std::make_unique<Workspace>()) {
+LlamaModel::LlamaModel(Backend& backend, const ModelWeights& weights, ShardComms comms)
+    : backend_(backend), weights_(weights), comms_(comms), ws_(std::make_unique<Workspace>()) {
   const ModelConfig& c = weights.config;
   const int tp = weights.shard.tp_size;
+  if (tp > 1 && (comms.tp == nullptr || comms.tp->size() != tp)) {
+    throw std::invalid_argument("llama model: a shard of tp_size " + std::to_string(tp) +
+                                " needs a tensor-parallel group of that size");
+  }
+  if ((!weights.shard.has_embedding || !weights.shard.has_output) && comms.pp == nullptr) {
+    throw std::invalid_argument("llama model: a pipeline stage without the embedding or the output head needs its "
+                                "pipeline neighbours");
+  }
   n_heads_local_ = c.n_heads / tp;
   n_kv_heads_local_ = c.n_kv_heads / tp;
   d_ff_local_ = c.d_ff / tp;
@@ -99,7 +107,13 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     w.capacity = cap;
   }
   Tensor x = w.x.slice_rows(0, n_tokens);
-  backend_.embedding(ids, token_embd_, x);
+  host_.resize(size_t(n_tokens * d));
+  if (weights_.shard.has_embedding) {
+    backend_.embedding(ids, token_embd_, x);
+  } else {
+    comms_.pp->recv(host_, comms_.pp->rank() - 1);
+    backend_.copy_from_host(host_.data(), x);
+  }
 
   std::vector<AttentionSequence> seqs(batch.size());
   for (int l = 0; l < int(layers_.size()); ++l) {
@@ -120,6 +134,12 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     run_layer(layers_[size_t(l)], w, seqs, positions, cache.pool_view());
   }
 
+  if (!weights_.shard.has_output) {
+    backend_.copy_to_host(x, host_.data());
+    comms_.pp->send(host_, comms_.pp->rank() + 1);
+    logits.clear();
+    return;
+  }
   // Output head for the rows that need logits only.
   std::vector<int64_t> rows;
   int64_t row = 0;
@@ -132,7 +152,16 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     }
     row += n;
   }
-  const int64_t vocab = output_.rows;
+  output_head(x, rows, logits);
+}
+
+void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std::vector<float>& logits) {
+  const ModelConfig& c = config();
+  const int64_t d = c.d_model;
+  Workspace& w = *ws_;
+  const int64_t vocab = c.vocab_size;
+  const int64_t vocab_local = output_.rows;  // this rank's slice of the vocabulary (all of it without TP)
+  const int64_t tp = vocab / vocab_local;
   logits.resize(size_t(int64_t(rows.size()) * vocab));
   // Chunks of rows bound the [rows, vocab] scratch when every position wants logits (evaluation, tests).
   const int64_t chunk = 256;
@@ -141,7 +170,7 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     if (n > w.head_capacity) {
       ensure(backend_, w.head_in, n, d);
       ensure(backend_, w.head_norm, n, d);
-      ensure(backend_, w.head_out, n, vocab);
+      ensure(backend_, w.head_out, n, vocab_local);
       w.head_capacity = n;
     }
     Tensor in = w.head_in.slice_rows(0, n), normed = w.head_norm.slice_rows(0, n);
@@ -151,8 +180,32 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     }
     backend_.rmsnorm(in, output_norm_, c.rms_eps, normed);
     backend_.matmul(normed, output_, out);
-    backend_.copy_to_host(out, logits.data() + r0 * vocab);
+    if (tp == 1) {
+      backend_.copy_to_host(out, logits.data() + r0 * vocab);
+      continue;
+    }
+    // Vocabulary-parallel head: gather every rank's [n, vocab_local] slice, then lay the slices side by side.
+    host_.resize(size_t(n * vocab_local * (tp + 1)));
+    std::span<float> mine(host_.data(), size_t(n * vocab_local));
+    std::span<float> all(host_.data() + n * vocab_local, size_t(n * vocab_local * tp));
+    backend_.copy_to_host(out, mine.data());
+    comms_.tp->all_gather<float>(mine, all);
+    for (int64_t r = 0; r < tp; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float* src = all.data() + (r * n + i) * vocab_local;
+        std::copy(src, src + vocab_local, logits.data() + (r0 + i) * vocab + r * vocab_local);
+      }
+    }
   }
+}
+
+// The row-parallel projections leave each rank with a partial sum of the [T, D] output: add them up.
+void LlamaModel::tp_all_reduce(Tensor& t) {
+  if (comms_.tp == nullptr || comms_.tp->size() == 1) return;
+  host_.resize(size_t(t.rows * t.cols));
+  backend_.copy_to_host(t, host_.data());
+  comms_.tp->all_reduce_sum(host_);
+  backend_.copy_from_host(host_.data(), t);
 }
 
 // Keys are rotated with their sequence positions before they are stored, so they keep those positions when a
@@ -176,6 +229,7 @@ void LlamaModel::run_layer(const UploadedLayer& lw, Workspace& w, std::span<cons
   backend_.kv_write(k, v, seqs, pool);
   backend_.paged_attention(q, seqs, pool, n_heads_local_, 1.0f / std::sqrt(float(c.head_dim)), attn);
   backend_.matmul(attn, lw.wo, o);
+  tp_all_reduce(o);
   backend_.add(x, o);
 
   backend_.rmsnorm(x, lw.ffn_norm, c.rms_eps, h);
@@ -183,6 +237,7 @@ void LlamaModel::run_layer(const UploadedLayer& lw, Workspace& w, std::span<cons
   backend_.matmul(h, lw.w_up, up);
   backend_.silu_mul(gate, up, act);
   backend_.matmul(act, lw.w_down, down);
+  tp_all_reduce(down);
   backend_.add(x, down);
 }
 

@@ -1,9 +1,15 @@
 #pragma once
 // The Llama forward pass of one rank's shard over the paged KV cache: batched prefill chunks and decode steps of
 // several sequences of different lengths in one call, all tokens flattened into one [T, D] activation matrix.
-//   embed -> for each layer: rmsnorm -> q,k,v -> rope -> write k,v to the cache -> paged attention -> o (+x)
-//                            -> rmsnorm -> silu(gate) * up -> down (+x)
-//         -> final rmsnorm -> output head, only for the rows that need logits.
+//   embed (first stage) | hidden states from the previous stage
+//   -> for each layer: rmsnorm -> q,k,v -> rope -> write k,v to the cache -> paged attention -> o (+x)
+//                      -> rmsnorm -> silu(gate) * up -> down (+x)
+//   -> hidden states to the next stage | final rmsnorm -> output head (last stage), only for the rows that need
+//      logits.
+// Tensor parallelism (docs/distributed.md): q, k, v, gate and up are column-parallel (this rank's heads and MLP
+// slice), o and down row-parallel, each followed by an all-reduce of its [T, D] output over the TP group; the
+// output head is vocabulary-parallel and its slices are all-gathered, so every TP rank of the last stage holds
+// the full logits and samples the same token.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -12,6 +18,7 @@
 #include "cache/kv_cache.h"
 #include "kernels/backend.h"
 #include "model/model_weights.h"
+#include "parallel/comm.h"
 
 namespace strata {
 
@@ -35,9 +42,17 @@ struct BatchSequence {
   AttentionStats* stats = nullptr;  // statistics to accumulate in this step (nullable)
 };
 
+// The groups a shard exchanges activations with. Null when the shard has no such peers.
+struct ShardComms {
+  Comm* tp = nullptr;  // the stage's tensor-parallel group; needed when weights.shard.tp_size > 1
+  Comm* pp = nullptr;  // the pipeline chain (group rank = stage); needed when the shard lacks the embedding or
+                       // the output head
+};
+
 class LlamaModel {
  public:
-  LlamaModel(Backend& backend, const ModelWeights& weights);
+  // Throws std::invalid_argument when the shard needs a communicator that `comms` lacks.
+  LlamaModel(Backend& backend, const ModelWeights& weights, ShardComms comms = {});
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -48,9 +63,13 @@ class LlamaModel {
   int n_kv_heads_local() const { return n_kv_heads_local_; }
   KvBlockLayout kv_layout(int block_size) const;
 
+  // The last pipeline stage computes logits; the others pass their hidden states on.
+  bool has_output() const { return weights_.shard.has_output; }
+
   // Appends the batch's tokens to `cache` (the caller has checked KvCache::can_append) and runs the shard.
   // `logits` receives one row of vocab_size floats per requested position, in batch order: one row for
-  // LogitsMode::last, one per token for LogitsMode::all.
+  // LogitsMode::last, one per token for LogitsMode::all; on a stage without the output head it is left empty.
+  // Every rank of the world runs the same batch (the step plan), which is how neighbours know the sizes.
   void forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits);
 
  private:
@@ -60,11 +79,14 @@ class LlamaModel {
   struct Workspace;
 
   Tensor upload(const HostMatrix& m);
+  void tp_all_reduce(Tensor& t);
+  void output_head(const Tensor& x, std::span<const int64_t> rows, std::vector<float>& logits);
   void run_layer(const UploadedLayer& w, Workspace& ws, std::span<const AttentionSequence> seqs,
                  std::span<const int32_t> positions, const KvPoolView& pool);
 
   Backend& backend_;
   const ModelWeights& weights_;
+  ShardComms comms_;
   int n_heads_local_;
   int n_kv_heads_local_;
   int d_ff_local_;
@@ -72,6 +94,7 @@ class LlamaModel {
   Tensor token_embd_, output_norm_, output_;
   std::vector<UploadedLayer> layers_;
   std::unique_ptr<Workspace> ws_;
+  std::vector<float> host_;  // staging for what crosses ranks ([T, D] hidden states, logits slices)
 };
 
 }  // namespace strata

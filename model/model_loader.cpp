@@ -241,9 +241,15 @@ ModelConfig preset_config(std::string_view name) {
     c.name = "Llama-3-70B";
     c.n_layers = 80, c.d_model = 8192, c.n_heads = 64, c.n_kv_heads = 8, c.head_dim = 128, c.d_ff = 28672;
     c.vocab_size = 128256, c.max_context = 8192, c.rope_theta = 500000.0f;
+  } else if (name == "tiny-gqa") {
+    // Small enough for multi-rank CPU tests: heads, KV heads, d_ff and vocabulary divide by 2 and 4 (SmolLM2's
+    // 9 and 3 heads do not).
+    c.name = "tiny-gqa";
+    c.n_layers = 6, c.d_model = 256, c.n_heads = 8, c.n_kv_heads = 4, c.head_dim = 32, c.d_ff = 768;
+    c.vocab_size = 4096, c.max_context = 2048, c.rope_theta = 10000.0f;
   } else {
     throw std::invalid_argument("unknown model preset '" + std::string(name) +
-                                "'; known presets: smollm2-135m, llama-3-8b, llama-3-70b");
+                                "'; known presets: smollm2-135m, llama-3-8b, llama-3-70b, tiny-gqa");
   }
   return c;
 }

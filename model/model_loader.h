@@ -22,7 +22,8 @@ ModelConfig config_from_gguf(const GgufFile& file);
 // and the file.
 ModelConfig config_from_hf_json(const std::string& config_json_path);
 
-// "smollm2-135m", "llama-3-8b" (Llama-3.1-8B, with llama3 rope scaling), "llama-3-70b": shapes for dummy weights.
+// "smollm2-135m", "llama-3-8b" (Llama-3.1-8B, with llama3 rope scaling), "llama-3-70b", "tiny-gqa" (6 layers, 8
+// heads, 4 KV heads: multi-rank tests): shapes for dummy weights.
 // std::invalid_argument listing the known names otherwise.
 ModelConfig preset_config(std::string_view name);
 

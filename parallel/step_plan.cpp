@@ -1,84 +1,15 @@
-// Little-endian, length-prefixed serialisation of StepPlan and StepResult. Every read is bounds-checked: a short
-// or corrupt message raises an error naming the offset instead of reading past the buffer.
+// Serialisation of StepPlan and StepResult (parallel/wire_codec.h).
 #include "parallel/step_plan.h"
 
-#include <cstring>
 #include <stdexcept>
-#include <type_traits>
+
+#include "parallel/wire_codec.h"
 
 namespace strata {
 namespace {
 
-class Writer {
- public:
-  template <typename T>
-  void put(T v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    out_.insert(out_.end(), p, p + sizeof(T));
-  }
-  void put(const std::string& s) {
-    put<uint32_t>(uint32_t(s.size()));
-    out_.insert(out_.end(), s.begin(), s.end());
-  }
-  template <typename T>
-  void put(const std::vector<T>& v) {
-    put<uint32_t>(uint32_t(v.size()));
-    for (const T& x : v) put(x);
-  }
-  std::vector<uint8_t> take() { return std::move(out_); }
-
- private:
-  std::vector<uint8_t> out_;
-};
-
-class Reader {
- public:
-  explicit Reader(const std::vector<uint8_t>& in) : in_(in) {}
-  template <typename T>
-  T get() {
-    static_assert(std::is_trivially_copyable_v<T>);
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
-  }
-  std::string get_string() {
-    const uint32_t n = get<uint32_t>();
-    need(n);
-    std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
-    pos_ += n;
-    return s;
-  }
-  template <typename T>
-  std::vector<T> get_vector() {
-    const uint32_t n = get<uint32_t>();
-    need(uint64_t(n) * sizeof(T));
-    std::vector<T> v(n);
-    for (auto& x : v) x = get<T>();
-    return v;
-  }
-  uint32_t get_count(size_t min_item_bytes) {
-    const uint32_t n = get<uint32_t>();
-    need(uint64_t(n) * min_item_bytes);
-    return n;
-  }
-  void expect_end() const {
-    if (pos_ != in_.size()) throw std::runtime_error("step message: " + std::to_string(in_.size() - pos_) +
-                                                     " trailing bytes at offset " + std::to_string(pos_));
-  }
-
- private:
-  void need(uint64_t n) const {
-    if (n > in_.size() - pos_) {
-      throw std::runtime_error("step message: offset " + std::to_string(pos_) + ": expected " + std::to_string(n) +
-                               " more bytes, message has " + std::to_string(in_.size()));
-    }
-  }
-  const std::vector<uint8_t>& in_;
-  size_t pos_ = 0;
-};
+using wire::Reader;
+using wire::Writer;
 
 constexpr uint32_t kPlanMagic = 0x4e4c5053;    // "SPLN"
 constexpr uint32_t kResultMagic = 0x53455253;  // "SRES"
@@ -147,8 +78,8 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
 }
 
 StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
-  Reader r(bytes);
-  if (r.get<uint32_t>() != kPlanMagic) throw std::runtime_error("step message: not a step plan");
+  Reader r(bytes, "step message");
+  r.expect(kPlanMagic, "a step plan");
   StepPlan plan;
   plan.step = r.get<uint64_t>();
   plan.shutdown = r.get<uint8_t>() != 0;
@@ -194,8 +125,8 @@ std::vector<uint8_t> serialize(const StepResult& result) {
 }
 
 StepResult deserialize_step_result(const std::vector<uint8_t>& bytes) {
-  Reader r(bytes);
-  if (r.get<uint32_t>() != kResultMagic) throw std::runtime_error("step message: not a step result");
+  Reader r(bytes, "step message");
+  r.expect(kResultMagic, "a step result");
   StepResult result;
   result.step = r.get<uint64_t>();
   const uint32_t n = r.get_count(16);

@@ -104,11 +104,7 @@ int bench_command(int argc, char** argv) {
     const ModelConfig& mc = rt->weights.config;
     // Without a tokenizer (dummy weights) nothing ends a sequence early; with one, EOS is ignored.
     std::optional<Tokenizer> no_tokenizer_stand_in;
-    if (!rt->tokenizer) {
-      TokenizerData data;
-      for (int i = 0; i < mc.vocab_size; ++i) data.tokens.push_back("t" + std::to_string(i));
-      no_tokenizer_stand_in.emplace(std::move(data));
-    }
+    if (!rt->tokenizer) no_tokenizer_stand_in.emplace(stand_in_tokenizer(mc));
     const Tokenizer& tokenizer = rt->tokenizer ? *rt->tokenizer : *no_tokenizer_stand_in;
 
     std::string command = "strata bench";

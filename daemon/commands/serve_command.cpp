@@ -1,14 +1,23 @@
 // strata serve: load the model, start the engine thread and the HTTP server, run until SIGINT or SIGTERM.
+// Under mpirun every rank runs this command: the leader (rank 0) serves HTTP and schedules, the others execute
+// their shard of every step (docs/distributed.md).
 #include <semaphore.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <iostream>
+#include <mutex>
+#include <stop_token>
+#include <thread>
 
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
 #include "daemon/engine.h"
 #include "daemon/metrics.h"
+#include "daemon/rank_worker.h"
+#include "daemon/rank_world.h"
 #include "daemon/runtime.h"
 #include "routing/http_server.h"
 
@@ -43,9 +52,16 @@ void print_serve_help() {
   for (const std::string& k : config_keys()) std::cout << "  " << k << "\n";
 }
 
+// How long a step may still take once a shutdown begins before the waits on other ranks are cut short: a rank may
+// be gone (mpirun signals every rank when one dies, and kills them a second later).
+constexpr std::chrono::milliseconds kStopGrace{500};
+// What the HTTP sessions get to write the requests' error responses before the server stops.
+constexpr std::chrono::milliseconds kDrain{200};
+
 }  // namespace
 
 int serve_command(int argc, char** argv) {
+  std::unique_ptr<RankWorld> world;
   try {
     CommandLine cl(argc, argv, {"config", "port", "host", "set", "tp", "pp"}, {"help"}, {"set"});
     if (cl.has("help")) {
@@ -58,17 +74,33 @@ int serve_command(int argc, char** argv) {
     if (cl.has("host")) apply_config_override(config, "server.host=" + cl.get("host"));
     if (cl.has("tp")) apply_config_override(config, "parallel.tp=" + cl.get("tp"));
     if (cl.has("pp")) apply_config_override(config, "parallel.pp=" + cl.get("pp"));
-    if (config.parallel.tp * config.parallel.pp != 1) {
-      throw ConfigError(config.file + ": parallel.tp x parallel.pp = " +
-                        std::to_string(config.parallel.tp * config.parallel.pp) +
-                        ": this build serves one rank; multi-rank execution under mpirun is not implemented yet");
+    world = std::make_unique<RankWorld>(config);
+    if (!world->grid().is_leader()) {
+      // The leader's shutdown plan ends this rank (or its silence, or mpirun): a signal forwarded by mpirun must
+      // not end it first, while the leader may still be sending it a step.
+      std::signal(SIGINT, SIG_IGN);
+      std::signal(SIGTERM, SIG_IGN);
+      std::unique_ptr<Runtime> rt = make_runtime(config, world.get());
+      run_worker(*world, *rt->exchange, *rt->executor, *rt->cache);
+      return 0;
     }
 
     install_signal_handlers();
-    std::unique_ptr<Runtime> rt = make_runtime(config);
+    std::unique_ptr<Runtime> rt = make_runtime(config, world.get());
     if (!rt->tokenizer) throw ConfigError(config.file + ": model.path: a served model needs a tokenizer");
+    std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
     ServerMetrics metrics(rt->weights.config.max_context);
-    Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, engine_options(config));
+    EngineOptions engine_settings = engine_options(config);
+    std::mutex failure_mutex;
+    std::string rank_failure;
+    engine_settings.on_rank_failure = [&](const std::string& message) {
+      {
+        std::lock_guard lock(failure_mutex);
+        rank_failure = message;
+      }
+      sem_post(&g_shutdown);
+    };
+    Engine engine(*ranks, *rt->tokenizer, rt->weights.config, metrics, std::move(engine_settings));
     engine.start();
 
     ServerOptions options;
@@ -87,11 +119,34 @@ int serve_command(int argc, char** argv) {
 
     while (sem_wait(&g_shutdown) != 0) {
     }
-    std::cerr << "strata: signal " << g_signal.load() << ", shutting down" << std::endl;
-    server.stop();
+    std::string failure;
+    {
+      std::lock_guard lock(failure_mutex);
+      failure = rank_failure;
+    }
+    if (failure.empty()) std::cerr << "strata: signal " << g_signal.load() << ", shutting down" << std::endl;
+    // The engine fails what is in flight; the sessions then write those errors before the server stops.
+    std::jthread interrupter([&](std::stop_token stop) {
+      std::mutex m;
+      std::condition_variable_any cv;
+      std::unique_lock lock(m);
+      cv.wait_for(lock, stop, kStopGrace, [] { return false; });
+      if (!stop.stop_requested()) world->interrupt();
+    });
     engine.stop();
+    interrupter.request_stop();
+    std::this_thread::sleep_for(kDrain);
+    server.stop();
+    if (!failure.empty()) world->abort("strata serve: " + failure + "; ending the world");
+    try {
+      ranks->shutdown();
+    } catch (const RankFailure& e) {
+      world->abort(std::string("strata serve: the other ranks could not be told to stop: ") + e.what());
+    }
     return 0;
   } catch (const std::exception& e) {
+    // With other ranks waiting on this one, an error here must end them too.
+    if (world && world->distributed()) world->abort(std::string("strata serve: ") + e.what());
     std::cerr << "strata serve: " << e.what() << std::endl;
     return 1;
   }

@@ -1,4 +1,4 @@
-// The scheduler against a real KvCache over a small pool. Block size 4 everywhere, so block counts are easy to
+// The scheduler against a real KvCache over a small pool (and against several pipeline stages at the end). Block size 4 everywhere, so block counts are easy to
 // follow: a sequence holding e entries in one layer holds ceil(e / 4) blocks there.
 #include "daemon/scheduler.h"
 
@@ -42,6 +42,13 @@ struct Bed {
     cache.append(id, n_cached);
     return {id, n_tokens, n_cached};
   }
+
+  // The scheduler's view: one pipeline stage, this cache (the tests' sequence ids are below 64).
+  PipelineKv kv() const {
+    std::vector<SeqId> ids(64);
+    for (SeqId id = 0; id < 64; ++id) ids[size_t(id)] = id;
+    return PipelineKv({kv_report(cache, ids)});
+  }
 };
 
 SchedulerLimits limits(int max_running, int max_batch_tokens, double watermark = 0.0) {
@@ -70,7 +77,7 @@ TEST(Scheduler, DecodesComeFirstAndTakeOneTokenEach) {
       bed.running(2, 6, 5),    // decoding
   };
   const std::deque<SchedulerSequence> waiting = {{4, 8, 0}};
-  const Schedule s = schedule_step(running, waiting, kNone, bed.cache, limits(16, 20));
+  const Schedule s = schedule_step(running, waiting, kNone, bed.kv(), limits(16, 20));
   EXPECT_EQ(chunks_of(s), (Chunks{{1, 9, 1}, {2, 5, 1}, {3, 16, 18}}));
   EXPECT_TRUE(s.admitted.empty());  // the budget is spent
   EXPECT_TRUE(s.preempted.empty());
@@ -80,7 +87,7 @@ TEST(Scheduler, DecodesComeFirstAndTakeOneTokenEach) {
 TEST(Scheduler, DecodesAloneWhenTheBudgetIsSmall) {
   Bed bed(100);
   const std::vector<SchedulerSequence> running = {bed.running(1, 10, 9), bed.running(2, 30, 8), bed.running(3, 6, 5)};
-  const Schedule s = schedule_step(running, {}, kNone, bed.cache, limits(16, 2));
+  const Schedule s = schedule_step(running, {}, kNone, bed.kv(), limits(16, 2));
   EXPECT_EQ(chunks_of(s), (Chunks{{1, 9, 1}, {3, 5, 1}}));
 }
 
@@ -88,7 +95,7 @@ TEST(Scheduler, PrefillTakesWhatTheDecodesLeave) {
   Bed bed(100);
   const std::vector<SchedulerSequence> running = {bed.running(1, 10, 9), bed.running(2, 7, 6)};
   const std::deque<SchedulerSequence> waiting = {{5, 100, 0}, {6, 3, 0}};
-  const Schedule s = schedule_step(running, waiting, kNone, bed.cache, limits(16, 32));
+  const Schedule s = schedule_step(running, waiting, kNone, bed.kv(), limits(16, 32));
   EXPECT_EQ(s.admitted, (Ids{5}));
   EXPECT_EQ(chunks_of(s), (Chunks{{1, 9, 1}, {2, 6, 1}, {5, 0, 30}}));
 }
@@ -140,7 +147,7 @@ struct Sim {
     for (SeqId id : running) run.push_back(view(id));
     std::deque<SchedulerSequence> wait;
     for (SeqId id : waiting) wait.push_back(view(id));
-    const Schedule s = schedule_step(run, wait, releasing, bed.cache, lim);
+    const Schedule s = schedule_step(run, wait, releasing, bed.kv(), lim);
     history.push_back(s);
 
     const std::set<SeqId> was_running(running.begin(), running.end());
@@ -230,12 +237,12 @@ TEST(Scheduler, AdmitsInArrivalOrderWithoutSkipping) {
   Bed bed(20);
   // 40 tokens = 10 blocks fit; 80 tokens = 20 blocks do not fit beside them; the small one behind must wait.
   const std::deque<SchedulerSequence> waiting = {{1, 40, 0}, {2, 80, 0}, {3, 4, 0}};
-  const Schedule s = schedule_step({}, waiting, kNone, bed.cache, limits(16, 1000));
+  const Schedule s = schedule_step({}, waiting, kNone, bed.kv(), limits(16, 1000));
   EXPECT_EQ(s.admitted, (Ids{1}));
   EXPECT_EQ(chunks_of(s), (Chunks{{1, 0, 40}}));
 
   const std::deque<SchedulerSequence> fits = {{5, 3, 0}, {4, 9, 0}, {6, 1, 0}};
-  const Schedule t = schedule_step({}, fits, kNone, bed.cache, limits(16, 1000));
+  const Schedule t = schedule_step({}, fits, kNone, bed.kv(), limits(16, 1000));
   EXPECT_EQ(t.admitted, (Ids{5, 4, 6}));
   EXPECT_EQ(chunks_of(t), (Chunks{{5, 0, 3}, {4, 0, 9}, {6, 0, 1}}));
 }
@@ -243,7 +250,7 @@ TEST(Scheduler, AdmitsInArrivalOrderWithoutSkipping) {
 TEST(Scheduler, AdmissionStopsWhenTheBudgetIsSpent) {
   Bed bed(100);
   const std::deque<SchedulerSequence> waiting = {{1, 10, 0}, {2, 10, 0}, {3, 10, 0}};
-  const Schedule s = schedule_step({}, waiting, kNone, bed.cache, limits(16, 15));
+  const Schedule s = schedule_step({}, waiting, kNone, bed.kv(), limits(16, 15));
   EXPECT_EQ(s.admitted, (Ids{1, 2}));
   EXPECT_EQ(chunks_of(s), (Chunks{{1, 0, 10}, {2, 0, 5}}));
 }
@@ -252,10 +259,10 @@ TEST(Scheduler, MaxRunningIsRespected) {
   Bed bed(100);
   const std::vector<SchedulerSequence> running = {bed.running(1, 5, 4), bed.running(2, 9, 8)};
   const std::deque<SchedulerSequence> waiting = {{3, 4, 0}, {4, 4, 0}, {5, 4, 0}};
-  EXPECT_EQ(schedule_step(running, waiting, kNone, bed.cache, limits(3, 100)).admitted, (Ids{3}));
-  EXPECT_TRUE(schedule_step(running, waiting, kNone, bed.cache, limits(2, 100)).admitted.empty());
-  EXPECT_EQ(schedule_step(running, waiting, kNone, bed.cache, limits(5, 100)).admitted, (Ids{3, 4, 5}));
-  EXPECT_EQ(schedule_step({}, waiting, kNone, bed.cache, limits(1, 100)).admitted, (Ids{3}));
+  EXPECT_EQ(schedule_step(running, waiting, kNone, bed.kv(), limits(3, 100)).admitted, (Ids{3}));
+  EXPECT_TRUE(schedule_step(running, waiting, kNone, bed.kv(), limits(2, 100)).admitted.empty());
+  EXPECT_EQ(schedule_step(running, waiting, kNone, bed.kv(), limits(5, 100)).admitted, (Ids{3, 4, 5}));
+  EXPECT_EQ(schedule_step({}, waiting, kNone, bed.kv(), limits(1, 100)).admitted, (Ids{3}));
 }
 
 TEST(Scheduler, WatermarkIsKeptFreeAtAdmission) {
@@ -264,24 +271,24 @@ TEST(Scheduler, WatermarkIsKeptFreeAtAdmission) {
   const std::vector<SchedulerSequence> running = {bed.running(1, 41, 40)};
   {
     const std::deque<SchedulerSequence> waiting = {{2, 79 * kBlockSize, 0}};  // 79 + 10 <= 89
-    const Schedule s = schedule_step(running, waiting, kNone, bed.cache, limits(16, 1000, 0.1));
+    const Schedule s = schedule_step(running, waiting, kNone, bed.kv(), limits(16, 1000, 0.1));
     EXPECT_EQ(s.admitted, (Ids{2}));
   }
   {
     const std::deque<SchedulerSequence> waiting = {{2, 79 * kBlockSize + 1, 0}};  // 80 + 10 > 89
-    const Schedule s = schedule_step(running, waiting, kNone, bed.cache, limits(16, 1000, 0.1));
+    const Schedule s = schedule_step(running, waiting, kNone, bed.kv(), limits(16, 1000, 0.1));
     EXPECT_TRUE(s.admitted.empty());
     EXPECT_EQ(chunks_of(s), (Chunks{{1, 40, 1}}));
   }
   {
     // Without a watermark the same prompt fits.
     const std::deque<SchedulerSequence> waiting = {{2, 79 * kBlockSize + 1, 0}};
-    EXPECT_EQ(schedule_step(running, waiting, kNone, bed.cache, limits(16, 1000, 0.0)).admitted, (Ids{2}));
+    EXPECT_EQ(schedule_step(running, waiting, kNone, bed.kv(), limits(16, 1000, 0.0)).admitted, (Ids{2}));
   }
   {
     // The watermark is rounded up to whole blocks: 0.001 of 100 blocks keeps 1 block.
     const std::deque<SchedulerSequence> waiting = {{2, 88 * kBlockSize + 1, 0}};  // 89 + 1 > 89
-    EXPECT_TRUE(schedule_step(running, waiting, kNone, bed.cache, limits(16, 1000, 0.001)).admitted.empty());
+    EXPECT_TRUE(schedule_step(running, waiting, kNone, bed.kv(), limits(16, 1000, 0.001)).admitted.empty());
   }
 }
 
@@ -291,7 +298,7 @@ TEST(Scheduler, DecodeShortagePreemptsTheNewestAndAdmitsNobody) {
   const std::vector<SchedulerSequence> running = {bed.running(1, 9, 8), bed.running(2, 5, 4), bed.running(3, 5, 4)};
   ASSERT_EQ(bed.pool.n_free(), 0);
   const std::deque<SchedulerSequence> waiting = {{9, 1, 0}};
-  const Schedule s = schedule_step(running, waiting, kNone, bed.cache, limits(16, 100));
+  const Schedule s = schedule_step(running, waiting, kNone, bed.kv(), limits(16, 100));
   EXPECT_EQ(s.preempted, (Ids{3, 2}));  // newest first, until the rest fit
   EXPECT_EQ(chunks_of(s), (Chunks{{1, 8, 1}}));
   EXPECT_TRUE(s.admitted.empty());
@@ -304,7 +311,7 @@ TEST(Scheduler, DecodeShortageTakesOnlyAsManyAsNeeded) {
                                                   bed.running(4, 5, 4)};
   ASSERT_EQ(bed.pool.n_free(), 1);
   // Sequences 1, 2 and 4 need a block each (3 > 1): preempting 4 gives 1 back, and 2 <= 2 then.
-  const Schedule s = schedule_step(running, {}, kNone, bed.cache, limits(16, 100));
+  const Schedule s = schedule_step(running, {}, kNone, bed.kv(), limits(16, 100));
   EXPECT_EQ(s.preempted, (Ids{4}));
   EXPECT_EQ(chunks_of(s), (Chunks{{1, 8, 1}, {2, 4, 1}, {3, 5, 1}}));
 }
@@ -313,7 +320,7 @@ TEST(Scheduler, SequenceAloneThatCannotGrowIsUnservable) {
   {
     Bed bed(2);
     const std::vector<SchedulerSequence> running = {bed.running(1, 9, 8)};  // decoding, pool full
-    const Schedule s = schedule_step(running, {}, kNone, bed.cache, limits(16, 100));
+    const Schedule s = schedule_step(running, {}, kNone, bed.kv(), limits(16, 100));
     EXPECT_EQ(s.unservable, (Ids{1}));
     EXPECT_TRUE(s.chunks.empty());
     EXPECT_TRUE(s.preempted.empty());
@@ -321,7 +328,7 @@ TEST(Scheduler, SequenceAloneThatCannotGrowIsUnservable) {
   {
     Bed bed(3);
     const std::vector<SchedulerSequence> running = {bed.running(1, 20, 8)};  // its next chunk needs 3 more blocks
-    const Schedule s = schedule_step(running, {}, kNone, bed.cache, limits(16, 100));
+    const Schedule s = schedule_step(running, {}, kNone, bed.kv(), limits(16, 100));
     EXPECT_EQ(s.unservable, (Ids{1}));
     EXPECT_TRUE(s.chunks.empty());
     EXPECT_TRUE(s.preempted.empty());
@@ -339,7 +346,7 @@ TEST(Scheduler, PromptChunkThatDoesNotFitPreemptsTheNewestOther) {
   // Decodes take 2 blocks and 2 tokens; the chunk of 22 tokens (entries 8..29) needs 6 more blocks and 2 are
   // left: the newest other sequence (3) goes, giving back its 3 blocks and the block of its decode, which is
   // exactly enough; the oldest keeps its decode.
-  const Schedule s = schedule_step(running, {{9, 1, 0}}, kNone, bed.cache, limits(16, 24));
+  const Schedule s = schedule_step(running, {{9, 1, 0}}, kNone, bed.kv(), limits(16, 24));
   EXPECT_EQ(s.preempted, (Ids{3}));
   EXPECT_EQ(chunks_of(s), (Chunks{{1, 4, 1}, {2, 8, 22}}));
   EXPECT_TRUE(s.admitted.empty());
@@ -351,8 +358,8 @@ TEST(Scheduler, BlocksOfFinishedSequencesReleasedInTheStepCountAsFree) {
   bed.cache.append(1, 16);  // finished: holds the whole pool until the step releases it
   const std::vector<SeqId> releasing = {1};
   const std::deque<SchedulerSequence> waiting = {{2, 8, 0}};
-  EXPECT_TRUE(schedule_step({}, waiting, kNone, bed.cache, limits(16, 100)).admitted.empty());
-  const Schedule s = schedule_step({}, waiting, releasing, bed.cache, limits(16, 100));
+  EXPECT_TRUE(schedule_step({}, waiting, kNone, bed.kv(), limits(16, 100)).admitted.empty());
+  const Schedule s = schedule_step({}, waiting, releasing, bed.kv(), limits(16, 100));
   EXPECT_EQ(s.admitted, (Ids{2}));
   EXPECT_EQ(chunks_of(s), (Chunks{{2, 0, 8}}));
 }
@@ -362,9 +369,9 @@ TEST(Scheduler, SequenceAloneBesideAFinishedOneIsNotUnservable) {
   bed.cache.append(1, 8);  // finished, 2 blocks
   const std::vector<SchedulerSequence> running = {bed.running(2, 9, 8)};  // decoding, needs a 3rd block; pool full
   ASSERT_EQ(bed.pool.n_free(), 0);
-  EXPECT_EQ(schedule_step(running, {}, kNone, bed.cache, limits(16, 100)).unservable, (Ids{2}));
+  EXPECT_EQ(schedule_step(running, {}, kNone, bed.kv(), limits(16, 100)).unservable, (Ids{2}));
   const std::vector<SeqId> releasing = {1};
-  const Schedule s = schedule_step(running, {}, releasing, bed.cache, limits(16, 100));
+  const Schedule s = schedule_step(running, {}, releasing, bed.kv(), limits(16, 100));
   EXPECT_TRUE(s.unservable.empty());
   EXPECT_EQ(chunks_of(s), (Chunks{{2, 8, 1}}));
 }
@@ -477,7 +484,7 @@ TEST(Scheduler, RandomWorkloadsPreempt) {
 TEST(Scheduler, PromptThatFitsTheEmptyPoolOnlyWithoutTheWatermarkIsNotStuck) {
   Bed bed(100);
   const std::deque<SchedulerSequence> waiting = {{1, 399, 0}, {2, 5, 0}};  // 100 blocks; the watermark is 1
-  const Schedule s = schedule_step({}, waiting, kNone, bed.cache, limits(16, 512, 0.01));
+  const Schedule s = schedule_step({}, waiting, kNone, bed.kv(), limits(16, 512, 0.01));
   const bool admitted = std::find(s.admitted.begin(), s.admitted.end(), 1) != s.admitted.end();
   const bool reported = std::find(s.unservable.begin(), s.unservable.end(), 1) != s.unservable.end();
   EXPECT_TRUE(admitted || reported) << "sequence 1 is neither admitted nor reported: the queue is stuck";
@@ -501,6 +508,38 @@ TEST(Scheduler, PreemptedSequenceThatGrewIsNotStuckForever) {
   EXPECT_TRUE(sim.idle()) << sim.waiting.size() << " waiting";
   EXPECT_GT(sim.n_preemptions, 0);
   EXPECT_EQ(sim.finished, (Ids{1}));
+}
+
+// Pipeline parallelism: each stage has its own pool and its own layers; a chunk is admitted only when it fits in
+// every stage. Stage 0 (2 layers, 40 blocks) is nearly empty; stage 1 (1 layer, 12 blocks) holds sequence 1.
+TEST(Scheduler, EveryPipelineStageMustHoldTheChunk) {
+  Bed stage0(40, 2), stage1(12, 1);
+  stage0.cache.append(1, 20);  // 5 blocks in each of 2 layers: 30 free
+  stage1.cache.append(1, 20);  // 5 blocks: 7 free
+  const std::vector<SchedulerSequence> running = {{1, 21, 20}};
+  const std::vector<SeqId> ids = {1, 2};
+  const PipelineKv kv({kv_report(stage0.cache, ids), kv_report(stage1.cache, ids)});
+  ASSERT_EQ(kv.blocks_to_append(0, 1, 1), 2);  // a new block in each layer of stage 0
+  ASSERT_EQ(kv.blocks_to_append(1, 1, 1), 1);
+  ASSERT_EQ(kv.blocks_held(0, 1), 10);
+  // 24 tokens: 12 blocks on stage 0 (room for 28 after the decode), 6 on stage 1 (room for 6): fits.
+  {
+    const std::deque<SchedulerSequence> waiting = {{2, 24, 0}};
+    EXPECT_EQ(schedule_step(running, waiting, kNone, kv, limits(16, 100)).admitted, (Ids{2}));
+  }
+  // 25 tokens: 7 blocks on stage 1, one more than it has left after the decode; stage 0 alone would take it.
+  {
+    const std::deque<SchedulerSequence> waiting = {{2, 25, 0}};
+    const Schedule s = schedule_step(running, waiting, kNone, kv, limits(16, 100));
+    EXPECT_TRUE(s.admitted.empty());
+    EXPECT_EQ(chunks_of(s), (Chunks{{1, 20, 1}}));
+  }
+  // Sequence 1 finishing frees its blocks on both stages in the same step: now it fits.
+  {
+    const std::deque<SchedulerSequence> waiting = {{2, 25, 0}};
+    const std::vector<SeqId> releasing = {1};
+    EXPECT_EQ(schedule_step({}, waiting, releasing, kv, limits(16, 100)).admitted, (Ids{2}));
+  }
 }
 
 }  // namespace

@@ -316,7 +316,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
-      "kv_cache.request_policies", "parallel.tp", "parallel.pp",
+      "kv_cache.request_policies", "parallel.tp", "parallel.pp", "parallel.timeout_s",
   };
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
   EXPECT_EQ(keys.size(), expected.size());  // no duplicates
