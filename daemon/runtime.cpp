@@ -89,7 +89,8 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
     rt->weights = make_dummy_weights(mc, shard(mc), /*seed=*/1234);
     rt->model_name = m.name.empty() ? m.path.substr(kPresetPrefix.size()) : m.name;
   } else if (fs::is_directory(m.path)) {
-    rt->weights = load_safetensors_weights(m.path, shard(config_from_hf_json((fs::path(m.path) / "config.json").string())));
+    const ModelConfig mc = config_from_hf_json((fs::path(m.path) / "config.json").string());
+    rt->weights = load_safetensors_weights(m.path, shard(mc));
     const std::string tokenizer_json = (fs::path(m.path) / "tokenizer.json").string();
     if (fs::exists(tokenizer_json)) rt->tokenizer = Tokenizer::from_hf_json(tokenizer_json);
     rt->chat_template = choose_template(m, "");

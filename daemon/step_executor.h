@@ -41,6 +41,9 @@ class StepExecutor {
   size_t n_sequences() const { return seqs_.size(); }
   // Counters per local layer since the last call, then reset.
   std::vector<LayerCompressionCounters> take_counters();
+  // The logits of the last execute(): one row of vocab_size floats per sampled work item, in plan order (on the
+  // rank that samples). strata eval scores forced continuations with them.
+  const std::vector<float>& last_logits() const { return logits_; }
   // The policies of a sequence's local layers (empty when unknown or not built yet).
   std::vector<LayerPolicyState> layer_policies(int64_t seq) const;
 

@@ -11,7 +11,7 @@ using Clock = std::chrono::steady_clock;
 
 // One tag per kind of message, so that a collective never matches a point-to-point message between the same
 // two ranks of a group.
-enum Tag : int { kTagFloats = 1, kTagBytes = 2, kTagReduce = 3, kTagGather = 4, kTagBroadcast = 5, kTagGatherBytes = 6 };
+enum Tag : int { kTagFloats = 1, kTagBytes = 2, kTagReduce = 3, kTagGather = 4, kTagBroadcast = 5 };
 
 // Polls quickly at first (a step's collectives usually complete within microseconds), then backs off to sleeps so
 // that ranks sharing cores with their peers (tests, oversubscribed CPUs) leave them the CPU.
@@ -28,6 +28,13 @@ class Backoff {
  private:
   int n_ = 0;
 };
+
+// "4 s", "2.5 s".
+std::string seconds_text(std::chrono::milliseconds t) {
+  const long long ms = t.count();
+  return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s"
+                        : std::to_string(ms / 1000) + "." + std::to_string(ms % 1000 / 100) + " s";
+}
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -70,6 +77,13 @@ void MpiComm::check(int code, const char* what, int peer) const {
                     ": MPI error: " + mpi_error_text(code));
 }
 
+void MpiComm::check_interrupted(const char* what) const {
+  if (deadline_->interrupted) {
+    throw RankFailure(std::string(what) + " over " + group_ + ": interrupted: " + names_.at(size_t(rank_)) +
+                      " is shutting down");
+  }
+}
+
 void MpiComm::wait(Pending& pending, const char* what) {
   std::vector<bool> done(pending.requests.size(), false);
   size_t n_left = pending.requests.size();
@@ -86,7 +100,7 @@ void MpiComm::wait(Pending& pending, const char* what) {
       }
     }
     if (n_left == 0) return;
-    if (deadline_->interrupted) throw RankFailure(std::string(what) + " over " + group_ + ": interrupted (shutdown)");
+    check_interrupted(what);
     if (Clock::now() > pending.deadline) {
       std::string late;
       for (size_t i = 0; i < done.size(); ++i) {
@@ -94,8 +108,8 @@ void MpiComm::wait(Pending& pending, const char* what) {
         const std::string& name = names_.at(size_t(pending.peers[i]));
         if (late.find(name) == std::string::npos) late += (late.empty() ? "" : ", ") + name;
       }
-      throw RankFailure(late + " did not answer within " + std::to_string(deadline_->timeout.count() / 1000.0) +
-                        " s (" + what + " over " + group_ + ", waiting on " + names_.at(size_t(rank_)) + ")");
+      throw RankFailure(late + " did not answer within " + seconds_text(deadline_->timeout) + " (" + what + " over " +
+                        group_ + ", waiting on " + names_.at(size_t(rank_)) + ")");
     }
     backoff.pause();
   }
@@ -165,8 +179,9 @@ std::vector<std::vector<uint8_t>> MpiComm::gather(std::vector<uint8_t> mine, int
   }
   out.resize(size_t(size_));
   // Probe every sender until its message is matched, then receive them all; the ones still missing at the
-  // deadline are named.
-  const Clock::time_point deadline = Clock::now() + deadline_->timeout;
+  // deadline are named. The root waits twice as long as any rank waits for a peer, so that a rank that is itself
+  // stuck on a failed peer reports that failure (naming the peer) before the root gives up on it.
+  const Clock::time_point deadline = Clock::now() + 2 * deadline_->timeout;
   Pending pending{{}, {}, deadline};
   std::vector<int> unmatched;
   for (int r = 0; r < size_; ++r) {
@@ -178,7 +193,7 @@ std::vector<std::vector<uint8_t>> MpiComm::gather(std::vector<uint8_t> mine, int
       int flag = 0;
       MPI_Message message;
       MPI_Status status;
-      check(MPI_Improbe(*it, kTagGatherBytes, comm_, &flag, &message, &status), "gather", *it);
+      check(MPI_Improbe(*it, kTagBytes, comm_, &flag, &message, &status), "gather", *it);
       if (!flag) {
         ++it;
         continue;
@@ -192,12 +207,12 @@ std::vector<std::vector<uint8_t>> MpiComm::gather(std::vector<uint8_t> mine, int
       it = unmatched.erase(it);
     }
     if (unmatched.empty()) break;
-    if (deadline_->interrupted) throw RankFailure("gather over " + group_ + ": interrupted (shutdown)");
+    check_interrupted("gather");
     if (Clock::now() > deadline) {
       std::string late;
       for (int r : unmatched) late += (late.empty() ? "" : ", ") + names_.at(size_t(r));
-      throw RankFailure(late + " did not answer within " + std::to_string(deadline_->timeout.count() / 1000.0) +
-                        " s (gather over " + group_ + ")");
+      throw RankFailure(late + " did not answer within " + seconds_text(2 * deadline_->timeout) + " (gather over " +
+                        group_ + ")");
     }
     backoff.pause();
   }
@@ -224,12 +239,12 @@ void MpiComm::recv(std::span<float> data, int src) {
 void MpiComm::send_bytes(std::span<const uint8_t> data, int dest) {
   Pending pending{{}, {}, Clock::now() + deadline_->timeout};
   MPI_Request req;
-  check(MPI_Isend(data.data(), int(data.size()), MPI_BYTE, dest, kTagGatherBytes, comm_, &req), "send", dest);
+  check(MPI_Isend(data.data(), int(data.size()), MPI_BYTE, dest, kTagBytes, comm_, &req), "send", dest);
   pending.add(req, dest);
   wait(pending, "send");
 }
 
-std::vector<uint8_t> MpiComm::recv_bytes(int src) { return recv_bytes_tagged(src, kTagGatherBytes, "recv"); }
+std::vector<uint8_t> MpiComm::recv_bytes(int src) { return recv_bytes_tagged(src, kTagBytes, "recv"); }
 
 std::vector<uint8_t> MpiComm::recv_bytes_tagged(int src, int tag, const char* what) {
   Pending pending{{}, {}, Clock::now() + deadline_->timeout};
@@ -240,10 +255,10 @@ std::vector<uint8_t> MpiComm::recv_bytes_tagged(int src, int tag, const char* wh
     int flag = 0;
     check(MPI_Improbe(src, tag, comm_, &flag, &message, &status), what, src);
     if (flag) break;
-    if (deadline_->interrupted) throw RankFailure(std::string(what) + " over " + group_ + ": interrupted (shutdown)");
+    check_interrupted(what);
     if (Clock::now() > pending.deadline) {
-      throw RankFailure(names_.at(size_t(src)) + " sent nothing within " +
-                        std::to_string(deadline_->timeout.count() / 1000.0) + " s (" + what + " over " + group_ +
+      throw RankFailure(names_.at(size_t(src)) + " sent nothing within " + seconds_text(deadline_->timeout) + " (" +
+                        what + " over " + group_ +
                         ", waiting on " + names_.at(size_t(rank_)) + ")");
     }
     backoff.pause();

@@ -57,6 +57,7 @@ class MpiComm final : public Comm {
  private:
   struct Pending;
   void wait(Pending& pending, const char* what);
+  void check_interrupted(const char* what) const;
   std::vector<uint8_t> recv_bytes_tagged(int src, int tag, const char* what);
   void check(int code, const char* what, int peer) const;
 

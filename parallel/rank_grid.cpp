@@ -30,7 +30,9 @@ std::pair<int, int> stage_layers(int n_layers, int pp, int stage) {
     throw std::invalid_argument("--pp (parallel.pp) " + std::to_string(pp) + ": the model has only " +
                                 std::to_string(n_layers) + " layers, one stage needs at least one");
   }
-  if (stage < 0 || stage >= pp) throw std::invalid_argument("pipeline stage " + std::to_string(stage) + " out of range");
+  if (stage < 0 || stage >= pp) {
+    throw std::invalid_argument("pipeline stage " + std::to_string(stage) + " out of range");
+  }
   const int base = n_layers / pp, extra = n_layers % pp;
   const int begin = stage * base + std::min(stage, extra);
   return {begin, begin + base + (stage < extra ? 1 : 0)};

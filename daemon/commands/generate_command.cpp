@@ -1,7 +1,8 @@
 // strata generate: complete one prompt from the command line and print the text as it is generated. Under mpirun
 // every rank runs this command: the leader prints, the others execute their shard (docs/distributed.md).
-// --json prints one JSON object per generated token instead of text (its id, logprob, top alternatives and the
-// KV entries every layer holds at that step), which is how the multi-rank tests compare worlds token for token.
+// --json prints one JSON object per generated token instead of text (its id, logprob, top alternatives, the KV
+// entries every layer holds at that step and the count it would hold uncompressed), which is how the multi-rank
+// tests compare worlds token for token.
 #include <iostream>
 #include <optional>
 #include <variant>
@@ -47,12 +48,15 @@ class PrintingSink final : public GenerationSink {
   // The engine publishes the KV state before a step's tokens go out: this is the cache that produced them.
   void print_tokens(const ChoiceDelta& d) const {
     nlohmann::json layer_tokens = nlohmann::json::array();
+    int64_t cached_tokens = 0;  // what every layer would hold uncompressed
     const nlohmann::json state = nlohmann::json::parse(engine_->kv_state_json());
     for (const auto& seq : state["sequences"]) {
+      cached_tokens = seq["cached_tokens"];
       for (const auto& layer : seq["layers"]) layer_tokens.push_back(layer["tokens"]);
     }
     for (size_t i = 0; i < d.token_ids.size(); ++i) {
-      nlohmann::json line = {{"token", d.token_ids[i]}, {"layer_tokens", layer_tokens}};
+      nlohmann::json line = {
+          {"token", d.token_ids[i]}, {"layer_tokens", layer_tokens}, {"cached_tokens", cached_tokens}};
       if (i < d.logprobs.size()) {
         line["logprob"] = d.logprobs[i].logprob;
         nlohmann::json top = nlohmann::json::array();

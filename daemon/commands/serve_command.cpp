@@ -124,7 +124,11 @@ int serve_command(int argc, char** argv) {
       std::lock_guard lock(failure_mutex);
       failure = rank_failure;
     }
-    if (failure.empty()) std::cerr << "strata: signal " << g_signal.load() << ", shutting down" << std::endl;
+    if (failure.empty()) {
+      std::cerr << "strata: signal " << g_signal.load() << ", shutting down"
+                << (world->distributed() ? " (mpirun also signals every rank when one dies, and names it)" : "")
+                << std::endl;
+    }
     // The engine fails what is in flight; the sessions then write those errors before the server stops.
     std::jthread interrupter([&](std::stop_token stop) {
       std::mutex m;

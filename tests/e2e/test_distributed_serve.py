@@ -1,0 +1,184 @@
+"""`strata serve` as a world of mpirun ranks (docs/distributed.md), driven over HTTP:
+
+- a TP=3 x PP=2 world answers greedy completions with the reference tokens (transformers' greedy continuation,
+  tests/fixtures/reference), serves concurrent streams, and exports the per-layer KV gauges of all six ranks on the
+  leader's /metrics with their pp_stage and tp_rank labels;
+- a rank that dies (SIGKILL) or stops answering (SIGSTOP) mid-request: the client gets an error, and every process
+  of the world is gone within FAILURE_BOUND_S, with a message naming the rank.
+"""
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from distributed_world import command, world_env
+from support import (check_greedy_against_reference, completion_logprob_ids, free_port, load_reference, metric,
+                     metrics, wait_until_ready)
+from support import ROOT
+
+N_LAYERS = 30
+STARTUP_TIMEOUT_S = 180
+# A dead rank: mpirun notices at once and ends the world (SIGTERM, then SIGKILL a second later). A silent rank: the
+# leader's deadline (parallel.timeout_s below) plus the shutdown's grace and drain.
+FAILURE_TIMEOUT_S = 4
+FAILURE_BOUND_S = 20
+
+
+class World:
+    def __init__(self, tp, pp, settings=()):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkdtemp(prefix="strata-world-")) / "serve.log"
+        cmd = command("serve", tp, pp, ["--port", str(self.port)], settings)
+        with open(self.log_path, "wb") as log:
+            # A session of its own: the test can check that every process of the world is gone.
+            self.process = subprocess.Popen(cmd, cwd=ROOT, env=world_env(), stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        wait_until_ready(self.process, f"{self.base_url}/health", "strata world", STARTUP_TIMEOUT_S, self.log_tail,
+                         interval_s=0.5)
+
+    def log_tail(self, n=6000):
+        return self.log_path.read_bytes()[-n:].decode("utf-8", errors="replace")
+
+    def rank_pids(self):
+        """{world rank: pid} of the strata processes mpirun started (from their environment)."""
+        pids = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry.name)) != self.process.pid:
+                    continue
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, ProcessLookupError):
+                continue
+            if b"strata" not in cmdline.split(b"\0")[0]:
+                continue
+            for var in environ:
+                if var.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    pids[int(var.split(b"=")[1])] = int(entry.name)
+        return pids
+
+    def session_alive(self):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.getsid(int(entry.name)) == self.process.pid:
+                        return True
+                except (OSError, ProcessLookupError):
+                    pass
+        return False
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def world():
+    w = World(3, 2)
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def test_greedy_completion_matches_the_reference(world):
+    reference = load_reference("code_digits")
+    client = openai.OpenAI(base_url=f"{world.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    response = client.completions.create(model=model, prompt=reference["text"], max_tokens=16, logprobs=3,
+                                         temperature=0)
+    ids = completion_logprob_ids(response.choices[0])
+    assert len(ids) == 16
+    check_greedy_against_reference(ids, reference, "TP=3 x PP=2 completions code_digits")
+
+
+def test_concurrent_streams_each_get_what_they_get_alone(world):
+    client = openai.OpenAI(base_url=f"{world.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
+    alone = [client.completions.create(model=model, prompt=p, max_tokens=10, temperature=0).choices[0].text
+             for p in prompts]
+    streams = [client.completions.create(model=model, prompt=p, max_tokens=10, temperature=0, stream=True)
+               for p in prompts]
+    together = ["".join(chunk.choices[0].text for chunk in s if chunk.choices) for s in streams]
+    assert together == alone
+
+
+def test_metrics_carry_every_rank_and_kv_state_every_layer(world):
+    samples = metrics(world.base_url)
+    for stage, layers in ((0, range(0, 15)), (1, range(15, 30))):
+        for tp_rank in range(3):
+            for layer in layers:
+                assert metric(samples, "strata_kv_layer_bytes", layer=layer, pp_stage=stage, tp_rank=tp_rank) >= 0
+    labelled = {dict(k)["pp_stage"] + "/" + dict(k)["tp_rank"] for k in samples["strata_kv_layer_tokens"]}
+    assert labelled == {f"{s}/{t}" for s in range(2) for t in range(3)}
+    state = requests.get(f"{world.base_url}/v1/kv_state", timeout=30).json()
+    assert sorted(layer["layer"] for layer in state["layers"]) == list(range(N_LAYERS))
+    assert (state["tp"], state["pp"]) == (3, 2)
+    ranks = sorted((r["pp_stage"], r["tp_rank"]) for r in state["ranks"])
+    assert ranks == [(s, t) for s in range(2) for t in range(3)]
+    assert requests.get(f"{world.base_url}/health", timeout=30).status_code == 200
+
+
+def stream_until_first_token(world):
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a long story about a lighthouse keeper.", "max_tokens": 2000,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    response = requests.post(f"{world.base_url}/v1/completions", json=body, stream=True, timeout=60)
+    assert response.status_code == 200, response.text[:500]
+    lines = response.iter_lines()
+    while not next(lines).startswith(b"data: {"):
+        pass
+    return response, lines
+
+
+def read_rest(lines):
+    """What the stream still sends: the SSE data lines, or the connection error that cut it."""
+    events = []
+    try:
+        for line in lines:
+            if line.startswith(b"data: "):
+                events.append(line[6:].decode("utf-8", errors="replace"))
+    except requests.RequestException as e:
+        events.append(f"connection error: {e}")
+    return events
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_failed_rank_fails_the_request_and_ends_the_world(how):
+    w = World(1, 2, [f"parallel.timeout_s={FAILURE_TIMEOUT_S}"])
+    try:
+        pids = w.rank_pids()
+        assert sorted(pids) == [0, 1], pids
+        response, lines = stream_until_first_token(w)
+        failed_at = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        rest = read_rest(lines)
+        # The stream ends in an error, never in a normal finish.
+        assert rest, "the stream ended without a word"
+        assert "[DONE]" not in rest[-1] or any('"error"' in e for e in rest), rest[-3:]
+        assert any('"error"' in e or e.startswith("connection error") for e in rest), rest[-3:]
+        if how == "stopped":  # the leader's watchdog names the silent rank in the error the client gets
+            assert any("rank 1 (pp_stage 1, tp_rank 0)" in e for e in rest), rest[-3:]
+        w.process.wait(timeout=FAILURE_BOUND_S)
+        while w.session_alive():
+            assert time.monotonic() - failed_at < FAILURE_BOUND_S, f"processes left:\n{w.log_tail()}"
+            time.sleep(0.2)
+        assert time.monotonic() - failed_at < FAILURE_BOUND_S
+        assert w.process.returncode != 0
+        assert "rank 1" in w.log_tail(), w.log_tail()
+    finally:
+        w.stop()
