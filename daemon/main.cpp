@@ -1,4 +1,4 @@
-// strata: the serving daemon's one binary. Subcommands: serve, generate, bench, tokenize.
+// strata: the serving daemon's one binary. Subcommands: serve, generate, bench, tokenize, eval.
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -17,6 +17,8 @@ void print_usage() {
                "            [--out FILE]  prefill and decode throughput\n"
                "  tokenize  --model FILE.gguf [--special] [--decode]\n"
                "            JSON lines in, JSON lines out\n"
+               "  eval      --config FILE [--policies a,b] [--budgets 64,20%] [--out FILE]\n"
+               "            quality (perplexity, passkey, agreement) and memory of each compression policy\n"
                "Run 'strata <command> --help' for the flags of one command.\n";
 }
 
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return strata::generate_command(sub_argc, sub_argv);
   if (command == "bench") return strata::bench_command(sub_argc, sub_argv);
   if (command == "tokenize") return strata::tokenize_command(sub_argc, sub_argv);
+  if (command == "eval") return strata::eval_command(sub_argc, sub_argv);
   std::cerr << "strata: unknown command '" << command << "'\n";
   print_usage();
   return 2;

@@ -19,6 +19,7 @@
 #include "cache/compression_policy.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
+#include "daemon/commands/machine_info.h"
 #include "daemon/engine.h"
 #include "daemon/metrics.h"
 #include "daemon/runtime.h"
@@ -46,15 +47,6 @@ class TimingSink final : public GenerationSink {
   int n_tokens = 0;
   std::string error;
 };
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
 
 std::vector<int> parse_list(const std::string& text) {
   std::vector<int> out;
@@ -107,11 +99,9 @@ int bench_command(int argc, char** argv) {
     if (!rt->tokenizer) no_tokenizer_stand_in.emplace(stand_in_tokenizer(mc));
     const Tokenizer& tokenizer = rt->tokenizer ? *rt->tokenizer : *no_tokenizer_stand_in;
 
-    std::string command = "strata bench";
-    for (int i = 0; i < argc; ++i) command += std::string(" ") + argv[i];
     nlohmann::json report = {
-        {"command", command},
-        {"machine", {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}}},
+        {"command", command_text("bench", argc, argv)},
+        {"machine", machine_json()},
         {"backend", rt->backend->name()},
         {"model", {{"path", config.model.path}, {"layers", mc.n_layers}, {"d_model", mc.d_model},
                    {"heads", mc.n_heads}, {"kv_heads", mc.n_kv_heads}, {"vocab", mc.vocab_size}}},

@@ -6,5 +6,6 @@ int serve_command(int argc, char** argv);      // strata serve --config FILE [--
 int generate_command(int argc, char** argv);   // strata generate --config FILE --prompt TEXT ...
 int bench_command(int argc, char** argv);      // strata bench ...
 int tokenize_command(int argc, char** argv);   // strata tokenize --model FILE [--special] : JSON lines in and out
+int eval_command(int argc, char** argv);       // strata eval --config FILE ... (defined in eval/)
 
 }  // namespace strata

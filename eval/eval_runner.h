@@ -1,0 +1,67 @@
+#pragma once
+// The leader of `strata eval`: runs evaluation jobs through one rank's StepExecutor in-process, several jobs in
+// one batch, each with its own compression policy. A job either scores a given continuation token by token
+// through the (compressed) cache, or generates greedily. At its end the runner records what every layer held.
+//
+// It builds StepPlans itself instead of going through the Engine so that it can score forced tokens (the Engine
+// samples) and read the per-sequence cache before the sequence is released.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "daemon/runtime.h"
+
+namespace strata {
+
+// What one layer of one sequence held when its job ended.
+struct LayerHeld {
+  int64_t entries = 0;             // tokens held
+  int64_t bytes = 0;               // pool memory taken (whole blocks)
+  int64_t uncompressed_bytes = 0;  // what `full` would take for the same tokens
+};
+
+struct EvalJob {
+  std::vector<int32_t> prompt;
+  std::string policy;              // a policy spec ("snapkv:budget=128"); empty: the configuration's
+  std::vector<int32_t> forced;     // teacher-forced continuation: score log p(forced[i] | prompt, forced[<i])
+  int generate = 0;                // when forced is empty: greedy tokens to generate (fewer if EOS comes first)
+
+  // Results.
+  std::vector<float> forced_logprobs;  // one per forced token
+  std::vector<int32_t> generated;
+  std::vector<LayerHeld> layers;       // per layer of the model, at the job's last step
+};
+
+struct EvalRunnerOptions {
+  int max_batch = 4;        // jobs run together
+  int prefill_chunk = 512;  // prompt tokens per job per step (chunked prefill, as the engine does)
+  // Called when a job has ended and its layers are recorded, before its sequence leaves the cache (the tests
+  // compare the record with the cache's and the metrics' own accounting). Optional.
+  std::function<void(const EvalJob&, const KvCache&)> before_release;
+};
+
+class EvalRunner {
+ public:
+  EvalRunner(Runtime& runtime, EvalRunnerOptions options);
+
+  // Runs every job; `progress(done, total)` is called after each finished job. Throws std::runtime_error when a
+  // job cannot fit in the KV pool on its own.
+  void run(std::span<EvalJob> jobs, const std::function<void(size_t, size_t)>& progress = {});
+
+ private:
+  struct Active;
+  void run_batch(std::span<EvalJob*> batch);
+  std::vector<LayerHeld> layers_held(int64_t seq) const;
+
+  Runtime& rt_;
+  EvalRunnerOptions options_;
+  int64_t next_seq_ = 1;
+  uint64_t step_ = 0;
+};
+
+// log p(token) from one row of logits (log-softmax in double precision).
+float token_logprob(std::span<const float> logits, int32_t token);
+
+}  // namespace strata

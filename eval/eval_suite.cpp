@@ -1,0 +1,163 @@
+#include "eval/eval_suite.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <stdexcept>
+
+#include "cache/compression_policy.h"
+#include "cache/policy_spec.h"
+
+namespace strata {
+
+std::string case_spec(const EvalCase& c, int prompt_len) {
+  if (c.policy == "full" || c.budget.empty()) return c.policy;
+  const Budget budget = [&] {
+    PolicySpec probe;
+    probe.params["budget"] = c.budget;
+    return ParamReader(probe).get_budget("budget", Budget{});
+  }();
+  if (c.policy == "simlayerkv") {
+    // A lazy layer keeps its n_init = 4 initial entries plus the window; layers found not lazy keep everything.
+    return "simlayerkv:window=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 4));
+  }
+  return c.policy + ":budget=" + c.budget;
+}
+
+double EvalMemory::ratio() const {
+  const int64_t held = std::accumulate(bytes.begin(), bytes.end(), int64_t(0));
+  const int64_t full = std::accumulate(uncompressed_bytes.begin(), uncompressed_bytes.end(), int64_t(0));
+  return held > 0 ? double(full) / double(held) : 0.0;
+}
+
+EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const ChatTemplate& chat)
+    : settings_(std::move(settings)), tokenizer_(tokenizer), chat_(chat) {
+  for (const std::string& name : settings_.documents) {
+    documents_.push_back(document_tokens(tokenizer_, settings_.data_dir, name));
+  }
+  instructions_ = load_instructions(settings_.data_dir);
+  if (settings_.agreement_prompts > int(instructions_.size())) {
+    throw std::invalid_argument("eval: " + std::to_string(settings_.agreement_prompts) + " agreement prompts asked, " +
+                                std::to_string(instructions_.size()) + " instructions in " + settings_.data_dir);
+  }
+  if (settings_.policies.empty()) {
+    for (const std::string& p : policy_names()) {
+      if (p != "full") settings_.policies.push_back(p);
+    }
+  }
+  // A budget a policy rejects (below its window, say) fails here, before hours of running, naming the parameter.
+  for (const EvalCase& c : cases()) validate_policy(parse_policy_spec(case_spec(c, 1000)));
+}
+
+std::vector<EvalCase> EvalSuite::cases() const {
+  std::vector<EvalCase> out{{"full", "", "f32"}};
+  for (const std::string& p : settings_.policies) {
+    for (const std::string& b : settings_.budgets) out.push_back({p, b, "f32"});
+  }
+  for (const std::string& p : settings_.quantized_policies) {
+    for (const std::string& b : settings_.budgets) out.push_back({p, b, settings_.quantized_dtype});
+  }
+  return out;
+}
+
+namespace {
+
+// Which task and case a job belongs to.
+struct JobTag {
+  enum Kind { perplexity, passkey, agreement } kind;
+  size_t index;  // into that task's cases
+};
+
+}  // namespace
+
+EvalCaseResult EvalSuite::run(const EvalCase& c, Runtime& runtime, const std::function<void(size_t, size_t)>& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<EvalJob> jobs;
+  std::vector<JobTag> tags;
+  auto add = [&](EvalJob job, JobTag tag) {
+    job.policy = case_spec(c, int(job.prompt.size()));
+    jobs.push_back(std::move(job));
+    tags.push_back(tag);
+  };
+
+  std::vector<PerplexityCase> ppl_cases;
+  for (size_t d = 0; d < documents_.size(); ++d) {
+    for (int prefix : settings_.perplexity_prefixes) {
+      ppl_cases.push_back({settings_.documents[d], prefix, settings_.perplexity_tokens});
+      add(perplexity_job(documents_[d], ppl_cases.back(), ""), {JobTag::perplexity, ppl_cases.size() - 1});
+    }
+  }
+  std::vector<PasskeyCase> key_cases;
+  std::vector<std::string> keys;
+  for (int length : settings_.passkey_lengths) {
+    for (double depth : settings_.passkey_depths) {
+      key_cases.push_back({length, depth});
+      keys.emplace_back();
+      const uint64_t seed = settings_.seed * 1000003u + uint64_t(length) * 131u + uint64_t(depth * 100.0);
+      add(passkey_job(tokenizer_, chat_, key_cases.back(), seed, "", &keys.back()), {JobTag::passkey, key_cases.size() - 1});
+    }
+  }
+  std::vector<AgreementCase> agree_cases;
+  for (size_t d = 0; d < documents_.size(); ++d) {
+    const std::vector<int32_t>& doc = documents_[d];
+    const int context = settings_.agreement_context;
+    if (int(doc.size()) <= context) throw std::invalid_argument("eval: agreement passages longer than the documents");
+    for (int i = 0; i < settings_.agreement_prompts; ++i) {
+      const size_t offset = (size_t(i) * 997u) % (doc.size() - size_t(context));  // a different passage each
+      const std::vector<int32_t> passage(doc.begin() + long(offset), doc.begin() + long(offset) + context);
+      agree_cases.push_back({int(agree_cases.size()), context});
+      add(agreement_job(tokenizer_, chat_, passage, instructions_[size_t(i)], settings_.agreement_tokens, ""),
+          {JobTag::agreement, agree_cases.size() - 1});
+    }
+  }
+
+  // Longest first, so that a batch holds jobs of similar lengths and none waits long for another.
+  std::vector<size_t> order(jobs.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return jobs[a].prompt.size() > jobs[b].prompt.size();
+  });
+  std::vector<EvalJob> sorted;
+  for (size_t i : order) sorted.push_back(std::move(jobs[i]));
+  EvalRunner(runtime, settings_.runner).run(sorted, progress);
+
+  EvalCaseResult result;
+  result.c = c;
+  result.perplexity.resize(ppl_cases.size());
+  result.passkey.resize(key_cases.size());
+  result.agreement.resize(agree_cases.size());
+  if (c.policy == "full") reference_answers_.assign(agree_cases.size(), {});
+  if (reference_answers_.size() != agree_cases.size()) throw std::logic_error("eval: full must run first");
+  EvalMemory& mem = result.memory;
+  for (size_t k = 0; k < sorted.size(); ++k) {
+    const EvalJob& job = sorted[k];
+    const JobTag& tag = tags[order[k]];
+    switch (tag.kind) {
+      case JobTag::perplexity:
+        result.perplexity[tag.index] = score_perplexity(ppl_cases[tag.index], job);
+        break;
+      case JobTag::passkey:
+        result.passkey[tag.index] = score_passkey(tokenizer_, key_cases[tag.index], keys[tag.index], job);
+        break;
+      case JobTag::agreement:
+        if (c.policy == "full") reference_answers_[tag.index] = job.generated;
+        result.agreement[tag.index] = score_agreement(agree_cases[tag.index], reference_answers_[tag.index], job);
+        break;
+    }
+    mem.bytes.resize(job.layers.size());
+    mem.uncompressed_bytes.resize(job.layers.size());
+    for (size_t l = 0; l < job.layers.size(); ++l) {
+      mem.bytes[l] += job.layers[l].bytes;
+      mem.uncompressed_bytes[l] += job.layers[l].uncompressed_bytes;
+    }
+    if (int(job.prompt.size()) > mem.longest_prompt) {
+      mem.longest_prompt = int(job.prompt.size());
+      mem.longest_entries.clear();
+      for (const LayerHeld& l : job.layers) mem.longest_entries.push_back(l.entries);
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace strata

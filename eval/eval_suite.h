@@ -1,0 +1,82 @@
+#pragma once
+// The grid of `strata eval`: every policy at every budget (token counts and fractions of the prompt) over the
+// perplexity, passkey and agreement tasks, plus the memory each layer held. `full` runs first: it is the reference
+// the others are compared with. Results are plain structs, written as JSON by eval_report.h.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "eval/eval_tasks.h"
+
+namespace strata {
+
+struct EvalSettings {
+  std::string data_dir = "eval/data";
+  std::vector<std::string> policies;            // empty: every policy make_policy knows
+  std::vector<std::string> budgets = {"64", "128", "256", "512", "1024", "10%", "20%", "50%"};
+  std::vector<std::string> quantized_policies = {"simlayerkv"};  // run again over an int4 cache, same budgets
+  std::string quantized_dtype = "int4";
+  std::vector<std::string> documents = document_names();
+  std::vector<int> perplexity_prefixes = {1024, 2048, 4096, 8000};
+  int perplexity_tokens = 128;
+  std::vector<int> passkey_lengths = {1024, 2048, 4096, 8000};
+  std::vector<double> passkey_depths = {0.0, 0.25, 0.5, 0.75, 1.0};
+  int agreement_context = 1024;                 // passage tokens
+  int agreement_prompts = 8;                    // instructions used (each over one passage per document)
+  int agreement_tokens = 48;                    // answer tokens compared
+  uint64_t seed = 1;
+  EvalRunnerOptions runner;
+};
+
+// One policy at one budget (or `full`).
+struct EvalCase {
+  std::string policy;
+  std::string budget;     // "" for full
+  std::string kv_dtype;   // the cache format: "f32", "int4", ...
+};
+
+// The policy spec a case uses for a prompt of prompt_len tokens (budgets become each policy's parameters).
+std::string case_spec(const EvalCase& c, int prompt_len);
+
+// What every layer held, summed over the jobs of a case, and per layer for its longest prompt.
+struct EvalMemory {
+  std::vector<int64_t> bytes, uncompressed_bytes;  // per layer, summed over the case's jobs
+  std::vector<int64_t> longest_entries;            // per layer, the job with the longest prompt
+  int longest_prompt = 0;
+  double ratio() const;                            // uncompressed / held, over all layers
+};
+
+struct EvalCaseResult {
+  EvalCase c;
+  std::vector<PerplexityScore> perplexity;
+  std::vector<PasskeyScore> passkey;
+  std::vector<AgreementScore> agreement;
+  EvalMemory memory;
+  double seconds = 0.0;
+};
+
+class EvalSuite {
+ public:
+  EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const ChatTemplate& chat);
+
+  // The cases in order: full first, then every policy x budget, then the quantized runs.
+  std::vector<EvalCase> cases() const;
+  // Runs one case on `runtime` (whose cache format must be c.kv_dtype). `full`'s answers are kept as the reference
+  // for the agreement of later cases, so full must run first.
+  EvalCaseResult run(const EvalCase& c, Runtime& runtime,
+                     const std::function<void(size_t, size_t)>& progress = {});
+
+  const EvalSettings& settings() const { return settings_; }
+
+ private:
+  EvalSettings settings_;
+  const Tokenizer& tokenizer_;
+  const ChatTemplate& chat_;
+  std::vector<std::vector<int32_t>> documents_;
+  std::vector<std::string> instructions_;
+  std::vector<std::vector<int32_t>> reference_answers_;  // full's agreement answers
+};
+
+}  // namespace strata

@@ -1,0 +1,243 @@
+// strata eval on the real model: its invariants (full scores what one plain forward pass and the engine give; a
+// budget at least the prompt scores what full scores; the memory it reports is what the metrics report) and its
+// scoring functions on hand-computed cases.
+#include <cmath>
+#include <memory>
+#include <regex>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "daemon/engine.h"
+#include "daemon/metrics.h"
+#include "daemon/runtime.h"
+#include "eval/eval_runner.h"
+#include "eval/eval_suite.h"
+#include "eval/eval_tasks.h"
+#include "tests/test_paths.h"
+
+namespace strata {
+namespace {
+
+std::unique_ptr<Runtime> make_smollm2() {
+  ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
+  config.model.path = test::smollm2_gguf_path();
+  config.kv_cache.memory_mib = 256;
+  return make_runtime(config);
+}
+
+Runtime& runtime() {
+  static std::unique_ptr<Runtime> rt = make_smollm2();
+  return *rt;
+}
+
+std::string data_dir() { return test::source_path("eval/data"); }
+
+// A 300-token prompt from a shipped text and the 24 tokens that follow it.
+EvalJob scoring_job(const std::string& policy) {
+  const std::vector<int32_t> doc = document_tokens(*runtime().tokenizer, data_dir(), "alice_in_wonderland");
+  return perplexity_job(doc, PerplexityCase{"alice_in_wonderland", 300, 24}, policy);
+}
+
+std::vector<float> run_one(EvalJob job, EvalRunnerOptions options = {}) {
+  std::vector<EvalJob> jobs{std::move(job)};
+  EvalRunner(runtime(), std::move(options)).run(jobs);
+  return jobs[0].forced_logprobs;
+}
+
+TEST(EvalScoring, HandComputedCases) {
+  const std::vector<float> logits{0.0f, std::log(3.0f)};
+  EXPECT_NEAR(token_logprob(logits, 1), std::log(0.75), 1e-6);
+  EXPECT_NEAR(token_logprob(logits, 0), std::log(0.25), 1e-6);
+
+  EvalJob ppl;
+  ppl.forced_logprobs = {-1.0f, -2.0f, -3.0f};
+  const PerplexityScore p = score_perplexity(PerplexityCase{"d", 10, 3}, ppl);
+  EXPECT_DOUBLE_EQ(p.mean_nll, 2.0);
+  EXPECT_NEAR(p.perplexity(), std::exp(2.0), 1e-9);
+
+  EvalJob answer;
+  answer.generated = {1, 2, 5, 3};
+  const AgreementScore a = score_agreement(AgreementCase{0, 100}, {1, 2, 3, 4}, answer);
+  EXPECT_EQ(a.common_prefix, 2);
+  EXPECT_EQ(a.compared, 4);
+  EXPECT_NEAR(a.token_f1, 0.75, 1e-12);  // 3 shared of 4 and 4: precision = recall = 3/4
+
+  EXPECT_EQ(case_spec({"full", "", "f32"}, 1000), "full");
+  EXPECT_EQ(case_spec({"snapkv", "64", "f32"}, 1000), "snapkv:budget=64");
+  EXPECT_EQ(case_spec({"pyramidkv", "20%", "f32"}, 1000), "pyramidkv:budget=20%");
+  EXPECT_EQ(case_spec({"simlayerkv", "20%", "f32"}, 1000), "simlayerkv:window=196");  // 200 minus 4 initial
+}
+
+TEST(EvalPasskey, KeySitsAtTheAskedDepth) {
+  const Tokenizer& tok = *runtime().tokenizer;
+  for (double depth : {0.0, 0.5, 1.0}) {
+    std::string key;
+    const EvalJob job = passkey_job(tok, *runtime().chat_template, PasskeyCase{1000, depth}, 42, "", &key);
+    ASSERT_EQ(key.size(), 5u);
+    EXPECT_NEAR(double(job.prompt.size()), 1000.0, 60.0);
+    const std::string text = tok.decode(job.prompt, false);
+    const double begin = double(text.find("There is an important"));
+    const double end = double(text.find("\nWhat is the pass key?"));
+    const double at = (double(text.find("The pass key is " + key)) - begin) / (end - begin);
+    EXPECT_NEAR(at, depth, 0.08) << "depth " << depth;
+    EXPECT_EQ(text.substr(text.size() - 15), "The pass key is") << "the answer is primed";
+  }
+  std::string k1, k2;
+  passkey_job(tok, *runtime().chat_template, PasskeyCase{1000, 0.5}, 1, "", &k1);
+  passkey_job(tok, *runtime().chat_template, PasskeyCase{1000, 0.5}, 1, "", &k2);
+  EXPECT_EQ(k1, k2) << "the same seed gives every policy the same key";
+}
+
+// The runner decodes the continuation one token at a time through the cache; one prefill over the whole text
+// with logits at every position is an independent path to the same numbers.
+TEST(EvalInvariants, FullScoresWhatOnePlainForwardGives) {
+  EvalJob job = scoring_job("full");
+  const std::vector<float> scored = run_one(job);
+  ASSERT_EQ(scored.size(), job.forced.size());
+
+  Runtime& rt = runtime();
+  std::vector<int32_t> text = job.prompt;
+  text.insert(text.end(), job.forced.begin(), job.forced.end() - 1);
+  const SeqId seq = 1'000'000;
+  std::vector<float> logits;
+  const BatchSequence b{seq, text, 0, LogitsMode::all, nullptr};
+  rt.model->forward({&b, 1}, *rt.cache, logits);
+  rt.cache->release(seq);
+  const size_t vocab = size_t(rt.weights.config.vocab_size);
+  for (size_t i = 0; i < job.forced.size(); ++i) {
+    const size_t row = job.prompt.size() - 1 + i;
+    const float expected =
+        token_logprob(std::span<const float>(logits.data() + row * vocab, vocab), job.forced[i]);
+    EXPECT_NEAR(scored[i], expected, 2e-3) << "token " << i;
+  }
+}
+
+class Collect final : public GenerationSink {
+ public:
+  void on_event(GenerationEvent event) override {
+    if (auto* d = std::get_if<ChoiceDelta>(&event)) tokens.insert(tokens.end(), d->token_ids.begin(), d->token_ids.end());
+  }
+  bool cancelled() const override { return false; }
+  std::vector<int32_t> tokens;
+};
+
+TEST(EvalInvariants, FullGeneratesWhatTheEngineGenerates) {
+  Runtime& rt = runtime();
+  const std::vector<int32_t> doc = document_tokens(*rt.tokenizer, data_dir(), "around_the_world_in_80_days");
+  const std::vector<int32_t> passage(doc.begin(), doc.begin() + 200);
+  std::vector<EvalJob> jobs{agreement_job(*rt.tokenizer, *rt.chat_template, passage,
+                                          "Summarize the passage above in three sentences.", 24, "full")};
+  EvalRunner(rt, {}).run(jobs);
+
+  ServerMetrics metrics(8192);
+  Engine engine(*rt.executor, *rt.cache, *rt.tokenizer, rt.weights.config, metrics, EngineOptions{});
+  auto sink = std::make_shared<Collect>();
+  GenerationRequest r;
+  r.id = "eval-test";
+  r.prompt_ids = jobs[0].prompt;
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = 24;
+  r.sink = sink;
+  engine.submit(std::move(r));
+  engine.run_until_idle();
+  ASSERT_FALSE(jobs[0].generated.empty());
+  EXPECT_EQ(jobs[0].generated, sink->tokens);
+}
+
+TEST(EvalInvariants, BudgetAtLeastThePromptScoresLikeFull) {
+  const std::vector<float> full = run_one(scoring_job("full"));
+  for (const char* spec : {"snapkv:budget=400", "pyramidkv:budget=400", "h2o:budget=400", "streaming:budget=400",
+                           "snapkv:budget=100%", "simlayerkv:window=400"}) {
+    const std::vector<float> scored = run_one(scoring_job(spec));
+    ASSERT_EQ(scored.size(), full.size());
+    for (size_t i = 0; i < full.size(); ++i) EXPECT_NEAR(scored[i], full[i], 1e-5) << spec << " token " << i;
+  }
+  // And a budget below the prompt does change the scores: the comparison above can fail.
+  const std::vector<float> compressed = run_one(scoring_job("pyramidkv:budget=32"));
+  double diff = 0.0;
+  for (size_t i = 0; i < full.size(); ++i) diff += std::abs(compressed[i] - full[i]);
+  EXPECT_GT(diff, 1e-3);
+}
+
+// The value of one per-layer series in the Prometheus text.
+double metric_value(const std::string& text, const std::string& name, int layer) {
+  const std::regex line(name + "\\{[^}]*layer=\"" + std::to_string(layer) + "\"[^}]*\\} ([0-9.e+]+)");
+  std::smatch m;
+  if (!std::regex_search(text, m, line)) throw std::runtime_error(name + " for layer " + std::to_string(layer));
+  return std::stod(m[1]);
+}
+
+TEST(EvalInvariants, MemoryIsWhatTheMetricsReport) {
+  Runtime& rt = runtime();
+  std::string rendered;
+  EvalRunnerOptions options;
+  options.before_release = [&](const EvalJob&, const KvCache& cache) {
+    ServerMetrics metrics(8192);
+    for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+      const LayerUsage u = cache.layer_usage(l);
+      metrics.set_layer_kv(l, 0, 0, u.entries, u.bytes, u.uncompressed_bytes);
+    }
+    rendered = metrics.render();
+  };
+  std::vector<EvalJob> jobs{scoring_job("pyramidkv:budget=64")};
+  EvalRunner(rt, options).run(jobs);
+  ASSERT_FALSE(rendered.empty());
+  ASSERT_EQ(int(jobs[0].layers.size()), rt.weights.config.n_layers);
+  EvalMemory memory;
+  for (size_t l = 0; l < jobs[0].layers.size(); ++l) {
+    const LayerHeld& h = jobs[0].layers[l];
+    EXPECT_EQ(double(h.entries), metric_value(rendered, "strata_kv_layer_tokens", int(l)));
+    EXPECT_EQ(double(h.bytes), metric_value(rendered, "strata_kv_layer_bytes", int(l)));
+    EXPECT_EQ(double(h.uncompressed_bytes), metric_value(rendered, "strata_kv_layer_uncompressed_bytes", int(l)));
+    memory.bytes.push_back(h.bytes);
+    memory.uncompressed_bytes.push_back(h.uncompressed_bytes);
+  }
+  EXPECT_GT(memory.ratio(), 2.0) << "324 tokens held as about 64 per layer";
+  EXPECT_EQ(rt.cache->pool().n_free(), rt.cache->pool().n_total()) << "every block is back after the run";
+}
+
+TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
+  Runtime& rt = runtime();
+  EvalSettings s;
+  s.data_dir = data_dir();
+  s.policies = {"snapkv"};
+  s.budgets = {"40", "100%"};  // snapkv keeps its window of 32 on top
+  s.quantized_policies = {};
+  s.documents = {"alice_in_wonderland"};
+  s.perplexity_prefixes = {200};
+  s.perplexity_tokens = 12;
+  s.passkey_lengths = {200};
+  s.passkey_depths = {0.5};
+  s.agreement_context = 150;
+  s.agreement_prompts = 2;
+  s.agreement_tokens = 12;
+  EvalSuite suite(s, *rt.tokenizer, *rt.chat_template);
+  const std::vector<EvalCase> cases = suite.cases();
+  ASSERT_EQ(cases.size(), 3u);
+  const EvalCaseResult full = suite.run(cases[0], rt);
+  const EvalCaseResult small = suite.run(cases[1], rt);
+  const EvalCaseResult whole = suite.run(cases[2], rt);
+
+  ASSERT_EQ(full.perplexity.size(), 1u);
+  EXPECT_TRUE(std::isfinite(full.perplexity[0].perplexity()));
+  EXPECT_GT(full.perplexity[0].perplexity(), 1.0);
+  EXPECT_NEAR(whole.perplexity[0].mean_nll, full.perplexity[0].mean_nll, 1e-6);
+  ASSERT_EQ(full.agreement.size(), 2u);
+  for (const AgreementScore& a : full.agreement) {
+    EXPECT_EQ(a.common_prefix, a.compared);
+    EXPECT_DOUBLE_EQ(a.token_f1, 1.0);
+  }
+  for (const AgreementScore& a : whole.agreement) EXPECT_EQ(a.common_prefix, a.compared);
+  EXPECT_DOUBLE_EQ(full.memory.ratio(), 1.0);
+  EXPECT_DOUBLE_EQ(whole.memory.ratio(), 1.0);
+  EXPECT_GT(small.memory.ratio(), 2.0);
+  ASSERT_EQ(full.passkey.size(), 1u);
+  EXPECT_EQ(full.passkey[0].key.size(), 5u);
+  EXPECT_EQ(full.memory.longest_entries.size(), size_t(rt.weights.config.n_layers));
+}
+
+}  // namespace
+}  // namespace strata
