@@ -6,14 +6,18 @@
 //
 // Entries are indices into the layer's cache in arrival order; after a compaction they are renumbered 0..k-1 in
 // the same order. Keys keep their original RoPE positions (design rule 5): no policy re-rotates a key.
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "cache/policy_collectives.h"
 #include "cache/policy_spec.h"
+#include "kernels/kv_merge.h"
 
 namespace strata {
 
@@ -25,6 +29,9 @@ struct PolicyContext {
   int n_heads = 1;     // query heads on this rank
   int n_kv_heads = 1;  // KV heads on this rank; query head h belongs to KV head h / (n_heads / n_kv_heads)
   std::string model_name;  // e.g. SimLayerKV's per-model threshold
+  // Reductions over the other ranks that hold this layer's heads, and the per-layer gather along the pipeline
+  // (cache/policy_collectives.h). Never null; a world of one uses the single-rank instance.
+  PolicyCollectives* collectives = &single_rank_collectives();
 };
 
 // The attention statistics a policy asks the forward pass for. Both are column sums: for every query head h and
@@ -37,6 +44,17 @@ struct PolicyNeeds {
   bool decode_probabilities = false;
 };
 
+// The layer's keys as a policy may see them: through questions the backend answers where the cache lives, never
+// as a copy on the host (D2O's nearest-neighbour search; design brief section 3: the KV pool stays on the device).
+class LayerKeys {
+ public:
+  virtual ~LayerKeys() = default;
+  // For each entry queries[i] of KV head kv_head: the highest cosine similarity with the keys of `candidates`
+  // and the index into candidates that gives it, the lower on ties (Backend::kv_nearest_keys).
+  virtual void nearest(int kv_head, std::span<const int32_t> queries, std::span<const int32_t> candidates,
+                       std::span<float> best_similarity, std::span<int32_t> best_candidate) const = 0;
+};
+
 // One (sequence, layer) at a hook.
 struct LayerState {
   int prompt_len = 0;
@@ -46,14 +64,19 @@ struct LayerState {
   // requested for this hook.
   const float* column_sums = nullptr;
   int sums_stride = 0;
+  // The layer's keys, entries < n_entries (nullptr in tests that do not need them).
+  const LayerKeys* keys = nullptr;
 
   float sum(int head, int entry) const { return column_sums[int64_t(head) * sums_stride + entry]; }
 };
 
 // The entries a layer keeps, ascending. One list: every KV head keeps the same entries. n_kv_heads lists: each
 // KV head keeps its own, all of the same length (design rule 2: a layer has one length in all its heads).
+// merges (D2O): empty, or one KvMerges per KV head, applied before the compaction, so that its entries are
+// indices before it: evicted entries (sources) are merged into kept ones (targets).
 struct Selection {
   std::vector<std::vector<int32_t>> kept;
+  std::vector<KvMerges> merges = {};
 };
 
 class CompressionPolicy {
@@ -75,6 +98,23 @@ class CompressionPolicy {
   // decides every step reads the quantized cache after that. One whose later steps need full precision (e.g.
   // merging entries, which Backend::kv_merge does on full-precision blocks only) returns true for as long.
   virtual bool needs_unquantized(const LayerState& state) const { return state.n_generated < 1; }
+
+  // The cross-layer step (D2O's allocation over all layers; design rule 4). A policy that takes part publishes
+  // one number per layer after on_prefill_end (layer_statistic); once every layer of the sequence has, on every
+  // stage, the executor gathers them (PolicyCollectives::gather_layers) and hands all of them to every layer's
+  // policy (on_layer_statistics), before its first decode hook. The executor runs the step for a sequence when
+  // the policy of any layer of the model, on any stage, takes part, so that every rank joins the gather.
+  virtual bool cross_layer() const { return false; }
+  // This layer's statistic, valid after on_prefill_end; NaN for none.
+  virtual double layer_statistic() const { return std::nan(""); }
+  // Every layer's statistic, [n_layers_total] by global layer, NaN where a layer published none. `state` as at
+  // prefill end (no column sums). May return a selection (D2O evicting at prefill end).
+  virtual std::optional<Selection> on_layer_statistics(const LayerState&, std::span<const double>) {
+    return std::nullopt;
+  }
+  // The most entries the layer holds from now on, once the policy has fixed it (D2O's per-layer budget S);
+  // nullopt when the layer is not bounded (yet). For reports: /v1/kv_state shows it beside what the layer holds.
+  virtual std::optional<int> capacity() const { return std::nullopt; }
 };
 
 // The policies make_policy knows.

@@ -34,6 +34,8 @@ class ServerMetrics {
   // What one layer's compression policies did since the last call: entries evicted, SimLayerKV verdicts.
   void add_layer_compression(int layer, int pp_stage, int tp_rank, int64_t evicted_tokens, int64_t lazy,
                              int64_t not_lazy);
+  // Evicted entries that one layer's policies merged into kept ones (D2O) since the last call.
+  void add_layer_merges(int layer, int pp_stage, int tp_rank, int64_t merged_tokens);
   void set_requests(int n_running, int n_waiting);
 
   void add_prompt_tokens(int64_t n);
@@ -58,6 +60,7 @@ class ServerMetrics {
     prometheus::Counter* evicted_tokens = nullptr;
     prometheus::Counter* lazy = nullptr;
     prometheus::Counter* not_lazy = nullptr;
+    prometheus::Counter* merged_tokens = nullptr;
     int64_t bytes_held = 0;      // as last set
     int64_t bytes_uncompressed = 0;
   };
@@ -71,6 +74,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& kv_layer_uncompressed_bytes_;
   prometheus::Family<prometheus::Counter>& kv_layer_evicted_tokens_;
   prometheus::Family<prometheus::Counter>& kv_layer_lazy_decisions_;
+  prometheus::Family<prometheus::Counter>& kv_layer_merged_tokens_;
   prometheus::Gauge& kv_saved_bytes_;
   prometheus::Gauge& kv_compression_ratio_;
   prometheus::Gauge& kv_blocks_free_;

@@ -1,16 +1,21 @@
 #include "daemon/step_executor.h"
 
+#include <cmath>
 #include <span>
 #include <stdexcept>
 #include <string>
 
+#include "cache/pooled_layer_keys.h"
+
 namespace strata {
 
-StepExecutor::StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig compression, std::string model_name)
+StepExecutor::StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig compression, std::string model_name,
+                           PolicyCollectives* collectives)
     : model_(model),
       cache_(cache),
       compression_(std::move(compression)),
       model_name_(std::move(model_name)),
+      collectives_(collectives ? *collectives : single_rank_collectives()),
       counters_(size_t(cache.n_layers())) {}
 
 StepResult StepExecutor::execute(const StepPlan& plan) {
@@ -63,7 +68,7 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
   for (size_t i = 0; i < plan.work.size(); ++i) {
     const PlannedWork& w = plan.work[i];
     SequenceState& state = seqs_.at(w.seq);
-    if (w.sample) {
+    if (w.sample && model_.has_output()) {  // only the last pipeline stage has logits
       const SampleResult s = state.sampler.sample(std::span<float>(logits_.data() + row * vocab, size_t(vocab)));
       state.sampler.accept(s.id);
       SampledToken t{w.seq, s.id, s.logprob, {}, {}};
@@ -80,17 +85,32 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
   return result;
 }
 
+const PolicySpec& StepExecutor::spec_for(const SequenceState& state, int global_layer) const {
+  return state.request_policy ? *state.request_policy : compression_.for_layer(global_layer);
+}
+
+PolicyContext StepExecutor::policy_context(int global_layer) const {
+  return PolicyContext{global_layer,        model_.config().n_layers, model_.n_heads_local(),
+                       model_.n_kv_heads_local(), model_name_,           &collectives_};
+}
+
 void StepExecutor::start_prefill(SequenceState& state, int prefill_len) {
   state.prefill_len = prefill_len;
   state.policies.clear();
-  const ModelConfig& c = model_.config();
+  state.merged_tokens.assign(size_t(cache_.n_layers()), 0);
   const int n_heads = model_.n_heads_local();
+  // Every rank must agree on whether the sequence takes the cross-layer step (it is a collective), so the
+  // policies of the other stages' layers are asked too; building one does no work.
+  state.cross_layer = false;
+  for (int l = 0; l < model_.config().n_layers; ++l) {
+    if (l >= cache_.layer_begin() && l < cache_.layer_end()) continue;
+    state.cross_layer = state.cross_layer || make_policy(spec_for(state, l), policy_context(l))->cross_layer();
+  }
   auto stats = std::make_unique<AttentionStats>();
   bool any = false;
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
-    const PolicySpec& spec = state.request_policy ? *state.request_policy : compression_.for_layer(l);
-    const PolicyContext context{l, c.n_layers, n_heads, model_.n_kv_heads_local(), model_name_};
-    state.policies.push_back(make_policy(spec, context));
+    state.policies.push_back(make_policy(spec_for(state, l), policy_context(l)));
+    state.cross_layer = state.cross_layer || state.policies.back()->cross_layer();
     LayerState start;
     start.prompt_len = prefill_len;
     const int from = state.policies.back()->needs(start).prefill_rows_from;
@@ -151,14 +171,19 @@ void StepExecutor::run_hooks(const PlannedWork& work, SequenceState& state, cons
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
     CompressionPolicy& policy = *state.policies[size_t(l - cache_.layer_begin())];
     const std::optional<bool> lazy_before = policy.lazy();
-    const LayerState s = layer_state(state, work.seq, l, prefill_end ? state.prefill_stats.get() : decode, n_generated);
-    apply(work.seq, l, s.n_entries, prefill_end ? policy.on_prefill_end(s) : policy.on_decode_step(s));
+    LayerState s = layer_state(state, work.seq, l, prefill_end ? state.prefill_stats.get() : decode, n_generated);
+    const PooledLayerKeys keys(cache_, work.seq, l);
+    s.keys = &keys;
+    apply(work.seq, state, l, s.n_entries, prefill_end ? policy.on_prefill_end(s) : policy.on_decode_step(s));
     if (!lazy_before && policy.lazy()) {
       LayerCompressionCounters& c = counters_[size_t(l - cache_.layer_begin())];
       (*policy.lazy() ? c.lazy_decisions : c.not_lazy_decisions) += 1;
     }
   }
-  if (prefill_end) state.prefill_stats.reset();
+  if (prefill_end) {
+    state.prefill_stats.reset();
+    if (state.cross_layer) cross_layer_step(work.seq, state);
+  }
 }
 
 // kv_cache.dtype int8 | int4: after the hooks, the full groups of every layer whose policy has taken the decisions
@@ -172,10 +197,44 @@ void StepExecutor::seal_groups(const PlannedWork& work, const SequenceState& sta
   }
 }
 
-void StepExecutor::apply(int64_t seq, int global_layer, int n_entries, const std::optional<Selection>& keep) {
+// Design rule 4: every layer's statistic, gathered along the pipeline once per request (one number per layer),
+// then handed to every local layer's policy, which may evict at once (D2O with evict_at=prefill_end).
+void StepExecutor::cross_layer_step(int64_t seq, SequenceState& state) {
+  std::vector<double> statistics(size_t(model_.config().n_layers), std::nan(""));
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    statistics[size_t(l)] = state.policies[size_t(l - cache_.layer_begin())]->layer_statistic();
+  }
+  collectives_.gather_layers(statistics, cache_.layer_begin(), cache_.layer_end());
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    LayerState s = layer_state(state, seq, l, nullptr, 0);
+    const PooledLayerKeys keys(cache_, seq, l);
+    s.keys = &keys;
+    apply(seq, state, l, s.n_entries, state.policies[size_t(l - cache_.layer_begin())]->on_layer_statistics(s, statistics));
+  }
+}
+
+// Merges first, in the numbering before the compaction, then the compaction.
+void StepExecutor::apply(int64_t seq, SequenceState& state, int global_layer, int n_entries,
+                         const std::optional<Selection>& keep) {
   if (!keep) return;
+  const size_t local = size_t(global_layer - cache_.layer_begin());
+  if (!keep->merges.empty()) {
+    if (int(keep->merges.size()) != model_.n_kv_heads_local()) {
+      throw std::logic_error("compression policy: merges for " + std::to_string(keep->merges.size()) +
+                             " KV heads, the layer has " + std::to_string(model_.n_kv_heads_local()));
+    }
+    const LayerKv& kv = cache_.layer(seq, global_layer);
+    int64_t merged = 0;
+    for (size_t h = 0; h < keep->merges.size(); ++h) {
+      cache_.pool().backend().kv_merge(kv.block_table, keep->merges[h], cache_.pool_view(), int(h));
+      merged += int64_t(keep->merges[h].n_sources());
+    }
+    merged /= int64_t(keep->merges.size());  // per KV head, as evictions are counted
+    counters_[local].merged_tokens += merged;
+    state.merged_tokens[local] += merged;
+  }
   cache_.retain(seq, global_layer, keep->kept);
-  counters_[size_t(global_layer - cache_.layer_begin())].evicted_tokens += n_entries - int64_t(keep->kept[0].size());
+  counters_[local].evicted_tokens += n_entries - int64_t(keep->kept[0].size());
 }
 
 std::vector<LayerCompressionCounters> StepExecutor::take_counters() {
@@ -191,8 +250,9 @@ std::vector<LayerPolicyState> StepExecutor::layer_policies(int64_t seq) const {
   const SequenceState& state = it->second;
   for (size_t i = 0; i < state.policies.size(); ++i) {
     const int l = cache_.layer_begin() + int(i);
-    const PolicySpec& spec = state.request_policy ? *state.request_policy : compression_.for_layer(l);
-    out.push_back({to_string(spec), state.policies[i]->lazy()});
+    const PolicySpec& spec = spec_for(state, l);
+    out.push_back({to_string(spec), state.policies[i]->lazy(), state.policies[i]->capacity(),
+                   i < state.merged_tokens.size() ? state.merged_tokens[i] : 0});
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include "cache/compression_config.h"
 #include "cache/compression_policy.h"
 #include "cache/kv_cache.h"
+#include "cache/policy_collectives.h"
 #include "daemon/sampler.h"
 #include "model/llama_model.h"
 #include "parallel/step_plan.h"
@@ -24,17 +25,23 @@ struct LayerCompressionCounters {
   int64_t evicted_tokens = 0;
   int64_t lazy_decisions = 0;      // SimLayerKV: layers found lazy
   int64_t not_lazy_decisions = 0;  // and found not lazy
+  int64_t merged_tokens = 0;       // D2O: evicted entries merged into kept ones (per KV head, like evicted_tokens)
 };
 
 // One layer of one sequence, for the JSON view.
 struct LayerPolicyState {
   std::string policy;        // the spec in effect
   std::optional<bool> lazy;  // SimLayerKV's verdict, once taken
+  std::optional<int> capacity;  // the most entries the policy holds the layer to, once fixed (D2O's budget)
+  int64_t merged_tokens = 0;    // evicted entries merged into kept ones so far (D2O)
 };
 
 class StepExecutor {
  public:
-  StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig compression, std::string model_name);
+  // collectives: what the policies need from the other ranks of the world (cache/policy_collectives.h); null
+  // for a world of one.
+  StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig compression, std::string model_name,
+               PolicyCollectives* collectives = nullptr);
 
   StepResult execute(const StepPlan& plan);
 
@@ -54,13 +61,18 @@ class StepExecutor {
     int prefill_len = 0;                       // of the current prefill (the prompt, or a recompute)
     std::vector<std::unique_ptr<CompressionPolicy>> policies;  // per local layer, built when a prefill starts
     std::unique_ptr<AttentionStats> prefill_stats;
+    bool cross_layer = false;            // a layer of the model, on any stage, takes part in the cross-layer step
+    std::vector<int64_t> merged_tokens;  // per local layer, since the prefill started
   };
 
   void start_prefill(SequenceState& state, int prefill_len);
+  const PolicySpec& spec_for(const SequenceState& state, int global_layer) const;
+  PolicyContext policy_context(int global_layer) const;
+  void cross_layer_step(int64_t seq, SequenceState& state);
   std::unique_ptr<AttentionStats> decode_stats(const PlannedWork& work, SequenceState& state);
   void run_hooks(const PlannedWork& work, SequenceState& state, const AttentionStats* decode);
   void seal_groups(const PlannedWork& work, const SequenceState& state);
-  void apply(int64_t seq, int global_layer, int n_entries, const std::optional<Selection>& keep);
+  void apply(int64_t seq, SequenceState& state, int global_layer, int n_entries, const std::optional<Selection>& keep);
   LayerState layer_state(const SequenceState& state, int64_t seq, int global_layer, const AttentionStats* stats,
                          int n_generated) const;
 
@@ -68,6 +80,7 @@ class StepExecutor {
   KvCache& cache_;
   CompressionConfig compression_;
   std::string model_name_;
+  PolicyCollectives& collectives_;
   std::unordered_map<int64_t, SequenceState> seqs_;
   std::vector<LayerCompressionCounters> counters_;  // per local layer
   std::vector<float> logits_;

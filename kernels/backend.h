@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/kv_block_layout.h"
+#include "kernels/kv_merge.h"
 #include "kernels/tensor.h"
 #include "model/model_config.h"
 
@@ -83,6 +84,17 @@ class Backend {
   virtual void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) = 0;
   // The inverse: quantized block src[i] is written, dequantized, into full-precision block dst[i].
   virtual void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) = 0;
+
+  // D2O's nearest-neighbour search on keys: for each entry queries[i] of KV head `head`, the highest cosine
+  // similarity with the keys of `candidates` (best_similarity[i]) and which candidate gives it (best_candidate[i],
+  // an index into candidates; the lower index on ties). Norms are clamped to 1e-8 (torch's cosine_similarity).
+  // Outputs are host arrays of queries.size(): a few floats per evicted entry, never the keys themselves.
+  virtual void kv_nearest_keys(std::span<const int32_t> block_table, int head, std::span<const int32_t> queries,
+                               std::span<const int32_t> candidates, const KvPoolView& pool,
+                               std::span<float> best_similarity, std::span<int32_t> best_candidate) = 0;
+  // Applies `merges` (kernels/kv_merge.h) to the keys and values of KV head `head`, in place.
+  virtual void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
+                        int head) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

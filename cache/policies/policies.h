@@ -13,5 +13,6 @@ std::unique_ptr<CompressionPolicy> make_h2o_policy(const PolicySpec& spec, const
 std::unique_ptr<CompressionPolicy> make_snapkv_policy(const PolicySpec& spec, const PolicyContext& context);
 std::unique_ptr<CompressionPolicy> make_pyramidkv_policy(const PolicySpec& spec, const PolicyContext& context);
 std::unique_ptr<CompressionPolicy> make_simlayerkv_policy(const PolicySpec& spec, const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_d2o_policy(const PolicySpec& spec, const PolicyContext& context);
 
 }  // namespace strata

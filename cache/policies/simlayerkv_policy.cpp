@@ -97,7 +97,8 @@ struct SimLayerKvParams {
 
 class SimLayerKvPolicy final : public CompressionPolicy {
  public:
-  SimLayerKvPolicy(const SimLayerKvParams& params, int n_heads) : params_(params), n_heads_(n_heads) {}
+  SimLayerKvPolicy(const SimLayerKvParams& params, const PolicyContext& context)
+      : params_(params), n_heads_(context.n_heads), collectives_(*context.collectives) {}
 
   std::string_view name() const override { return "simlayerkv"; }
 
@@ -145,10 +146,12 @@ class SimLayerKvPolicy final : public CompressionPolicy {
     if (state.column_sums == nullptr) {
       throw std::logic_error("simlayerkv: the attention sums this policy asked for were not provided");
     }
-    // Under tensor parallelism this rank's part must be all-reduced with the other ranks' of the stage before
-    // the score is taken, so that every rank reaches the same verdict and cache length (spec 8).
-    const double score = simlayerkv_score(
-        simlayerkv_score_part(state, n_heads_, n_rows, params_.n_init, params_.window));
+    // This rank's part is summed with the other ranks' of the stage (one all-reduce of two numbers) before the
+    // score is taken, so that every rank reaches the same verdict and cache length (spec 8).
+    const SimLayerKvScorePart part = simlayerkv_score_part(state, n_heads_, n_rows, params_.n_init, params_.window);
+    double totals[2] = {part.mass, double(part.heads)};
+    collectives_.tp_all_reduce(totals, ReduceOp::sum);
+    const double score = simlayerkv_score(SimLayerKvScorePart{totals[0], int(totals[1])});
     lazy_ = params_.at_threshold_is_lazy ? score >= params_.threshold : score > params_.threshold;
     if (!lazy_) return std::nullopt;
     return retained(state.n_entries);
@@ -165,6 +168,7 @@ class SimLayerKvPolicy final : public CompressionPolicy {
 
   SimLayerKvParams params_;
   int n_heads_;
+  PolicyCollectives& collectives_;
   bool decided_ = false;
   bool lazy_ = false;
 };
@@ -188,7 +192,7 @@ std::unique_ptr<CompressionPolicy> make_simlayerkv_policy(const PolicySpec& spec
   params.at_threshold_is_lazy = reader.get_choice("compare", "code", {"code", "paper"}) == "paper";
   params.bounded = reader.get_bool("bounded", params.bounded);
   reader.finish();
-  return std::make_unique<SimLayerKvPolicy>(params, context.n_heads);
+  return std::make_unique<SimLayerKvPolicy>(params, context);
 }
 
 }  // namespace strata

@@ -6,6 +6,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kv_merge_ops.h"
 
 namespace strata {
 namespace {
@@ -89,6 +90,16 @@ class CpuBackend final : public Backend {
   }
   void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) override {
     cpu::kv_dequantize(src, dst, pool);
+  }
+
+  void kv_nearest_keys(std::span<const int32_t> block_table, int head, std::span<const int32_t> queries,
+                       std::span<const int32_t> candidates, const KvPoolView& pool, std::span<float> best_similarity,
+                       std::span<int32_t> best_candidate) override {
+    cpu::kv_nearest_keys(block_table, head, queries, candidates, pool, best_similarity, best_candidate);
+  }
+  void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
+                int head) override {
+    cpu::kv_merge(block_table, merges, pool, head);
   }
 
   ~CpuBackend() override {
