@@ -18,7 +18,9 @@ import pytest
 from distributed_world import command, generate, mpirun_prefix, run, world_env
 from support import ROOT
 
-LOGPROB_TOLERANCE = 2e-3
+# Measured: pipeline stages reproduce one process bitwise; tensor parallelism (other GEMM shapes, partial sums added
+# across ranks) moves SmolLM2's log-probabilities by up to 1.5e-5 and tiny-gqa's by 1e-6.
+LOGPROB_TOLERANCE = 1e-4
 NEAR_TIE = 1e-3  # a greedy step whose top-1/top-2 margin in the single process is below this may go either way
 PROMPT = "The three primary colours are"
 N_TOKENS = 16

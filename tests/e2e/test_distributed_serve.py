@@ -17,7 +17,7 @@ import openai
 import pytest
 import requests
 
-from distributed_world import command, world_env
+from distributed_world import CONFIG, COMMON_SETTINGS, command, world_env
 from support import (check_greedy_against_reference, completion_logprob_ids, free_port, load_reference, metric,
                      metrics, wait_until_ready)
 from support import ROOT
@@ -31,11 +31,12 @@ FAILURE_BOUND_S = 20
 
 
 class World:
-    def __init__(self, tp, pp, settings=()):
+    def __init__(self, tp, pp, settings=(), launcher=None):
+        """launcher(port): the command line; default: mpirun as distributed_world.command makes it."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkdtemp(prefix="strata-world-")) / "serve.log"
-        cmd = command("serve", tp, pp, ["--port", str(self.port)], settings)
+        cmd = launcher(self.port) if launcher else command("serve", tp, pp, ["--port", str(self.port)], settings)
         with open(self.log_path, "wb") as log:
             # A session of its own: the test can check that every process of the world is gone.
             self.process = subprocess.Popen(cmd, cwd=ROOT, env=world_env(), stdout=log, stderr=subprocess.STDOUT,
@@ -180,5 +181,21 @@ def test_a_failed_rank_fails_the_request_and_ends_the_world(how):
         assert time.monotonic() - failed_at < FAILURE_BOUND_S
         assert w.process.returncode != 0
         assert "rank 1" in w.log_tail(), w.log_tail()
+    finally:
+        w.stop()
+
+
+def test_the_deploy_launch_script_starts_a_world():
+    """deploy/mpi/strata-mpirun.sh (it finds the binary through STRATA_BIN, as the tests do)."""
+    def launcher(port):
+        settings = [arg for s in COMMON_SETTINGS for arg in ("--set", s)]
+        return [str(ROOT / "deploy" / "mpi" / "strata-mpirun.sh"), "--config", str(CONFIG), "--tp", "1", "--pp", "2",
+                "--", "--port", str(port), *settings]
+
+    w = World(1, 2, launcher=launcher)
+    try:
+        assert sorted(w.rank_pids()) == [0, 1]
+        state = requests.get(f"{w.base_url}/v1/kv_state", timeout=30).json()
+        assert (state["tp"], state["pp"]) == (1, 2)
     finally:
         w.stop()
