@@ -74,6 +74,18 @@ LayerUsage KvCache::layer_usage(int global_layer) const {
   return u;
 }
 
+LayerUsage KvCache::sequence_usage(SeqId seq, int global_layer) const {
+  const LayerKv& kv = layer(seq, global_layer);
+  LayerUsage u;
+  u.entries = kv.n_entries;
+  u.blocks = int64_t(kv.block_table.size());
+  u.quantized_blocks = kv.n_quantized_blocks;
+  u.bytes = (u.blocks - u.quantized_blocks) * pool_.layout().block_bytes() +
+            u.quantized_blocks * pool_.quantized_block_bytes();
+  u.uncompressed_bytes = blocks_for(kv.n_appended, block_size()) * pool_.layout().block_bytes();
+  return u;
+}
+
 void KvCache::account(int l, const LayerCounts& d) {
   LayerCounts& c = counts_[size_t(l)];
   c.entries += d.entries;

@@ -59,6 +59,8 @@ class KvCache {
   int64_t blocks_held(SeqId seq) const;
   const LayerKv& layer(SeqId seq, int global_layer) const;
   LayerUsage layer_usage(int global_layer) const;
+  // The same for one sequence's layer (strata eval records it when a job ends).
+  LayerUsage sequence_usage(SeqId seq, int global_layer) const;
 
   // Actions.
   // Reserves n_new entries at the end of every layer of seq (creating seq if new). Check can_append first.

@@ -128,6 +128,7 @@ int eval_command(int argc, char** argv) {
     ServerConfig quantized_config = config;
     if (!settings.quantized_policies.empty()) {
       apply_config_override(quantized_config, "kv_cache.dtype=" + settings.quantized_dtype);
+      apply_config_override(quantized_config, "kv_cache.block_size=32");  // a block is one KIVI group
     }
     std::unique_ptr<Runtime> quantized;
     Progress progress(cases.size());

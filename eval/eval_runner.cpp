@@ -143,11 +143,8 @@ std::vector<LayerHeld> EvalRunner::layers_held(int64_t seq) const {
   const KvCache& cache = *rt_.cache;
   std::vector<LayerHeld> out;
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
-    const LayerKv& kv = cache.layer(seq, l);
-    const int64_t block_bytes = cache.pool().layout().block_bytes();
-    const int64_t uncompressed_blocks = (kv.n_appended + cache.block_size() - 1) / cache.block_size();
-    out.push_back(LayerHeld{kv.n_entries, int64_t(kv.block_table.size()) * block_bytes,
-                            uncompressed_blocks * block_bytes});
+    const LayerUsage u = cache.sequence_usage(seq, l);
+    out.push_back(LayerHeld{u.entries, u.bytes, u.uncompressed_bytes});
   }
   return out;
 }

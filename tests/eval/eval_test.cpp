@@ -21,15 +21,17 @@
 namespace strata {
 namespace {
 
-std::unique_ptr<Runtime> make_smollm2() {
+std::unique_ptr<Runtime> make_smollm2(const std::string& kv_dtype) {
   ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
   config.model.path = test::smollm2_gguf_path();
   config.kv_cache.memory_mib = 256;
+  apply_config_override(config, "kv_cache.dtype=" + kv_dtype);
+  if (kv_dtype != "f32") apply_config_override(config, "kv_cache.block_size=32");
   return make_runtime(config);
 }
 
 Runtime& runtime() {
-  static std::unique_ptr<Runtime> rt = make_smollm2();
+  static std::unique_ptr<Runtime> rt = make_smollm2("f32");
   return *rt;
 }
 
@@ -170,8 +172,9 @@ double metric_value(const std::string& text, const std::string& name, int layer)
   return std::stod(m[1]);
 }
 
-TEST(EvalInvariants, MemoryIsWhatTheMetricsReport) {
-  Runtime& rt = runtime();
+// The memory eval reports for a job equals what /metrics would show with that job alone in the cache, at f32
+// and with int4 blocks (whose bytes are their own, smaller size).
+void expect_memory_matches_metrics(Runtime& rt, const std::string& policy, double min_ratio) {
   std::string rendered;
   EvalRunnerOptions options;
   options.before_release = [&](const EvalJob&, const KvCache& cache) {
@@ -182,7 +185,7 @@ TEST(EvalInvariants, MemoryIsWhatTheMetricsReport) {
     }
     rendered = metrics.render();
   };
-  std::vector<EvalJob> jobs{scoring_job("pyramidkv:budget=64")};
+  std::vector<EvalJob> jobs{scoring_job(policy)};
   EvalRunner(rt, options).run(jobs);
   ASSERT_FALSE(rendered.empty());
   ASSERT_EQ(int(jobs[0].layers.size()), rt.weights.config.n_layers);
@@ -195,8 +198,27 @@ TEST(EvalInvariants, MemoryIsWhatTheMetricsReport) {
     memory.bytes.push_back(h.bytes);
     memory.uncompressed_bytes.push_back(h.uncompressed_bytes);
   }
-  EXPECT_GT(memory.ratio(), 2.0) << "324 tokens held as about 64 per layer";
+  EXPECT_GT(memory.ratio(), min_ratio) << policy;
   EXPECT_EQ(rt.cache->pool().n_free(), rt.cache->pool().n_total()) << "every block is back after the run";
+}
+
+TEST(EvalInvariants, MemoryIsWhatTheMetricsReport) {
+  expect_memory_matches_metrics(runtime(), "pyramidkv:budget=64", 2.0);  // 324 tokens, about 64 per layer
+}
+
+TEST(EvalInvariants, QuantizedMemoryIsWhatTheMetricsReport) {
+  std::unique_ptr<Runtime> int4 = make_smollm2("int4");
+  expect_memory_matches_metrics(*int4, "full", 2.0);  // int4 codes with per-group scales, a partial group in f32
+  // And int4 costs little in what the model predicts on this text.
+  const std::vector<float> f32 = run_one(scoring_job("full"));
+  std::vector<EvalJob> jobs{scoring_job("full")};
+  EvalRunner(*int4, {}).run(jobs);
+  double nll_f32 = 0.0, nll_int4 = 0.0;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    nll_f32 -= f32[i];
+    nll_int4 -= jobs[0].forced_logprobs[i];
+  }
+  EXPECT_NEAR(nll_int4 / double(f32.size()), nll_f32 / double(f32.size()), 0.25);
 }
 
 TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
