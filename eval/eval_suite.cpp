@@ -50,12 +50,11 @@ EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const Ch
 }
 
 std::vector<EvalCase> EvalSuite::cases() const {
+  // Budget by budget, so that a run stopped early has covered every policy at the budgets it reached.
   std::vector<EvalCase> out{{"full", "", "f32"}};
-  for (const std::string& p : settings_.policies) {
-    for (const std::string& b : settings_.budgets) out.push_back({p, b, "f32"});
-  }
-  for (const std::string& p : settings_.quantized_policies) {
-    for (const std::string& b : settings_.budgets) out.push_back({p, b, settings_.quantized_dtype});
+  for (const std::string& b : settings_.budgets) {
+    for (const std::string& p : settings_.policies) out.push_back({p, b, "f32"});
+    for (const std::string& p : settings_.quantized_policies) out.push_back({p, b, settings_.quantized_dtype});
   }
   return out;
 }

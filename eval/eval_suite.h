@@ -61,7 +61,7 @@ class EvalSuite {
  public:
   EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const ChatTemplate& chat);
 
-  // The cases in order: full first, then every policy x budget, then the quantized runs.
+  // The cases in order: full first, then budget by budget every policy, then the quantized runs at that budget.
   std::vector<EvalCase> cases() const;
   // Runs one case on `runtime` (whose cache format must be c.kv_dtype). `full`'s answers are kept as the reference
   // for the agreement of later cases, so full must run first.

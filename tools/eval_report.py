@@ -34,7 +34,8 @@ def budget_key(budget):
 def summarize(case, full):
     """The row of one case: perplexity increase, passkey accuracy, agreement, memory."""
     ref = {(p["document"], p["prefix"]): p["mean_nll"] for p in full.get("perplexity", [])}
-    deltas = [math.exp(p["mean_nll"] - ref[(p["document"], p["prefix"])]) - 1.0 for p in case.get("perplexity", [])]
+    deltas = [math.exp(p["mean_nll"] - ref[(p["document"], p["prefix"])]) - 1.0
+              for p in case.get("perplexity", []) if (p["document"], p["prefix"]) in ref]
     passkey = case.get("passkey", [])
     agreement = case.get("agreement", [])
     return {
@@ -136,21 +137,34 @@ def plot_layers(results, budget, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", help="the JSON written by strata eval")
+    ap.add_argument("results", nargs="+",
+                    help="the JSON written by strata eval; several runs (say, a policy added later) are merged, "
+                         "`full` taken from the first")
     ap.add_argument("--out", default="docs/eval", help="folder for README.md, the plots and a copy of the JSON")
     ap.add_argument("--layer-budget", default="128", help="the budget of the per-layer occupancy picture")
     ap.add_argument("--notes", help="a markdown file of findings written by a person, placed after the method")
     args = ap.parse_args()
 
-    with open(args.results) as f:
-        report = json.load(f)
-    cases = report["cases"]
-    full = next(c for c in cases if c["policy"] == "full")
-    cases = [full] + sorted((c for c in cases if c is not full),
-                            key=lambda c: (label(c), budget_key(c["budget"])))
+    runs = []
+    for path in args.results:
+        with open(path) as f:
+            runs.append(json.load(f))
+    report = runs[0]
+    full = next(c for c in report["cases"] if c["policy"] == "full")
+    merged = []
+    for run in runs:  # a later run's case replaces an earlier one's
+        for c in run["cases"]:
+            if c["policy"] != "full":
+                merged = [m for m in merged if (m["policy"], m["budget"], m["kv_dtype"]) !=
+                          (c["policy"], c["budget"], c["kv_dtype"])] + [c]
+    cases = [full] + sorted(merged, key=lambda c: (label(c), budget_key(c["budget"])))
     os.makedirs(args.out, exist_ok=True)
-    if os.path.abspath(args.results) != os.path.abspath(os.path.join(args.out, "results.json")):
-        shutil.copyfile(args.results, os.path.join(args.out, "results.json"))
+    copies = []
+    for i, path in enumerate(args.results):
+        name = "results.json" if i == 0 else f"results-{i + 1}.json"
+        if os.path.abspath(path) != os.path.abspath(os.path.join(args.out, name)):
+            shutil.copyfile(path, os.path.join(args.out, name))
+        copies.append(name)
     plot_quality(cases, full, os.path.join(args.out, "quality_vs_memory.png"))
     layers = plot_layers(cases, args.layer_budget, os.path.join(args.out, "layer_occupancy.png"))
 
@@ -162,11 +176,11 @@ Measured by `strata eval` on {report['model']['name']} ({report['backend']} back
 {report['machine']['hardware_threads']} hardware threads). Reproduce with:
 
 ```
-{report['command']}
-.venv/bin/python tools/eval_report.py {args.out}/results.json --out {args.out}
+{chr(10).join(run['command'] for run in runs)}
+.venv/bin/python tools/eval_report.py {' '.join(args.out + '/' + c for c in copies)} --out {args.out}{' --notes ' + args.notes if args.notes else ''}
 ```
 
-The raw results are in [`results.json`](results.json).
+The raw results are in {', '.join(f'[`{c}`]({c})' for c in copies)}.
 
 - **Perplexity increase**: the mean over documents and prefix lengths of exp(NLL − NLL of `full`) − 1, where the
   prefix ({', '.join(map(str, s['perplexity_prefixes']))} tokens of {', '.join(s['documents'])}) is prefilled and
