@@ -1,6 +1,5 @@
 // D2O's layer level (cache/policies/d2o_allocation.h) on hand-computed cases, and its statistic split over two
 // tensor-parallel "ranks" (threads with an in-process all-reduce) against the one-rank value.
-#include <barrier>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -9,6 +8,7 @@
 
 #include "cache/policies/d2o_allocation.h"
 #include "policy_test_states.h"
+#include "thread_group.h"
 
 namespace strata {
 namespace {
@@ -77,51 +77,16 @@ TEST(D2oAllocation, BudgetsKeepTheSplitAndOneHeavyHitterBeyondTheSinks) {
   EXPECT_EQ(b.recent, 2);
 }
 
-// An in-process tensor-parallel group: every thread is a rank, and each all-reduce combines the ranks' values.
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int n_ranks) : barrier_(n_ranks), slots_(size_t(n_ranks)) {}
-
-  void reduce(int rank, std::span<double> values, ReduceOp op) {
-    slots_[size_t(rank)].assign(values.begin(), values.end());
-    barrier_.arrive_and_wait();
-    for (size_t i = 0; i < values.size(); ++i) {
-      double acc = slots_[0][i];
-      for (size_t k = 1; k < slots_.size(); ++k) {
-        const double x = slots_[k][i];
-        acc = op == ReduceOp::sum ? acc + x : op == ReduceOp::min ? std::min(acc, x) : std::max(acc, x);
-      }
-      values[i] = acc;
-    }
-    barrier_.arrive_and_wait();  // nobody overwrites a slot before every rank has read them all
-  }
-
- private:
-  std::barrier<> barrier_;
-  std::vector<std::vector<double>> slots_;
-};
-
-class GroupRank final : public PolicyCollectives {
- public:
-  GroupRank(ThreadGroup& group, int rank) : group_(group), rank_(rank) {}
-  void tp_all_reduce(std::span<double> values, ReduceOp op) override { group_.reduce(rank_, values, op); }
-  void gather_layers(std::span<double>, int, int) override {}
-
- private:
-  ThreadGroup& group_;
-  int rank_;
-};
-
 TEST(D2oAllocation, StatisticsSplitOverTwoRanksEqualTheOneRankValue) {
   const std::vector<double> all = {0.5, 3.0, 1.25, 0.0, 2.0, 0.75};  // 6 query heads
   const double code = d2o_code_statistic(all, single_rank_collectives());
   const double paper = d2o_paper_statistic(all, single_rank_collectives());
-  ThreadGroup group(2);
+  test::ThreadGroup group(2);
   double got_code[2] = {}, got_paper[2] = {};
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      GroupRank self(group, r);
+      test::GroupRank self(group, r);
       const std::vector<double> mine(all.begin() + 3 * r, all.begin() + 3 * r + 3);  // heads [3r, 3r + 3)
       got_code[r] = d2o_code_statistic(mine, self);
       got_paper[r] = d2o_paper_statistic(mine, self);
