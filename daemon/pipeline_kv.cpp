@@ -21,6 +21,7 @@ RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs) {
     if (!cache.contains(seq)) continue;
     SequenceReport s;
     s.seq = seq;
+    s.blocks_held = cache.blocks_held(seq);
     for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
       const LayerKv& kv = cache.layer(seq, l);
       s.entries.push_back(kv.n_entries);
@@ -67,10 +68,7 @@ int64_t PipelineKv::blocks_to_append(int stage, SeqId seq, int n_new) const {
 
 int64_t PipelineKv::blocks_held(int stage, SeqId seq) const {
   const SequenceReport* s = find(stage, seq);
-  if (s == nullptr) return 0;
-  int64_t total = 0;
-  for (int32_t b : s->blocks) total += b;
-  return total;
+  return s == nullptr ? 0 : s->blocks_held;
 }
 
 }  // namespace strata

@@ -30,7 +30,7 @@ class PipelineKv {
   // New blocks that appending n_new entries to every layer of seq would take on `stage` (seq may be unknown: new),
   // as KvCache::blocks_to_append counts them.
   int64_t blocks_to_append(int stage, SeqId seq, int n_new) const;
-  // Blocks seq holds on `stage` over all its layers.
+  // Blocks that releasing seq gives back on `stage` (KvCache::blocks_held).
   int64_t blocks_held(int stage, SeqId seq) const;
 
  private:

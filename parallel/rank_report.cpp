@@ -29,6 +29,7 @@ std::vector<uint8_t> serialize(const RankReport& r) {
     w.put(s.entries);
     w.put(s.appended);
     w.put(s.blocks);
+    w.put(s.blocks_held);
     w.put(s.lazy);
     w.put(s.capacity);
     w.put(s.merged);
@@ -54,13 +55,14 @@ RankReport deserialize_rank_report(const std::vector<uint8_t>& bytes) {
   r.blocks_free = in.get<int64_t>();
   r.blocks_total = in.get<int64_t>();
   r.layers = in.get_vector<LayerReport>();
-  const uint32_t n_seqs = in.get_count(8 + 7 * 4);
+  const uint32_t n_seqs = in.get_count(8 + 8 + 7 * 4);
   for (uint32_t i = 0; i < n_seqs; ++i) {
     SequenceReport s;
     s.seq = in.get<int64_t>();
     s.entries = in.get_vector<int32_t>();
     s.appended = in.get_vector<int32_t>();
     s.blocks = in.get_vector<int32_t>();
+    s.blocks_held = in.get<int64_t>();
     s.lazy = in.get_vector<int8_t>();
     s.capacity = in.get_vector<int32_t>();
     s.merged = in.get_vector<int64_t>();

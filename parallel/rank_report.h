@@ -30,6 +30,8 @@ struct SequenceReport {
   std::vector<int32_t> entries;     // per local layer: entries held (after compression)
   std::vector<int32_t> appended;    // per local layer: entries ever appended (what `full` would hold)
   std::vector<int32_t> blocks;      // per local layer: blocks in the block table
+  int64_t blocks_held = 0;          // blocks releasing the sequence gives back (KvCache::blocks_held: in a
+                                    // quantized pool, quantized blocks share slots and count only as whole slots)
   std::vector<int8_t> lazy;         // per local layer: SimLayerKV's verdict, -1 while none
   std::vector<int32_t> capacity;    // per local layer: the most entries the policy allows (D2O), -1 while none
   std::vector<int64_t> merged;      // per local layer: entries merged into kept ones so far (D2O)

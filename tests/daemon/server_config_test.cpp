@@ -317,7 +317,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
-      "kv_cache.request_policies", "parallel.tp", "parallel.pp", "parallel.timeout_s",
+      "kv_cache.request_policies", "kv_cache.dtype", "parallel.tp", "parallel.pp", "parallel.timeout_s",
   };
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
   EXPECT_EQ(keys.size(), expected.size());  // no duplicates
@@ -329,9 +329,22 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "kv_cache.layer_overrides" ? "0-1=full"
                               : k == "kv_cache.request_policies" ? "full,snapkv"
                               : k == "server.max_body_bytes" ? "2048"
+                              : k == "kv_cache.dtype"        ? "int4"
                                                              : "16";
     EXPECT_NO_THROW(apply_config_override(c, k + "=" + value)) << k;
   }
+}
+
+TEST_F(ServerConfigTest, KvDtypeIsOneOfTheFormats) {
+  ServerConfig c;
+  EXPECT_EQ(c.kv_cache.dtype, "f32");
+  for (const std::string dtype : {"f32", "int8", "int4"}) {
+    apply_config_override(c, "kv_cache.dtype=" + dtype);
+    EXPECT_EQ(c.kv_cache.dtype, dtype);
+  }
+  const std::string e = override_error(c, "kv_cache.dtype=int2");
+  EXPECT_CONTAINS(e, "kv_cache.dtype");
+  EXPECT_CONTAINS(e, "int2");
 }
 
 TEST_F(ServerConfigTest, CompressionKeysAreCheckedWhereTheyAreRead) {

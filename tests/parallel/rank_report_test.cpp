@@ -26,6 +26,7 @@ RankReport full_report() {
   s.entries = {96, 80};
   s.appended = {300, 300};
   s.blocks = {6, 5};
+  s.blocks_held = 9;  // fewer than the 11 blocks: quantized blocks share slots
   s.lazy = {-1, 1};
   s.capacity = {-1, 128};
   s.merged = {0, 17};
@@ -64,6 +65,7 @@ TEST(RankReport, RoundTripsEveryField) {
   EXPECT_EQ(s.entries, (std::vector<int32_t>{96, 80}));
   EXPECT_EQ(s.appended, (std::vector<int32_t>{300, 300}));
   EXPECT_EQ(s.blocks, (std::vector<int32_t>{6, 5}));
+  EXPECT_EQ(s.blocks_held, 9);
   EXPECT_EQ(s.lazy, (std::vector<int8_t>{-1, 1}));
   EXPECT_EQ(s.capacity, (std::vector<int32_t>{-1, 128}));
   EXPECT_EQ(s.merged, (std::vector<int64_t>{0, 17}));
