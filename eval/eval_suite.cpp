@@ -21,6 +21,13 @@ std::string case_spec(const EvalCase& c, int prompt_len) {
     // A lazy layer keeps its n_init = 4 initial entries plus the window; layers found not lazy keep everything.
     return "simlayerkv:window=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 4));
   }
+  if (c.policy == "d2o") {
+    // D2O's budget is a share of the prompt, split evenly between heavy hitters and the recent window (the
+    // official defaults, 0.1 + 0.1, are the 20% budget).
+    const double share = std::min(1.0, double(budget.resolve(prompt_len)) / double(std::max(1, prompt_len)));
+    const std::string half = std::to_string(share / 2.0);
+    return "d2o:hh_ratio=" + half + ",recent_ratio=" + half;
+  }
   return c.policy + ":budget=" + c.budget;
 }
 
