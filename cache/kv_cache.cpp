@@ -45,7 +45,7 @@ int64_t KvCache::blocks_held(SeqId seq) const {
   int64_t total = 0;
   std::unordered_map<int32_t, int> per_slab;  // quantized blocks of seq in each slab
   for (const LayerKv& l : it->second) {
-    total += full_blocks(l);
+    total += full_blocks(l) - l.n_paired;
     for (int i = 0; i < l.n_quantized_blocks; ++i) ++per_slab[pool_.slot_of(l.block_table[size_t(i)])];
   }
   for (const auto& [slot, n] : per_slab) total += n == pool_.slab_used(slot) ? 1 : 0;
@@ -78,7 +78,7 @@ LayerUsage KvCache::sequence_usage(SeqId seq, int global_layer) const {
   const LayerKv& kv = layer(seq, global_layer);
   LayerUsage u;
   u.entries = kv.n_entries;
-  u.blocks = int64_t(kv.block_table.size());
+  u.blocks = int64_t(kv.block_table.size()) - kv.n_paired;
   u.quantized_blocks = kv.n_quantized_blocks;
   u.bytes = (u.blocks - u.quantized_blocks) * pool_.layout().block_bytes() +
             u.quantized_blocks * pool_.quantized_block_bytes();
@@ -127,6 +127,7 @@ void KvCache::retain(SeqId seq, int global_layer, std::span<const std::vector<in
     throw std::invalid_argument("kv cache: a selection has one list, or one per KV head (" + std::to_string(n_heads) +
                                 "), not " + std::to_string(kept_per_head.size()));
   }
+  if (kv.n_paired > 0) throw std::logic_error("kv cache: a layer with paired PoD blocks cannot be compacted");
   const size_t n_kept = kept_per_head[0].size();
   for (const std::vector<int32_t>& kept : kept_per_head) {
     if (kept.size() != n_kept) throw std::invalid_argument("kv cache: every KV head must keep as many entries");
@@ -195,13 +196,42 @@ int KvCache::seal(SeqId seq, int global_layer) {
   }
 }
 
+int KvCache::pair_key_free_blocks(SeqId seq, int global_layer, int entry_begin, int entry_end) {
+  LayerKv& kv = layer_mut(seq, global_layer);
+  const int bs = block_size();
+  std::vector<int32_t> first, second;
+  std::vector<size_t> at;
+  for (int b = std::max(int(kv.n_quantized_blocks), (entry_begin + bs - 1) / bs); (b + 2) * bs <= entry_end;) {
+    const int32_t x = kv.block_table[size_t(b)], y = kv.block_table[size_t(b) + 1];
+    if (pod_is_paired(y)) {  // paired at an earlier call
+      b += 2;
+      continue;
+    }
+    first.push_back(x);
+    second.push_back(y);
+    at.push_back(size_t(b) + 1);
+    b += 2;
+  }
+  if (first.empty()) return 0;
+  pool_.backend().kv_pair_values(first, second, pool_.view());
+  for (size_t i = 0; i < first.size(); ++i) {
+    kv.block_table[at[i]] = pod_paired_id(first[i]);
+    pool_.release(second[i]);
+  }
+  kv.n_paired += int32_t(first.size());
+  account(global_layer - layer_begin_, {0, -int64_t(first.size()), 0, 0});
+  return int(first.size());
+}
+
 void KvCache::release(SeqId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
   for (int l = 0; l < n_layers(); ++l) {
     LayerKv& kv = it->second[size_t(l)];
-    for (int32_t b : kv.block_table) pool_.release(b);
-    account(l, {-kv.n_entries, -full_blocks(kv), -int64_t(kv.n_quantized_blocks),
+    for (int32_t b : kv.block_table) {
+      if (!pod_is_paired(b)) pool_.release(b);
+    }
+    account(l, {-kv.n_entries, -(full_blocks(kv) - kv.n_paired), -int64_t(kv.n_quantized_blocks),
                 -blocks_for(kv.n_appended, block_size())});
   }
   seqs_.erase(it);

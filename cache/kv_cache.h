@@ -23,6 +23,8 @@ struct LayerKv {
   int32_t n_quantized_blocks = 0;    // the first ones of block_table: quantized, full groups
   int32_t n_entries = 0;             // entries held (after compression)
   int32_t n_appended = 0;            // entries ever appended (what `full` would hold)
+  int32_t n_paired = 0;              // PoD: table positions naming another block's key region, no block of their
+                                     // own (kernels/pod_attention.h, pod_paired_id)
 };
 
 // What one layer holds over all sequences.
@@ -75,6 +77,11 @@ class KvCache {
   // returns how many were sealed. When the pool has no room for a quantized block, the rest waits for a later
   // call.
   int seal(SeqId seq, int global_layer);
+  // PoD storage (docs/compression.md): the layer no longer needs the keys of entries [entry_begin, entry_end).
+  // Consecutive pairs of its full-precision blocks wholly inside the range, counted from the first block boundary
+  // at or after entry_begin, share one block (values of the second in the key region of the first) and the second
+  // returns to the pool. Returns the blocks freed. A layer with paired blocks cannot be compacted (retain).
+  int pair_key_free_blocks(SeqId seq, int global_layer, int entry_begin, int entry_end);
   void release(SeqId seq);
 
  private:

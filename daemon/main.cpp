@@ -1,4 +1,4 @@
-// strata: the serving daemon's one binary. Subcommands: serve, generate, bench, tokenize, eval.
+// strata: the serving daemon's one binary. Subcommands: serve, generate, bench, tokenize, eval, calibrate.
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -19,6 +19,8 @@ void print_usage() {
                "            JSON lines in, JSON lines out\n"
                "  eval      --config FILE [--policies a,b] [--budgets 64,20%] [--out FILE]\n"
                "            quality (perplexity, passkey, agreement) and memory of each compression policy\n"
+               "  calibrate --config FILE --text FILE --out BLOCKS [--threshold D | --target-saving S] [--pp P]\n"
+               "            PoD's layer blocks from the similarity of attention between layers\n"
                "Run 'strata <command> --help' for the flags of one command.\n";
 }
 
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
   if (command == "bench") return strata::bench_command(sub_argc, sub_argv);
   if (command == "tokenize") return strata::tokenize_command(sub_argc, sub_argv);
   if (command == "eval") return strata::eval_command(sub_argc, sub_argv);
+  if (command == "calibrate") return strata::calibrate_command(sub_argc, sub_argv);
   std::cerr << "strata: unknown command '" << command << "'\n";
   print_usage();
   return 2;

@@ -133,6 +133,24 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
   }
   rt->executor = std::make_unique<StepExecutor>(*rt->model, *rt->cache, std::move(compression), rt->model_name,
                                                 rt->collectives.get());
+  if (!config.kv_cache.pod_blocks.empty()) {
+    // Read and checked on every rank against the whole model and the configured stages (cache/pod_blocks.h).
+    const std::string where = config.file + ": kv_cache.pod_blocks: ";
+    try {
+      PodBlocks blocks = read_pod_blocks(config.kv_cache.pod_blocks);
+      check_pod_blocks(blocks, config.kv_cache.pod_blocks, rt->model_name, rt->weights.config.n_layers,
+                       rt->weights.config.n_kv_heads, config.parallel.pp);
+      rt->executor->set_pod_blocks(std::move(blocks));
+    } catch (const std::runtime_error& e) {
+      throw ConfigError(where + e.what());
+    }
+  }
+  if (config.kv_cache.policy.rfind("pod", 0) == 0 && config.kv_cache.pod_blocks.empty()) {
+    throw ConfigError(config.file + ": kv_cache.pod_blocks: policy pod needs the layer blocks of strata calibrate");
+  }
+  if (config.kv_cache.policy.rfind("pod", 0) == 0 && config.kv_cache.dtype != "f32") {
+    throw ConfigError(config.file + ": kv_cache.dtype: policy pod needs f32 (its key-free blocks are not quantized)");
+  }
   std::cerr << "strata: " << (grid.world_size() > 1 ? grid.describe(grid.rank) + ": " : "") << rt->model_name
             << ": layers [" << sh.layer_begin << ", " << sh.layer_end << ") of " << rt->weights.config.n_layers
             << (sh.tp_size > 1 ? ", tensor slice " + std::to_string(sh.tp_rank + 1) + "/" + std::to_string(sh.tp_size)

@@ -124,6 +124,8 @@ const std::map<std::string, Setter>& setters() {
          }
          c.kv_cache.request_policies = t;
        }},
+      {"kv_cache.pod_blocks",
+       [](ServerConfig& c, const std::string& t, const std::string&) { c.kv_cache.pod_blocks = t; }},
       {"parallel.tp",
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.parallel.tp = int(parse_int(t, w, 1, 1024)); }},
       {"parallel.pp",

@@ -46,6 +46,7 @@ struct ServerConfig {
     std::string policy = "full";            // a policy spec for every layer, e.g. "pyramidkv:budget=128"
     std::string layer_overrides;            // "0-1=full;28-29=snapkv:budget=256"
     std::string request_policies = "all";   // policies a request may choose ("all", "none", or a list)
+    std::string pod_blocks;                 // PoD's layer blocks (strata calibrate); needed by policy pod
   } kv_cache;
 
   struct Parallel {

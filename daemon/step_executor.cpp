@@ -1,10 +1,12 @@
 #include "daemon/step_executor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <span>
 #include <stdexcept>
 #include <string>
 
+#include "cache/policies/pod_policy.h"
 #include "cache/pooled_layer_keys.h"
 
 namespace strata {
@@ -55,7 +57,8 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
       stats = step_stats[i].get();
     }
     batch.push_back(
-        BatchSequence{w.seq, w.tokens, w.start_pos, w.sample ? LogitsMode::last : LogitsMode::none, stats});
+        BatchSequence{w.seq, w.tokens, w.start_pos, w.sample ? LogitsMode::last : LogitsMode::none, stats,
+                      state.pod.get()});
   }
 
   StepResult result;
@@ -81,6 +84,7 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
     }
     run_hooks(w, state, step_stats[i].get());
     seal_groups(w, state);
+    free_distant_keys(w, state);
   }
   return result;
 }
@@ -108,6 +112,7 @@ void StepExecutor::start_prefill(SequenceState& state, int prefill_len) {
   }
   auto stats = std::make_unique<AttentionStats>();
   bool any = false;
+  state.pod = pod_sequence(state);
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
     state.policies.push_back(make_policy(spec_for(state, l), policy_context(l)));
     state.cross_layer = state.cross_layer || state.policies.back()->cross_layer();
@@ -126,6 +131,32 @@ void StepExecutor::start_prefill(SequenceState& state, int prefill_len) {
     stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * size_t(prefill_len) : 0, 0.0f);
   }
   state.prefill_stats = std::move(stats);
+}
+
+// PoD runs in every layer of a sequence or in none: a follower's leader must keep all its keys and score its
+// distant entries, which another policy in the leader's layer would not do.
+std::unique_ptr<PodSequence> StepExecutor::pod_sequence(const SequenceState& state) const {
+  const int n_layers = model_.config().n_layers;
+  int n_pod = 0;
+  for (int l = 0; l < n_layers; ++l) n_pod += spec_for(state, l).name == "pod" ? 1 : 0;
+  if (n_pod == 0) return nullptr;
+  if (n_pod != n_layers) {
+    throw std::invalid_argument("policy pod: runs in every layer or in none (" + std::to_string(n_pod) + " of " +
+                                std::to_string(n_layers) + " layers have it)");
+  }
+  if (!pod_blocks_) throw std::invalid_argument("policy pod: needs kv_cache.pod_blocks (made by strata calibrate)");
+  if (cache_.pool().quantized()) throw std::invalid_argument("policy pod: needs kv_cache.dtype f32");
+  auto pod = std::make_unique<PodSequence>();
+  const auto policy = make_policy(spec_for(state, cache_.layer_begin()), policy_context(cache_.layer_begin()));
+  pod->window = static_cast<const PodPolicy&>(*policy).window();
+  // Tensor parallelism splits whole KV heads with their query heads, so a rank needs only its own heads' blocks.
+  const int head_begin = model_.kv_head_begin();
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    std::vector<int> leaders;
+    for (int h = 0; h < model_.n_kv_heads_local(); ++h) leaders.push_back(pod_blocks_->leader[size_t(head_begin + h)][size_t(l)]);
+    pod->leader.push_back(std::move(leaders));
+  }
+  return pod;
 }
 
 std::unique_ptr<AttentionStats> StepExecutor::decode_stats(const PlannedWork& work, SequenceState& state) {
@@ -194,6 +225,24 @@ void StepExecutor::seal_groups(const PlannedWork& work, const SequenceState& sta
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
     const LayerState s = layer_state(state, work.seq, l, nullptr, n_generated);
     if (!state.policies[size_t(l - cache_.layer_begin())]->needs_unquantized(s)) cache_.seal(work.seq, l);
+  }
+}
+
+// PoD storage: a layer whose every local KV head follows its block's leader no longer needs the keys of the
+// entries that are distant for every later query (the next one is at position n_entries: entries
+// [sinks, n_entries - recent]); KvCache pairs the blocks wholly inside that range and frees half of them. Only at
+// the prompt's end and after decode steps, so a chunked prefill holds every key until its end.
+void StepExecutor::free_distant_keys(const PlannedWork& work, const SequenceState& state) {
+  if (!state.pod) return;
+  const bool prefill_end = work.prefill_len > 0 && work.start_pos + int(work.tokens.size()) == work.prefill_len;
+  if (work.prefill_len > 0 && !prefill_end) return;
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    const std::vector<int>& leaders = state.pod->leader[size_t(l - cache_.layer_begin())];
+    if (std::find(leaders.begin(), leaders.end(), l) != leaders.end()) continue;
+    const int n_entries = cache_.layer(work.seq, l).n_entries;
+    const int freed = cache_.pair_key_free_blocks(work.seq, l, state.pod->window.sinks,
+                                                  n_entries - state.pod->window.recent + 1);
+    counters_[size_t(l - cache_.layer_begin())].key_free_blocks += freed;
   }
 }
 

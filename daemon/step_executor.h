@@ -13,6 +13,7 @@
 #include "cache/compression_config.h"
 #include "cache/compression_policy.h"
 #include "cache/kv_cache.h"
+#include "cache/pod_blocks.h"
 #include "cache/policy_collectives.h"
 #include "daemon/sampler.h"
 #include "model/llama_model.h"
@@ -26,6 +27,7 @@ struct LayerCompressionCounters {
   int64_t lazy_decisions = 0;      // SimLayerKV: layers found lazy
   int64_t not_lazy_decisions = 0;  // and found not lazy
   int64_t merged_tokens = 0;       // D2O: evicted entries merged into kept ones (per KV head, like evicted_tokens)
+  int64_t key_free_blocks = 0;     // PoD: blocks freed by dropping a follower's distant keys
 };
 
 // One layer of one sequence, for the JSON view.
@@ -53,6 +55,9 @@ class StepExecutor {
   const std::vector<float>& last_logits() const { return logits_; }
   // The policies of a sequence's local layers (empty when unknown or not built yet).
   std::vector<LayerPolicyState> layer_policies(int64_t seq) const;
+  // PoD's layer blocks (kv_cache.pod_blocks, checked against the model and the stages). Sequences whose policy is
+  // `pod` need them.
+  void set_pod_blocks(PodBlocks blocks) { pod_blocks_ = std::move(blocks); }
 
  private:
   struct SequenceState {
@@ -63,6 +68,7 @@ class StepExecutor {
     std::unique_ptr<AttentionStats> prefill_stats;
     bool cross_layer = false;            // a layer of the model, on any stage, takes part in the cross-layer step
     std::vector<int64_t> merged_tokens;  // per local layer, since the prefill started
+    std::unique_ptr<PodSequence> pod;    // PoD: the window and the leaders of the local layers
   };
 
   void start_prefill(SequenceState& state, int prefill_len);
@@ -72,6 +78,8 @@ class StepExecutor {
   std::unique_ptr<AttentionStats> decode_stats(const PlannedWork& work, SequenceState& state);
   void run_hooks(const PlannedWork& work, SequenceState& state, const AttentionStats* decode);
   void seal_groups(const PlannedWork& work, const SequenceState& state);
+  std::unique_ptr<PodSequence> pod_sequence(const SequenceState& state) const;
+  void free_distant_keys(const PlannedWork& work, const SequenceState& state);
   void apply(int64_t seq, SequenceState& state, int global_layer, int n_entries, const std::optional<Selection>& keep);
   LayerState layer_state(const SequenceState& state, int64_t seq, int global_layer, const AttentionStats* stats,
                          int n_generated) const;
@@ -84,6 +92,7 @@ class StepExecutor {
   std::unordered_map<int64_t, SequenceState> seqs_;
   std::vector<LayerCompressionCounters> counters_;  // per local layer
   std::vector<float> logits_;
+  std::optional<PodBlocks> pod_blocks_;
 };
 
 }  // namespace strata

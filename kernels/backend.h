@@ -11,6 +11,7 @@
 
 #include "kernels/kv_block_layout.h"
 #include "kernels/kv_merge.h"
+#include "kernels/pod_attention.h"
 #include "kernels/tensor.h"
 #include "model/model_config.h"
 
@@ -95,6 +96,16 @@ class Backend {
   // Applies `merges` (kernels/kv_merge.h) to the keys and values of KV head `head`, in place.
   virtual void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
                         int head) = 0;
+
+  // PoD (kernels/pod_attention.h): attention of each sequence's rows over its own proximal entries and, through
+  // distant[s] (the block leader's queries and keys per KV head), its distant ones, over its own values, merged by
+  // the gate. Values of paired blocks are read from their key region. q, out [T, H * Dh]
+  virtual void pod_attention(const Tensor& q, std::span<const AttentionSequence> seqs,
+                             std::span<const PodDistant> distant, const KvPoolView& pool, int n_heads, float scale,
+                             const PodWindow& window, Tensor& out) = 0;
+  // PoD storage: the value region of block second[i] is copied into the key region of block first[i].
+  virtual void kv_pair_values(std::span<const int32_t> first, std::span<const int32_t> second,
+                              const KvPoolView& pool) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

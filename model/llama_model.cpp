@@ -13,6 +13,10 @@ struct LlamaModel::Workspace {
   Tensor x, h, q, k, v, attn, o, gate, up, act, down;
   Tensor head_in, head_norm, head_out;
   int64_t head_capacity = 0;
+  // PoD: every local layer's queries of the step, so that a block's followers score the distant entries with
+  // their leader's (spec §4). Allocated on the first step with a PoD sequence.
+  std::vector<Tensor> q_layers;
+  int64_t q_layers_capacity = 0;
 };
 
 LlamaModel::LlamaModel(Backend& backend, const ModelWeights& weights, ShardComms comms)
@@ -49,6 +53,7 @@ LlamaModel::~LlamaModel() {
                     &w.head_norm, &w.head_out}) {
     if (t->data) backend_.free(*t);
   }
+  for (Tensor& t : w.q_layers) backend_.free(t);
 }
 
 Tensor LlamaModel::upload(const HostMatrix& m) { return backend_.upload_weight(m.data, m.rows, m.cols); }
@@ -106,6 +111,12 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     ensure(backend_, w.down, cap, d);
     w.capacity = cap;
   }
+  const bool any_pod = std::any_of(batch.begin(), batch.end(), [](const BatchSequence& s) { return s.pod; });
+  if ((any_pod || !w.q_layers.empty()) && n_tokens > w.q_layers_capacity) {  // once kept, always kept
+    w.q_layers.resize(layers_.size());
+    for (Tensor& t : w.q_layers) ensure(backend_, t, n_tokens, int64_t(n_heads_local_) * hd);
+    w.q_layers_capacity = n_tokens;
+  }
   Tensor x = w.x.slice_rows(0, n_tokens);
   host_.resize(size_t(n_tokens * d));
   if (weights_.shard.has_embedding) {
@@ -131,7 +142,7 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
       }
       row += n_q;
     }
-    run_layer(layers_[size_t(l)], w, seqs, positions, cache.pool_view());
+    run_layer(l, batch, cache, seqs, positions);
   }
 
   if (!weights_.shard.has_output) {
@@ -210,12 +221,16 @@ void LlamaModel::tp_all_reduce(Tensor& t) {
 
 // Keys are rotated with their sequence positions before they are stored, so they keep those positions when a
 // policy later removes entries around them (design rule 5).
-void LlamaModel::run_layer(const UploadedLayer& lw, Workspace& w, std::span<const AttentionSequence> seqs,
-                           std::span<const int32_t> positions, const KvPoolView& pool) {
+void LlamaModel::run_layer(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
+                           std::span<const AttentionSequence> seqs, std::span<const int32_t> positions) {
   const ModelConfig& c = config();
+  const UploadedLayer& lw = layers_[size_t(local_layer)];
+  Workspace& w = *ws_;
+  const KvPoolView pool = cache.pool_view();
   const int64_t n = seqs.empty() ? 0 : seqs.back().q_begin + seqs.back().n_q;
   Tensor x = w.x.slice_rows(0, n), h = w.h.slice_rows(0, n);
-  Tensor q = w.q.slice_rows(0, n), k = w.k.slice_rows(0, n), v = w.v.slice_rows(0, n);
+  const Tensor& q_all = w.q_layers.empty() ? w.q : w.q_layers[size_t(local_layer)];
+  Tensor q = q_all.slice_rows(0, n), k = w.k.slice_rows(0, n), v = w.v.slice_rows(0, n);
   Tensor attn = w.attn.slice_rows(0, n), o = w.o.slice_rows(0, n);
   Tensor gate = w.gate.slice_rows(0, n), up = w.up.slice_rows(0, n), act = w.act.slice_rows(0, n);
   Tensor down = w.down.slice_rows(0, n);
@@ -227,7 +242,7 @@ void LlamaModel::run_layer(const UploadedLayer& lw, Workspace& w, std::span<cons
   backend_.rope(q, positions, n_heads_local_, c.head_dim, rope_);
   backend_.rope(k, positions, n_kv_heads_local_, c.head_dim, rope_);
   backend_.kv_write(k, v, seqs, pool);
-  backend_.paged_attention(q, seqs, pool, n_heads_local_, 1.0f / std::sqrt(float(c.head_dim)), attn);
+  attention(local_layer, batch, cache, seqs, q, attn);
   backend_.matmul(attn, lw.wo, o);
   tp_all_reduce(o);
   backend_.add(x, o);
@@ -239,6 +254,50 @@ void LlamaModel::run_layer(const UploadedLayer& lw, Workspace& w, std::span<cons
   backend_.matmul(act, lw.w_down, down);
   tp_all_reduce(down);
   backend_.add(x, down);
+}
+
+// Plain paged attention for the batch's other sequences; PoD attention for its PoD sequences, whose distant
+// entries are scored with their block leader's queries (kept in q_layers) and keys (the leader's block table).
+void LlamaModel::attention(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
+                           std::span<const AttentionSequence> seqs, const Tensor& q, Tensor& out) {
+  const float scale = 1.0f / std::sqrt(float(config().head_dim));
+  std::vector<AttentionSequence> plain, pod;
+  std::vector<PodDistant> distant;
+  const PodWindow* window = nullptr;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].pod) {
+      plain.push_back(seqs[i]);
+      continue;
+    }
+    const PodSequence& p = *batch[i].pod;
+    // One window per call: sequences with another window go to a call of their own below.
+    if (window && (window->sinks != p.window.sinks || window->recent != p.window.recent)) continue;
+    window = &p.window;
+    pod.push_back(seqs[i]);
+    PodDistant d;
+    for (int h = 0; h < n_kv_heads_local_; ++h) {
+      const int leader = p.leader[size_t(local_layer)][size_t(h)];
+      d.key_tables.push_back(cache.layer(batch[i].seq, leader).block_table);
+      d.queries.push_back(ws_->q_layers[size_t(leader - weights_.shard.layer_begin)].f32());
+    }
+    distant.push_back(std::move(d));
+  }
+  if (!plain.empty()) {
+    backend_.paged_attention(q, plain, cache.pool_view(), n_heads_local_, scale, out);
+  }
+  if (!pod.empty()) {
+    backend_.pod_attention(q, pod, distant, cache.pool_view(), n_heads_local_, scale, *window, out);
+  }
+  // Rare: PoD sequences of the batch with a different window than the first.
+  std::vector<BatchSequence> rest;
+  std::vector<AttentionSequence> rest_seqs;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].pod && (batch[i].pod->window.sinks != window->sinks || batch[i].pod->window.recent != window->recent)) {
+      rest.push_back(batch[i]);
+      rest_seqs.push_back(seqs[i]);
+    }
+  }
+  if (!rest.empty()) attention(local_layer, rest, cache, rest_seqs, q, out);
 }
 
 }  // namespace strata

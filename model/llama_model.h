@@ -33,6 +33,14 @@ struct AttentionStats {
   std::vector<std::vector<float>> sums;   // per local layer: [n_heads_local][stride]
 };
 
+// PoD for one sequence (kernels/pod_attention.h, cache/pod_blocks.h): its window and, for every local layer and
+// local KV head, the global layer whose queries and keys score the distant entries (the block's leader, on this
+// stage: blocks never cross a stage boundary). The leader's queries of the step are kept until the stage ends.
+struct PodSequence {
+  PodWindow window;
+  std::vector<std::vector<int>> leader;  // [local layer][local KV head] -> global layer
+};
+
 // One sequence's part of a step.
 struct BatchSequence {
   SeqId seq = 0;
@@ -40,6 +48,7 @@ struct BatchSequence {
   int start_pos = 0;                // position of tokens[0]
   LogitsMode logits = LogitsMode::last;
   AttentionStats* stats = nullptr;  // statistics to accumulate in this step (nullable)
+  const PodSequence* pod = nullptr;  // PoD attention in every layer (nullable)
 };
 
 // The groups a shard exchanges activations with. Null when the shard has no such peers.
@@ -61,6 +70,8 @@ class LlamaModel {
   // Query and KV heads this rank holds (all of them until tensor parallelism splits them).
   int n_heads_local() const { return n_heads_local_; }
   int n_kv_heads_local() const { return n_kv_heads_local_; }
+  // The first of them, as a global KV head index.
+  int kv_head_begin() const { return weights_.shard.tp_rank * n_kv_heads_local_; }
   KvBlockLayout kv_layout(int block_size) const;
 
   // The last pipeline stage computes logits; the others pass their hidden states on.
@@ -81,8 +92,10 @@ class LlamaModel {
   Tensor upload(const HostMatrix& m);
   void tp_all_reduce(Tensor& t);
   void output_head(const Tensor& x, std::span<const int64_t> rows, std::vector<float>& logits);
-  void run_layer(const UploadedLayer& w, Workspace& ws, std::span<const AttentionSequence> seqs,
-                 std::span<const int32_t> positions, const KvPoolView& pool);
+  void run_layer(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
+                 std::span<const AttentionSequence> seqs, std::span<const int32_t> positions);
+  void attention(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
+                 std::span<const AttentionSequence> seqs, const Tensor& q, Tensor& out);
 
   Backend& backend_;
   const ModelWeights& weights_;

@@ -7,5 +7,6 @@ int generate_command(int argc, char** argv);   // strata generate --config FILE 
 int bench_command(int argc, char** argv);      // strata bench ...
 int tokenize_command(int argc, char** argv);   // strata tokenize --model FILE [--special] : JSON lines in and out
 int eval_command(int argc, char** argv);       // strata eval --config FILE ... (defined in eval/)
+int calibrate_command(int argc, char** argv);  // strata calibrate --config FILE --text FILE --out BLOCKS
 
 }  // namespace strata

@@ -7,6 +7,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_merge_ops.h"
+#include "kernels/cpu/pod_ops.h"
 
 namespace strata {
 namespace {
@@ -100,6 +101,14 @@ class CpuBackend final : public Backend {
   void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
                 int head) override {
     cpu::kv_merge(block_table, merges, pool, head);
+  }
+  void pod_attention(const Tensor& q, std::span<const AttentionSequence> seqs, std::span<const PodDistant> distant,
+                     const KvPoolView& pool, int n_heads, float scale, const PodWindow& window, Tensor& out) override {
+    cpu::pod_attention(q.f32(), seqs, distant, pool, n_heads, scale, window, out.f32());
+  }
+  void kv_pair_values(std::span<const int32_t> first, std::span<const int32_t> second,
+                      const KvPoolView& pool) override {
+    cpu::kv_pair_values(first, second, pool);
   }
 
   ~CpuBackend() override {
