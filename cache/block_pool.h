@@ -9,6 +9,9 @@
 // prompt may fill the pool at full precision and shrink once it is quantized. Quantized blocks are taken from
 // the fullest slab that has room, so that slabs empty out and return to the pool as slots.
 //
+// An f32 pool packs coded blocks (SpindleKV's codebook references, kernels/kv_block_layout.h) into slabs the same
+// way, and keeps its codebook vectors in full-precision slots.
+//
 // Counts for admission (n_total, n_free, can_allocate) are slots for full-precision blocks. A quantized pool keeps
 // one free slot in reserve that only quantized blocks may take: sealing a group then always finds room, and
 // gives the slot of the full-precision block it quantized back right after.
@@ -50,27 +53,40 @@ class BlockPool {
   int32_t slot_of(int32_t block) const;
   int slab_used(int32_t slot) const { return slab_used_[size_t(slot)]; }
 
-  // Either kind.
+  // Coded blocks (an f32 pool only). Packed like quantized blocks; allocate_coded throws when there is no room.
+  bool can_allocate_coded() const;
+  int32_t allocate_coded();
+  int64_t coded_block_bytes() const { return quantized() ? 0 : layout_.coded_block_bytes(); }
+  // The table coded keys are rotated with on read (KvKeyRope): the model's RoPE over n_positions positions.
+  // Set once, before the first coded block is written.
+  void set_key_rope(const RopeParams& rope, int n_positions);
+  bool has_key_rope() const { return key_rope_.n_positions > 0; }
+
+  // Any kind.
   void release(int32_t block);
 
   const KvBlockLayout& layout() const { return layout_; }
-  KvPoolView view() const { return KvPoolView{storage_.data, layout_, int32_t(n_slots_)}; }
+  KvPoolView view() const { return KvPoolView{storage_.data, layout_, int32_t(n_slots_), key_rope_}; }
   Backend& backend() const { return backend_; }
 
  private:
   void set_slab_free_count(int32_t slot, int before, int after);
+  int32_t allocate_packed();
+  bool can_allocate_packed() const;
 
   Backend& backend_;
   KvBlockLayout layout_;
   int64_t n_slots_;
   int64_t reserve_;  // 1 in a quantized pool
-  int per_slot_;     // quantized blocks per slab
+  int per_slot_;     // quantized (or coded) blocks per slab
   Tensor storage_;
   std::vector<int32_t> free_;      // free slots, a stack: the most recently freed is reused first (warm in cache)
   std::vector<bool> is_free_;      // catches a block released twice, which would later be handed out twice
   std::vector<uint8_t> slab_used_;  // per slot: quantized blocks in use (0 for free and full-precision slots)
-  std::vector<uint8_t> slab_bits_;  // per slot: which of them
+  std::vector<uint32_t> slab_bits_;  // per slot: which of them
   std::vector<std::set<int32_t>> slabs_by_free_;  // [n] = slabs with n free quantized blocks, 1 <= n < per_slot
+  Tensor key_rope_table_;
+  KvKeyRope key_rope_;
 };
 
 }  // namespace strata

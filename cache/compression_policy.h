@@ -74,9 +74,19 @@ struct LayerState {
 // KV head keeps its own, all of the same length (design rule 2: a layer has one length in all its heads).
 // merges (D2O): empty, or one KvMerges per KV head, applied before the compaction, so that its entries are
 // indices before it: evicted entries (sources) are merged into kept ones (targets).
+// codebook (SpindleKV): after the compaction, every kept entry is replaced by references into codebooks learnt
+// per KV head (KvCache::replace_with_codebook): positions holds each kept entry's original position, one list (all
+// heads) or one per KV head, in the order of kept. From then on the layer codes every new entry as it arrives.
+struct CodebookReplacement {
+  float key_threshold = 0.98f;
+  float value_threshold = 0.95f;
+  std::vector<std::vector<int32_t>> positions;
+};
+
 struct Selection {
   std::vector<std::vector<int32_t>> kept;
   std::vector<KvMerges> merges = {};
+  std::optional<CodebookReplacement> codebook = std::nullopt;
 };
 
 class CompressionPolicy {

@@ -19,11 +19,20 @@ KvCache::~KvCache() {
 
 static int64_t blocks_for(int64_t entries, int block_size) { return (entries + block_size - 1) / block_size; }
 
-// Entries and blocks after a layer's quantized ones.
+// Entries and blocks after a layer's quantized (or coded) ones.
 static int64_t full_entries(const LayerKv& kv, int block_size) {
-  return kv.n_entries - int64_t(kv.n_quantized_blocks) * block_size;
+  return kv.n_entries - int64_t(kv.n_quantized_blocks + kv.n_coded_blocks) * block_size;
 }
-static int64_t full_blocks(const LayerKv& kv) { return int64_t(kv.block_table.size()) - kv.n_quantized_blocks; }
+static int64_t full_blocks(const LayerKv& kv) {
+  return int64_t(kv.block_table.size()) - kv.n_quantized_blocks - kv.n_coded_blocks;
+}
+
+int64_t LayerCodebook::size() const {
+  int64_t n = 0;
+  for (const auto& c : keys) n += int64_t(c.size());
+  for (const auto& c : values) n += int64_t(c.size());
+  return n;
+}
 
 int64_t KvCache::blocks_to_append(SeqId seq, int n_new) const {
   auto it = seqs_.find(seq);
@@ -46,7 +55,13 @@ int64_t KvCache::blocks_held(SeqId seq) const {
   std::unordered_map<int32_t, int> per_slab;  // quantized blocks of seq in each slab
   for (const LayerKv& l : it->second) {
     total += full_blocks(l) - l.n_paired;
-    for (int i = 0; i < l.n_quantized_blocks; ++i) ++per_slab[pool_.slot_of(l.block_table[size_t(i)])];
+    for (int i = 0; i < l.n_quantized_blocks + l.n_coded_blocks; ++i) {
+      ++per_slab[pool_.slot_of(l.block_table[size_t(i)])];
+    }
+    if (l.codebook) {
+      total += int64_t(l.codebook->pages.size());
+      if (l.codebook->open_block >= 0) ++per_slab[pool_.slot_of(l.codebook->open_block)];
+    }
   }
   for (const auto& [slot, n] : per_slab) total += n == pool_.slab_used(slot) ? 1 : 0;
   return total;
@@ -69,7 +84,12 @@ LayerUsage KvCache::layer_usage(int global_layer) const {
   u.entries = c.entries;
   u.blocks = c.full_blocks + c.quantized_blocks;
   u.quantized_blocks = c.quantized_blocks;
-  u.bytes = c.full_blocks * pool_.layout().block_bytes() + c.quantized_blocks * pool_.quantized_block_bytes();
+  u.blocks += c.coded_blocks;
+  u.coded_blocks = c.coded_blocks;
+  u.codebook_pages = c.codebook_pages;
+  u.codebook_vectors = c.codebook_vectors;
+  u.bytes = c.full_blocks * pool_.layout().block_bytes() + c.quantized_blocks * pool_.quantized_block_bytes() +
+            c.coded_blocks * pool_.coded_block_bytes() + c.codebook_pages * pool_.layout().block_bytes();
   u.uncompressed_bytes = c.uncompressed_blocks * pool_.layout().block_bytes();
   return u;
 }
@@ -80,8 +100,15 @@ LayerUsage KvCache::sequence_usage(SeqId seq, int global_layer) const {
   u.entries = kv.n_entries;
   u.blocks = int64_t(kv.block_table.size()) - kv.n_paired;
   u.quantized_blocks = kv.n_quantized_blocks;
-  u.bytes = (u.blocks - u.quantized_blocks) * pool_.layout().block_bytes() +
+  u.bytes = (u.blocks - u.quantized_blocks - kv.n_coded_blocks) * pool_.layout().block_bytes() +
             u.quantized_blocks * pool_.quantized_block_bytes();
+  if (kv.codebook) {
+    u.coded_blocks = kv.n_coded_blocks + (kv.codebook->open_block >= 0 ? 1 : 0);
+    u.blocks += u.coded_blocks - kv.n_coded_blocks;
+    u.codebook_pages = int64_t(kv.codebook->pages.size());
+    u.codebook_vectors = kv.codebook->size();
+    u.bytes += u.coded_blocks * pool_.coded_block_bytes() + u.codebook_pages * pool_.layout().block_bytes();
+  }
   u.uncompressed_bytes = blocks_for(kv.n_appended, block_size()) * pool_.layout().block_bytes();
   return u;
 }
@@ -92,6 +119,9 @@ void KvCache::account(int l, const LayerCounts& d) {
   c.full_blocks += d.full_blocks;
   c.quantized_blocks += d.quantized_blocks;
   c.uncompressed_blocks += d.uncompressed_blocks;
+  c.coded_blocks += d.coded_blocks;
+  c.codebook_pages += d.codebook_pages;
+  c.codebook_vectors += d.codebook_vectors;
 }
 
 void KvCache::append(SeqId seq, int n_new) {
@@ -128,6 +158,7 @@ void KvCache::retain(SeqId seq, int global_layer, std::span<const std::vector<in
                                 "), not " + std::to_string(kept_per_head.size()));
   }
   if (kv.n_paired > 0) throw std::logic_error("kv cache: a layer with paired PoD blocks cannot be compacted");
+  if (kv.codebook) throw std::logic_error("kv cache: a layer replaced by codebooks cannot be compacted");
   const size_t n_kept = kept_per_head[0].size();
   for (const std::vector<int32_t>& kept : kept_per_head) {
     if (kept.size() != n_kept) throw std::invalid_argument("kv cache: every KV head must keep as many entries");
@@ -232,9 +263,181 @@ void KvCache::release(SeqId seq) {
       if (!pod_is_paired(b)) pool_.release(b);
     }
     account(l, {-kv.n_entries, -(full_blocks(kv) - kv.n_paired), -int64_t(kv.n_quantized_blocks),
-                -blocks_for(kv.n_appended, block_size())});
+                -blocks_for(kv.n_appended, block_size()), -int64_t(kv.n_coded_blocks)});
+    if (kv.codebook) release_codebook(kv, l);
   }
   seqs_.erase(it);
+}
+
+}  // namespace strata
+
+// SpindleKV storage (docs/compression.md "SpindleKV"). No collective: codebooks are per (sequence, layer, KV head)
+// of this rank, so tensor-parallel ranks build theirs alone (spec section 11).
+namespace strata {
+
+int32_t KvCache::next_codebook_vector(LayerCodebook& cb, int l) {
+  const int64_t per_page = pool_.layout().vectors_per_slot();
+  if (cb.n_vectors == int64_t(cb.pages.size()) * per_page) {
+    if (!pool_.can_allocate(1)) return -1;
+    cb.pages.push_back(pool_.allocate());
+    account(l, {0, 0, 0, 0, 0, 1, 0});
+  }
+  const int32_t id = int32_t(cb.pages[size_t(cb.n_vectors / per_page)] * per_page + cb.n_vectors % per_page);
+  ++cb.n_vectors;
+  account(l, {0, 0, 0, 0, 0, 0, 1});
+  return id;
+}
+
+void KvCache::release_codebook(LayerKv& kv, int l) {
+  LayerCodebook& cb = *kv.codebook;
+  for (int32_t page : cb.pages) pool_.release(page);
+  if (cb.open_block >= 0) pool_.release(cb.open_block);
+  account(l, {0, 0, 0, 0, -int64_t(cb.open_block >= 0 ? 1 : 0), -int64_t(cb.pages.size()), -int64_t(cb.n_vectors)});
+  kv.codebook.reset();
+}
+
+bool KvCache::replace_with_codebook(SeqId seq, int global_layer, std::span<const std::vector<int32_t>> positions,
+                                    float key_threshold, float value_threshold) {
+  if (pool_.quantized()) {
+    throw std::invalid_argument("kv cache: codebook replacement (spindlekv) needs kv_cache.dtype f32");
+  }
+  if (!pool_.has_key_rope()) throw std::logic_error("kv cache: codebook replacement before the key RoPE table is set");
+  LayerKv& kv = layer_mut(seq, global_layer);
+  if (kv.codebook || kv.n_quantized_blocks > 0 || kv.n_paired > 0) {
+    throw std::logic_error("kv cache: codebook replacement of a layer that is not all full precision");
+  }
+  const int n_heads = pool_.layout().n_kv_heads, n = kv.n_entries, bs = block_size();
+  if (positions.empty() || (positions.size() != 1 && int(positions.size()) != n_heads)) {
+    throw std::invalid_argument("kv cache: codebook positions: one list, or one per KV head");
+  }
+  for (const auto& p : positions) {
+    if (int(p.size()) != n) throw std::invalid_argument("kv cache: codebook positions: one per entry of the layer");
+  }
+  if (n == 0) return false;
+  Backend& backend = pool_.backend();
+  const KvPoolView view = pool_.view();
+  auto positions_of = [&](int h) -> const std::vector<int32_t>& { return positions[positions.size() == 1 ? 0 : size_t(h)]; };
+
+  // Algorithm 1 per KV head, keys and values apart: host indices only.
+  std::vector<std::vector<int32_t>> k_assign(n_heads), k_centres(n_heads), v_assign(n_heads), v_centres(n_heads);
+  int64_t n_vectors = 0;
+  for (int h = 0; h < n_heads; ++h) {
+    k_assign[h].resize(size_t(n));
+    k_centres[h].resize(size_t(n));
+    v_assign[h].resize(size_t(n));
+    v_centres[h].resize(size_t(n));
+    k_centres[h].resize(size_t(backend.kv_codebook_build(kv.block_table, h, KvPart::key, positions_of(h),
+                                                         key_threshold, view, k_assign[h], k_centres[h])));
+    v_centres[h].resize(size_t(backend.kv_codebook_build(kv.block_table, h, KvPart::value, positions_of(h),
+                                                         value_threshold, view, v_assign[h], v_centres[h])));
+    n_vectors += int64_t(k_centres[h].size() + v_centres[h].size());
+  }
+  // Room for the pages and the coded blocks (fresh slabs at worst) before the groups' blocks are given back.
+  const int64_t per_page = pool_.layout().vectors_per_slot();
+  const int64_t n_groups = (n + bs - 1) / bs;
+  const int per_slab = pool_.layout().coded_per_slot();
+  if (per_slab < 1) throw std::invalid_argument("kv cache: KV blocks too small to hold coded blocks");
+  if (!pool_.can_allocate((n_vectors + per_page - 1) / per_page + (n_groups + per_slab - 1) / per_slab)) return false;
+
+  const int l = global_layer - layer_begin_;
+  LayerCodebook cb;
+  cb.key_threshold = key_threshold;
+  cb.value_threshold = value_threshold;
+  cb.keys.resize(size_t(n_heads));
+  cb.values.resize(size_t(n_heads));
+  std::vector<int32_t> coded(static_cast<size_t>(n_groups));
+  for (int32_t& b : coded) b = pool_.allocate_coded();
+  account(l, {0, 0, 0, 0, n_groups, 0, 0});
+  const int full_groups = n / bs;
+  for (int h = 0; h < n_heads; ++h) {
+    KvCodebookEncoding e;
+    e.head = h;
+    e.positions = positions_of(h);
+    for (int32_t centre : k_centres[h]) {
+      cb.keys[h].push_back(next_codebook_vector(cb, l));
+      e.new_k_entries.push_back(centre);
+      e.new_k_vectors.push_back(cb.keys[h].back());
+    }
+    for (int32_t centre : v_centres[h]) {
+      cb.values[h].push_back(next_codebook_vector(cb, l));
+      e.new_v_entries.push_back(centre);
+      e.new_v_vectors.push_back(cb.values[h].back());
+    }
+    for (int i = 0; i < n; ++i) {
+      e.k_vectors.push_back(cb.keys[h][size_t(k_assign[h][size_t(i)])]);
+      e.v_vectors.push_back(cb.values[h][size_t(v_assign[h][size_t(i)])]);
+    }
+    e.coded_blocks = coded;
+    e.write_back_from = full_groups * bs;
+    backend.kv_codebook_encode(kv.block_table, e, view);
+  }
+  // Full groups now live in their coded blocks; the partial one keeps its block (holding reconstructions).
+  for (int g = 0; g < full_groups; ++g) {
+    pool_.release(kv.block_table[size_t(g)]);
+    kv.block_table[size_t(g)] = coded[size_t(g)];
+  }
+  kv.n_coded_blocks = full_groups;
+  cb.open_block = full_groups < n_groups ? coded[size_t(full_groups)] : -1;
+  cb.n_coded = n;
+  account(l, {0, -int64_t(full_groups), 0, 0});
+  kv.codebook = std::move(cb);
+  return true;
+}
+
+void KvCache::code_appended(SeqId seq, int global_layer, int last_position) {
+  LayerKv& kv = layer_mut(seq, global_layer);
+  if (!kv.codebook) return;
+  LayerCodebook& cb = *kv.codebook;
+  const int l = global_layer - layer_begin_, bs = block_size(), n_heads = pool_.layout().n_kv_heads;
+  Backend& backend = pool_.backend();
+  while (cb.n_coded < kv.n_entries) {
+    const int entry = cb.n_coded;
+    const int32_t position = last_position - (kv.n_entries - 1 - entry);
+    if (cb.open_block < 0) {
+      if (entry % bs != 0 || !pool_.can_allocate_coded()) return;  // stays uncoded (see the header)
+      cb.open_block = pool_.allocate_coded();
+      account(l, {0, 0, 0, 0, 1, 0, 0});
+    }
+    const KvPoolView view = pool_.view();
+    for (int h = 0; h < n_heads; ++h) {
+      KvCodebookEncoding e;
+      e.head = h;
+      e.entry_begin = entry;
+      e.positions = {position};
+      e.coded_blocks = {cb.open_block};
+      e.write_back_from = entry;
+      for (KvPart part : {KvPart::key, KvPart::value}) {
+        std::vector<int32_t>& codebook = part == KvPart::key ? cb.keys[size_t(h)] : cb.values[size_t(h)];
+        const float threshold = part == KvPart::key ? cb.key_threshold : cb.value_threshold;
+        float similarity = 0.0f;
+        int32_t index = -1;
+        backend.kv_codebook_match(kv.block_table, h, part, std::span<const int32_t>(&entry, 1), e.positions, codebook,
+                                  view, std::span<float>(&similarity, 1), std::span<int32_t>(&index, 1));
+        int32_t vector = index >= 0 && similarity > threshold ? codebook[size_t(index)] : -1;
+        if (vector < 0) {
+          vector = next_codebook_vector(cb, l);
+          if (vector >= 0) {
+            codebook.push_back(vector);
+            (part == KvPart::key ? e.new_k_entries : e.new_v_entries).push_back(entry);
+            (part == KvPart::key ? e.new_k_vectors : e.new_v_vectors).push_back(vector);
+          } else {
+            vector = codebook[size_t(index)];  // no room for a new entry: the nearest one
+          }
+        }
+        (part == KvPart::key ? e.k_vectors : e.v_vectors).push_back(vector);
+      }
+      backend.kv_codebook_encode(kv.block_table, e, view);
+    }
+    ++cb.n_coded;
+    if (cb.n_coded % bs == 0) {  // the group is full: its coded block replaces the full-precision one
+      const size_t g = size_t(cb.n_coded / bs - 1);
+      pool_.release(kv.block_table[g]);
+      kv.block_table[g] = cb.open_block;
+      cb.open_block = -1;
+      ++kv.n_coded_blocks;
+      account(l, {0, -1, 0, 0});
+    }
+  }
 }
 
 }  // namespace strata

@@ -7,8 +7,15 @@
 // group of 32 entries, and continues with full-precision blocks: new entries are written there, and seal()
 // quantizes them once a group is full and the layer's policy no longer needs them unquantized. Entry e is in
 // block e / 32 either way, so the model and the attention op address both kinds alike.
+//
+// A layer whose policy replaced its entries by codebook references (SpindleKV; docs/compression.md) starts with
+// coded blocks, each one full group of block_size coded entries (kernels/kv_block_layout.h), and keeps its
+// codebook vectors in pages: full-precision slots outside the block table. Its last, partial group stays in a
+// full-precision block that holds the entries' reconstructions, while their codes go to an open coded block that
+// replaces it once the group is full. Entry e is again in block e / block_size.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18,9 +25,24 @@ namespace strata {
 
 using SeqId = int64_t;
 
+// A layer's codebooks (SpindleKV): per KV head one for keys (before RoPE) and one for values.
+struct LayerCodebook {
+  float key_threshold = 0.0f;   // a new key joins the closest entry when their cosine exceeds this
+  float value_threshold = 0.0f;
+  std::vector<std::vector<int32_t>> keys, values;  // [n_kv_heads]: vector ids of the codebook's entries
+  std::vector<int32_t> pages;   // full-precision slots holding the vectors, filled in order
+  int32_t n_vectors = 0;        // vectors written into pages
+  int32_t n_coded = 0;          // entries [0, n_coded) are coded
+  int32_t open_block = -1;      // the coded block of the partial group, or -1
+
+  int64_t size() const;         // codebook vectors, every head, keys and values
+};
+
 struct LayerKv {
   std::vector<int32_t> block_table;  // blocks in entry order
   int32_t n_quantized_blocks = 0;    // the first ones of block_table: quantized, full groups
+  int32_t n_coded_blocks = 0;        // or coded, full groups (a layer has one kind or neither)
+  std::optional<LayerCodebook> codebook;  // once the layer's entries were replaced
   int32_t n_entries = 0;             // entries held (after compression)
   int32_t n_appended = 0;            // entries ever appended (what `full` would hold)
   int32_t n_paired = 0;              // PoD: table positions naming another block's key region, no block of their
@@ -32,6 +54,9 @@ struct LayerUsage {
   int64_t entries = 0;             // tokens held
   int64_t blocks = 0;              // of both kinds
   int64_t quantized_blocks = 0;    // of which quantized
+  int64_t coded_blocks = 0;        // of which coded (including open ones)
+  int64_t codebook_pages = 0;      // slots holding codebook vectors (counted in bytes, not in blocks)
+  int64_t codebook_vectors = 0;    // codebook entries, every head, keys and values
   int64_t bytes = 0;               // the memory the blocks really take: each kind at its own size
   int64_t uncompressed_bytes = 0;  // what the same sequences would take with `full` at full precision
 };
@@ -77,6 +102,20 @@ class KvCache {
   // returns how many were sealed. When the pool has no room for a quantized block, the rest waits for a later
   // call.
   int seal(SeqId seq, int global_layer);
+  // SpindleKV (docs/compression.md): replaces every entry of a full-precision layer by references into codebooks
+  // built greedily per KV head (Backend::kv_codebook_build), keys before RoPE. positions: the original position
+  // of each entry (one list for all KV heads, or one per head). Returns false, leaving the layer as it was, when
+  // the pool has no room for the codebooks; throws for a quantized pool or one without its key RoPE table.
+  bool replace_with_codebook(SeqId seq, int global_layer, std::span<const std::vector<int32_t>> positions,
+                             float key_threshold, float value_threshold);
+  // Codes the entries appended to a codebook layer since (a decode step's): each
+  // joins the closest codebook entry above the threshold or becomes a new entry (spec 4, decode-time update).
+  // last_position: the position of the layer's last entry (entries after replacement are consecutive positions).
+  // A new key or value that misses every codebook entry while the pool has no slot for a new codebook page joins
+  // its nearest entry; a group whose coded block finds no room stays uncoded, and so do the entries after it.
+  void code_appended(SeqId seq, int global_layer, int last_position);
+  // The key RoPE table coded keys need (BlockPool::set_key_rope).
+  void set_key_rope(const RopeParams& rope, int n_positions) { pool_.set_key_rope(rope, n_positions); }
   // PoD storage (docs/compression.md): the layer no longer needs the keys of entries [entry_begin, entry_end).
   // Consecutive pairs of its full-precision blocks wholly inside the range, counted from the first block boundary
   // at or after entry_begin, share one block (values of the second in the key region of the first) and the second
@@ -91,7 +130,14 @@ class KvCache {
     int64_t full_blocks = 0;
     int64_t quantized_blocks = 0;
     int64_t uncompressed_blocks = 0;  // blocks the sequences would hold with `full`
+    int64_t coded_blocks = 0;
+    int64_t codebook_pages = 0;
+    int64_t codebook_vectors = 0;
   };
+  // The next vector id of a layer's codebook pages, allocating a page when the last one is full; -1 when the pool
+  // has no slot for it.
+  int32_t next_codebook_vector(LayerCodebook& codebook, int local_layer);
+  void release_codebook(LayerKv& kv, int local_layer);
   void account(int local_layer, const LayerCounts& delta);
 
   BlockPool& pool_;

@@ -15,7 +15,8 @@ const std::map<std::string, Constructor>& constructors() {
   static const std::map<std::string, Constructor> table = {
       {"full", make_full_policy},           {"streaming", make_streaming_policy}, {"h2o", make_h2o_policy},
       {"snapkv", make_snapkv_policy},       {"pyramidkv", make_pyramidkv_policy},
-      {"simlayerkv", make_simlayerkv_policy}, {"d2o", make_d2o_policy}, {"pod", make_pod_policy},
+      {"simlayerkv", make_simlayerkv_policy}, {"d2o", make_d2o_policy},
+      {"spindlekv", make_spindlekv_policy}, {"pod", make_pod_policy},
   };
   return table;
 }

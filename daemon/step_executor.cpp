@@ -113,6 +113,11 @@ void StepExecutor::start_prefill(SequenceState& state, int prefill_len) {
   auto stats = std::make_unique<AttentionStats>();
   bool any = false;
   state.pod = pod_sequence(state);
+  for (int l = cache_.layer_begin(); l < cache_.layer_end() && cache_.pool().quantized(); ++l) {
+    if (spec_for(state, l).name == "spindlekv") {
+      throw std::invalid_argument("policy spindlekv: needs kv_cache.dtype f32 (its codebooks replace the entries)");
+    }
+  }
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
     state.policies.push_back(make_policy(spec_for(state, l), policy_context(l)));
     state.cross_layer = state.cross_layer || state.policies.back()->cross_layer();
@@ -206,6 +211,8 @@ void StepExecutor::run_hooks(const PlannedWork& work, SequenceState& state, cons
     const PooledLayerKeys keys(cache_, work.seq, l);
     s.keys = &keys;
     apply(work.seq, state, l, s.n_entries, prefill_end ? policy.on_prefill_end(s) : policy.on_decode_step(s));
+    // A layer replaced by codebooks codes every new entry as it arrives (SpindleKV's decode-time update).
+    if (decode_step) cache_.code_appended(work.seq, l, work.start_pos + int(work.tokens.size()) - 1);
     if (!lazy_before && policy.lazy()) {
       LayerCompressionCounters& c = counters_[size_t(l - cache_.layer_begin())];
       (*policy.lazy() ? c.lazy_decisions : c.not_lazy_decisions) += 1;
@@ -284,6 +291,13 @@ void StepExecutor::apply(int64_t seq, SequenceState& state, int global_layer, in
   }
   cache_.retain(seq, global_layer, keep->kept);
   counters_[local].evicted_tokens += n_entries - int64_t(keep->kept[0].size());
+  if (keep->codebook) {
+    // Coded keys are rotated on read with the model's RoPE; the table covers the positions the model knows.
+    const ModelConfig& c = model_.config();
+    cache_.set_key_rope(RopeParams{c.rope_style, c.rope_theta, c.rope_scaling}, std::max(c.max_context, 4096));
+    cache_.replace_with_codebook(seq, global_layer, keep->codebook->positions, keep->codebook->key_threshold,
+                                 keep->codebook->value_threshold);
+  }
 }
 
 std::vector<LayerCompressionCounters> StepExecutor::take_counters() {
@@ -302,6 +316,10 @@ std::vector<LayerPolicyState> StepExecutor::layer_policies(int64_t seq) const {
     const PolicySpec& spec = spec_for(state, l);
     out.push_back({to_string(spec), state.policies[i]->lazy(), state.policies[i]->capacity(),
                    i < state.merged_tokens.size() ? state.merged_tokens[i] : 0});
+    if (const auto& cb = cache_.layer(seq, l).codebook) {
+      for (const auto& k : cb->keys) out.back().codebook_keys += int64_t(k.size());
+      for (const auto& v : cb->values) out.back().codebook_values += int64_t(v.size());
+    }
   }
   return out;
 }

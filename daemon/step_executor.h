@@ -36,6 +36,8 @@ struct LayerPolicyState {
   std::optional<bool> lazy;  // SimLayerKV's verdict, once taken
   std::optional<int> capacity;  // the most entries the policy holds the layer to, once fixed (D2O's budget)
   int64_t merged_tokens = 0;    // evicted entries merged into kept ones so far (D2O)
+  int64_t codebook_keys = 0;    // SpindleKV: codebook entries over the layer's KV heads, keys and values
+  int64_t codebook_values = 0;
 };
 
 class StepExecutor {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/kv_block_layout.h"
+#include "kernels/kv_codebook.h"
 #include "kernels/kv_merge.h"
 #include "kernels/pod_attention.h"
 #include "kernels/tensor.h"
@@ -96,6 +97,27 @@ class Backend {
   // Applies `merges` (kernels/kv_merge.h) to the keys and values of KV head `head`, in place.
   virtual void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
                         int head) = 0;
+
+  // SpindleKV's codebooks (kernels/kv_codebook.h). Keys are read before RoPE: un-rotated from positions[i] with the
+  // pool's key RoPE table. Cosines in fp32; a zero vector has the unit vector 0.
+  // Algorithm 1 over entries [0, positions.size()) of KV head `head` (all in full-precision blocks): the greedy
+  // codebook with edges cos > threshold (every entry adjacent to itself), the entry of highest remaining degree
+  // first (the lower index on ties). Writes assignment[i] (the codebook index of entry i) and centres[c] (the
+  // entry whose unit vector is codebook vector c), and returns the codebook's size. Host outputs of
+  // positions.size(): indices only, never vectors.
+  virtual int kv_codebook_build(std::span<const int32_t> block_table, int head, KvPart part,
+                                std::span<const int32_t> positions, float threshold, const KvPoolView& pool,
+                                std::span<int32_t> assignment, std::span<int32_t> centres) = 0;
+  // For each entry entries[i] (at positions[i]) of KV head `head`: the highest cosine with the codebook vectors
+  // `codebook` (vector ids) and the index into codebook that gives it, the lower on ties (-inf and -1 for an
+  // empty codebook).
+  virtual void kv_codebook_match(std::span<const int32_t> block_table, int head, KvPart part,
+                                 std::span<const int32_t> entries, std::span<const int32_t> positions,
+                                 std::span<const int32_t> codebook, const KvPoolView& pool,
+                                 std::span<float> best_similarity, std::span<int32_t> best_index) = 0;
+  // Writes one KV head's coded entries and new codebook vectors (KvCodebookEncoding).
+  virtual void kv_codebook_encode(std::span<const int32_t> block_table, const KvCodebookEncoding& encoding,
+                                  const KvPoolView& pool) = 0;
 
   // PoD (kernels/pod_attention.h): attention of each sequence's rows over its own proximal entries and, through
   // distant[s] (the block leader's queries and keys per KV head), its distant ones, over its own values, merged by

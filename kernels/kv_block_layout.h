@@ -16,9 +16,19 @@
 //   V scale, V min  [n_kv_heads][32][head_dim/32]  fp32 each
 // Quantized blocks are packed `quantized_per_slot()` to the memory of one full-precision block (a slot), so one
 // pool and one budget serve both (cache/block_pool.h).
+//
+// Coded blocks (SpindleKV, an f32 pool only; docs/compression.md "SpindleKV"): block_size entries whose keys and
+// values were replaced by references to codebook vectors, one KvCodeRow per (head, entry):
+//   [n_kv_heads][block_size] KvCodeRow
+// A codebook vector is a unit vector of head_dim floats stored in full-precision slots of the same pool; a row
+// names it by its vector id: the pool seen as an array of vectors, vector i at float offset i * head_dim. Keys
+// are coded before RoPE, so attention reads K = RoPE(k_magnitude * C[k_vector], position) and
+// V = v_magnitude * C[v_vector], with RoPE from the view's table. Coded blocks are packed `coded_per_slot()` to
+// a slot like quantized blocks; a pool packs one of the two kinds (SpindleKV rejects quantized pools).
 #include <cstdint>
 
 #include "kernels/tensor.h"
+#include "model/model_config.h"
 
 namespace strata {
 
@@ -30,6 +40,15 @@ enum class KvQuant : uint8_t { none, int8, int4 };
 inline int kv_quant_bits(KvQuant q) { return q == KvQuant::int8 ? 8 : q == KvQuant::int4 ? 4 : 32; }
 // The largest code: 2^bits - 1.
 inline int kv_quant_levels(KvQuant q) { return (1 << kv_quant_bits(q)) - 1; }
+
+// One coded (head, entry): 20 bytes where a full-precision f32 entry takes 8 * head_dim for K and V.
+struct KvCodeRow {
+  int32_t k_vector;   // codebook vector id of the key (before RoPE)
+  float k_magnitude;  // the key's L2 norm
+  int32_t v_vector;
+  float v_magnitude;
+  int32_t position;   // the entry's original position, for RoPE on read
+};
 
 struct KvBlockLayout {
   int n_kv_heads = 0;   // KV heads on this rank
@@ -66,6 +85,23 @@ struct KvBlockLayout {
   int quantized_per_slot() const {
     return quant == KvQuant::none ? 0 : int(block_bytes() / quantized_block_bytes());
   }
+
+  // Coded blocks (quant == none, dtype f32).
+  int64_t coded_block_bytes() const { return int64_t(n_kv_heads) * block_size * int64_t(sizeof(KvCodeRow)); }
+  int64_t code_row_index(int head, int slot) const { return int64_t(head) * block_size + slot; }
+  int coded_per_slot() const { return quant == KvQuant::none ? int(block_bytes() / coded_block_bytes()) : 0; }
+  int64_t vectors_per_slot() const { return elements_per_block() / head_dim; }  // codebook vectors in one slot
+  // Small blocks packed into one slot: quantized blocks in a quantized pool, coded blocks otherwise.
+  int packed_per_slot() const { return quant == KvQuant::none ? coded_per_slot() : quantized_per_slot(); }
+};
+
+// The RoPE of the model's keys, for reading coded keys: table[p * head_dim + i] = cos(p * inv_freq[i]) and
+// table[p * head_dim + head_dim / 2 + i] = sin(...) for positions p < n_positions, computed exactly as the model's
+// rope op computes its angles (kernels/cpu/rope.cpp), so that a coded key is rotated as the model rotates keys.
+struct KvKeyRope {
+  const float* table = nullptr;  // device memory of the pool's backend
+  int32_t n_positions = 0;
+  RopeStyle style = RopeStyle::interleaved;
 };
 
 // One layer's view of the pool for one step: the pool's base and layout. Block tables index into it. Ids below
@@ -75,8 +111,21 @@ struct KvPoolView {
   void* base = nullptr;
   KvBlockLayout layout;
   int32_t n_slots = 0;
+  KvKeyRope key_rope;  // set once a pool holds coded blocks
 
   bool is_quantized(int32_t block) const { return layout.quant != KvQuant::none && block >= n_slots; }
+  // In an f32 pool, ids from n_slots on are coded blocks, sub-block q % coded_per_slot() of slot q / coded_per_slot().
+  // A view with n_slots 0 (tests over bare memory) has none.
+  bool is_coded(int32_t block) const { return layout.quant == KvQuant::none && n_slots > 0 && block >= n_slots; }
+  KvCodeRow* block_coded(int32_t block) const {
+    const int64_t q = int64_t(block) - n_slots;
+    const int per_slot = layout.coded_per_slot();
+    return reinterpret_cast<KvCodeRow*>(static_cast<uint8_t*>(base) + (q / per_slot) * layout.block_bytes() +
+                                        (q % per_slot) * layout.coded_block_bytes());
+  }
+  float* codebook_vector(int32_t vector) const {
+    return static_cast<float*>(base) + int64_t(vector) * layout.head_dim;
+  }
   float* block_f32(int32_t block) const {
     return static_cast<float*>(base) + int64_t(block) * layout.elements_per_block();
   }

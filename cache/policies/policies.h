@@ -14,6 +14,7 @@ std::unique_ptr<CompressionPolicy> make_snapkv_policy(const PolicySpec& spec, co
 std::unique_ptr<CompressionPolicy> make_pyramidkv_policy(const PolicySpec& spec, const PolicyContext& context);
 std::unique_ptr<CompressionPolicy> make_simlayerkv_policy(const PolicySpec& spec, const PolicyContext& context);
 std::unique_ptr<CompressionPolicy> make_d2o_policy(const PolicySpec& spec, const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_spindlekv_policy(const PolicySpec& spec, const PolicyContext& context);
 std::unique_ptr<CompressionPolicy> make_pod_policy(const PolicySpec& spec, const PolicyContext& context);
 
 }  // namespace strata

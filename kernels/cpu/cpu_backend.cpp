@@ -6,6 +6,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kv_codebook_ops.h"
 #include "kernels/cpu/kv_merge_ops.h"
 #include "kernels/cpu/pod_ops.h"
 
@@ -101,6 +102,20 @@ class CpuBackend final : public Backend {
   void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
                 int head) override {
     cpu::kv_merge(block_table, merges, pool, head);
+  }
+  int kv_codebook_build(std::span<const int32_t> block_table, int head, KvPart part,
+                        std::span<const int32_t> positions, float threshold, const KvPoolView& pool,
+                        std::span<int32_t> assignment, std::span<int32_t> centres) override {
+    return cpu::kv_codebook_build(block_table, head, part, positions, threshold, pool, assignment, centres);
+  }
+  void kv_codebook_match(std::span<const int32_t> block_table, int head, KvPart part, std::span<const int32_t> entries,
+                         std::span<const int32_t> positions, std::span<const int32_t> codebook, const KvPoolView& pool,
+                         std::span<float> best_similarity, std::span<int32_t> best_index) override {
+    cpu::kv_codebook_match(block_table, head, part, entries, positions, codebook, pool, best_similarity, best_index);
+  }
+  void kv_codebook_encode(std::span<const int32_t> block_table, const KvCodebookEncoding& encoding,
+                          const KvPoolView& pool) override {
+    cpu::kv_codebook_encode(block_table, encoding, pool);
   }
   void pod_attention(const Tensor& q, std::span<const AttentionSequence> seqs, std::span<const PodDistant> distant,
                      const KvPoolView& pool, int n_heads, float scale, const PodWindow& window, Tensor& out) override {

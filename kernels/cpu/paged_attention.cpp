@@ -6,6 +6,7 @@
 // Quantized blocks (kernels/kv_block_layout.h) are dequantized as they are read, folded into the arithmetic as
 // KIVI's kernels do: q . (min + code * scale) = (q * scale) . code + q . min for a key (per-channel scale and min),
 // and p * (min + code * scale) = (p * scale) * code + p * min for a value (per-token, per 32 channels).
+// Coded blocks (SpindleKV) are reconstructed as they are read: K = RoPE(m * C[r], position), V = m * C[r].
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kv_codebook_ops.h"
 #include "kernels/cpu/kv_quantization.h"
 
 namespace strata::cpu {
@@ -25,8 +27,8 @@ void kv_write(const float* k, const float* v, std::span<const AttentionSequence>
     for (int i = 0; i < s.n_q; ++i) {
       const int entry = s.n_ctx_before + i;
       const int32_t id = s.block_table[entry / L.block_size];
-      if (pool.is_quantized(id)) {
-        throw std::logic_error("kv_write: entry " + std::to_string(entry) + " falls in quantized block " +
+      if (pool.is_quantized(id) || pool.is_coded(id)) {
+        throw std::logic_error("kv_write: entry " + std::to_string(entry) + " falls in packed block " +
                                std::to_string(id) + " (new entries go to full-precision blocks)");
       }
       float* block = pool.block_f32(id);
@@ -70,6 +72,14 @@ void block_scores(const float* qv, const KvPoolView& pool, int32_t id, int kv_he
                   QuantScratch& scratch, float* scores) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
+  if (pool.is_coded(id)) {
+    const KvCodeRow* rows = pool.block_coded(id) + L.code_row_index(kv_head, 0);
+    for (int j = 0; j < n; ++j) {
+      coded_key(pool, rows[j], scratch.codes.data());
+      scores[j] = dot(qv, scratch.codes.data(), hd) * scale;
+    }
+    return;
+  }
   if (!pool.is_quantized(id)) {
     const float* block = pool.block_f32(id);
     for (int j = 0; j < n; ++j) scores[j] = dot(qv, block + L.k_offset(kv_head, j), hd) * scale;
@@ -91,6 +101,15 @@ void block_values(const float* p, const KvPoolView& pool, int32_t id, int kv_hea
                   float* o) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
+  if (pool.is_coded(id)) {
+    const KvCodeRow* rows = pool.block_coded(id) + L.code_row_index(kv_head, 0);
+    for (int j = 0; j < n; ++j) {
+      const float a = p[j] * rows[j].v_magnitude;
+      const float* c = pool.codebook_vector(rows[j].v_vector);
+      for (int d = 0; d < hd; ++d) o[d] += a * c[d];
+    }
+    return;
+  }
   if (!pool.is_quantized(id)) {
     const float* block = pool.block_f32(id);
     for (int j = 0; j < n; ++j) {
