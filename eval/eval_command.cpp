@@ -1,6 +1,7 @@
 // strata eval: what each compression policy costs in quality and saves in memory, on the real model.
 // Runs the suite of eval_suite.h case by case and writes the JSON after every case (a long run that stops keeps
 // what it measured). tools/eval_report.py turns the JSON into docs/eval/README.md and its plots.
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -105,6 +106,12 @@ int eval_command(int argc, char** argv) {
     settings.runner.prefill_chunk = config.engine.max_batch_tokens;
     settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
     for (const std::string& p : settings.policies) validate_policy(parse_policy_spec(p));
+    const bool wants_pod = settings.policies.empty() ||
+                           std::find(settings.policies.begin(), settings.policies.end(), "pod") != settings.policies.end();
+    if (wants_pod && config.kv_cache.pod_blocks.empty()) {
+      throw ConfigError(config.file + ": kv_cache.pod_blocks: policy pod needs the layer blocks of strata calibrate "
+                        "(--set kv_cache.pod_blocks=configs/smollm2-pod-blocks.txt), or leave pod out of --policies");
+    }
     const std::string out_path = cl.get("out", "eval-results.json");
 
     std::unique_ptr<Runtime> rt = make_runtime(config);

@@ -21,6 +21,16 @@ std::string case_spec(const EvalCase& c, int prompt_len) {
     // A lazy layer keeps its n_init = 4 initial entries plus the window; layers found not lazy keep everything.
     return "simlayerkv:window=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 4));
   }
+  if (c.policy == "spindlekv") {
+    // SpindleKV's budget is its average share of the prompt, window included.
+    const double share = std::min(1.0, double(budget.resolve(prompt_len)) / double(std::max(1, prompt_len)));
+    return "spindlekv:ratio=" + std::to_string(share);
+  }
+  if (c.policy == "pod") {
+    // PoD keeps every value; the budget is its proximal span (16 sinks + the recent window) over which a
+    // follower layer keeps its own keys.
+    return "pod:recent=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 16));
+  }
   if (c.policy == "d2o") {
     // D2O's budget is a share of the prompt, split evenly between heavy hitters and the recent window (the
     // official defaults, 0.1 + 0.1, are the 20% budget).

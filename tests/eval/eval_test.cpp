@@ -73,6 +73,8 @@ TEST(EvalScoring, HandComputedCases) {
   EXPECT_EQ(case_spec({"simlayerkv", "20%", "f32"}, 1000), "simlayerkv:window=196");  // 200 minus 4 initial
   EXPECT_EQ(case_spec({"d2o", "20%", "f32"}, 1000), "d2o:hh_ratio=0.100000,recent_ratio=0.100000");
   EXPECT_EQ(case_spec({"d2o", "128", "f32"}, 1000), "d2o:hh_ratio=0.064000,recent_ratio=0.064000");
+  EXPECT_EQ(case_spec({"spindlekv", "20%", "f32"}, 1000), "spindlekv:ratio=0.200000");
+  EXPECT_EQ(case_spec({"pod", "64", "f32"}, 1000), "pod:recent=48");
 }
 
 TEST(EvalPasskey, KeySitsAtTheAskedDepth) {
