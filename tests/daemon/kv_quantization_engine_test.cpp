@@ -115,10 +115,14 @@ TEST(KvQuantizationEngine, GreedyOutputAgainstTheF32Cache) {
       std::cout << "[ measured ] " << dtype << ", prompt " << i << ": " << same << " of " << kTokens
                 << " greedy tokens before the first difference from f32\n";
       // int8's error (scale / 2 of a 255-level grid) leaves every greedy token of these prompts unchanged.
-      if (dtype == std::string("int8")) EXPECT_EQ(got[i], reference[i]) << "prompt " << i;
+      if (dtype == std::string("int8")) {
+        EXPECT_EQ(got[i], reference[i]) << "prompt " << i;
+      }
     }
     // int4 (15 levels) drifts after a while, as KIVI-4 does on small models; the first tokens agree.
-    if (dtype == std::string("int4")) EXPECT_GE(total, texts.size() * 8) << "int4 greedy agreement collapsed";
+    if (dtype == std::string("int4")) {
+      EXPECT_GE(total, texts.size() * 8) << "int4 greedy agreement collapsed";
+    }
   }
 }
 
@@ -208,6 +212,32 @@ TEST(KvQuantizationEngine, PoliciesDecideOnTheUnquantizedCacheThenItIsQuantized)
   done.step = 3;
   done.finished.push_back(1);
   rt->executor->execute(done);
+  EXPECT_EQ(rt->pool->n_free(), rt->pool->n_total());
+}
+
+TEST(KvQuantizationEngine, PerStepEvictionOnAQuantizedCache) {
+  // Policies that evict every step compact layers that hold quantized groups (rebuilding the key groups after the
+  // evicted entry). Three of them in one batch, past several group boundaries: every request generates all its
+  // tokens and every block comes back.
+  auto rt = make("int4", 64);
+  const std::vector<std::string> texts = prompts(600);
+  const std::vector<std::string> policies = {"streaming:budget=64,mode=rolling", "h2o:budget=64,mode=per_step",
+                                             "simlayerkv:window=40,n_init=4,bounded=true,threshold=0"};
+  ServerMetrics metrics(8192);
+  Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
+  std::vector<std::shared_ptr<TokenSink>> sinks;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    sinks.push_back(std::make_shared<TokenSink>());
+    GenerationRequest r = request(*rt, texts[i], 72, sinks.back());
+    r.kv_policy = policies[i];
+    r.sampling.ignore_eos = true;
+    engine.submit(std::move(r));
+  }
+  engine.run_until_idle();
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    EXPECT_TRUE(sinks[i]->finished) << policies[i] << ": " << sinks[i]->error;
+    EXPECT_EQ(sinks[i]->tokens.size(), 72u) << policies[i];
+  }
   EXPECT_EQ(rt->pool->n_free(), rt->pool->n_total());
 }
 
