@@ -130,6 +130,10 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.parallel.tp = int(parse_int(t, w, 1, 1024)); }},
       {"parallel.pp",
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.parallel.pp = int(parse_int(t, w, 1, 1024)); }},
+      {"parallel.timeout_s",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.parallel.timeout_s = int(parse_int(t, w, 1, 3600));
+       }},
   };
   return table;
 }

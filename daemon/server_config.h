@@ -52,6 +52,7 @@ struct ServerConfig {
   struct Parallel {
     int tp = 1;
     int pp = 1;
+    int timeout_s = 60;                     // how long a rank may stay silent before the world is ended
   } parallel;
 };
 
