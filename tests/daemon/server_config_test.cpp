@@ -317,7 +317,8 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
-      "kv_cache.request_policies", "kv_cache.dtype", "parallel.tp", "parallel.pp", "parallel.timeout_s",
+      "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "parallel.tp", "parallel.pp",
+      "parallel.timeout_s",
   };
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
   EXPECT_EQ(keys.size(), expected.size());  // no duplicates
