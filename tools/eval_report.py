@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def label(case):
@@ -106,6 +107,9 @@ def plot_quality(results, full, path):
             if pts:
                 ax.plot([100 * k for k, _ in pts], [v for _, v in pts], marker="o", label=name)
         ax.set_xscale("log")
+        ax.set_xticks([5, 10, 20, 50, 100])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("KV memory kept (% of full, log scale)")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
@@ -177,7 +181,7 @@ Measured by `strata eval` on {report['model']['name']} ({report['backend']} back
 
 ```
 {chr(10).join(run['command'] for run in runs)}
-.venv/bin/python tools/eval_report.py {' '.join(args.out + '/' + c for c in copies)} --out {args.out}{' --notes ' + args.notes if args.notes else ''}
+.venv/bin/python tools/eval_report.py {' '.join(args.out + '/' + c for c in copies)} --out {args.out} --layer-budget {args.layer_budget}{' --notes ' + args.notes if args.notes else ''}
 ```
 
 The raw results are in {', '.join(f'[`{c}`]({c})' for c in copies)}.
