@@ -392,6 +392,7 @@ void Engine::publish_state() {
     for (size_t i = 0; i < r.layers.size(); ++i) {
       const LayerReport& u = r.layers[i];
       metrics_.set_layer_kv(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.tokens, u.bytes, u.uncompressed_bytes);
+      metrics_.set_layer_codebook(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.codebook_vectors);
     }
   }
   int64_t held = 0, blocks_free = 0, blocks_total = 0;
@@ -405,6 +406,7 @@ void Engine::publish_state() {
       const LayerReport& u = r.layers[i];
       layers.push_back({{"layer", r.layer_begin + int(i)}, {"pp_stage", st}, {"tokens", u.tokens},
                         {"blocks", u.blocks}, {"bytes", u.bytes}, {"uncompressed_bytes", u.uncompressed_bytes}});
+      if (u.codebook_vectors) layers.back()["codebook_vectors"] = u.codebook_vectors;
       held += u.blocks;
     }
     blocks_free += r.blocks_free;
@@ -431,6 +433,9 @@ void Engine::publish_state() {
         if (it->lazy[i] >= 0) entry["lazy"] = it->lazy[i] == 1;
         if (it->capacity[i] >= 0) entry["capacity"] = it->capacity[i];
         if (it->merged[i]) entry["merged_tokens"] = it->merged[i];
+        if (it->codebook_keys[i] || it->codebook_values[i]) {
+          entry["codebook"] = {{"keys", it->codebook_keys[i]}, {"values", it->codebook_values[i]}};
+        }
         per_layer.push_back(std::move(entry));
       }
     }

@@ -15,7 +15,7 @@ RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs) {
   r.blocks_total = pool.n_total();
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     const LayerUsage u = cache.layer_usage(l);
-    r.layers.push_back(LayerReport{u.entries, u.blocks, u.bytes, u.uncompressed_bytes, 0, 0, 0, 0});
+    r.layers.push_back(LayerReport{u.entries, u.blocks, u.bytes, u.uncompressed_bytes, 0, 0, 0, 0, u.codebook_vectors});
   }
   for (SeqId seq : seqs) {
     if (!cache.contains(seq)) continue;
@@ -30,6 +30,8 @@ RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs) {
       s.lazy.push_back(-1);
       s.capacity.push_back(-1);
       s.merged.push_back(0);
+      s.codebook_keys.push_back(0);
+      s.codebook_values.push_back(0);
     }
     r.sequences.push_back(std::move(s));
   }

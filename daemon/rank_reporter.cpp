@@ -38,6 +38,8 @@ RankReport RankReporter::report(uint64_t step, StepResult result) {
       if (p.lazy) s.lazy[l] = *p.lazy ? 1 : 0;
       if (p.capacity) s.capacity[l] = *p.capacity;
       s.merged[l] = p.merged_tokens;
+      s.codebook_keys[l] = p.codebook_keys;
+      s.codebook_values[l] = p.codebook_values;
       s.policy.push_back(p.policy);
     }
   }

@@ -21,6 +21,7 @@ struct LayerReport {
   int64_t lazy_decisions = 0;       // SimLayerKV verdicts since the previous report
   int64_t not_lazy_decisions = 0;
   int64_t merged_tokens = 0;        // D2O merges since the previous report
+  int64_t codebook_vectors = 0;     // SpindleKV: codebook entries held (every sequence, KV head, K and V)
 };
 
 // One sequence on the rank: per local layer, what the KV cache holds and what its policy decided. Sent by the
@@ -35,6 +36,8 @@ struct SequenceReport {
   std::vector<int8_t> lazy;         // per local layer: SimLayerKV's verdict, -1 while none
   std::vector<int32_t> capacity;    // per local layer: the most entries the policy allows (D2O), -1 while none
   std::vector<int64_t> merged;      // per local layer: entries merged into kept ones so far (D2O)
+  std::vector<int64_t> codebook_keys;    // per local layer: SpindleKV codebook entries, keys (all KV heads)
+  std::vector<int64_t> codebook_values;  // and values
   std::vector<std::string> policy;  // per local layer: the policy spec in effect; empty before the prefill
 };
 
