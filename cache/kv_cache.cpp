@@ -88,6 +88,7 @@ LayerUsage KvCache::layer_usage(int global_layer) const {
   u.coded_blocks = c.coded_blocks;
   u.codebook_pages = c.codebook_pages;
   u.codebook_vectors = c.codebook_vectors;
+  u.shared_key_entries = c.shared_key_entries;
   u.bytes = c.full_blocks * pool_.layout().block_bytes() + c.quantized_blocks * pool_.quantized_block_bytes() +
             c.coded_blocks * pool_.coded_block_bytes() + c.codebook_pages * pool_.layout().block_bytes();
   u.uncompressed_bytes = c.uncompressed_blocks * pool_.layout().block_bytes();
@@ -109,6 +110,7 @@ LayerUsage KvCache::sequence_usage(SeqId seq, int global_layer) const {
     u.codebook_vectors = kv.codebook->size();
     u.bytes += u.coded_blocks * pool_.coded_block_bytes() + u.codebook_pages * pool_.layout().block_bytes();
   }
+  u.shared_key_entries = shared_key_entries(kv);
   u.uncompressed_bytes = blocks_for(kv.n_appended, block_size()) * pool_.layout().block_bytes();
   return u;
 }
@@ -122,6 +124,7 @@ void KvCache::account(int l, const LayerCounts& d) {
   c.coded_blocks += d.coded_blocks;
   c.codebook_pages += d.codebook_pages;
   c.codebook_vectors += d.codebook_vectors;
+  c.shared_key_entries += d.shared_key_entries;
 }
 
 void KvCache::append(SeqId seq, int n_new) {
@@ -249,8 +252,9 @@ int KvCache::pair_key_free_blocks(SeqId seq, int global_layer, int entry_begin, 
     kv.block_table[at[i]] = pod_paired_id(first[i]);
     pool_.release(second[i]);
   }
+  const int64_t shared_before = shared_key_entries(kv);
   kv.n_paired += int32_t(first.size());
-  account(global_layer - layer_begin_, {0, -int64_t(first.size()), 0, 0});
+  account(global_layer - layer_begin_, {0, -int64_t(first.size()), 0, 0, 0, 0, 0, shared_key_entries(kv) - shared_before});
   return int(first.size());
 }
 
@@ -263,7 +267,7 @@ void KvCache::release(SeqId seq) {
       if (!pod_is_paired(b)) pool_.release(b);
     }
     account(l, {-kv.n_entries, -(full_blocks(kv) - kv.n_paired), -int64_t(kv.n_quantized_blocks),
-                -blocks_for(kv.n_appended, block_size()), -int64_t(kv.n_coded_blocks)});
+                -blocks_for(kv.n_appended, block_size()), -int64_t(kv.n_coded_blocks), 0, 0, -shared_key_entries(kv)});
     if (kv.codebook) release_codebook(kv, l);
   }
   seqs_.erase(it);

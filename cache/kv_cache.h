@@ -57,6 +57,7 @@ struct LayerUsage {
   int64_t coded_blocks = 0;        // of which coded (including open ones)
   int64_t codebook_pages = 0;      // slots holding codebook vectors (counted in bytes, not in blocks)
   int64_t codebook_vectors = 0;    // codebook entries, every head, keys and values
+  int64_t shared_key_entries = 0;  // PoD: entries whose keys the layer no longer holds (its leader's are shared)
   int64_t bytes = 0;               // the memory the blocks really take: each kind at its own size
   int64_t uncompressed_bytes = 0;  // what the same sequences would take with `full` at full precision
 };
@@ -133,11 +134,14 @@ class KvCache {
     int64_t coded_blocks = 0;
     int64_t codebook_pages = 0;
     int64_t codebook_vectors = 0;
+    int64_t shared_key_entries = 0;
   };
   // The next vector id of a layer's codebook pages, allocating a page when the last one is full; -1 when the pool
   // has no slot for it.
   int32_t next_codebook_vector(LayerCodebook& codebook, int local_layer);
   void release_codebook(LayerKv& kv, int local_layer);
+  // PoD: a pair of key-free blocks holds the values of 2 * block_size entries whose keys are gone.
+  int64_t shared_key_entries(const LayerKv& kv) const { return 2LL * kv.n_paired * block_size(); }
   void account(int local_layer, const LayerCounts& delta);
 
   BlockPool& pool_;

@@ -393,6 +393,7 @@ void Engine::publish_state() {
       const LayerReport& u = r.layers[i];
       metrics_.set_layer_kv(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.tokens, u.bytes, u.uncompressed_bytes);
       metrics_.set_layer_codebook(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.codebook_vectors);
+      metrics_.set_layer_shared_keys(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.shared_keys);
     }
   }
   int64_t held = 0, blocks_free = 0, blocks_total = 0;
@@ -407,6 +408,7 @@ void Engine::publish_state() {
       layers.push_back({{"layer", r.layer_begin + int(i)}, {"pp_stage", st}, {"tokens", u.tokens},
                         {"blocks", u.blocks}, {"bytes", u.bytes}, {"uncompressed_bytes", u.uncompressed_bytes}});
       if (u.codebook_vectors) layers.back()["codebook_vectors"] = u.codebook_vectors;
+      if (u.shared_keys) layers.back()["shared_keys"] = u.shared_keys;
       held += u.blocks;
     }
     blocks_free += r.blocks_free;
@@ -436,6 +438,7 @@ void Engine::publish_state() {
         if (it->codebook_keys[i] || it->codebook_values[i]) {
           entry["codebook"] = {{"keys", it->codebook_keys[i]}, {"values", it->codebook_values[i]}};
         }
+        if (it->shared_keys[i]) entry["shared_keys"] = it->shared_keys[i];
         per_layer.push_back(std::move(entry));
       }
     }

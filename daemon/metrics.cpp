@@ -72,6 +72,8 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
                                              "Evicted KV entries merged into kept ones (D2O), per layer.")),
       kv_layer_codebook_vectors_(gauge_family(*registry_, "strata_kv_layer_codebook_vectors",
                                               "SpindleKV codebook entries held by one layer (keys and values).")),
+      kv_layer_shared_keys_(gauge_family(*registry_, "strata_kv_layer_shared_keys",
+                                         "PoD: entries one layer holds without their keys (its block leader's are used).")),
       kv_saved_bytes_(gauge(*registry_, "strata_kv_saved_bytes",
                             "Uncompressed minus held KV-cache bytes, summed over all layers and ranks.")),
       kv_compression_ratio_(gauge(*registry_, "strata_kv_compression_ratio",
@@ -116,6 +118,7 @@ ServerMetrics::LayerKv& ServerMetrics::layer(int layer, int pp_stage, int tp_ran
     kv.evicted_tokens = &kv_layer_evicted_tokens_.Add(labels);
     kv.merged_tokens = &kv_layer_merged_tokens_.Add(labels);
     kv.codebook_vectors = &kv_layer_codebook_vectors_.Add(labels);
+    kv.shared_keys = &kv_layer_shared_keys_.Add(labels);
     labels["lazy"] = "true";
     kv.lazy = &kv_layer_lazy_decisions_.Add(labels);
     labels["lazy"] = "false";
@@ -156,6 +159,11 @@ void ServerMetrics::add_layer_merges(int layer_index, int pp_stage, int tp_rank,
 void ServerMetrics::set_layer_codebook(int layer_index, int pp_stage, int tp_rank, int64_t vectors) {
   std::lock_guard lock(layers_mutex_);
   layer(layer_index, pp_stage, tp_rank).codebook_vectors->Set(static_cast<double>(vectors));
+}
+
+void ServerMetrics::set_layer_shared_keys(int layer_index, int pp_stage, int tp_rank, int64_t entries) {
+  std::lock_guard lock(layers_mutex_);
+  layer(layer_index, pp_stage, tp_rank).shared_keys->Set(static_cast<double>(entries));
 }
 
 void ServerMetrics::set_kv_blocks(int64_t n_free, int64_t n_total, int block_size) {

@@ -38,6 +38,8 @@ class ServerMetrics {
   void add_layer_merges(int layer, int pp_stage, int tp_rank, int64_t merged_tokens);
   // SpindleKV: the codebook entries one layer holds now (every sequence, KV head, keys and values).
   void set_layer_codebook(int layer, int pp_stage, int tp_rank, int64_t vectors);
+  // PoD: the entries one layer holds without their own keys (it uses its block leader's), every sequence.
+  void set_layer_shared_keys(int layer, int pp_stage, int tp_rank, int64_t entries);
   void set_requests(int n_running, int n_waiting);
 
   void add_prompt_tokens(int64_t n);
@@ -64,6 +66,7 @@ class ServerMetrics {
     prometheus::Counter* not_lazy = nullptr;
     prometheus::Counter* merged_tokens = nullptr;
     prometheus::Gauge* codebook_vectors = nullptr;
+    prometheus::Gauge* shared_keys = nullptr;
     int64_t bytes_held = 0;      // as last set
     int64_t bytes_uncompressed = 0;
   };
@@ -79,6 +82,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& kv_layer_lazy_decisions_;
   prometheus::Family<prometheus::Counter>& kv_layer_merged_tokens_;
   prometheus::Family<prometheus::Gauge>& kv_layer_codebook_vectors_;
+  prometheus::Family<prometheus::Gauge>& kv_layer_shared_keys_;
   prometheus::Gauge& kv_saved_bytes_;
   prometheus::Gauge& kv_compression_ratio_;
   prometheus::Gauge& kv_blocks_free_;

@@ -15,7 +15,8 @@ RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs) {
   r.blocks_total = pool.n_total();
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     const LayerUsage u = cache.layer_usage(l);
-    r.layers.push_back(LayerReport{u.entries, u.blocks, u.bytes, u.uncompressed_bytes, 0, 0, 0, 0, u.codebook_vectors});
+    r.layers.push_back(LayerReport{u.entries, u.blocks, u.bytes, u.uncompressed_bytes, 0, 0, 0, 0, u.codebook_vectors,
+                                   u.shared_key_entries});
   }
   for (SeqId seq : seqs) {
     if (!cache.contains(seq)) continue;
@@ -32,6 +33,7 @@ RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs) {
       s.merged.push_back(0);
       s.codebook_keys.push_back(0);
       s.codebook_values.push_back(0);
+      s.shared_keys.push_back(cache.sequence_usage(seq, l).shared_key_entries);
     }
     r.sequences.push_back(std::move(s));
   }

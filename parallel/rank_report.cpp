@@ -35,6 +35,7 @@ std::vector<uint8_t> serialize(const RankReport& r) {
     w.put(s.merged);
     w.put(s.codebook_keys);
     w.put(s.codebook_values);
+    w.put(s.shared_keys);
     w.put<uint32_t>(uint32_t(s.policy.size()));
     for (const std::string& p : s.policy) w.put(p);
   }
@@ -57,7 +58,7 @@ RankReport deserialize_rank_report(const std::vector<uint8_t>& bytes) {
   r.blocks_free = in.get<int64_t>();
   r.blocks_total = in.get<int64_t>();
   r.layers = in.get_vector<LayerReport>();
-  const uint32_t n_seqs = in.get_count(8 + 8 + 9 * 4);
+  const uint32_t n_seqs = in.get_count(8 + 8 + 10 * 4);
   for (uint32_t i = 0; i < n_seqs; ++i) {
     SequenceReport s;
     s.seq = in.get<int64_t>();
@@ -70,12 +71,13 @@ RankReport deserialize_rank_report(const std::vector<uint8_t>& bytes) {
     s.merged = in.get_vector<int64_t>();
     s.codebook_keys = in.get_vector<int64_t>();
     s.codebook_values = in.get_vector<int64_t>();
+    s.shared_keys = in.get_vector<int64_t>();
     const uint32_t n_policies = in.get_count(4);
     for (uint32_t p = 0; p < n_policies; ++p) s.policy.push_back(in.get_string());
     const size_t n = r.layers.size();
     if (s.entries.size() != n || s.appended.size() != n || s.blocks.size() != n || s.lazy.size() != n ||
         s.capacity.size() != n || s.merged.size() != n || s.codebook_keys.size() != n ||
-        s.codebook_values.size() != n || (!s.policy.empty() && s.policy.size() != n)) {
+        s.codebook_values.size() != n || s.shared_keys.size() != n || (!s.policy.empty() && s.policy.size() != n)) {
       throw std::runtime_error("rank report: sequence " + std::to_string(s.seq) + " has per-layer lists of " +
                                std::to_string(s.entries.size()) + " entries for " + std::to_string(n) + " layers");
     }

@@ -22,6 +22,7 @@ struct LayerReport {
   int64_t not_lazy_decisions = 0;
   int64_t merged_tokens = 0;        // D2O merges since the previous report
   int64_t codebook_vectors = 0;     // SpindleKV: codebook entries held (every sequence, KV head, K and V)
+  int64_t shared_keys = 0;          // PoD: entries whose keys the layer does not hold (its leader's are used)
 };
 
 // One sequence on the rank: per local layer, what the KV cache holds and what its policy decided. Sent by the
@@ -38,6 +39,7 @@ struct SequenceReport {
   std::vector<int64_t> merged;      // per local layer: entries merged into kept ones so far (D2O)
   std::vector<int64_t> codebook_keys;    // per local layer: SpindleKV codebook entries, keys (all KV heads)
   std::vector<int64_t> codebook_values;  // and values
+  std::vector<int64_t> shared_keys;      // per local layer: PoD entries without their own keys
   std::vector<std::string> policy;  // per local layer: the policy spec in effect; empty before the prefill
 };
 

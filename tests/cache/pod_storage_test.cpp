@@ -36,6 +36,8 @@ TEST(PodStorage, PairsWholeBlocksAndFreesTheSecond) {
   EXPECT_EQ(cache.sequence_usage(7, 0).blocks, 5);
   EXPECT_EQ(cache.layer_usage(0).bytes, 5 * L.block_bytes());
   EXPECT_EQ(cache.blocks_held(7), 5);
+  EXPECT_EQ(cache.sequence_usage(7, 0).shared_key_entries, 16);  // two pairs of two 4-entry blocks lost their keys
+  EXPECT_EQ(cache.layer_usage(0).shared_key_entries, 16);
   // Entry 9 (block 2, slot 1) now lives in the key region of block 1.
   EXPECT_EQ(view.block_f32(kv.block_table[1])[L.k_offset(0, 1) + 1], 901.0f);
   EXPECT_EQ(view.block_f32(kv.block_table[1])[L.v_offset(0, 1)], 500.0f);  // block 1's own values stay
@@ -43,6 +45,7 @@ TEST(PodStorage, PairsWholeBlocksAndFreesTheSecond) {
   EXPECT_EQ(cache.pair_key_free_blocks(7, 0, 2, 27), 0);
   cache.release(7);
   EXPECT_EQ(pool.n_free(), 20);
+  EXPECT_EQ(cache.layer_usage(0).shared_key_entries, 0);
 }
 
 }  // namespace

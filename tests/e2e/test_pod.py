@@ -106,12 +106,16 @@ def test_follower_layers_hold_their_distant_entries_without_keys(server):
         got = metric(samples, "strata_kv_layer_bytes", layer=layer, pp_stage=0, tp_rank=0)
         assert t > 1000, (layer, t)  # PoD keeps every token
         blocks = -(-t // BLOCK)
+        pairs = 0
         if layer in key_free:
             # Pairs of whole blocks in [sinks, t - recent + 1), from the first block boundary after the sinks.
             entry_end = t - POD["recent"] + 1
             pairs = max(0, (entry_end // BLOCK - 1) // 2)
             blocks -= pairs
         assert got == blocks * BLOCK_BYTES, (layer, t, got, blocks * BLOCK_BYTES)
+        # Each pair holds the values of two blocks' entries whose keys are the leader's.
+        shared = metric(samples, "strata_kv_layer_shared_keys", layer=layer, pp_stage=0, tp_rank=0)
+        assert shared == 2 * pairs * BLOCK, (layer, shared, pairs)
         held += got
         full += -(-t // BLOCK) * BLOCK_BYTES
     print(f"\n[measured] pod (16 + 128) on 1000 tokens: {len(key_free)} of {N_LAYERS} layers key-free, "

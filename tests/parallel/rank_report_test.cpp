@@ -20,7 +20,7 @@ RankReport full_report() {
   r.block_bytes = 8192;
   r.blocks_free = 1234;
   r.blocks_total = 5000;
-  r.layers = {LayerReport{10, 2, 16384, 32768, 3, 1, 0, 4, 715}, LayerReport{-1, 0, 0, 0, 0, 0, 7, 0}};
+  r.layers = {LayerReport{10, 2, 16384, 32768, 3, 1, 0, 4, 715, 64}, LayerReport{-1, 0, 0, 0, 0, 0, 7, 0}};
   SequenceReport s;
   s.seq = 42;
   s.entries = {96, 80};
@@ -32,6 +32,7 @@ RankReport full_report() {
   s.merged = {0, 17};
   s.codebook_keys = {0, 310};
   s.codebook_values = {0, 405};
+  s.shared_keys = {0, 32};
   s.policy = {"snapkv:budget=96", std::string("odd\0name", 8)};
   r.sequences.push_back(s);
   SequenceReport before_prefill;  // no policies built yet
@@ -44,6 +45,7 @@ RankReport full_report() {
   before_prefill.merged = {0, 0};
   before_prefill.codebook_keys = {0, 0};
   before_prefill.codebook_values = {0, 0};
+  before_prefill.shared_keys = {0, 0};
   r.sequences.push_back(before_prefill);
   r.result.step = r.step;
   r.result.sampled.push_back(SampledToken{42, 17, -0.5f, {17, 3}, {-0.5f, -1.25f}});
@@ -63,6 +65,7 @@ TEST(RankReport, RoundTripsEveryField) {
   EXPECT_EQ(b.layers[0].uncompressed_bytes, 32768);
   EXPECT_EQ(b.layers[0].merged_tokens, 4);
   EXPECT_EQ(b.layers[0].codebook_vectors, 715);
+  EXPECT_EQ(b.layers[0].shared_keys, 64);
   EXPECT_EQ(b.layers[1].not_lazy_decisions, 7);
   ASSERT_EQ(b.sequences.size(), 2u);
   const SequenceReport& s = b.sequences[0];
@@ -76,6 +79,7 @@ TEST(RankReport, RoundTripsEveryField) {
   EXPECT_EQ(s.merged, (std::vector<int64_t>{0, 17}));
   EXPECT_EQ(s.codebook_keys, (std::vector<int64_t>{0, 310}));
   EXPECT_EQ(s.codebook_values, (std::vector<int64_t>{0, 405}));
+  EXPECT_EQ(s.shared_keys, (std::vector<int64_t>{0, 32}));
   EXPECT_EQ(s.policy, a.sequences[0].policy);
   EXPECT_TRUE(b.sequences[1].policy.empty());
   ASSERT_EQ(b.result.sampled.size(), 1u);
