@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
@@ -16,30 +15,8 @@
 namespace strata {
 namespace {
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-template <typename T>
-std::vector<T> split_numbers(const std::string& text, const std::string& flag) {
-  std::vector<T> out;
-  for (const std::string& item : split(text)) {
-    try {
-      size_t used = 0;
-      const double v = std::stod(item, &used);
-      if (used != item.size()) throw std::invalid_argument(item);
-      out.push_back(T(v));
-    } catch (const std::exception&) {
-      throw std::invalid_argument("--" + flag + ": '" + item + "' is not a number");
-    }
-  }
-  return out;
+std::vector<int> whole_numbers(const std::vector<double>& numbers) {
+  return std::vector<int>(numbers.begin(), numbers.end());
 }
 
 // A progress bar on stderr: cases done, and jobs done in the current case.
@@ -81,24 +58,19 @@ int eval_command(int argc, char** argv) {
              "full, and writes the raw results as JSON (default eval-results.json). Empty lists skip a task.\n";
       return 0;
     }
-    ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
-    for (const std::string& s : cl.get_all("set")) apply_config_override(config, s);
+    ServerConfig config = load_command_config(cl);
 
     EvalSettings settings;
     if (cl.has("data")) settings.data_dir = cl.get("data");
-    if (cl.has("policies")) settings.policies = split(cl.get("policies"));
-    if (cl.has("budgets")) settings.budgets = split(cl.get("budgets"));
-    if (cl.has("quantized")) settings.quantized_policies = split(cl.get("quantized"));
+    if (cl.has("policies")) settings.policies = cl.get_list("policies");
+    if (cl.has("budgets")) settings.budgets = cl.get_list("budgets");
+    if (cl.has("quantized")) settings.quantized_policies = cl.get_list("quantized");
     if (cl.has("quantized-dtype")) settings.quantized_dtype = cl.get("quantized-dtype");
-    if (cl.has("documents")) settings.documents = split(cl.get("documents"));
-    if (cl.has("ppl-prefixes")) settings.perplexity_prefixes = split_numbers<int>(cl.get("ppl-prefixes"), "ppl-prefixes");
+    if (cl.has("documents")) settings.documents = cl.get_list("documents");
+    if (cl.has("ppl-prefixes")) settings.perplexity_prefixes = whole_numbers(cl.get_numbers("ppl-prefixes"));
     settings.perplexity_tokens = cl.get_int("ppl-tokens", settings.perplexity_tokens);
-    if (cl.has("passkey-lengths")) {
-      settings.passkey_lengths = split_numbers<int>(cl.get("passkey-lengths"), "passkey-lengths");
-    }
-    if (cl.has("passkey-depths")) {
-      settings.passkey_depths = split_numbers<double>(cl.get("passkey-depths"), "passkey-depths");
-    }
+    if (cl.has("passkey-lengths")) settings.passkey_lengths = whole_numbers(cl.get_numbers("passkey-lengths"));
+    if (cl.has("passkey-depths")) settings.passkey_depths = cl.get_numbers("passkey-depths");
     settings.agreement_prompts = cl.get_int("agreement-prompts", settings.agreement_prompts);
     settings.agreement_context = cl.get_int("agreement-context", settings.agreement_context);
     settings.agreement_tokens = cl.get_int("agreement-tokens", settings.agreement_tokens);

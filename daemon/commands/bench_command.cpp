@@ -10,7 +10,6 @@
 #include <fstream>
 #include <iostream>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <variant>
 
@@ -48,14 +47,6 @@ class TimingSink final : public GenerationSink {
   std::string error;
 };
 
-std::vector<int> parse_list(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
-
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // The most requests between their first token and their end at one time.
@@ -82,12 +73,12 @@ int bench_command(int argc, char** argv) {
                    "                   [--gen-tokens 32] [--policy SPEC] [--out FILE.json] [--set section.key=value]...\n";
       return 0;
     }
-    ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
-    for (const std::string& s : cl.get_all("set")) apply_config_override(config, s);
+    ServerConfig config = load_command_config(cl);
     if (cl.has("model")) config.model.path = cl.get("model");
     const int n_prompt = cl.get_int("prompt-tokens", 128);
     const int n_gen = cl.get_int("gen-tokens", 32);
-    const std::vector<int> batches = parse_list(cl.get("batch", "1,8"));
+    const std::vector<double> batch_sizes = cl.get_numbers("batch", "1,8");
+    const std::vector<int> batches(batch_sizes.begin(), batch_sizes.end());
     const std::string policy = cl.get("policy", "");
     if (!policy.empty()) validate_policy(parse_policy_spec(policy));
     if (n_prompt < 1 || n_gen < 2) throw std::invalid_argument("--prompt-tokens must be >= 1 and --gen-tokens >= 2");

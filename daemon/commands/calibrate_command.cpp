@@ -95,8 +95,7 @@ int calibrate_command(int argc, char** argv) {
                    "  head on its own (a layer frees keys only where all its heads follow; docs/compression.md).\n";
       return cl.has("help") ? 0 : 2;
     }
-    ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
-    for (const std::string& s : cl.get_all("set")) apply_config_override(config, s);
+    ServerConfig config = load_command_config(cl);
     config.kv_cache.policy = "full";
     config.kv_cache.layer_overrides = "";
     config.kv_cache.pod_blocks = "";

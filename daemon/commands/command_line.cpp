@@ -1,8 +1,24 @@
 #include "daemon/commands/command_line.h"
 
 #include <algorithm>
+#include <sstream>
 
 namespace strata {
+
+// text as a whole number, or std::invalid_argument naming --flag.
+static double parse_number(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) {
+    throw std::invalid_argument("--" + flag + ": expected a number, got '" + text + "'");
+  }
+  return x;
+}
 
 CommandLine::CommandLine(int argc, char** argv, const std::vector<std::string>& flags_with_value,
                          const std::vector<std::string>& switches, const std::vector<std::string>& repeatable) {
@@ -53,22 +69,34 @@ int CommandLine::get_int(const std::string& name, int fallback) const {
 }
 
 double CommandLine::get_double(const std::string& name, double fallback) const {
-  if (!has(name)) return fallback;
-  const std::string v = get(name);
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size()) throw std::invalid_argument("--" + name + ": expected a number, got '" + v + "'");
-  return x;
+  return has(name) ? parse_number(name, get(name)) : fallback;
 }
 
 std::vector<std::string> CommandLine::get_all(const std::string& name) const {
   auto it = values_.find(name);
   return it == values_.end() ? std::vector<std::string>{} : it->second;
+}
+
+std::vector<std::string> CommandLine::get_list(const std::string& name, const std::string& fallback) const {
+  std::vector<std::string> out;
+  std::stringstream ss(get(name, fallback));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::vector<double> CommandLine::get_numbers(const std::string& name, const std::string& fallback) const {
+  std::vector<double> out;
+  for (const std::string& item : get_list(name, fallback)) out.push_back(parse_number(name, item));
+  return out;
+}
+
+ServerConfig load_command_config(const CommandLine& cl) {
+  ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
+  for (const std::string& s : cl.get_all("set")) apply_config_override(config, s);
+  return config;
 }
 
 }  // namespace strata

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/server_config.h"
+
 namespace strata {
 
 class CommandLine {
@@ -20,9 +22,17 @@ class CommandLine {
   int get_int(const std::string& name, int fallback) const;
   double get_double(const std::string& name, double fallback) const;
   std::vector<std::string> get_all(const std::string& name) const;
+  // A comma-separated value ("64,128,20%"), empty items dropped; `fallback` when the flag is absent.
+  std::vector<std::string> get_list(const std::string& name, const std::string& fallback = "") const;
+  // The same, each item a number (throws std::invalid_argument naming the flag and the item).
+  std::vector<double> get_numbers(const std::string& name, const std::string& fallback = "") const;
 
  private:
   std::map<std::string, std::vector<std::string>> values_;
 };
+
+// The configuration a subcommand runs with: the file of --config (configs/smollm2-cpu.yaml by default), then
+// every --set section.key=value in order.
+ServerConfig load_command_config(const CommandLine& cl);
 
 }  // namespace strata

@@ -101,8 +101,7 @@ int generate_command(int argc, char** argv) {
                    "  under mpirun -np T*P, with --tp T --pp P, every rank runs the command and the leader prints\n";
       return cl.has("help") ? 0 : 2;
     }
-    ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
-    for (const std::string& s : cl.get_all("set")) apply_config_override(config, s);
+    ServerConfig config = load_command_config(cl);
     if (cl.has("tp")) apply_config_override(config, "parallel.tp=" + cl.get("tp"));
     if (cl.has("pp")) apply_config_override(config, "parallel.pp=" + cl.get("pp"));
     world = std::make_unique<RankWorld>(config);

@@ -68,8 +68,7 @@ int serve_command(int argc, char** argv) {
       print_serve_help();
       return 0;
     }
-    ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
-    for (const std::string& s : cl.get_all("set")) apply_config_override(config, s);
+    ServerConfig config = load_command_config(cl);
     if (cl.has("port")) apply_config_override(config, "server.port=" + cl.get("port"));
     if (cl.has("host")) apply_config_override(config, "server.host=" + cl.get("host"));
     if (cl.has("tp")) apply_config_override(config, "parallel.tp=" + cl.get("tp"));

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "cache/policies/policies.h"
-#include "policy_test_states.h"
+#include "tests/cache/policy_test_states.h"
 
 namespace strata {
 namespace {
@@ -21,12 +21,8 @@ using Vec = std::vector<float>;
 
 std::unique_ptr<CompressionPolicy> d2o(const std::string& params, int layer = 0, int n_layers = 1, int n_heads = 2,
                                        int n_kv_heads = 1) {
-  PolicyContext context;
-  context.global_layer = layer;
-  context.n_layers_total = n_layers;
-  context.n_heads = n_heads;
-  context.n_kv_heads = n_kv_heads;
-  return make_d2o_policy(parse_policy_spec("d2o" + (params.empty() ? "" : ":" + params)), context);
+  return make_d2o_policy(parse_policy_spec("d2o" + (params.empty() ? "" : ":" + params)),
+                         test::policy_context(n_heads, n_kv_heads, layer, n_layers));
 }
 
 // Keys per KV head and entry, compacted like the cache. Merged keys are not recomputed: the tests below choose
@@ -87,17 +83,7 @@ Vec mix(float a, int axis_a, float b, int axis_b) {
   return v;
 }
 
-LayerState at(int prompt_len, int n_entries, int n_generated, const std::vector<float>& sums,
-              const LayerKeys* keys = nullptr) {
-  LayerState s;
-  s.prompt_len = prompt_len;
-  s.n_entries = n_entries;
-  s.n_generated = n_generated;
-  s.column_sums = sums.empty() ? nullptr : sums.data();
-  s.sums_stride = n_entries;
-  s.keys = keys;
-  return s;
-}
+using test::at;
 
 // The scenario of the merge tests: 2 query heads in 1 KV head, 17 prompt entries. Heavy hitters at the even
 // entries 2..12 (score 5), every other entry 1. One layer (so its share is rho = 0.6 whatever its statistic),

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "cache/policies/policies.h"
+#include "tests/cache/policy_test_states.h"
 
 namespace strata {
 namespace {
@@ -15,22 +16,11 @@ namespace {
 using Ids = std::vector<int32_t>;
 
 std::unique_ptr<CompressionPolicy> h2o(const std::string& params, int n_heads = 1, int n_kv_heads = 1) {
-  PolicyContext context;
-  context.n_heads = n_heads;
-  context.n_kv_heads = n_kv_heads;
-  return make_h2o_policy(parse_policy_spec("h2o" + (params.empty() ? "" : ":" + params)), context);
+  return make_h2o_policy(parse_policy_spec("h2o" + (params.empty() ? "" : ":" + params)),
+                         test::policy_context(n_heads, n_kv_heads));
 }
 
-// sums: [n_heads][n_entries], row-major.
-LayerState at(int prompt_len, int n_entries, int n_generated, const std::vector<float>& sums) {
-  LayerState s;
-  s.prompt_len = prompt_len;
-  s.n_entries = n_entries;
-  s.n_generated = n_generated;
-  s.column_sums = sums.empty() ? nullptr : sums.data();
-  s.sums_stride = n_entries;
-  return s;
-}
+using test::at;
 
 // The original positions each KV head holds, compacted as the cache does.
 void apply(std::vector<std::vector<int>>& positions, const Selection& sel) {

@@ -17,12 +17,8 @@ using Ids = std::vector<int32_t>;
 
 std::unique_ptr<CompressionPolicy> pyramidkv(const std::string& params, int layer, int n_layers, int n_heads = 1,
                                              int n_kv_heads = 1) {
-  PolicyContext context;
-  context.global_layer = layer;
-  context.n_layers_total = n_layers;
-  context.n_heads = n_heads;
-  context.n_kv_heads = n_kv_heads;
-  return make_pyramidkv_policy(parse_policy_spec("pyramidkv" + (params.empty() ? "" : ":" + params)), context);
+  return make_pyramidkv_policy(parse_policy_spec("pyramidkv" + (params.empty() ? "" : ":" + params)),
+                               test::policy_context(n_heads, n_kv_heads, layer, n_layers));
 }
 
 using test::prompt_end;

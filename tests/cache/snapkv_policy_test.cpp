@@ -15,10 +15,8 @@ namespace {
 using Ids = std::vector<int32_t>;
 
 std::unique_ptr<CompressionPolicy> snapkv(const std::string& params, int n_heads = 1, int n_kv_heads = 1) {
-  PolicyContext context;
-  context.n_heads = n_heads;
-  context.n_kv_heads = n_kv_heads;
-  return make_snapkv_policy(parse_policy_spec("snapkv" + (params.empty() ? "" : ":" + params)), context);
+  return make_snapkv_policy(parse_policy_spec("snapkv" + (params.empty() ? "" : ":" + params)),
+                            test::policy_context(n_heads, n_kv_heads));
 }
 
 using test::prompt_end;

@@ -15,26 +15,13 @@
 #include "daemon/engine.h"
 #include "daemon/metrics.h"
 #include "daemon/runtime.h"
+#include "tests/daemon/recording_sink.h"
 #include "tests/test_paths.h"
 
 namespace strata {
 namespace {
 
-class TokenSink final : public GenerationSink {
- public:
-  void on_event(GenerationEvent event) override {
-    std::lock_guard lock(mutex_);
-    if (auto* d = std::get_if<ChoiceDelta>(&event)) tokens.insert(tokens.end(), d->token_ids.begin(), d->token_ids.end());
-    if (std::holds_alternative<RequestFinished>(event)) finished = true;
-    if (auto* e = std::get_if<RequestFailed>(&event)) error = e->message;
-  }
-  bool cancelled() const override { return false; }
-
-  std::mutex mutex_;
-  std::vector<int32_t> tokens;
-  bool finished = false;
-  std::string error;
-};
+using test::RecordingSink;
 
 std::unique_ptr<Runtime> make(const std::string& dtype, int64_t memory_mib, const std::string& policy = "full") {
   ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
@@ -58,7 +45,7 @@ std::vector<std::string> prompts(size_t chars = 1000) {
   return out;
 }
 
-GenerationRequest request(const Runtime& rt, const std::string& prompt, int max_tokens, std::shared_ptr<TokenSink> sink) {
+GenerationRequest request(const Runtime& rt, const std::string& prompt, int max_tokens, std::shared_ptr<RecordingSink> sink) {
   GenerationRequest r;
   r.id = "quant";
   r.prompt_ids = rt.tokenizer->encode(prompt, false);
@@ -73,16 +60,16 @@ std::vector<std::vector<int32_t>> generate(Runtime& rt, const std::vector<std::s
                                            EngineOptions options = {}, std::string* metrics_text = nullptr) {
   ServerMetrics metrics(8192);
   Engine engine(*rt.executor, *rt.cache, *rt.tokenizer, rt.weights.config, metrics, options);
-  std::vector<std::shared_ptr<TokenSink>> sinks;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (const std::string& t : texts) {
-    sinks.push_back(std::make_shared<TokenSink>());
+    sinks.push_back(std::make_shared<RecordingSink>());
     engine.submit(request(rt, t, max_tokens, sinks.back()));
   }
   engine.run_until_idle();
   std::vector<std::vector<int32_t>> out;
   for (const auto& s : sinks) {
     EXPECT_TRUE(s->finished) << s->error;
-    out.push_back(s->tokens);
+    out.push_back(s->tokens[0]);
   }
   EXPECT_EQ(rt.pool->n_free(), rt.pool->n_total()) << "every block back in the pool";
   if (metrics_text) *metrics_text = metrics.render();
@@ -139,9 +126,9 @@ TEST(KvQuantizationEngine, PreemptionUnderInt4GivesWhatEachGetsAlone) {
     EngineOptions options;
     options.limits.watermark = 0.0;
     Engine engine(*rt.executor, *rt.cache, *rt.tokenizer, rt.weights.config, metrics, options);
-    std::vector<std::shared_ptr<TokenSink>> sinks;
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
     for (const auto& prompt : batch) {
-      sinks.push_back(std::make_shared<TokenSink>());
+      sinks.push_back(std::make_shared<RecordingSink>());
       GenerationRequest r = request(rt, "", 16, sinks.back());
       r.prompt_ids = prompt;
       engine.submit(std::move(r));
@@ -150,7 +137,7 @@ TEST(KvQuantizationEngine, PreemptionUnderInt4GivesWhatEachGetsAlone) {
     std::vector<std::vector<int32_t>> out;
     for (const auto& sink : sinks) {
       EXPECT_TRUE(sink->finished) << sink->error;
-      out.push_back(sink->tokens);
+      out.push_back(sink->tokens[0]);
     }
     EXPECT_EQ(rt.pool->n_free(), rt.pool->n_total());
     if (metrics_text) *metrics_text = metrics.render();
@@ -225,9 +212,9 @@ TEST(KvQuantizationEngine, PerStepEvictionOnAQuantizedCache) {
                                              "simlayerkv:window=40,n_init=4,bounded=true,threshold=0"};
   ServerMetrics metrics(8192);
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
-  std::vector<std::shared_ptr<TokenSink>> sinks;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (size_t i = 0; i < policies.size(); ++i) {
-    sinks.push_back(std::make_shared<TokenSink>());
+    sinks.push_back(std::make_shared<RecordingSink>());
     GenerationRequest r = request(*rt, texts[i], 72, sinks.back());
     r.kv_policy = policies[i];
     r.sampling.ignore_eos = true;
@@ -236,7 +223,7 @@ TEST(KvQuantizationEngine, PerStepEvictionOnAQuantizedCache) {
   engine.run_until_idle();
   for (size_t i = 0; i < sinks.size(); ++i) {
     EXPECT_TRUE(sinks[i]->finished) << policies[i] << ": " << sinks[i]->error;
-    EXPECT_EQ(sinks[i]->tokens.size(), 72u) << policies[i];
+    EXPECT_EQ(sinks[i]->tokens[0].size(), 72u) << policies[i];
   }
   EXPECT_EQ(rt->pool->n_free(), rt->pool->n_total());
 }

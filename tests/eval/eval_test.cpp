@@ -16,6 +16,7 @@
 #include "eval/eval_runner.h"
 #include "eval/eval_suite.h"
 #include "eval/eval_tasks.h"
+#include "tests/daemon/recording_sink.h"
 #include "tests/test_paths.h"
 
 namespace strata {
@@ -121,15 +122,6 @@ TEST(EvalInvariants, FullScoresWhatOnePlainForwardGives) {
   }
 }
 
-class Collect final : public GenerationSink {
- public:
-  void on_event(GenerationEvent event) override {
-    if (auto* d = std::get_if<ChoiceDelta>(&event)) tokens.insert(tokens.end(), d->token_ids.begin(), d->token_ids.end());
-  }
-  bool cancelled() const override { return false; }
-  std::vector<int32_t> tokens;
-};
-
 TEST(EvalInvariants, FullGeneratesWhatTheEngineGenerates) {
   Runtime& rt = runtime();
   const std::vector<int32_t> doc = document_tokens(*rt.tokenizer, data_dir(), "around_the_world_in_80_days");
@@ -140,7 +132,7 @@ TEST(EvalInvariants, FullGeneratesWhatTheEngineGenerates) {
 
   ServerMetrics metrics(8192);
   Engine engine(*rt.executor, *rt.cache, *rt.tokenizer, rt.weights.config, metrics, EngineOptions{});
-  auto sink = std::make_shared<Collect>();
+  auto sink = std::make_shared<test::RecordingSink>();
   GenerationRequest r;
   r.id = "eval-test";
   r.prompt_ids = jobs[0].prompt;
@@ -150,7 +142,7 @@ TEST(EvalInvariants, FullGeneratesWhatTheEngineGenerates) {
   engine.submit(std::move(r));
   engine.run_until_idle();
   ASSERT_FALSE(jobs[0].generated.empty());
-  EXPECT_EQ(jobs[0].generated, sink->tokens);
+  EXPECT_EQ(jobs[0].generated, sink->tokens[0]);
 }
 
 TEST(EvalInvariants, BudgetAtLeastThePromptScoresLikeFull) {
