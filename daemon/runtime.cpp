@@ -1,10 +1,12 @@
 #include "daemon/runtime.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
 #include <omp.h>
 
+#include "kernels/cuda/cuda_backend.h"
 #include "model/model_loader.h"
 #include "parallel/comm_policy_collectives.h"
 #include "parallel/rank_grid.h"
@@ -27,6 +29,29 @@ ChatTemplate choose_template(const ServerConfig::Model& m, std::string_view jinj
     return ChatTemplate(detected.kind(), system);
   }
   return ChatTemplate::from_name(m.chat_template, system);
+}
+
+// engine.backend: the CPU backend, or the CUDA one on engine.device (by default the node-local rank's GPU, so
+// that mpirun's ranks on one node take one GPU each).
+std::unique_ptr<Backend> make_backend(const ServerConfig& config) {
+  if (config.engine.backend == "cpu") return make_cpu_backend();
+#ifdef STRATA_HAVE_CUDA
+  const int n = cuda_device_count();
+  if (n == 0) throw ConfigError(config.file + ": engine.backend: cuda: " + cuda_unavailable_reason());
+  int device = config.engine.device;
+  if (device < 0) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    device = local ? std::atoi(local) % n : 0;
+  }
+  if (device >= n) {
+    throw ConfigError(config.file + ": engine.device: " + std::to_string(device) + ", but " + std::to_string(n) +
+                      " CUDA device(s) are present");
+  }
+  return make_cuda_backend(device);
+#else
+  throw ConfigError(config.file + ": engine.backend: cuda: this build has no CUDA backend (nvcc was not found when "
+                    "CMake configured it)");
+#endif
 }
 
 // The KV block layout of the model with kv_cache.dtype; quantized blocks hold one KIVI group of 32 entries.
@@ -109,7 +134,7 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
   // Fork-join threads stall at every barrier when they share cores with other work: fewer threads than cores
   // can be faster on a busy machine (docs/decisions.md).
   if (config.engine.threads > 0) omp_set_num_threads(config.engine.threads);
-  rt->backend = make_cpu_backend();
+  rt->backend = make_backend(config);
   const ShardSpec& sh = rt->weights.shard;
   const int n_layers_local = sh.layer_end - sh.layer_begin;
   rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights,

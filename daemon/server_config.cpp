@@ -87,6 +87,14 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.engine.threads = int(parse_int(t, w, 0, 1024));
        }},
+      {"engine.backend",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.backend = parse_choice(t, w, {"cpu", "cuda"});
+       }},
+      {"engine.device",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.device = int(parse_int(t, w, -1, 1023));
+       }},
       {"kv_cache.block_size",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.kv_cache.block_size = int(parse_int(t, w, 1, 1024));

@@ -37,12 +37,14 @@ struct ServerConfig {
     int max_batch_tokens = 512;
     int max_waiting = 256;
     int threads = 0;                        // compute threads of the CPU backend; 0 = every core
+    std::string backend = "cpu";            // cpu | cuda (a build with -DSTRATA_CUDA=ON and a GPU)
+    int device = -1;                        // CUDA device; -1: the node-local MPI rank modulo the GPUs present
   } engine;
 
   struct KvCache {
     int block_size = 16;
     int64_t memory_mib = 1024;              // the pool's budget, per rank
-    std::string dtype = "f32";              // f32 | int8 | int4 (KIVI groups of 32; needs block_size 32)
+    std::string dtype = "f32";              // f32 (unquantized: bf16 on CUDA) | int8 | int4 (KIVI, block_size 32)
     std::string policy = "full";            // a policy spec for every layer, e.g. "pyramidkv:budget=128"
     std::string layer_overrides;            // "0-1=full;28-29=snapkv:budget=256"
     std::string request_policies = "all";   // policies a request may choose ("all", "none", or a list)

@@ -18,13 +18,14 @@
 
 namespace strata {
 
-// One sequence's part of an attention call in one layer.
+// One sequence's part of an attention call in one layer. Block tables and statistics are host memory on every
+// backend: a device backend uploads the tables and adds its device-side sums into column_sums.
 struct AttentionSequence {
   int q_begin = 0;                       // first row of q/out belonging to this sequence
   int n_q = 0;                           // rows (new tokens) of this sequence in the step
   int n_ctx_before = 0;                  // cache entries of this layer before the step's tokens
   std::span<const int32_t> block_table;  // blocks of this (sequence, layer), in entry order
-  // Attention statistics for compression policies: when column_sums is set, the softmax probabilities of query
+  // Attention statistics for compression policies (host memory on every backend): when column_sums is set, the softmax probabilities of query
   // rows >= stats_row_begin are added to column_sums[h * sums_stride + e] for every query head h and entry e.
   float* column_sums = nullptr;
   int sums_stride = 0;
@@ -41,6 +42,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Element type of the KV pool's full-precision blocks: f32 on the CPU, bf16 on CUDA (kernels/kv_block_layout.h).
+  virtual DType kv_dtype() const = 0;
 
   // Memory. alloc'd tensors live until the backend is destroyed or free() is called.
   virtual Tensor alloc(int64_t rows, int64_t cols, DType dtype) = 0;
@@ -63,6 +66,8 @@ class Backend {
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // x += y                                                          [T, D]
   virtual void add(Tensor& x, const Tensor& y) = 0;
+  // out[i] = x[rows[i]]: the rows that need logits, gathered for the output head.   x [T, D], out [rows, D]
+  virtual void gather_rows(const Tensor& x, std::span<const int64_t> rows, Tensor& out) = 0;
 
   // Writes the step's keys and values into the cache: token row q_begin + i of a sequence goes to entry
   // n_ctx_before + i of its block table, which is always a full-precision block.   k, v [T, Hkv * Dh]

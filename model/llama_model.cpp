@@ -59,7 +59,7 @@ LlamaModel::~LlamaModel() {
 Tensor LlamaModel::upload(const HostMatrix& m) { return backend_.upload_weight(m.data, m.rows, m.cols); }
 
 KvBlockLayout LlamaModel::kv_layout(int block_size) const {
-  return KvBlockLayout{n_kv_heads_local_, config().head_dim, block_size, DType::f32};
+  return KvBlockLayout{n_kv_heads_local_, config().head_dim, block_size, backend_.kv_dtype()};
 }
 
 static void ensure(Backend& backend, Tensor& t, int64_t rows, int64_t cols) {
@@ -186,9 +186,7 @@ void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std
     }
     Tensor in = w.head_in.slice_rows(0, n), normed = w.head_norm.slice_rows(0, n);
     Tensor out = w.head_out.slice_rows(0, n);
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy(x.row(rows[size_t(r0 + i)]), x.row(rows[size_t(r0 + i)]) + d, in.row(i));
-    }
+    backend_.gather_rows(x, rows.subspan(size_t(r0), size_t(n)), in);
     backend_.rmsnorm(in, output_norm_, c.rms_eps, normed);
     backend_.matmul(normed, output_, out);
     if (tp == 1) {

@@ -20,6 +20,7 @@ void require_f32(const Tensor& t, const char* what) {
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
+  DType kv_dtype() const override { return DType::f32; }
 
   Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
     const size_t bytes = size_t(rows * cols * dtype_bytes(dtype));
@@ -74,6 +75,12 @@ class CpuBackend final : public Backend {
     cpu::silu_mul(gate.f32(), up.f32(), gate.size(), out.f32());
   }
   void add(Tensor& x, const Tensor& y) override { cpu::add(x.f32(), y.f32(), x.size()); }
+  void gather_rows(const Tensor& x, std::span<const int64_t> rows, Tensor& out) override {
+    if (x.cols != out.cols || out.rows < int64_t(rows.size())) {
+      throw std::invalid_argument("cpu backend: gather_rows shapes do not match");
+    }
+    for (size_t i = 0; i < rows.size(); ++i) std::memcpy(out.row(int64_t(i)), x.row(rows[i]), size_t(x.cols) * 4);
+  }
   void kv_write(const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,
                 const KvPoolView& pool) override {
     cpu::kv_write(k.f32(), v.f32(), seqs, pool);

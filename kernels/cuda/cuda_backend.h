@@ -1,0 +1,20 @@
+#pragma once
+// The CUDA backend (kernels/cuda/): bf16 weights and KV blocks, fp32 activations, accumulation and softmax, cuBLAS
+// for the GEMMs. Built when CMake finds nvcc (STRATA_CUDA); every op is tested against its CPU twin
+// (tests/kernels/cuda_*_test.cpp), and those tests skip themselves, with the reason, where no GPU is present.
+#include <memory>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace strata {
+
+// GPUs this process can use; 0 when there is no driver or no device (cuda_unavailable_reason() says which).
+int cuda_device_count();
+std::string cuda_unavailable_reason();
+
+// A backend on device `device` (0 <= device < cuda_device_count()); throws std::runtime_error naming the device
+// when it cannot be used.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace strata
