@@ -17,4 +17,8 @@ std::string cuda_unavailable_reason();
 // when it cannot be used.
 std::unique_ptr<Backend> make_cuda_backend(int device);
 
+// The cudaStream_t (as void*) on which a CUDA backend queues its work, so that NCCL's collectives on its tensors are
+// ordered with it (parallel/nccl_comm.h); throws std::invalid_argument for a backend that is not CUDA.
+void* cuda_stream(Backend& backend);
+
 }  // namespace strata
