@@ -25,6 +25,8 @@ size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 CudaContext::CudaContext(int device) : device_(device) {
   check(cudaSetDevice(device), "cudaSetDevice");
+  check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute (multiprocessors)");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   check(cublasCreate(&cublas_), "cublasCreate");
   check(cublasSetStream(cublas_, stream_), "cublasSetStream");

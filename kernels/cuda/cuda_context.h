@@ -44,6 +44,8 @@ class CudaContext {
   CudaContext& operator=(const CudaContext&) = delete;
 
   int device() const { return device_; }
+  // Streaming multiprocessors of the device: kernels size their grids to fill them.
+  int multiprocessors() const { return multiprocessors_; }
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
 
@@ -80,6 +82,7 @@ class CudaContext {
   char* staging_alloc(size_t bytes);
 
   int device_ = 0;
+  int multiprocessors_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::vector<Chunk> arena_;

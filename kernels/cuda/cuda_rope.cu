@@ -1,0 +1,75 @@
+// Rotary position embedding on the CUDA backend, both layouts (kernels/cpu/rope.cpp is the reference):
+//   interleaved (GGUF llama): pairs (2i, 2i+1);   half-split (Hugging Face): pairs (i, i + head_dim/2).
+// The angles are the CPU's, bit for bit where the math libraries agree: the inverse frequencies come from the same
+// host function (cpu::rope_inv_freq, Llama 3 scaling included), the angle is the fp32 product position * inv_freq,
+// and its cosine and sine are taken in double and rounded to fp32.
+//
+// Launch: one block of kThreads threads per token. The block first fills a table of the token's head_dim / 2
+// cosines and sines in shared memory (one thread per frequency), then rotates the pairs of all heads, one thread
+// per (head, pair).
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_context.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Block (t) rotates x[t, :] = n_heads heads of head_dim at position positions[t]. Dynamic shared memory: half
+// cosines, then half sines.
+__global__ void rope_kernel(float* x, const int32_t* positions, const float* inv_freq, int n_heads, int head_dim,
+                            bool interleaved) {
+  extern __shared__ float table[];
+  const int half = head_dim / 2;
+  float* cos_t = table;
+  float* sin_t = table + half;
+  const int t = blockIdx.x;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = float(positions[t]) * inv_freq[i];
+    cos_t[i] = float(cos(double(angle)));
+    sin_t[i] = float(sin(double(angle)));
+  }
+  __syncthreads();
+  float* row = x + int64_t(t) * n_heads * head_dim;
+  // Pair index p over all heads: head p / half, frequency i = p % half; its two elements a, b by layout.
+  for (int p = threadIdx.x; p < n_heads * half; p += blockDim.x) {
+    const int i = p % half;
+    float* v = row + (p / half) * head_dim;
+    const int a = interleaved ? 2 * i : i;
+    const int b = interleaved ? 2 * i + 1 : i + half;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = x0 * cos_t[i] - x1 * sin_t[i];
+    v[b] = x1 * cos_t[i] + x0 * sin_t[i];
+  }
+}
+
+}  // namespace
+
+void rope(CudaContext& ctx, Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
+          const RopeParams& params) {
+  if (x.dtype != DType::f32) throw std::invalid_argument("cuda backend: rope: x must be f32");
+  if (head_dim <= 0 || head_dim % 2 != 0 || n_heads <= 0 || x.cols != int64_t(n_heads) * head_dim ||
+      x.rows < int64_t(positions.size())) {
+    throw std::invalid_argument("cuda backend: rope: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
+                                "] is not " + std::to_string(positions.size()) + " rows of " +
+                                std::to_string(n_heads) + " heads of " + std::to_string(head_dim) +
+                                " (an even head_dim)");
+  }
+  if (positions.empty()) return;
+  std::vector<float> inv_freq(size_t(head_dim / 2));
+  cpu::rope_inv_freq(head_dim, params, inv_freq.data());
+  const float* inv_freq_d = ctx.upload(std::span<const float>(inv_freq));
+  const size_t shared = size_t(head_dim) * sizeof(float);
+  rope_kernel<<<unsigned(positions.size()), kThreads, shared, ctx.stream()>>>(
+      x.f32(), ctx.upload(positions), inv_freq_d, n_heads, head_dim, params.style == RopeStyle::interleaved);
+  check(cudaGetLastError(), "rope_kernel");
+}
+
+}  // namespace strata::cuda
