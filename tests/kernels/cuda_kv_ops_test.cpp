@@ -274,7 +274,7 @@ KvBlockLayout quantized_layout(KvQuant quant) {
 TEST_F(CudaKvOps, QuantizeAndDequantizeMatchTheCpuWithinACodeStep) {
   for (KvQuant quant : {KvQuant::int8, KvQuant::int4}) {
     SCOPED_TRACE(quant == KvQuant::int8 ? "int8" : "int4");
-    TwinPool pool(quantized_layout(quant), 12);
+    TwinPool pool(quantized_layout(quant), 24);
     for (int32_t b = 0; b < 3; ++b) pool.fill(b, rng);
     const std::vector<int32_t> src = {2, 0, 1};
     const std::vector<int32_t> dst = {pool.quantized_id(6, 0), pool.quantized_id(6, 1), pool.quantized_id(6, 2)};
@@ -311,7 +311,7 @@ TEST_F(CudaKvOps, QuantizeAndDequantizeMatchTheCpuWithinACodeStep) {
 }
 
 TEST_F(CudaKvOps, DequantizingTheCpusBlocksGivesTheCpusValuesInBf16) {
-  TwinPool pool(quantized_layout(KvQuant::int4), 8);
+  TwinPool pool(quantized_layout(KvQuant::int4), 12);
   pool.fill(0, rng);
   const int32_t q = pool.quantized_id(4, 0);
   pool.seal_on_cpu(*cpu, 0, q);
@@ -342,11 +342,11 @@ TEST_F(CudaKvOps, CompactionOfQuantizedLayersMatchesTheCpu) {
         SCOPED_TRACE(std::string(quant == KvQuant::int8 ? "int8" : "int4") + ", head " + std::to_string(head) +
                      ", keep " + std::to_string(keep));
         // The layer: 3 quantized groups (96 entries) and then 2 full-precision blocks (40 entries in use).
-        TwinPool pool(quantized_layout(quant), 16);
+        TwinPool pool(quantized_layout(quant), 24);
         for (int32_t b = 0; b < 5; ++b) pool.fill(b, rng);
         std::vector<int32_t> table;
         for (int g = 0; g < 3; ++g) {
-          table.push_back(pool.quantized_id(8, g));
+          table.push_back(pool.quantized_id(5, g));
           pool.seal_on_cpu(*cpu, g, table.back());
         }
         table.push_back(3);
