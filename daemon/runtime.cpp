@@ -139,6 +139,10 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
   const int n_layers_local = sh.layer_end - sh.layer_begin;
   rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights,
                                            ShardComms{world ? world->tp() : nullptr, world ? world->pp() : nullptr});
+  // Pipeline micro-batches: by default one per stage, so that every stage has work once the pipeline is full.
+  if (grid.pp > 1) {
+    rt->model->set_micro_batches(config.parallel.micro_batches > 0 ? config.parallel.micro_batches : grid.pp);
+  }
   const KvBlockLayout layout = kv_pool_layout(config, *rt->model);
   const int64_t n_blocks = BlockPool::blocks_for_memory(layout, config.kv_cache.memory_mib << 20);
   // A quantized pool keeps one block in reserve for sealing (cache/block_pool.h).

@@ -142,6 +142,10 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.parallel.timeout_s = int(parse_int(t, w, 1, 3600));
        }},
+      {"parallel.micro_batches",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.parallel.micro_batches = int(parse_int(t, w, 1, 1024));
+       }},
   };
   return table;
 }

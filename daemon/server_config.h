@@ -55,6 +55,7 @@ struct ServerConfig {
     int tp = 1;
     int pp = 1;
     int timeout_s = 60;                     // how long a rank may stay silent before the world is ended
+    int micro_batches = 0;                  // pieces a step is cut into along the pipeline; 0: pp (set: >= 1)
   } parallel;
 };
 

@@ -68,32 +68,69 @@ static void ensure(Backend& backend, Tensor& t, int64_t rows, int64_t cols) {
   t = backend.alloc(rows, cols, DType::f32);
 }
 
+std::vector<std::vector<BatchSequence>> split_micro_batches(std::span<const BatchSequence> batch, int n) {
+  int64_t n_tokens = 0;
+  for (const BatchSequence& s : batch) n_tokens += int64_t(s.tokens.size());
+  const int64_t n_micro = std::clamp<int64_t>(n_tokens, 1, std::max(1, n));
+  std::vector<std::vector<BatchSequence>> micro(static_cast<size_t>(n_micro));
+  int64_t placed = 0;
+  size_t m = 0;
+  for (const BatchSequence& s : batch) {
+    size_t offset = 0;
+    do {
+      const int64_t end = (int64_t(m) + 1) * n_tokens / n_micro;  // micro-batch m ends before this token
+      const size_t take = std::min(s.tokens.size() - offset, size_t(end - placed));
+      BatchSequence piece = s;
+      piece.tokens = s.tokens.subspan(offset, take);
+      piece.start_pos = s.start_pos + int(offset);
+      if (s.logits == LogitsMode::last && offset + take < s.tokens.size()) piece.logits = LogitsMode::none;
+      micro[m].push_back(piece);
+      offset += take;
+      placed += int64_t(take);
+      if (placed == end && m + 1 < micro.size()) ++m;
+    } while (offset < s.tokens.size());
+  }
+  return micro;
+}
+
 void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits) {
   const ModelConfig& c = config();
-  const int hd = c.head_dim;
-  const int64_t d = c.d_model;
-
-  // Flatten the batch; reserve the cache entries the step writes.
-  std::vector<int32_t> ids, positions;
   for (const BatchSequence& s : batch) {
     if (s.start_pos + int(s.tokens.size()) > c.max_context) {
       throw std::invalid_argument("sequence " + std::to_string(s.seq) + " goes past the model's context of " +
                                   std::to_string(c.max_context));
     }
-    for (size_t i = 0; i < s.tokens.size(); ++i) {
-      if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size) {
-        throw std::invalid_argument("token id " + std::to_string(s.tokens[i]) + " is outside the vocabulary");
+    for (int32_t id : s.tokens) {
+      if (id < 0 || id >= c.vocab_size) {
+        throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary");
       }
-      ids.push_back(s.tokens[i]);
-      positions.push_back(s.start_pos + int(i));
     }
+  }
+  logits.clear();
+  const std::vector<std::vector<BatchSequence>> micro = split_micro_batches(batch, micro_batches_);
+  sent_.resize(std::max(sent_.size(), micro.size()));
+  for (size_t m = 0; m < micro.size(); ++m) forward_micro_batch(micro[m], sent_[m], cache, logits);
+  // The stage's last micro-batch has left once the next stage has taken it; the buffers are free again.
+  if (!weights_.shard.has_output) comms_.pp->wait_sends();
+}
+
+// One micro-batch through this stage: its tokens go into the cache, its hidden states come from the embedding or
+// the previous stage, and leave for the next stage (from `sent`, which stays untouched until forward() ends) or
+// through the output head, whose rows are appended to `logits`.
+void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::vector<float>& sent, KvCache& cache,
+                                     std::vector<float>& logits) {
+  const ModelConfig& c = config();
+  const int hd = c.head_dim;
+  const int64_t d = c.d_model;
+
+  std::vector<int32_t> ids, positions;
+  for (const BatchSequence& s : batch) {
+    ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
+    for (size_t i = 0; i < s.tokens.size(); ++i) positions.push_back(s.start_pos + int(i));
   }
   for (const BatchSequence& s : batch) cache.append(s.seq, int(s.tokens.size()));
   const int64_t n_tokens = int64_t(ids.size());
-  if (n_tokens == 0) {
-    logits.clear();
-    return;
-  }
+  if (n_tokens == 0) return;
 
   Workspace& w = *ws_;
   if (n_tokens > w.capacity) {
@@ -118,10 +155,10 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     w.q_layers_capacity = n_tokens;
   }
   Tensor x = w.x.slice_rows(0, n_tokens);
-  host_.resize(size_t(n_tokens * d));
   if (weights_.shard.has_embedding) {
     backend_.embedding(ids, token_embd_, x);
   } else {
+    host_.resize(size_t(n_tokens * d));
     comms_.pp->recv(host_, comms_.pp->rank() - 1);
     backend_.copy_from_host(host_.data(), x);
   }
@@ -146,9 +183,9 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
   }
 
   if (!weights_.shard.has_output) {
-    backend_.copy_to_host(x, host_.data());
-    comms_.pp->send(host_, comms_.pp->rank() + 1);
-    logits.clear();
+    sent.resize(size_t(n_tokens * d));
+    backend_.copy_to_host(x, sent.data());
+    comms_.pp->send_async(sent, comms_.pp->rank() + 1);
     return;
   }
   // Output head for the rows that need logits only.
@@ -173,7 +210,8 @@ void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std
   const int64_t vocab = c.vocab_size;
   const int64_t vocab_local = output_.rows;  // this rank's slice of the vocabulary (all of it without TP)
   const int64_t tp = vocab / vocab_local;
-  logits.resize(size_t(int64_t(rows.size()) * vocab));
+  const int64_t first = int64_t(logits.size()) / vocab;  // rows of earlier micro-batches stay
+  logits.resize(size_t((first + int64_t(rows.size())) * vocab));
   // Chunks of rows bound the [rows, vocab] scratch when every position wants logits (evaluation, tests).
   const int64_t chunk = 256;
   for (int64_t r0 = 0; r0 < int64_t(rows.size()); r0 += chunk) {
@@ -190,7 +228,7 @@ void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std
     backend_.rmsnorm(in, output_norm_, c.rms_eps, normed);
     backend_.matmul(normed, output_, out);
     if (tp == 1) {
-      backend_.copy_to_host(out, logits.data() + r0 * vocab);
+      backend_.copy_to_host(out, logits.data() + (first + r0) * vocab);
       continue;
     }
     // Vocabulary-parallel head: gather every rank's [n, vocab_local] slice, then lay the slices side by side.
@@ -202,7 +240,7 @@ void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std
     for (int64_t r = 0; r < tp; ++r) {
       for (int64_t i = 0; i < n; ++i) {
         const float* src = all.data() + (r * n + i) * vocab_local;
-        std::copy(src, src + vocab_local, logits.data() + (r0 + i) * vocab + r * vocab_local);
+        std::copy(src, src + vocab_local, logits.data() + (first + r0 + i) * vocab + r * vocab_local);
       }
     }
   }

@@ -10,6 +10,10 @@
 // slice), o and down row-parallel, each followed by an all-reduce of its [T, D] output over the TP group; the
 // output head is vocabulary-parallel and its slices are all-gathered, so every TP rank of the last stage holds
 // the full logits and samples the same token.
+// Pipeline micro-batches (set_micro_batches): a step's tokens are cut into pieces that go through the stage one
+// after another, each sent on as soon as it is done, so that stage s works on piece m while stage s+1 works on
+// piece m-1 (docs/distributed.md).
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -51,6 +55,11 @@ struct BatchSequence {
   const PodSequence* pod = nullptr;  // PoD attention in every layer (nullable)
 };
 
+// The batch cut into at most n micro-batches of about equal token counts (n, or fewer when the batch has fewer
+// tokens), in batch order. A prefill chunk may be cut between tokens: its pieces keep their positions, statistics
+// and PoD state, and only its last piece asks for LogitsMode::last's row. Every rank cuts a step the same way.
+std::vector<std::vector<BatchSequence>> split_micro_batches(std::span<const BatchSequence> batch, int n);
+
 // The groups a shard exchanges activations with. Null when the shard has no such peers.
 struct ShardComms {
   Comm* tp = nullptr;  // the stage's tensor-parallel group; needed when weights.shard.tp_size > 1
@@ -76,6 +85,10 @@ class LlamaModel {
 
   // The last pipeline stage computes logits; the others pass their hidden states on.
   bool has_output() const { return weights_.shard.has_output; }
+  // Micro-batches per step (parallel.micro_batches): 1 runs every step whole. Every rank of the world must use the
+  // same number. Rows are independent, so pieces compute what the whole step computes, up to the GEMM's blocking
+  // over rows (BLAS kernels sum in an order that can depend on the row count; docs/distributed.md).
+  void set_micro_batches(int n) { micro_batches_ = std::max(1, n); }
 
   // Appends the batch's tokens to `cache` (the caller has checked KvCache::can_append) and runs the shard.
   // `logits` receives one row of vocab_size floats per requested position, in batch order: one row for
@@ -90,6 +103,8 @@ class LlamaModel {
   struct Workspace;
 
   Tensor upload(const HostMatrix& m);
+  void forward_micro_batch(std::span<const BatchSequence> batch, std::vector<float>& sent, KvCache& cache,
+                           std::vector<float>& logits);
   void tp_all_reduce(Tensor& t);
   void output_head(const Tensor& x, std::span<const int64_t> rows, std::vector<float>& logits);
   void run_layer(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
@@ -107,7 +122,9 @@ class LlamaModel {
   Tensor token_embd_, output_norm_, output_;
   std::vector<UploadedLayer> layers_;
   std::unique_ptr<Workspace> ws_;
+  int micro_batches_ = 1;
   std::vector<float> host_;  // staging for what crosses ranks ([T, D] hidden states, logits slices)
+  std::vector<std::vector<float>> sent_;  // per micro-batch: [T, D] hidden states on their way to the next stage
 };
 
 }  // namespace strata

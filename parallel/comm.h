@@ -1,7 +1,7 @@
 #pragma once
 // Communication within one group of ranks (the world, a stage's tensor-parallel group, or a pipeline chain):
 // the collectives and point-to-point transfers the ranks need, on CPU memory. parallel/mpi_comm.h implements it
-// over MPI; an NCCL implementation for GPU tensors would implement the same calls.
+// over MPI; parallel/nccl_comm.h has the same tensor operations on GPU memory (NCCL).
 //
 // Every call is bounded in time: a peer that does not take part within the group's deadline makes the call throw
 // RankFailure naming that peer, so a dead or hung rank never leaves the others waiting forever.
@@ -45,6 +45,12 @@ class Comm {
 
   // Point to point; messages between two ranks arrive in the order they were sent.
   virtual void send(std::span<const float> data, int dest) = 0;
+  // A send that returns at once: `data` must stay unchanged until wait_sends() returns. It arrives in order with
+  // the other float sends to `dest`. Pipeline stages send a micro-batch this way and compute the next one while
+  // it travels.
+  virtual void send_async(std::span<const float> data, int dest) = 0;
+  // Returns when every send_async of this communicator has completed; bounded by the deadline like every wait.
+  virtual void wait_sends() = 0;
   virtual void recv(std::span<float> data, int src) = 0;  // exactly data.size() floats
   virtual void send_bytes(std::span<const uint8_t> data, int dest) = 0;
   virtual std::vector<uint8_t> recv_bytes(int src) = 0;

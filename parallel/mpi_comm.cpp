@@ -228,6 +228,20 @@ void MpiComm::send(std::span<const float> data, int dest) {
   wait(pending, "send");
 }
 
+void MpiComm::send_async(std::span<const float> data, int dest) {
+  MPI_Request req;
+  check(MPI_Isend(data.data(), int(data.size()), MPI_FLOAT, dest, kTagFloats, comm_, &req), "send", dest);
+  async_sends_.push_back(req);
+  async_peers_.push_back(dest);
+}
+
+void MpiComm::wait_sends() {
+  Pending pending{std::move(async_sends_), std::move(async_peers_), Clock::now() + deadline_->timeout};
+  async_sends_.clear();
+  async_peers_.clear();
+  wait(pending, "send");
+}
+
 void MpiComm::recv(std::span<float> data, int src) {
   Pending pending{{}, {}, Clock::now() + deadline_->timeout};
   MPI_Request req;

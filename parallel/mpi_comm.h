@@ -50,6 +50,8 @@ class MpiComm final : public Comm {
   void broadcast(std::vector<uint8_t>& bytes, int root) override;
   std::vector<std::vector<uint8_t>> gather(std::vector<uint8_t> mine, int root) override;
   void send(std::span<const float> data, int dest) override;
+  void send_async(std::span<const float> data, int dest) override;
+  void wait_sends() override;
   void recv(std::span<float> data, int src) override;
   void send_bytes(std::span<const uint8_t> data, int dest) override;
   std::vector<uint8_t> recv_bytes(int src) override;
@@ -67,6 +69,8 @@ class MpiComm final : public Comm {
   std::vector<std::string> names_;
   std::string group_;
   std::shared_ptr<CommDeadline> deadline_;
+  std::vector<MPI_Request> async_sends_;  // send_async's requests until wait_sends()
+  std::vector<int> async_peers_;
 };
 
 // MPI_Init_thread on construction, MPI_Finalize on destruction. Only for processes that a launcher (mpirun, srun)

@@ -318,7 +318,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "engine.threads",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
       "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "parallel.tp", "parallel.pp",
-      "parallel.timeout_s",
+      "parallel.timeout_s", "parallel.micro_batches",
   };
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
   EXPECT_EQ(keys.size(), expected.size());  // no duplicates

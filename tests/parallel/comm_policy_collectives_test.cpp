@@ -30,6 +30,8 @@ class ScriptedComm final : public Comm {
   void broadcast(std::vector<uint8_t>&, int) override { throw std::logic_error("not scripted"); }
   std::vector<std::vector<uint8_t>> gather(std::vector<uint8_t>, int) override { throw std::logic_error("no"); }
   void send(std::span<const float>, int) override { throw std::logic_error("not scripted"); }
+  void send_async(std::span<const float>, int) override { throw std::logic_error("not scripted"); }
+  void wait_sends() override { throw std::logic_error("not scripted"); }
   void recv(std::span<float>, int) override { throw std::logic_error("not scripted"); }
   void send_bytes(std::span<const uint8_t>, int) override { throw std::logic_error("not scripted"); }
   std::vector<uint8_t> recv_bytes(int) override { throw std::logic_error("not scripted"); }
