@@ -24,6 +24,8 @@ class RankWorld {
   Comm* world() const { return world_.get(); }
   Comm* tp() const { return grid_.tp > 1 ? tp_.get() : nullptr; }
   Comm* pp() const { return grid_.pp > 1 ? pp_.get() : nullptr; }
+  // The deadline and interruption switch every communicator of this process shares (null when alone).
+  std::shared_ptr<CommDeadline> deadline() const { return deadline_; }
   // Makes every wait of every communicator give up now (shutdown; safe from any thread, not from a signal handler).
   void interrupt();
   // Tells the world it is over: MPI_Abort after printing `message` (a world of one: std::exit). Any thread.

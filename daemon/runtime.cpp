@@ -9,6 +9,9 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "model/model_loader.h"
 #include "parallel/comm_policy_collectives.h"
+#ifdef STRATA_HAVE_NCCL
+#include "parallel/nccl_comm.h"
+#endif
 #include "parallel/rank_grid.h"
 
 namespace strata {
@@ -71,6 +74,33 @@ KvBlockLayout kv_pool_layout(const ServerConfig& config, const LlamaModel& model
                       std::to_string(layout.head_dim));
   }
   return layout;
+}
+
+// The NCCL communicators of a CUDA rank over its TP group and its pipeline (parallel/nccl_comm.h), bootstrapped over
+// their MPI twins: collective over the world, in this order on every rank. Null for a group of one.
+std::pair<std::unique_ptr<DeviceComm>, std::unique_ptr<DeviceComm>> make_device_comms(const RankWorld& world,
+                                                                                      Backend& backend) {
+#ifdef STRATA_HAVE_NCCL
+  const RankGrid& g = world.grid();
+  std::vector<std::string> tp_names, pp_names;
+  for (int t = 0; t < g.tp; ++t) tp_names.push_back(g.describe(g.rank_of(g.stage(), t)));
+  for (int s = 0; s < g.pp; ++s) pp_names.push_back(g.describe(g.rank_of(s, g.tp_rank())));
+  void* stream = cuda_stream(backend);
+  std::pair<std::unique_ptr<DeviceComm>, std::unique_ptr<DeviceComm>> comms;
+  if (world.tp()) {
+    comms.first = std::make_unique<NcclComm>(*world.tp(), std::move(tp_names),
+                                             "the TP group of pp_stage " + std::to_string(g.stage()), world.deadline(),
+                                             stream);
+  }
+  if (world.pp()) {
+    comms.second = std::make_unique<NcclComm>(*world.pp(), std::move(pp_names),
+                                              "the pipeline of tp_rank " + std::to_string(g.tp_rank()),
+                                              world.deadline(), stream);
+  }
+  return comms;
+#else
+  return {};  // engine.backend cuda is refused earlier in a build without CUDA (make_backend)
+#endif
 }
 
 }  // namespace
@@ -137,8 +167,13 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
   rt->backend = make_backend(config);
   const ShardSpec& sh = rt->weights.shard;
   const int n_layers_local = sh.layer_end - sh.layer_begin;
-  rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights,
-                                           ShardComms{world ? world->tp() : nullptr, world ? world->pp() : nullptr});
+  ShardComms comms{world ? world->tp() : nullptr, world ? world->pp() : nullptr};
+  if (world && world->distributed() && config.engine.backend == "cuda") {
+    std::tie(rt->tp_device, rt->pp_device) = make_device_comms(*world, *rt->backend);
+    comms.tp_device = rt->tp_device.get();
+    comms.pp_device = rt->pp_device.get();
+  }
+  rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights, comms);
   // Pipeline micro-batches: by default one per stage, so that every stage has work once the pipeline is full.
   if (grid.pp > 1) {
     rt->model->set_micro_batches(config.parallel.micro_batches > 0 ? config.parallel.micro_batches : grid.pp);

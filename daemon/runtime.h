@@ -20,6 +20,7 @@
 #include "model/llama_model.h"
 #include "model/model_weights.h"
 #include "model/tokenizer.h"
+#include "parallel/device_comm.h"
 
 namespace strata {
 
@@ -30,6 +31,7 @@ struct Runtime {
   std::optional<ChatTemplate> chat_template;
   std::string model_name;                    // served id
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceComm> tp_device, pp_device;  // CUDA backend in a world: NCCL over the TP group, pipeline
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<BlockPool> pool;
   std::unique_ptr<KvCache> cache;

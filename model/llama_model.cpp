@@ -13,6 +13,7 @@ struct LlamaModel::Workspace {
   Tensor x, h, q, k, v, attn, o, gate, up, act, down;
   Tensor head_in, head_norm, head_out;
   int64_t head_capacity = 0;
+  Tensor head_all;  // [tp * rows, vocab_local]: the gathered slices, with a device communicator
   // PoD: every local layer's queries of the step, so that a block's followers score the distant entries with
   // their leader's (spec §4). Allocated on the first step with a PoD sequence.
   std::vector<Tensor> q_layers;
@@ -50,7 +51,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelWeights& weights, ShardComms
 LlamaModel::~LlamaModel() {
   Workspace& w = *ws_;
   for (Tensor* t : {&w.x, &w.h, &w.q, &w.k, &w.v, &w.attn, &w.o, &w.gate, &w.up, &w.act, &w.down, &w.head_in,
-                    &w.head_norm, &w.head_out}) {
+                    &w.head_norm, &w.head_out, &w.head_all}) {
     if (t->data) backend_.free(*t);
   }
   for (Tensor& t : w.q_layers) backend_.free(t);
@@ -111,7 +112,7 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
   sent_.resize(std::max(sent_.size(), micro.size()));
   for (size_t m = 0; m < micro.size(); ++m) forward_micro_batch(micro[m], sent_[m], cache, logits);
   // The stage's last micro-batch has left once the next stage has taken it; the buffers are free again.
-  if (!weights_.shard.has_output) comms_.pp->wait_sends();
+  if (!weights_.shard.has_output) wait_sends();
 }
 
 // One micro-batch through this stage: its tokens go into the cache, its hidden states come from the embedding or
@@ -158,9 +159,7 @@ void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::
   if (weights_.shard.has_embedding) {
     backend_.embedding(ids, token_embd_, x);
   } else {
-    host_.resize(size_t(n_tokens * d));
-    comms_.pp->recv(host_, comms_.pp->rank() - 1);
-    backend_.copy_from_host(host_.data(), x);
+    recv_hidden(x);
   }
 
   std::vector<AttentionSequence> seqs(batch.size());
@@ -183,9 +182,7 @@ void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::
   }
 
   if (!weights_.shard.has_output) {
-    sent.resize(size_t(n_tokens * d));
-    backend_.copy_to_host(x, sent.data());
-    comms_.pp->send_async(sent, comms_.pp->rank() + 1);
+    send_hidden(x, sent);
     return;
   }
   // Output head for the rows that need logits only.
@@ -233,10 +230,8 @@ void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std
     }
     // Vocabulary-parallel head: gather every rank's [n, vocab_local] slice, then lay the slices side by side.
     host_.resize(size_t(n * vocab_local * (tp + 1)));
-    std::span<float> mine(host_.data(), size_t(n * vocab_local));
     std::span<float> all(host_.data() + n * vocab_local, size_t(n * vocab_local * tp));
-    backend_.copy_to_host(out, mine.data());
-    comms_.tp->all_gather<float>(mine, all);
+    gather_vocab(out, n, all);
     for (int64_t r = 0; r < tp; ++r) {
       for (int64_t i = 0; i < n; ++i) {
         const float* src = all.data() + (r * n + i) * vocab_local;
@@ -249,10 +244,64 @@ void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std
 // The row-parallel projections leave each rank with a partial sum of the [T, D] output: add them up.
 void LlamaModel::tp_all_reduce(Tensor& t) {
   if (comms_.tp == nullptr || comms_.tp->size() == 1) return;
+  if (comms_.tp_device) {
+    comms_.tp_device->all_reduce_sum({t.f32(), size_t(t.rows * t.cols)});
+    return;
+  }
   host_.resize(size_t(t.rows * t.cols));
   backend_.copy_to_host(t, host_.data());
   comms_.tp->all_reduce_sum(host_);
   backend_.copy_from_host(host_.data(), t);
+}
+
+// A micro-batch's [T, D] hidden states from the previous stage.
+void LlamaModel::recv_hidden(Tensor& x) {
+  const int src = comms_.pp->rank() - 1;
+  if (comms_.pp_device) {
+    comms_.pp_device->recv({x.f32(), size_t(x.rows * x.cols)}, src);
+    return;
+  }
+  host_.resize(size_t(x.rows * x.cols));
+  comms_.pp->recv(host_, src);
+  backend_.copy_from_host(host_.data(), x);
+}
+
+// ... and to the next one, without waiting for it to take them: through the host from `sent` (left untouched
+// until wait_sends()), or from the device communicator's own copy.
+void LlamaModel::send_hidden(const Tensor& x, std::vector<float>& sent) {
+  const int dest = comms_.pp->rank() + 1;
+  if (comms_.pp_device) {
+    comms_.pp_device->send_async({x.f32(), size_t(x.rows * x.cols)}, dest);
+    return;
+  }
+  sent.resize(size_t(x.rows * x.cols));
+  backend_.copy_to_host(x, sent.data());
+  comms_.pp->send_async(sent, dest);
+}
+
+void LlamaModel::wait_sends() {
+  if (comms_.pp_device) {
+    comms_.pp_device->wait_sends();
+  } else {
+    comms_.pp->wait_sends();
+  }
+}
+
+// Every TP rank's [n, vocab_local] slice of the head's output, by rank, into host memory.
+void LlamaModel::gather_vocab(const Tensor& out, int64_t n, std::span<float> all) {
+  const int64_t vocab_local = out.cols;
+  if (comms_.tp_device) {
+    const int64_t rows = n * comms_.tp_device->size();
+    Workspace& w = *ws_;
+    ensure(backend_, w.head_all, rows, vocab_local);
+    Tensor gathered = w.head_all.slice_rows(0, rows);
+    comms_.tp_device->all_gather({out.f32(), size_t(n * vocab_local)}, {gathered.f32(), size_t(rows * vocab_local)});
+    backend_.copy_to_host(gathered, all.data());
+    return;
+  }
+  std::span<float> mine(host_.data(), size_t(n * vocab_local));
+  backend_.copy_to_host(out, mine.data());
+  comms_.tp->all_gather<float>(mine, all);
 }
 
 // Keys are rotated with their sequence positions before they are stored, so they keep those positions when a

@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "model/model_weights.h"
 #include "parallel/comm.h"
+#include "parallel/device_comm.h"
 
 namespace strata {
 
@@ -65,6 +66,10 @@ struct ShardComms {
   Comm* tp = nullptr;  // the stage's tensor-parallel group; needed when weights.shard.tp_size > 1
   Comm* pp = nullptr;  // the pipeline chain (group rank = stage); needed when the shard lacks the embedding or
                        // the output head
+  // The same groups on device memory (NCCL, parallel/nccl_comm.h), for a GPU backend: when set, activations cross
+  // ranks without a copy to the host; otherwise they go through the host and `tp` / `pp`.
+  DeviceComm* tp_device = nullptr;
+  DeviceComm* pp_device = nullptr;
 };
 
 class LlamaModel {
@@ -106,6 +111,10 @@ class LlamaModel {
   void forward_micro_batch(std::span<const BatchSequence> batch, std::vector<float>& sent, KvCache& cache,
                            std::vector<float>& logits);
   void tp_all_reduce(Tensor& t);
+  void recv_hidden(Tensor& x);
+  void send_hidden(const Tensor& x, std::vector<float>& sent);
+  void wait_sends();
+  void gather_vocab(const Tensor& out, int64_t n, std::span<float> all);
   void output_head(const Tensor& x, std::span<const int64_t> rows, std::vector<float>& logits);
   void run_layer(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
                  std::span<const AttentionSequence> seqs, std::span<const int32_t> positions);

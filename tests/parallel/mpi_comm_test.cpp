@@ -87,6 +87,23 @@ TEST(MpiComm, BroadcastGatherAndPointToPoint) {
   EXPECT_EQ(in, std::vector<float>(5000, float((me + n - 1) % n)));
 }
 
+// Pipeline micro-batches: every rank starts two large sends to the next before receiving anything; blocking sends
+// of that size (past the eager limit) would wait on each other forever.
+TEST(MpiComm, AsyncSendsLeaveAtOnceAndArriveInOrder) {
+  NEED_A_WORLD();
+  const int n = comm.size(), me = comm.rank();
+  std::vector<float> first(100000, float(me)), second(100000, float(me) + 0.5f);
+  comm.send_async(first, (me + 1) % n);
+  comm.send_async(second, (me + 1) % n);
+  std::vector<float> in(100000);
+  comm.recv(in, (me + n - 1) % n);
+  EXPECT_EQ(in, std::vector<float>(100000, float((me + n - 1) % n)));
+  comm.recv(in, (me + n - 1) % n);
+  EXPECT_EQ(in, std::vector<float>(100000, float((me + n - 1) % n) + 0.5f));
+  comm.wait_sends();
+  comm.wait_sends();  // nothing left: returns at once
+}
+
 TEST(MpiComm, APeerThatDoesNotAnswerIsNamedWithinTheDeadline) {
   NEED_A_WORLD();
   if (comm.rank() == 0) {
