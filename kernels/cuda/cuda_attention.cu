@@ -116,6 +116,18 @@ __device__ inline float warp_max(float x) {
   return x;
 }
 
+// N online-softmax states before the first entry: running max -inf, sum 0, output 0 (C channels each).
+template <int N, int C>
+__device__ inline void reset_softmax(float (&m)[N], float (&l)[N], float (&o)[N][C]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < C; ++j) o[i][j] = 0.0f;
+  }
+}
+
 // ---- Kernels -----------------------------------------------------------------------------------------------
 
 // Block (i): token rows[i] of k and v (all KV heads, [Hkv * D]) into slot slots[i] of the block at offsets[i].
@@ -156,13 +168,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const float* q, const 
   }
 
   float m[kMaxGroup], l[kMaxGroup], o[kMaxGroup][C];
-#pragma unroll
-  for (int gi = 0; gi < kMaxGroup; ++gi) {
-    m[gi] = -INFINITY;
-    l[gi] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < C; ++j) o[gi][j] = 0.0f;
-  }
+  reset_softmax(m, l, o);
 
   for (int e = item.key_begin + warp; e < item.key_end; e += kWarps) {
     const int64_t blk = blocks[s.table_begin + e / g.block_size];
@@ -279,13 +285,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const float* q, const
 
   // Row r = warp + kWarps * i of the tile: its state.
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][C];
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    m[i] = -INFINITY;
-    l[i] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < C; ++j) o[i][j] = 0.0f;
-  }
+  reset_softmax(m, l, o);
 
   for (int key0 = 0; key0 < n_keys; key0 += kTileKeys) {
     __syncthreads();  // the previous tile's K, V are no longer read (and, the first time, q_tile is complete)

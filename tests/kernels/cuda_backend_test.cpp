@@ -337,15 +337,6 @@ std::vector<int32_t> slot_ids(int n) {
   return ids;
 }
 
-KvBlockLayout kv_layout(int n_kv_heads, int head_dim, int block_size, KvQuant quant = KvQuant::none) {
-  KvBlockLayout L;
-  L.n_kv_heads = n_kv_heads;
-  L.head_dim = head_dim;
-  L.block_size = block_size;
-  L.quant = quant;
-  return L;
-}
-
 // One sequence of an attention test: rows and context, its block table, and whether it collects column sums
 // (from which of its rows).
 struct SeqSpec {
@@ -424,7 +415,7 @@ void compare_attention(Backend& gpu, Backend& cpu, TwoPools& pools, int n_heads,
 
 // The step's keys and values land in the same cells on both backends: exactly, since k and v are bf16 numbers.
 TEST_F(CudaBackendTest, KvWriteStoresTheStepsEntriesAsBf16) {
-  TwoPools pools(kv_layout(3, 64, 16), 12);
+  TwoPools pools(KvBlockLayout{3, 64, 16, DType::f32, KvQuant::none}, 12);
   const std::vector<SeqSpec> specs = {{5, 0}, {1, 37}, {20, 9}};
   Tables tables(specs, 16, slot_ids(12), {}, rng);
   std::vector<AttentionSequence> seqs;
@@ -444,7 +435,7 @@ TEST_F(CudaBackendTest, KvWriteStoresTheStepsEntriesAsBf16) {
 TEST_F(CudaBackendTest, PagedAttentionSmolLm2ShapesDecodeAndPrefill) {
   // GQA 9/3, head_dim 64, blocks of 16: decodes at several context lengths (the first entry, mid-block, long),
   // prefill chunks from the start and after earlier entries, and a chunk of exactly one tile.
-  TwoPools pools(kv_layout(3, 64, 16), 160);
+  TwoPools pools(KvBlockLayout{3, 64, 16, DType::f32, KvQuant::none}, 160);
   pools.fill(160, rng);
   const std::vector<SeqSpec> specs = {{1, 0, 0},  {1, 37},     {1, 1500, 0}, {45, 0, 10},
                                       {70, 100},  {32, 16, 31}, {3, 5}};
@@ -453,7 +444,7 @@ TEST_F(CudaBackendTest, PagedAttentionSmolLm2ShapesDecodeAndPrefill) {
 
 TEST_F(CudaBackendTest, PagedAttentionLlamaShapesDecodeAndPrefill) {
   // GQA 32/8, head_dim 128: a long decode (many splits) beside short ones and a prefill chunk with column sums.
-  TwoPools pools(kv_layout(8, 128, 16), 240);
+  TwoPools pools(KvBlockLayout{8, 128, 16, DType::f32, KvQuant::none}, 240);
   pools.fill(240, rng);
   const std::vector<SeqSpec> specs = {{1, 3000}, {1, 63, 0}, {33, 17, 0}, {1, 16}};
   compare_attention(*gpu, *cpu, pools, 32, specs, Tables(specs, 16, slot_ids(240), {}, rng), rng, "GQA 32/8, head_dim 128");
@@ -465,7 +456,7 @@ void quantized_attention(Backend& gpu, Backend& cpu, KvQuant quant, int n_heads,
   const int32_t n_full = 40;
   const std::vector<SeqSpec> specs = {{1, 100, 0}, {1, 64}, {40, 70, 5}, {6, 32}};
   const std::vector<int> n_quantized = {3, 2, 2, 1};  // full groups of 32 before each sequence's new rows
-  const KvBlockLayout layout = kv_layout(n_kv_heads, head_dim, kKvQuantGroup, quant);
+  const KvBlockLayout layout{n_kv_heads, head_dim, kKvQuantGroup, DType::f32, quant};
   KvBlockLayout f32_layout = layout, bf16_layout = layout;
   f32_layout.dtype = DType::f32;
   bf16_layout.dtype = DType::bf16;
@@ -495,7 +486,7 @@ TEST_F(CudaBackendTest, PagedAttentionReadsInt4Blocks) {
 }
 
 TEST_F(CudaBackendTest, PagedAttentionRejectsCodedBlocks) {
-  TwoPools pools(kv_layout(3, 64, 16), 8);
+  TwoPools pools(KvBlockLayout{3, 64, 16, DType::f32, KvQuant::none}, 8);
   const std::vector<int32_t> table = {0, 8};  // id 8 = n_slots: a coded block in an unquantized pool
   const AttentionSequence seq{0, 1, 20, table};
   Tensor q = gpu->alloc(1, 9 * 64, DType::f32), out = gpu->alloc(1, 9 * 64, DType::f32);
