@@ -223,7 +223,34 @@ ModelConfig config_from_hf_json(const std::string& config_json_path) {
   return c;
 }
 
-ModelConfig preset_config(std::string_view name) {
+namespace {
+
+// "layers=40" after a preset's '@': fewer layers than the preset has (benchmarks that fit one GPU).
+void apply_preset_override(ModelConfig& c, std::string_view preset, std::string_view override_text) {
+  const size_t eq = override_text.find('=');
+  const std::string key(override_text.substr(0, eq));
+  const std::string value(eq == std::string_view::npos ? "" : override_text.substr(eq + 1));
+  const std::string where = "model preset '" + std::string(preset) + "': ";
+  if (key != "layers") throw std::invalid_argument(where + "unknown key '" + key + "'; the only key is 'layers'");
+  int layers = 0;
+  size_t used = 0;
+  try {
+    layers = std::stoi(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || layers < 1 || layers > c.n_layers) {
+    throw std::invalid_argument(where + "layers: '" + value + "' is not an integer from 1 to " +
+                                std::to_string(c.n_layers));
+  }
+  c.n_layers = layers;
+}
+
+}  // namespace
+
+ModelConfig preset_config(std::string_view spec) {
+  const size_t at = spec.find('@');
+  const std::string_view name = spec.substr(0, at);
   ModelConfig c;
   c.architecture = "llama";
   c.rope_style = RopeStyle::half_split;
@@ -238,9 +265,10 @@ ModelConfig preset_config(std::string_view name) {
     c.vocab_size = 128256, c.max_context = 131072, c.rope_theta = 500000.0f;
     c.rope_scaling = RopeScaling{8.0f, 1.0f, 4.0f, 8192};
   } else if (name == "llama-3-70b") {
-    c.name = "Llama-3-70B";
+    c.name = "Llama-3.1-70B";
     c.n_layers = 80, c.d_model = 8192, c.n_heads = 64, c.n_kv_heads = 8, c.head_dim = 128, c.d_ff = 28672;
-    c.vocab_size = 128256, c.max_context = 8192, c.rope_theta = 500000.0f;
+    c.vocab_size = 128256, c.max_context = 131072, c.rope_theta = 500000.0f;
+    c.rope_scaling = RopeScaling{8.0f, 1.0f, 4.0f, 8192};
   } else if (name == "tiny-gqa") {
     // Small enough for multi-rank CPU tests: heads, KV heads, d_ff and vocabulary divide by 2 and 4 (SmolLM2's
     // 9 and 3 heads do not).
@@ -251,6 +279,7 @@ ModelConfig preset_config(std::string_view name) {
     throw std::invalid_argument("unknown model preset '" + std::string(name) +
                                 "'; known presets: smollm2-135m, llama-3-8b, llama-3-70b, tiny-gqa");
   }
+  if (at != std::string_view::npos) apply_preset_override(c, spec, spec.substr(at + 1));
   return c;
 }
 
@@ -571,8 +600,19 @@ ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardS
 }
 
 ModelWeights make_dummy_weights(const ModelConfig& config, const ShardSpec& shard, uint64_t seed) {
+  const int64_t q_rows = int64_t{config.n_heads} * config.head_dim;
+  const int64_t kv_rows = int64_t{config.n_kv_heads} * config.head_dim;
+  const int64_t layer_parameters = int64_t{config.d_model} * (2 * q_rows + 2 * kv_rows + 3 * int64_t{config.d_ff});
+  const bool shared = layer_parameters > kDummySharedLayerParameters;
+  std::map<Part, HostMatrix> first_layer;  // when shared: the matrices every layer points at
   return assemble_weights(config, shard, [&](Part part, int layer, const Slice& s, OwnedBuffers& owned) {
-    return make_dummy_slice(tensor_key(seed, gguf_tensor_name(part, layer)), is_norm(part), s, owned);
+    if (!shared || layer < 0) {
+      return make_dummy_slice(tensor_key(seed, gguf_tensor_name(part, layer)), is_norm(part), s, owned);
+    }
+    // Keyed by layer 0's names, so that every shard holds the same values as the whole model.
+    auto [it, made] = first_layer.try_emplace(part);
+    if (made) it->second = make_dummy_slice(tensor_key(seed, gguf_tensor_name(part, 0)), is_norm(part), s, owned);
+    return it->second;
   });
 }
 

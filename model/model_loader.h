@@ -22,10 +22,11 @@ ModelConfig config_from_gguf(const GgufFile& file);
 // and the file.
 ModelConfig config_from_hf_json(const std::string& config_json_path);
 
-// "smollm2-135m", "llama-3-8b" (Llama-3.1-8B, with llama3 rope scaling), "llama-3-70b", "tiny-gqa" (6 layers, 8
-// heads, 4 KV heads: multi-rank tests): shapes for dummy weights.
-// std::invalid_argument listing the known names otherwise.
-ModelConfig preset_config(std::string_view name);
+// "smollm2-135m", "llama-3-8b" (Llama-3.1-8B, with llama3 rope scaling), "llama-3-70b" (Llama-3.1-70B, likewise),
+// "tiny-gqa" (6 layers, 8 heads, 4 KV heads: multi-rank tests): shapes for dummy weights. "NAME@layers=L" keeps the
+// first L layers (benchmarks of 70B layer shapes on one GPU: "llama-3-70b@layers=40").
+// std::invalid_argument listing the known names, or naming the key `layers` and its range, otherwise.
+ModelConfig preset_config(std::string_view spec);
 
 // Checks a shard against a config: layer range inside the model, tp_rank < tp_size, and n_heads, n_kv_heads,
 // d_ff and vocab_size divisible by tp_size. Throws std::invalid_argument saying which does not hold.
@@ -41,7 +42,12 @@ ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardS
 
 // Deterministic random weights for benchmarks: every value depends only on (seed, tensor name, row, column), so a
 // shard holds exactly the corresponding slice of the full model; weights ~ N(0, 0.02^2) (approximately), norms 1.
-// Only the shard's tensors are allocated.
+// Only the shard's tensors are allocated. A model whose layers hold more than kDummySharedLayerParameters
+// parameters (the 8B and 70B presets, not the tests' small ones) makes one layer's matrices, with layer 0's
+// values, and every layer of the shard points at them: 70B layers take 3.4 GB each in fp32, so 40 distinct ones
+// would not fit a GPU machine's host memory. A device backend still uploads each layer's copy (what is read per
+// step does not change).
+constexpr int64_t kDummySharedLayerParameters = int64_t{1} << 26;
 ModelWeights make_dummy_weights(const ModelConfig& config, const ShardSpec& shard, uint64_t seed);
 
 // "272 tensors: 210 q4_1, 1 q8_0, 61 f32": tensor count per type, most frequent first (logged on load).

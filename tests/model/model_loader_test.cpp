@@ -217,6 +217,23 @@ TEST(PresetConfig, KnownNames) {
   }
 }
 
+TEST(PresetConfig, FewerLayers) {
+  const ModelConfig c = preset_config("llama-3-70b@layers=40");
+  EXPECT_EQ(c.n_layers, 40);
+  EXPECT_EQ(c.d_ff, 28672);
+  EXPECT_EQ(c.max_context, 131072);
+  for (const char* bad : {"llama-3-70b@layers=0", "llama-3-70b@layers=81", "llama-3-70b@layers=4x",
+                          "llama-3-70b@layers=", "llama-3-70b@depth=4"}) {
+    try {
+      preset_config(bad);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("layers"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Small synthetic models, with values known at every position: value(tensor, row, col) is exact in f16/bf16/q8_0.
 
@@ -502,6 +519,21 @@ TEST(MakeDummyWeights, TiedOutputAliasesTheEmbedding) {
   EXPECT_TRUE(w.layers.empty());
   EXPECT_EQ(w.output.data, w.token_embd.data);
   expect_shape(w.output, 49152, 576, "output");
+}
+
+TEST(MakeDummyWeights, LayersOfBenchmarkShapesShareLayerZerosMatrices) {
+  ModelConfig c = preset_config("llama-3-8b@layers=3");
+  c.vocab_size = 64;  // the layers are what is shared; a small vocabulary keeps the test light
+  ShardSpec s;
+  s.layer_begin = 1, s.has_embedding = false, s.has_output = false, s.tp_size = 4, s.tp_rank = 1;
+  const ModelWeights w = make_dummy_weights(c, s, 3);
+  ASSERT_EQ(w.layers.size(), 2u);
+  EXPECT_EQ(w.layer(1).w_down.data, w.layer(2).w_down.data);
+  EXPECT_EQ(w.layer(1).wq.data, w.layer(2).wq.data);
+  EXPECT_EQ(w.owned.size(), 9u);  // one layer's matrices, norms included
+  ShardSpec first = s;
+  first.layer_begin = 0, first.layer_end = 1;
+  expect_sub_matrix(w.layer(2).wk, make_dummy_weights(c, first, 3).layer(0).wk, 0, 0, "wk of layer 0");
 }
 
 TEST(MakeDummyWeights, OneLayerOfLlama70BShapes) {
