@@ -89,6 +89,12 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
   return result;
 }
 
+void StepExecutor::start_prefill_with_entries(int64_t seq, int prefill_len) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw std::logic_error("start_prefill_with_entries: unknown sequence " + std::to_string(seq));
+  start_prefill(it->second, prefill_len);
+}
+
 const PolicySpec& StepExecutor::spec_for(const SequenceState& state, int global_layer) const {
   return state.request_policy ? *state.request_policy : compression_.for_layer(global_layer);
 }

@@ -60,6 +60,10 @@ class StepExecutor {
   // PoD's layer blocks (kv_cache.pod_blocks, checked against the model and the stages). Sequences whose policy is
   // `pod` need them.
   void set_pod_blocks(PodBlocks blocks) { pod_blocks_ = std::move(blocks); }
+  // strata bench --context: `seq` (added by an earlier plan) already holds entries written into the cache without
+  // a forward pass (synthetic keys and values). Starts its prefill of prefill_len entries, those included, as a
+  // first prefill chunk at position 0 would; the chunks that follow them end it and run the policies' hooks.
+  void start_prefill_with_entries(int64_t seq, int prefill_len);
 
  private:
   struct SequenceState {

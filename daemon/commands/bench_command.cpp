@@ -4,11 +4,22 @@
 //   decode tokens/s  = B*(G-1) / (time from the last first token to the end)
 // With --policy SPEC every request uses that KV compression policy; with the pool fixed (kv_cache.memory_mib),
 // max_concurrent (the most sequences decoding at one time) shows how compression turns into capacity.
-// Raw results go to --out as JSON with the machine, the command and the configuration.
+//
+// --context N[,N...] measures decoding at long context without paying for its prefill: each of the B sequences
+// starts with N - P synthetic cache entries (random keys and values written through the backend, positions
+// 0..N-P-1), then P real prompt tokens are prefilled at positions N-P..N-1 (so that a policy decides at the
+// prompt's end, over every entry, as after a real prompt; its statistics come from those P rows only), and G
+// tokens are decoded. The bench drives the step executor directly, one timed step at a time.
+//
+// Every result carries the bandwidth account of its decode steps (docs/gpu.md): the bytes a step reads (the
+// shard's weight matrices at the backend's element size, and the KV entries attention reads) over the step time,
+// and with --copy-bandwidth-gbs the fraction of that measured limit.
+// Raw results go to --out as JSON with the machine, the command and the configuration, rewritten after every result.
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <thread>
 #include <variant>
@@ -62,15 +73,305 @@ int max_concurrent(const std::vector<std::shared_ptr<TimingSink>>& sinks) {
   return most;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The bandwidth account of a decode step
+
+// Bytes per weight element on the device: the CUDA backend keeps weights in bf16 (kernels/cuda/cuda_backend.h),
+// the CPU backend reads the fp32 host matrices in place.
+int weight_element_bytes(const Backend& backend) { return backend.name() == "cpu" ? 4 : 2; }
+
+// Weight bytes one decode step reads: every matrix of the shard's layers (norms included) and, on the last stage,
+// the output norm and head. The embedding is not counted: a step reads only its batch's rows of it.
+int64_t weight_bytes_per_step(const ModelWeights& w, int element_bytes) {
+  int64_t n = 0;
+  for (const LayerWeights& L : w.layers) {
+    for (const HostMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+      n += m->size();
+    }
+  }
+  if (w.shard.has_output) n += w.output_norm.size() + w.output.size();
+  return n * element_bytes;
+}
+
+// KV bytes attention reads in one layer of one sequence in a decode step: the entries it holds and the step's new
+// one. Sealed groups count at the quantized block's size and SpindleKV's coded blocks at theirs (their codebook
+// vectors are not counted); the other entries at full precision.
+int64_t kv_read_bytes(const LayerKv& kv, const KvBlockLayout& layout) {
+  const int64_t packed_blocks = kv.n_quantized_blocks + kv.n_coded_blocks;
+  const int64_t packed_bytes = (kv.n_quantized_blocks ? kv.n_quantized_blocks * layout.quantized_block_bytes() : 0) +
+                               (kv.n_coded_blocks ? kv.n_coded_blocks * layout.coded_block_bytes() : 0);
+  const int64_t rest = std::max<int64_t>(0, kv.n_entries + 1 - packed_blocks * layout.block_size);
+  return packed_bytes + rest * layout.entry_bytes();
+}
+
+nlohmann::json bandwidth_account(int64_t weight_bytes, double kv_bytes, double step_seconds,
+                                 std::optional<double> copy_gbs) {
+  const double bytes = double(weight_bytes) + kv_bytes;
+  const double achieved_gbs = bytes / step_seconds / 1e9;
+  nlohmann::json a = {{"weight_bytes_per_step", weight_bytes},
+                      {"kv_bytes_per_step", kv_bytes},
+                      {"bytes_per_step", bytes},
+                      {"seconds_per_step", step_seconds},
+                      {"achieved_gbs", achieved_gbs}};
+  if (copy_gbs) {
+    a["copy_bandwidth_gbs"] = *copy_gbs;
+    a["fraction_of_copy_bandwidth"] = achieved_gbs / *copy_gbs;
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decoding at a synthetic context (--context)
+
+// Synthetic rows written per kv_write: one random block reused for every range of entries, so that filling a long
+// context costs device copies, not host random numbers.
+constexpr int kSyntheticRows = 1024;
+
+// Writes entries [0, n_entries) of every local layer of `seqs` (already appended to the cache) through the
+// backend, keys and values uniform in [-1, 1] from `seed`. One sequence per call, as the model writes a prefill.
+void write_synthetic_entries(Backend& backend, const KvCache& cache, std::span<const SeqId> seqs, int n_entries,
+                             uint32_t seed) {
+  if (n_entries == 0) return;
+  const KvBlockLayout& layout = cache.pool().layout();
+  const int64_t width = int64_t(layout.n_kv_heads) * layout.head_dim;
+  const int rows = std::min(n_entries, kSyntheticRows);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> host(size_t(rows * width));
+  Tensor k = backend.alloc(rows, width, DType::f32), v = backend.alloc(rows, width, DType::f32);
+  for (Tensor* t : {&k, &v}) {
+    for (float& x : host) x = uniform(rng);
+    backend.copy_from_host(host.data(), *t);
+  }
+  const KvPoolView pool = cache.pool_view();
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    for (SeqId seq : seqs) {
+      for (int at = 0; at < n_entries; at += rows) {
+        const int n = std::min(rows, n_entries - at);
+        const AttentionSequence part{0, n, at, cache.layer(seq, l).block_table};
+        backend.kv_write(k.slice_rows(0, n), v.slice_rows(0, n), {&part, 1}, pool);
+      }
+    }
+  }
+  backend.free(k);
+  backend.free(v);
+}
+
+struct ContextBench {
+  Runtime& rt;
+  int n_prompt = 0;    // real tokens prefilled at the end of the context
+  int n_gen = 0;
+  int max_batch_tokens = 0;
+  std::string policy;  // the request policy; empty: the server's configuration
+  int64_t weight_bytes = 0;
+  std::optional<double> copy_gbs;
+  std::mt19937& rng;
+  SeqId next_seq = 1;
+
+  nlohmann::json run(int batch, int n_context);
+};
+
+nlohmann::json ContextBench::run(int batch, int n_context) {
+  const ModelConfig& mc = rt.weights.config;
+  KvCache& cache = *rt.cache;
+  const int tail = std::min(n_prompt, n_context);
+  const int n_synthetic = n_context - tail;
+  nlohmann::json row = {{"batch", batch},
+                        {"context", n_context},
+                        {"context_kind", "synthetic"},
+                        {"synthetic_entries", n_synthetic},
+                        {"prefilled_tokens", tail}};
+  if (n_context + n_gen > mc.max_context) {
+    row["skipped"] = "context + gen-tokens exceeds the model's context of " + std::to_string(mc.max_context);
+    return row;
+  }
+  const int64_t blocks = batch * cache.blocks_to_append(-1, n_context + n_gen);
+  if (blocks > cache.pool().n_free()) {
+    row["skipped"] = "needs " + std::to_string(blocks) + " KV blocks, the pool has " +
+                     std::to_string(cache.pool().n_free()) + " (kv_cache.memory_mib)";
+    return row;
+  }
+
+  StepExecutor& executor = *rt.executor;
+  StepPlan plan;
+  std::vector<SeqId> seqs;
+  for (int b = 0; b < batch; ++b) {
+    const SeqId seq = next_seq++;
+    seqs.push_back(seq);
+    SamplingParams sampling;
+    sampling.temperature = 0.0f;
+    sampling.max_tokens = n_gen;
+    sampling.ignore_eos = true;
+    plan.added.push_back(PlannedSequence{seq, sampling, uint64_t(seq), policy, n_context});
+  }
+  executor.execute(plan);
+  const Clock::time_point write_start = Clock::now();
+  for (SeqId seq : seqs) cache.append(seq, n_synthetic);
+  write_synthetic_entries(*rt.backend, cache, seqs, n_synthetic, uint32_t(rng()));
+  for (SeqId seq : seqs) executor.start_prefill_with_entries(seq, n_context);
+
+  // The real tail: chunks of every sequence, at most max_batch_tokens per step, one chunk per sequence.
+  std::uniform_int_distribution<int> token(100, mc.vocab_size - 1);
+  std::vector<std::vector<int32_t>> prompts(seqs.size());
+  for (auto& p : prompts) {
+    for (int i = 0; i < tail; ++i) p.push_back(token(rng));
+  }
+  std::vector<int> done(seqs.size(), 0);
+  std::vector<int32_t> last(seqs.size(), 0);
+  const Clock::time_point prefill_start = Clock::now();
+  for (uint64_t step = 0; std::any_of(done.begin(), done.end(), [&](int d) { return d < tail; }); ++step) {
+    StepPlan p;
+    p.step = step;
+    int budget = max_batch_tokens;
+    for (size_t i = 0; i < seqs.size() && budget > 0; ++i) {
+      const int n = std::min(budget, tail - done[i]);
+      if (n <= 0) continue;
+      PlannedWork w;
+      w.seq = seqs[i];
+      w.start_pos = n_synthetic + done[i];
+      w.tokens.assign(prompts[i].begin() + done[i], prompts[i].begin() + done[i] + n);
+      w.sample = done[i] + n == tail;
+      w.prefill_len = n_context;
+      p.work.push_back(std::move(w));
+      done[i] += n;
+      budget -= n;
+    }
+    for (const SampledToken& t : executor.execute(p).sampled) {
+      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.token;
+    }
+  }
+  const Clock::time_point decode_start = Clock::now();
+
+  const KvBlockLayout& layout = cache.pool().layout();
+  double kv_bytes = 0.0;
+  std::vector<double> step_seconds;
+  for (int g = 1; g < n_gen; ++g) {
+    StepPlan p;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+        kv_bytes += double(kv_read_bytes(cache.layer(seqs[i], l), layout));
+      }
+      PlannedWork w;
+      w.seq = seqs[i];
+      w.start_pos = n_context + g - 1;
+      w.tokens = {last[i]};
+      w.sample = true;
+      p.work.push_back(std::move(w));
+    }
+    const Clock::time_point t0 = Clock::now();
+    for (const SampledToken& t : executor.execute(p).sampled) {
+      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.token;
+    }
+    step_seconds.push_back(seconds(t0, Clock::now()));
+  }
+  const Clock::time_point end = Clock::now();
+  StepPlan finish;
+  finish.finished = seqs;
+  executor.execute(finish);
+
+  const double decode_s = seconds(decode_start, end), prefill_s = seconds(prefill_start, decode_start);
+  const int n_steps = n_gen - 1;
+  std::sort(step_seconds.begin(), step_seconds.end());
+  row["synthetic_write_seconds"] = seconds(write_start, prefill_start);
+  row["prefill_seconds"] = prefill_s;
+  row["prefill_tokens_per_second"] = batch * tail / prefill_s;
+  row["decode_seconds"] = decode_s;
+  row["decode_steps"] = n_steps;
+  row["decode_tokens_per_second"] = batch * n_steps / decode_s;
+  row["step_seconds"] = {{"min", step_seconds.front()},
+                         {"median", step_seconds[step_seconds.size() / 2]},
+                         {"max", step_seconds.back()}};
+  row["bandwidth"] = bandwidth_account(weight_bytes, kv_bytes / n_steps, decode_s / n_steps, copy_gbs);
+  return row;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Prefill and decode through the engine
+
+struct EngineBench {
+  Runtime& rt;
+  const Tokenizer& tokenizer;
+  EngineOptions options;
+  int n_prompt = 0;
+  int n_gen = 0;
+  std::string policy;  // the request policy; empty: the server's configuration
+  int64_t weight_bytes = 0;
+  std::optional<double> copy_gbs;
+  std::mt19937& rng;
+  bool kv_estimable = false;  // the bandwidth account may assume that the cache holds every entry
+
+  nlohmann::json run(int batch);
+};
+
+nlohmann::json EngineBench::run(int batch) {
+  const ModelConfig& mc = rt.weights.config;
+  ServerMetrics metrics(mc.max_context);
+  EngineOptions o = options;
+  o.limits.max_running = std::max(o.limits.max_running, batch);
+  Engine engine(*rt.executor, *rt.cache, tokenizer, mc, metrics, o);
+  std::uniform_int_distribution<int> token(100, mc.vocab_size - 1);
+  std::vector<std::shared_ptr<TimingSink>> sinks;
+  const Clock::time_point start = Clock::now();
+  for (int b = 0; b < batch; ++b) {
+    GenerationRequest r;
+    r.id = "bench-" + std::to_string(b);
+    for (int i = 0; i < n_prompt; ++i) r.prompt_ids.push_back(token(rng));
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = n_gen;
+    r.sampling.ignore_eos = true;
+    r.kv_policy = policy;
+    sinks.push_back(std::make_shared<TimingSink>());
+    r.sink = sinks.back();
+    engine.submit(std::move(r));
+  }
+  engine.run_until_idle();
+  Clock::time_point last_first = start, end = start;
+  int generated = 0;
+  for (const auto& s : sinks) {
+    if (!s->error.empty()) throw std::runtime_error(s->error);
+    last_first = std::max(last_first, *s->first_token);
+    end = std::max(end, *s->done);
+    generated += s->n_tokens;
+  }
+  const double prefill_s = seconds(start, last_first), decode_s = seconds(last_first, end);
+  const int concurrent = max_concurrent(sinks);
+  nlohmann::json row = {{"batch", batch},
+                        {"prefill_seconds", prefill_s},
+                        {"prefill_tokens_per_second", batch * n_prompt / prefill_s},
+                        {"decode_seconds", decode_s},
+                        {"decode_tokens_per_second", (generated - batch) / decode_s},
+                        {"generated_tokens", generated},
+                        {"total_seconds", seconds(start, end)},
+                        {"generated_tokens_per_second_overall", generated / seconds(start, end)},
+                        {"max_concurrent", concurrent}};
+  if (kv_estimable && concurrent == batch) {
+    // Decode step j (1 <= j < G) reads P + j entries per layer: P + G/2 on average.
+    const double entries = double(batch) * rt.cache->n_layers() * (n_prompt + n_gen / 2.0);
+    row["bandwidth"] = bandwidth_account(weight_bytes, entries * double(rt.pool->layout().entry_bytes()),
+                                         decode_s / (n_gen - 1), copy_gbs);
+    row["bandwidth"]["kv_bytes_estimated"] = "every layer holds the prompt and the tokens generated so far";
+  } else {
+    row["bandwidth"] = nullptr;  // a compressed or quantized cache, or a batch that did not decode together
+  }
+  return row;
+}
+
 }  // namespace
 
 int bench_command(int argc, char** argv) {
   try {
-    CommandLine cl(argc, argv, {"config", "model", "batch", "prompt-tokens", "gen-tokens", "out", "set", "policy"},
+    CommandLine cl(argc, argv,
+                   {"config", "model", "batch", "prompt-tokens", "gen-tokens", "out", "set", "policy", "context",
+                    "copy-bandwidth-gbs"},
                    {"help"}, {"set"});
     if (cl.has("help")) {
       std::cout << "usage: strata bench --config FILE [--model PATH|preset:NAME] [--batch 1,8] [--prompt-tokens 128]\n"
-                   "                   [--gen-tokens 32] [--policy SPEC] [--out FILE.json] [--set section.key=value]...\n";
+                   "                   [--gen-tokens 32] [--policy SPEC] [--context N[,N...]]\n"
+                   "                   [--copy-bandwidth-gbs X] [--out FILE.json] [--set section.key=value]...\n"
+                   "  --context N: decode after N cache entries, the last --prompt-tokens of them prefilled and the\n"
+                   "               others synthetic (random keys and values written through the backend)\n"
+                   "  --copy-bandwidth-gbs X: the measured memory bandwidth; results report the fraction reached\n"
+                   "  preset:llama-3-70b@layers=L: the 70B shapes with their first L layers\n";
       return 0;
     }
     ServerConfig config = load_command_config(cl);
@@ -79,9 +380,22 @@ int bench_command(int argc, char** argv) {
     const int n_gen = cl.get_int("gen-tokens", 32);
     const std::vector<double> batch_sizes = cl.get_numbers("batch", "1,8");
     const std::vector<int> batches(batch_sizes.begin(), batch_sizes.end());
+    const std::vector<double> context_sizes = cl.get_numbers("context", "");
+    const std::vector<int> contexts(context_sizes.begin(), context_sizes.end());
     const std::string policy = cl.get("policy", "");
     if (!policy.empty()) validate_policy(parse_policy_spec(policy));
     if (n_prompt < 1 || n_gen < 2) throw std::invalid_argument("--prompt-tokens must be >= 1 and --gen-tokens >= 2");
+    for (int b : batches) {
+      if (b < 1) throw std::invalid_argument("--batch: every size must be >= 1");
+    }
+    for (int n : contexts) {
+      if (n < 1) throw std::invalid_argument("--context: every length must be >= 1");
+    }
+    std::optional<double> copy_gbs;
+    if (cl.has("copy-bandwidth-gbs")) {
+      copy_gbs = cl.get_double("copy-bandwidth-gbs", 0.0);
+      if (*copy_gbs <= 0.0) throw std::invalid_argument("--copy-bandwidth-gbs must be > 0");
+    }
 
     std::unique_ptr<Runtime> rt = make_runtime(config);
     const ModelConfig& mc = rt->weights.config;
@@ -89,6 +403,10 @@ int bench_command(int argc, char** argv) {
     std::optional<Tokenizer> no_tokenizer_stand_in;
     if (!rt->tokenizer) no_tokenizer_stand_in.emplace(stand_in_tokenizer(mc));
     const Tokenizer& tokenizer = rt->tokenizer ? *rt->tokenizer : *no_tokenizer_stand_in;
+    const KvBlockLayout& layout = rt->pool->layout();
+    const int element_bytes = weight_element_bytes(*rt->backend);
+    const int64_t weight_bytes = weight_bytes_per_step(rt->weights, element_bytes);
+    const std::string effective_policy = policy.empty() ? config.kv_cache.policy : policy;
 
     nlohmann::json report = {
         {"command", command_text("bench", argc, argv)},
@@ -100,57 +418,36 @@ int bench_command(int argc, char** argv) {
         {"gen_tokens", n_gen},
         {"max_batch_tokens", config.engine.max_batch_tokens},
         {"kv_pool", {{"memory_mib", config.kv_cache.memory_mib}, {"blocks", rt->pool->n_total()},
-                     {"block_size", config.kv_cache.block_size}}},
-        {"policy", policy.empty() ? config.kv_cache.policy : policy},
+                     {"block_size", config.kv_cache.block_size}, {"dtype", config.kv_cache.dtype},
+                     {"entry_bytes_per_layer", layout.entry_bytes()}}},
+        {"weight_element_bytes", element_bytes},
+        {"policy", effective_policy},
         {"results", nlohmann::json::array()}};
+    if (copy_gbs) report["copy_bandwidth_gbs"] = *copy_gbs;
 
-    std::mt19937 rng(7);
-    std::uniform_int_distribution<int> token(100, mc.vocab_size - 1);
-    for (int batch : batches) {
-      ServerMetrics metrics(mc.max_context);
-      EngineOptions options = engine_options(config);
-      options.limits.max_running = std::max(options.limits.max_running, batch);
-      Engine engine(*rt->executor, *rt->cache, tokenizer, mc, metrics, options);
-      std::vector<std::shared_ptr<TimingSink>> sinks;
-      const Clock::time_point start = Clock::now();
-      for (int b = 0; b < batch; ++b) {
-        GenerationRequest r;
-        r.id = "bench-" + std::to_string(b);
-        for (int i = 0; i < n_prompt; ++i) r.prompt_ids.push_back(token(rng));
-        r.sampling.temperature = 0.0f;
-        r.sampling.max_tokens = n_gen;
-        r.sampling.ignore_eos = true;
-        r.kv_policy = policy;
-        sinks.push_back(std::make_shared<TimingSink>());
-        r.sink = sinks.back();
-        engine.submit(std::move(r));
-      }
-      engine.run_until_idle();
-      Clock::time_point last_first = start, end = start;
-      int generated = 0;
-      for (const auto& s : sinks) {
-        if (!s->error.empty()) throw std::runtime_error(s->error);
-        last_first = std::max(last_first, *s->first_token);
-        end = std::max(end, *s->done);
-        generated += s->n_tokens;
-      }
-      const double prefill_s = seconds(start, last_first), decode_s = seconds(last_first, end);
-      const nlohmann::json row = {{"batch", batch},
-                                  {"prefill_seconds", prefill_s},
-                                  {"prefill_tokens_per_second", batch * n_prompt / prefill_s},
-                                  {"decode_seconds", decode_s},
-                                  {"decode_tokens_per_second", (generated - batch) / decode_s},
-                                  {"generated_tokens", generated},
-                                  {"total_seconds", seconds(start, end)},
-                                  {"generated_tokens_per_second_overall", generated / seconds(start, end)},
-                                  {"max_concurrent", max_concurrent(sinks)}};
+    // Written after every result, so that a run stopped by a time limit leaves what it measured.
+    auto add_result = [&](const nlohmann::json& row) {
       std::cout << row.dump() << std::endl;
       report["results"].push_back(row);
-    }
-    if (cl.has("out")) {
+      if (!cl.has("out")) return;
       std::ofstream out(cl.get("out"));
       out << report.dump(2) << "\n";
       if (!out) throw std::runtime_error("cannot write " + cl.get("out"));
+    };
+    std::mt19937 rng(7);
+    if (!contexts.empty()) {
+      report["context"] = "synthetic: the first context - prompt_tokens entries of every sequence hold random keys "
+                          "and values written through the backend; the last prompt_tokens are prefilled";
+      ContextBench bench{*rt, n_prompt, n_gen, config.engine.max_batch_tokens, policy, weight_bytes, copy_gbs, rng};
+      for (int n_context : contexts) {
+        for (int batch : batches) add_result(bench.run(batch, n_context));
+      }
+    } else {
+      EngineBench bench{*rt, tokenizer, engine_options(config), n_prompt, n_gen, policy, weight_bytes, copy_gbs, rng};
+      // The KV read is estimated (every layer holds the prompt and the tokens generated so far), which holds for
+      // `full` at full precision.
+      bench.kv_estimable = parse_policy_spec(effective_policy).name == "full" && layout.quant == KvQuant::none;
+      for (int batch : batches) add_result(bench.run(batch));
     }
     return 0;
   } catch (const std::exception& e) {
