@@ -22,16 +22,17 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// Full-precision moves: record (i, head) of the scratch holds entry kept[first + i]'s K then V row, raw bf16.
+// Full-precision moves. Grid (entries from `first`, heads), kThreads threads over the 2 x head_dim elements:
+// record (i, head) of the scratch holds entry kept[first + i]'s K row then V row, raw bf16.
 __global__ void gather_rows(const uint8_t* base, const int64_t* blocks, const int32_t* kept, int first, int h_begin,
                             __nv_bfloat16* scratch, KvGeometry g) {
   const int i = int(blockIdx.x), hh = int(blockIdx.y), head = h_begin + hh;
   const int entry = kept[first + i];
+  const int slot = entry % g.block_size;
   const auto* from = reinterpret_cast<const __nv_bfloat16*>(base + blocks[entry / g.block_size]);
   __nv_bfloat16* record = scratch + (int64_t(i) * gridDim.y + hh) * 2 * g.head_dim;
   for (int c = int(threadIdx.x); c < 2 * g.head_dim; c += int(blockDim.x)) {
     // c < head_dim: key channel c; otherwise value channel c - head_dim.
-    const int slot = entry % g.block_size;
     record[c] = c < g.head_dim ? from[g.k_element(head, slot) + c] : from[g.v_element(head, slot) + c - g.head_dim];
   }
 }
@@ -41,16 +42,16 @@ __global__ void scatter_rows(uint8_t* base, const int64_t* blocks, int first, in
                              const __nv_bfloat16* scratch, KvGeometry g) {
   const int i = int(blockIdx.x), hh = int(blockIdx.y), head = h_begin + hh;
   const int entry = first + i;
+  const int slot = entry % g.block_size;
   auto* to = reinterpret_cast<__nv_bfloat16*>(base + blocks[entry / g.block_size]);
   const __nv_bfloat16* record = scratch + (int64_t(i) * gridDim.y + hh) * 2 * g.head_dim;
   for (int c = int(threadIdx.x); c < 2 * g.head_dim; c += int(blockDim.x)) {
-    const int slot = entry % g.block_size;
     (c < g.head_dim ? to[g.k_element(head, slot) + c] : to[g.v_element(head, slot) + c - g.head_dim]) = record[c];
   }
 }
 
-// The kept entries from `first` on, per head, for a layer with quantized blocks. Record r = i * n_heads + hh is
-// entry kept[first + i] in head h_begin + hh.
+// The kept entries from `first` on, per head, for a layer with quantized blocks: record(j, hh) holds entry
+// kept[j] (entry j after compaction, j >= first) of head h_begin + hh.
 struct Gathered {
   int first = 0;
   int h_begin = 0;
@@ -62,7 +63,7 @@ struct Gathered {
   float* v_scales = nullptr;       // [records][v_groups]
   float* v_mins = nullptr;         // [records][v_groups]
 
-  __device__ int64_t record(int entry, int hh) const { return int64_t(entry - first) * n_heads + hh; }
+  __device__ int64_t record(int j, int hh) const { return int64_t(j - first) * n_heads + hh; }
 };
 
 // Grid (kept entries from `first`, heads), kThreads threads over the channels. blocks[b] is the byte offset of

@@ -41,46 +41,39 @@ __global__ void dequantize_blocks(uint8_t* base, const int64_t* src, const int64
   }
 }
 
-// Resolves the (source, destination) pairs, sources in the format `src_quantized` and destinations in the other.
-void resolve_pairs(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool,
-                   bool src_quantized, const char* op, std::vector<int64_t>& src_offsets,
-                   std::vector<int64_t>& dst_offsets) {
+// Converts block src[i] into block dst[i] for every i: seals bf16 blocks into quantized ones (src_quantized
+// false) or opens quantized blocks into bf16 ones, after checking that every pair goes between the two formats.
+void convert_blocks(CudaContext& ctx, std::span<const int32_t> src, std::span<const int32_t> dst,
+                    const KvPoolView& pool, bool src_quantized, const char* op) {
+  require_bf16_pool(pool, op);
+  require_quantized_pool(pool, op);
   if (src.size() != dst.size()) throw std::invalid_argument(std::string(op) + ": one destination per source block");
   auto offset = [&](int32_t id, bool quantized) {
     return quantized ? quantized_block_offset(pool, id, op) : full_block_offset(pool, id, op);
   };
+  std::vector<int64_t> from, to;
   for (size_t i = 0; i < src.size(); ++i) {
-    src_offsets.push_back(offset(src[i], src_quantized));
-    dst_offsets.push_back(offset(dst[i], !src_quantized));
+    from.push_back(offset(src[i], src_quantized));
+    to.push_back(offset(dst[i], !src_quantized));
   }
+  if (from.empty()) return;
+  const dim3 grid(unsigned(from.size()), unsigned(pool.layout.n_kv_heads));
+  auto* kernel = src_quantized ? dequantize_blocks : quantize_blocks;
+  kernel<<<grid, kThreads, 0, ctx.stream()>>>(static_cast<uint8_t*>(pool.base), ctx.upload(from), ctx.upload(to),
+                                               geometry_of(pool.layout));
+  check_launch(op);
 }
 
 }  // namespace
 
 void kv_quantize(CudaContext& ctx, std::span<const int32_t> src, std::span<const int32_t> dst,
                  const KvPoolView& pool) {
-  require_bf16_pool(pool, "kv_quantize");
-  require_quantized_pool(pool, "kv_quantize");
-  std::vector<int64_t> from, to;
-  resolve_pairs(src, dst, pool, /*src_quantized=*/false, "kv_quantize", from, to);
-  if (from.empty()) return;
-  const dim3 grid(unsigned(from.size()), unsigned(pool.layout.n_kv_heads));
-  quantize_blocks<<<grid, kThreads, 0, ctx.stream()>>>(static_cast<uint8_t*>(pool.base), ctx.upload(from),
-                                                        ctx.upload(to), geometry_of(pool.layout));
-  check_launch("kv_quantize (quantize_blocks)");
+  convert_blocks(ctx, src, dst, pool, /*src_quantized=*/false, "kv_quantize");
 }
 
 void kv_dequantize(CudaContext& ctx, std::span<const int32_t> src, std::span<const int32_t> dst,
                    const KvPoolView& pool) {
-  require_bf16_pool(pool, "kv_dequantize");
-  require_quantized_pool(pool, "kv_dequantize");
-  std::vector<int64_t> from, to;
-  resolve_pairs(src, dst, pool, /*src_quantized=*/true, "kv_dequantize", from, to);
-  if (from.empty()) return;
-  const dim3 grid(unsigned(from.size()), unsigned(pool.layout.n_kv_heads));
-  dequantize_blocks<<<grid, kThreads, 0, ctx.stream()>>>(static_cast<uint8_t*>(pool.base), ctx.upload(from),
-                                                          ctx.upload(to), geometry_of(pool.layout));
-  check_launch("kv_dequantize (dequantize_blocks)");
+  convert_blocks(ctx, src, dst, pool, /*src_quantized=*/true, "kv_dequantize");
 }
 
 }  // namespace strata::cuda
