@@ -7,7 +7,11 @@
 // layout (codes, fp32 scales and mins). Block tables, kept lists, merges and encodings are host data, uploaded
 // through the context; host outputs are downloaded before the function returns. Kernels run on ctx.stream().
 //
-// Files: cuda_kv_compaction.cu, cuda_kv_quantization.cu, cuda_kv_merge.cu, cuda_kv_pod.cu, cuda_kv_codebook.cu.
+// SpindleKV's codebook ops are not provided: coded blocks and codebook vectors assume an f32 pool, so the three
+// functions throw std::invalid_argument (SpindleKV needs the CPU backend).
+//
+// Files: cuda_kv_compaction.cu, cuda_kv_quantization.cu, cuda_kv_merge.cu, cuda_kv_pod.cu, cuda_kv_codebook.cu;
+// what they share is cuda_kv_device.cuh.
 #include <cstdint>
 #include <span>
 
