@@ -446,7 +446,9 @@ std::vector<int64_t> resolve_tables(std::span<const AttentionSequence> seqs, con
   for (const AttentionSequence& s : seqs) {
     const int64_t n_keys = int64_t(s.n_ctx_before) + s.n_q;
     const int64_t n_blocks = (n_keys + L.block_size - 1) / L.block_size;
-    require(s.n_q >= 0 && s.n_ctx_before >= 0 && int64_t(s.block_table.size()) >= n_blocks,
+    require(s.q_begin >= 0 && s.n_q >= 0 && s.n_ctx_before >= 0,
+            std::string(op) + ": a sequence has a negative q_begin, n_q or n_ctx_before");
+    require(int64_t(s.block_table.size()) >= n_blocks,
             std::string(op) + ": a sequence with " + std::to_string(n_keys) + " entries has a block table of " +
                 std::to_string(s.block_table.size()) + " blocks");
     descs.push_back(SeqDesc{s.q_begin, s.n_q, s.n_ctx_before, int32_t(blocks.size())});
