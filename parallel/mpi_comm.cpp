@@ -2,7 +2,8 @@
 
 #include <cstdlib>
 #include <iostream>
-#include <thread>
+
+#include "parallel/backoff.h"
 
 namespace strata {
 namespace {
@@ -12,22 +13,6 @@ using Clock = std::chrono::steady_clock;
 // One tag per kind of message, so that a collective never matches a point-to-point message between the same
 // two ranks of a group.
 enum Tag : int { kTagFloats = 1, kTagBytes = 2, kTagReduce = 3, kTagGather = 4, kTagBroadcast = 5 };
-
-// Polls quickly at first (a step's collectives usually complete within microseconds), then backs off to sleeps so
-// that ranks sharing cores with their peers (tests, oversubscribed CPUs) leave them the CPU.
-class Backoff {
- public:
-  void pause() {
-    if (++n_ < 64) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 20 << std::min(n_ - 64, 5))));
-    }
-  }
-
- private:
-  int n_ = 0;
-};
 
 // "4 s", "2.5 s".
 std::string seconds_text(std::chrono::milliseconds t) {

@@ -1,23 +1,14 @@
 #include "parallel/nccl_comm.h"
 
-#include <algorithm>
 #include <cstring>
 #include <stdexcept>
-#include <thread>
+
+#include "parallel/backoff.h"
 
 namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Like MpiComm's waits: quick polls first (most operations finish within microseconds), then short sleeps.
-void pause(int& n) {
-  if (++n < 64) {
-    std::this_thread::yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 20 << std::min(n - 64, 5))));
-  }
-}
 
 }  // namespace
 
@@ -81,14 +72,14 @@ void NcclComm::check_cuda(cudaError_t code, const char* what) const {
 void NcclComm::settle(ncclResult_t result, const char* what) {
   if (aborted_) fail("the communicator was aborted by an earlier failure", what);
   const Clock::time_point deadline = Clock::now() + deadline_->timeout;
-  int n = 0;
+  Backoff backoff;
   while (result == ncclInProgress) {
     if (deadline_->interrupted) fail("interrupted: this rank is shutting down", what);
     if (Clock::now() > deadline) {
       fail("a member of the group did not take part within " + std::to_string(deadline_->timeout.count()) + " ms",
            what);
     }
-    pause(n);
+    backoff.pause();
     ncclCommGetAsyncError(comm_, &result);
   }
   if (result != ncclSuccess) {
@@ -99,7 +90,7 @@ void NcclComm::settle(ncclResult_t result, const char* what) {
 void NcclComm::wait_stream(cudaStream_t stream, const char* what) {
   check_cuda(cudaEventRecord(done_, stream), what);
   const Clock::time_point deadline = Clock::now() + deadline_->timeout;
-  int n = 0;
+  Backoff backoff;
   for (;;) {
     const cudaError_t state = cudaEventQuery(done_);
     if (state == cudaSuccess) return;
@@ -117,7 +108,7 @@ void NcclComm::wait_stream(cudaStream_t stream, const char* what) {
       }
       fail("not done within " + std::to_string(deadline_->timeout.count()) + " ms: waiting on " + peers, what);
     }
-    pause(n);
+    backoff.pause();
   }
 }
 
