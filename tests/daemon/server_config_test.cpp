@@ -315,7 +315,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "model.path",          "model.name",           "model.chat_template", "model.system_prompt",
       "server.host",         "server.port",          "server.threads",      "server.max_body_bytes",
       "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
-      "engine.threads",
+      "engine.threads",      "engine.backend",       "engine.device",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
       "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "parallel.tp", "parallel.pp",
       "parallel.timeout_s", "parallel.micro_batches",
@@ -331,6 +331,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "kv_cache.request_policies" ? "full,snapkv"
                               : k == "server.max_body_bytes" ? "2048"
                               : k == "kv_cache.dtype"        ? "int4"
+                              : k == "engine.backend"        ? "cpu"
                                                              : "16";
     EXPECT_NO_THROW(apply_config_override(c, k + "=" + value)) << k;
   }
@@ -369,6 +370,30 @@ TEST_F(ServerConfigTest, CompressionKeysAreCheckedWhereTheyAreRead) {
   EXPECT_EQ(request_policy_names(c), policy_names());
   apply_config_override(c, "kv_cache.request_policies= full , snapkv ");
   EXPECT_EQ(request_policy_names(c), (std::vector<std::string>{"full", "snapkv"}));
+}
+
+TEST_F(ServerConfigTest, CudaRejectsThePoliciesItCannotRun) {
+  ServerConfig c;
+  c.file = "x.yaml";
+  apply_config_override(c, "engine.backend=cuda");
+  check_backend_policies(c);  // "all" leaves spindlekv out on CUDA
+  std::vector<std::string> expected = policy_names();
+  std::erase(expected, "spindlekv");
+  EXPECT_EQ(request_policy_names(c), expected);
+  for (const std::string& bad : {"kv_cache.policy=spindlekv", "kv_cache.layer_overrides=3-4=spindlekv",
+                                 "kv_cache.request_policies=full,spindlekv"}) {
+    ServerConfig d = c;
+    apply_config_override(d, bad);
+    try {
+      check_backend_policies(d);
+      ADD_FAILURE() << bad << " was accepted on CUDA";
+    } catch (const ConfigError& e) {
+      EXPECT_CONTAINS(e.what(), bad.substr(0, bad.find('=')));
+      EXPECT_CONTAINS(e.what(), "spindlekv");
+    }
+    apply_config_override(d, "engine.backend=cpu");
+    EXPECT_NO_THROW(check_backend_policies(d)) << bad;
+  }
 }
 
 }  // namespace
