@@ -57,7 +57,7 @@ TEST(D2oMerges, PaperSoftmaxWeightsSumToOne) {
 std::vector<std::vector<float>> merged_keys(D2oMergeWeight rule) {
   const KvBlockLayout layout{1, 2, 8, DType::f32};
   std::vector<float> memory(size_t(layout.elements_per_block()), 0.0f);
-  const KvPoolView view{memory.data(), layout};
+  const KvPoolView view{memory.data(), layout, 0, {}};
   const std::vector<std::vector<float>> keys = {{1, 0}, {0, 1}, {1, 1}, {2, 2}, {0, 4}};
   for (int e = 0; e < 5; ++e) {
     std::copy(keys[size_t(e)].begin(), keys[size_t(e)].end(), memory.data() + layout.k_offset(0, e));

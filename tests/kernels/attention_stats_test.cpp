@@ -25,7 +25,7 @@ struct Fixture {
   explicit Fixture(int n_entries, std::mt19937& rng) {
     const int n_blocks = (n_entries + kBlock - 1) / kBlock + 3;
     storage = backend->alloc(n_blocks, layout.elements_per_block(), DType::f32);
-    pool = KvPoolView{storage.data, layout};
+    pool = KvPoolView{storage.data, layout, 0, {}};
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (int64_t i = 0; i < storage.size(); ++i) storage.f32()[i] = normal(rng);
     table.resize(size_t((n_entries + kBlock - 1) / kBlock));

@@ -435,7 +435,7 @@ struct Pool {
   KvPoolView view;
   Pool(Backend& backend, KvBlockLayout layout, int n_blocks) : be(backend) {
     storage = be.alloc(n_blocks, 2LL * layout.n_kv_heads * layout.block_size * layout.head_dim, DType::f32);
-    view = KvPoolView{storage.data, layout};
+    view = KvPoolView{storage.data, layout, 0, {}};
   }
   ~Pool() { be.free(storage); }
   float* k(int32_t block, int head, int slot) const {

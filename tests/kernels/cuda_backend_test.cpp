@@ -30,29 +30,16 @@
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
+#include "tests/kernels/cuda_test_support.h"
 #include "tests/test_paths.h"
 
 namespace strata {
 namespace {
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// f32 -> bf16 bits, round to nearest even (the inputs are finite), and back (exact).
-uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-float from_bf16(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-float bf16(float x) { return from_bf16(to_bf16(x)); }
+using test::bf16_bits;
+using test::bf16_value;
+using test::cuda_ok;
+using test::round_bf16;
 
 std::vector<float> random_values(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -61,7 +48,7 @@ std::vector<float> random_values(size_t n, std::mt19937& rng, float lo = -1.0f, 
   return v;
 }
 std::vector<float> bf16_rounded(std::vector<float> v) {
-  for (float& x : v) x = bf16(x);
+  for (float& x : v) x = round_bf16(x);
   return v;
 }
 
@@ -293,8 +280,8 @@ struct TwoPools {
     const size_t n = size_t(n_full * cpu_layout.elements_per_block());
     std::vector<uint16_t> bits(n);
     for (size_t i = 0; i < n; ++i) {
-      bits[i] = to_bf16(normal(rng));
-      cpu_memory[i] = from_bf16(bits[i]);
+      bits[i] = bf16_bits(normal(rng));
+      cpu_memory[i] = bf16_value(bits[i]);
     }
     cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     cuda_ok(cudaMemcpy(gpu_memory, bits.data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -325,7 +312,7 @@ struct TwoPools {
     cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     cuda_ok(cudaMemcpy(bits.data(), gpu_memory, n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
     std::vector<float> v(n);
-    for (size_t i = 0; i < n; ++i) v[i] = from_bf16(bits[i]);
+    for (size_t i = 0; i < n; ++i) v[i] = bf16_value(bits[i]);
     return v;
   }
 };

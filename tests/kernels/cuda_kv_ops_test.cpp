@@ -26,28 +26,15 @@
 #include "kernels/kv_block_layout.h"
 #include "kernels/kv_merge.h"
 #include "kernels/pod_attention.h"
+#include "tests/kernels/cuda_test_support.h"
 
 namespace strata {
 namespace {
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// bf16 <-> f32 on the host: round to nearest even (the tests have no NaNs), and the exact widening.
-uint16_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-float bf16_value(uint16_t bits) {
-  const uint32_t u = uint32_t(bits) << 16;
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-float round_bf16(float x) { return bf16_value(bf16_bits(x)); }
+using test::bf16_bits;
+using test::bf16_value;
+using test::cuda_ok;
+using test::round_bf16;
 
 // Device memory that the test itself fills and reads (raw bytes: bf16 blocks and quantized blocks).
 class DeviceBuffer {

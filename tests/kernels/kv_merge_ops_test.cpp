@@ -17,7 +17,7 @@ struct SmallPool {
   KvBlockLayout layout{2, 3, 2, DType::f32};
   std::vector<float> memory = std::vector<float>(size_t(3 * layout.elements_per_block()), 0.0f);
   std::vector<int32_t> table = {2, 0};
-  KvPoolView view() { return KvPoolView{memory.data(), layout}; }
+  KvPoolView view() { return KvPoolView{memory.data(), layout, 0, {}}; }
 
   float* key(int head, int entry) {
     return view().block_f32(table[size_t(entry / 2)]) + layout.k_offset(head, entry % 2);

@@ -36,7 +36,7 @@ struct QuantPool {
   KvPoolView view;
   QuantPool(Backend& backend, KvBlockLayout layout, int n_slots) : be(backend) {
     storage = be.alloc(n_slots, layout.elements_per_block(), DType::f32);
-    view = KvPoolView{storage.data, layout, n_slots};
+    view = KvPoolView{storage.data, layout, n_slots, {}};
   }
   ~QuantPool() { be.free(storage); }
   int32_t quantized(int slot, int sub) const { return view.n_slots + slot * view.layout.quantized_per_slot() + sub; }

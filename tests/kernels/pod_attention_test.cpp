@@ -28,7 +28,7 @@ struct Fixture {
     storage.resize(size_t(2 * nb * layout.elements_per_block()));
     std::normal_distribution<float> g(0.0f, 1.0f);
     for (float& x : storage) x = g(rng);
-    pool = KvPoolView{storage.data(), layout, int32_t(2 * nb)};
+    pool = KvPoolView{storage.data(), layout, int32_t(2 * nb), {}};
     for (int b = 0; b < nb; ++b) {
       leader_table.push_back(b);
       own_table.push_back(nb + b);
