@@ -120,6 +120,17 @@ nlohmann::json bandwidth_account(int64_t weight_bytes, double kv_bytes, double s
   return a;
 }
 
+// What every measurement of one bench command shares.
+struct BenchSetup {
+  Runtime& rt;
+  int n_prompt = 0;           // prompt tokens; with --context, the real ones at the context's end
+  int n_gen = 0;
+  std::string policy;         // the request policy; empty: the server's configuration
+  int64_t weight_bytes = 0;   // weight bytes a decode step reads
+  std::optional<double> copy_gbs;
+  std::mt19937& rng;
+};
+
 // ---------------------------------------------------------------------------------------------------------------
 // Decoding at a synthetic context (--context)
 
@@ -157,21 +168,10 @@ void write_synthetic_entries(Backend& backend, const KvCache& cache, std::span<c
   backend.free(v);
 }
 
-struct ContextBench {
-  Runtime& rt;
-  int n_prompt = 0;    // real tokens prefilled at the end of the context
-  int n_gen = 0;
-  int max_batch_tokens = 0;
-  std::string policy;  // the request policy; empty: the server's configuration
-  int64_t weight_bytes = 0;
-  std::optional<double> copy_gbs;
-  std::mt19937& rng;
-  SeqId next_seq = 1;
-
-  nlohmann::json run(int batch, int n_context);
-};
-
-nlohmann::json ContextBench::run(int batch, int n_context) {
+// One batch size at one context length; seq ids are drawn from next_seq.
+nlohmann::json run_at_context(const BenchSetup& setup, int max_batch_tokens, SeqId& next_seq, int batch,
+                              int n_context) {
+  const auto& [rt, n_prompt, n_gen, policy, weight_bytes, copy_gbs, rng] = setup;
   const ModelConfig& mc = rt.weights.config;
   KvCache& cache = *rt.cache;
   const int tail = std::min(n_prompt, n_context);
@@ -288,22 +288,11 @@ nlohmann::json ContextBench::run(int batch, int n_context) {
 // ---------------------------------------------------------------------------------------------------------------
 // Prefill and decode through the engine
 
-struct EngineBench {
-  Runtime& rt;
-  const Tokenizer& tokenizer;
-  EngineOptions options;
-  int n_prompt = 0;
-  int n_gen = 0;
-  std::string policy;  // the request policy; empty: the server's configuration
-  int64_t weight_bytes = 0;
-  std::optional<double> copy_gbs;
-  std::mt19937& rng;
-  bool kv_estimable = false;  // the bandwidth account may assume that the cache holds every entry
-
-  nlohmann::json run(int batch);
-};
-
-nlohmann::json EngineBench::run(int batch) {
+// One batch size through the engine. kv_estimable: the bandwidth account may assume that the cache holds every
+// entry (`full` at full precision).
+nlohmann::json run_through_engine(const BenchSetup& setup, const Tokenizer& tokenizer, const EngineOptions& options,
+                                  bool kv_estimable, int batch) {
+  const auto& [rt, n_prompt, n_gen, policy, weight_bytes, copy_gbs, rng] = setup;
   const ModelConfig& mc = rt.weights.config;
   ServerMetrics metrics(mc.max_context);
   EngineOptions o = options;
@@ -435,19 +424,21 @@ int bench_command(int argc, char** argv) {
       if (!out) throw std::runtime_error("cannot write " + cl.get("out"));
     };
     std::mt19937 rng(7);
+    const BenchSetup setup{*rt, n_prompt, n_gen, policy, weight_bytes, copy_gbs, rng};
     if (!contexts.empty()) {
       report["context"] = "synthetic: the first context - prompt_tokens entries of every sequence hold random keys "
                           "and values written through the backend; the last prompt_tokens are prefilled";
-      ContextBench bench{*rt, n_prompt, n_gen, config.engine.max_batch_tokens, policy, weight_bytes, copy_gbs, rng};
+      SeqId next_seq = 1;
       for (int n_context : contexts) {
-        for (int batch : batches) add_result(bench.run(batch, n_context));
+        for (int batch : batches) {
+          add_result(run_at_context(setup, config.engine.max_batch_tokens, next_seq, batch, n_context));
+        }
       }
     } else {
-      EngineBench bench{*rt, tokenizer, engine_options(config), n_prompt, n_gen, policy, weight_bytes, copy_gbs, rng};
-      // The KV read is estimated (every layer holds the prompt and the tokens generated so far), which holds for
-      // `full` at full precision.
-      bench.kv_estimable = parse_policy_spec(effective_policy).name == "full" && layout.quant == KvQuant::none;
-      for (int batch : batches) add_result(bench.run(batch));
+      const bool kv_estimable = parse_policy_spec(effective_policy).name == "full" && layout.quant == KvQuant::none;
+      for (int batch : batches) {
+        add_result(run_through_engine(setup, tokenizer, engine_options(config), kv_estimable, batch));
+      }
     }
     return 0;
   } catch (const std::exception& e) {
