@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+# Runs ON the GPU machine, from the repository root, over what tools/device/pack.sh packed (docs/gpu.md):
+#   tools/device/gpu_run.sh STAGE...      stages, in the order given:
+#     join       the model's parts carried so far, into models/ (says which are missing)
+#     info       nvidia-smi, the driver, the GPU, python3's torch, and the device-to-device copy bandwidth
+#     tests      every CUDA test of the test executables (kernels_tests --gtest_filter='Cuda*', and the tests named
+#                *Cuda* of the others) against the joined SmolLM2 model
+#     compare    SmolLM2 greedy output, engine.backend=cuda against cpu, over several prompts: where they differ
+#     bench-8b   strata bench at Llama-3-8B shapes: prefill, decode at batch 1-64 and context 1K-32K, policies
+#     bench-70b  strata bench at Llama-3-70B layer shapes, with as many layers as the GPU's memory allows
+#     torch      tools/bench_torch_reference.py at the same shapes (PyTorch + transformers, dummy bf16 weights)
+# Everything goes to $OUT (at most 8 files come back from a call: each stage writes STAGE.json and STAGE.log, and
+# every command line run goes to commands.txt), so give a call at most three stages. A call keeps to the sum of
+# its stages' budgets (stage_seconds below; STRATA_CALL_SECONDS overrides): a run that would not end in time is
+# not started. A failing stage is reported and the next one runs.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+root=$PWD
+out=${OUT:-$root/.device/out}
+dev=$root/.device
+run_dir=$dev/run
+model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p "$out"
+commands=$out/commands.txt
+call_start=$(date +%s)
+# Seconds each stage may take; a call may take the sum of its stages' (at most 560, inside the tool's 600), so
+# that the four calls of docs/gpu.md fit the session's 30 minutes of device time with the machine's start.
+declare -A stage_seconds=([join]=20 [info]=40 [tests]=150 [compare]=120 [bench-8b]=400 [bench-70b]=400 [torch]=300)
+call_budget=0
+for stage in "$@"; do call_budget=$((call_budget + ${stage_seconds[$stage]:-0})); done
+(( call_budget > 560 )) && call_budget=560
+call_budget=${STRATA_CALL_SECONDS:-$call_budget}
+[[ $# -gt 0 ]] || { sed -n '2,15p' "$0"; exit 2; }
+
+say() { echo "gpu_run: $*" >&2; }
+# Runs a command, its line recorded in commands.txt.
+record() {
+  printf '%q ' "$@" >>"$commands"
+  echo >>"$commands"
+  "$@"
+}
+seconds_left() { echo $((call_start + call_budget - $(date +%s))); }
+# The smaller of $1 seconds and what the call has left less 15; fails under 20.
+cap_seconds() {
+  local cap=$1 left=$(( $(seconds_left) - 15 ))
+  (( left < cap )) && cap=$left
+  (( cap >= 20 )) || return 1
+  echo "$cap"
+}
+
+# ----- what the stages need: the unpacked binaries, the CUDA libraries of the image, the joined model -----------
+
+need_bin() {
+  local tarball=$dev/bin/strata-device.tar.xz sum
+  [[ -f "$tarball" ]] || { say "missing .device/bin: carry it"; return 1; }
+  sum=$(sha256sum <"$tarball")
+  if [[ ! -f "$run_dir/MANIFEST" || "$(cat "$run_dir/tarball.sha256" 2>/dev/null)" != "$sum" ]]; then
+    rm -rf "$run_dir"
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$tarball" "$run_dir" || return 1
+    echo "$sum" >"$run_dir/tarball.sha256"
+  fi
+  # The tests find models/ and tests/fixtures/ under the source directory they were built in.
+  local source_dir
+  source_dir=$(sed -n 's/^source_dir //p' "$run_dir/MANIFEST")
+  if [[ "$source_dir" != "$root" && ! -e "$source_dir" ]]; then
+    mkdir -p "$(dirname "$source_dir")" && ln -s "$root" "$source_dir"
+  fi
+  # The carried libraries first, then where the image keeps each CUDA library the binaries need: the toolkit's
+  # folders or the nvidia-* pip packages of python3 (PyTorch's), then the driver's.
+  local libs=$run_dir/lib soname dir roots
+  roots="/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64 \
+$(python3 -c 'import site; print(" ".join(p + "/nvidia" for p in site.getsitepackages()))' 2>/dev/null) /usr/lib/x86_64-linux-gnu"
+  for soname in $(sed -n 's/^cuda_libraries //p' "$run_dir/MANIFEST"); do
+    # shellcheck disable=SC2086
+    dir=$(find -H $roots -maxdepth 4 -name "$soname" -printf '%h\n' 2>/dev/null | head -1)
+    [[ -n "$dir" ]] || { say "no $soname in $roots"; return 1; }
+    [[ ":$libs:" == *":$dir:"* ]] || libs=$libs:$dir
+  done
+  [[ -d /usr/local/nvidia/lib64 ]] && libs=$libs:/usr/local/nvidia/lib64
+  LIBPATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  STRATA=$run_dir/bin/strata
+}
+
+# Only Strata's binaries see the carried libraries (python3's torch keeps its own).
+packed() { LD_LIBRARY_PATH=$LIBPATH "$@"; }
+
+# Joins .device/model-K/*.partK-of-N (each call of the sequence carries one) into models/, checked by sha256.
+need_model() {
+  local name sum parts k part
+  name=$(basename "$model")
+  sum=$(cat "$dev"/model-*/"$name.sha256" 2>/dev/null | head -1 | cut -d' ' -f1)
+  [[ -n "$sum" ]] || { say "no model part was carried (.device/model-K)"; return 1; }
+  [[ -f "$model" && "$(sha256sum <"$model" | cut -d' ' -f1)" == "$sum" ]] && return 0
+  parts=$(find "$dev" -path "*/model-*/$name.part*-of-*" | head -1 | sed 's/.*-of-//')
+  for ((k = 1; k <= parts; k++)); do
+    part=$dev/model-$k/$name.part$k-of-$parts
+    [[ -f "$part" ]] || { say "missing $part (the machine went cold?): carry .device/model-$k again"; return 1; }
+  done
+  mkdir -p models
+  for ((k = 1; k <= parts; k++)); do cat "$dev/model-$k/$name.part$k-of-$parts"; done >"$model"
+  [[ "$(sha256sum <"$model" | cut -d' ' -f1)" == "$sum" ]] || { say "the joined model's sha256 differs"; return 1; }
+}
+
+gpu_memory_mib() { nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | tr -d ' '; }
+
+# The device-to-device copy bandwidth in GB/s, bytes read plus bytes written (what the bench's bandwidth account
+# compares with); measured once per machine.
+copy_bandwidth() {
+  local file=$dev/copy-bandwidth-gbs
+  if [[ ! -s "$file" ]]; then
+    printf '%s\n' "python3 (torch): 2 GiB device-to-device copies, 5 warm-ups, mean of 20" >>"$commands"
+    python3 - >"$file" <<'PY' || return 1
+import torch
+n = 2 << 30
+src = torch.empty(n, dtype=torch.uint8, device="cuda")
+dst = torch.empty_like(src)
+for _ in range(5):
+    dst.copy_(src)
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record()
+for _ in range(20):
+    dst.copy_(src)
+end.record()
+torch.cuda.synchronize()
+print(f"{2 * n * 20 / (start.elapsed_time(end) / 1e3) / 1e9:.1f}")
+PY
+  fi
+  cat "$file"
+}
+
+# Appends one strata bench result file to STAGE.json ({"runs": [...]}), rewritten after each run so that a stage
+# cut short still returns what finished.
+merge_json() {
+  python3 - "$1" "$2" <<'PY'
+import json, os, sys
+merged, new = sys.argv[1], sys.argv[2]
+data = json.load(open(merged)) if os.path.exists(merged) else {"runs": []}
+data["runs"].append(json.load(open(new)))
+json.dump(data, open(merged, "w"), indent=1)
+PY
+}
+
+# bench_run STAGE CAP_SECONDS ARGS...: one strata bench on CUDA, at most CAP seconds and what the call has left.
+bench_run() {
+  local stage=$1 cap
+  cap=$(cap_seconds "$2") || { say "$1: no time left for: ${*:3}"; return 1; }
+  shift 2
+  local result=$dev/scratch/bench.json
+  mkdir -p "$dev/scratch" && rm -f "$result"
+  record packed timeout "$cap" "$STRATA" bench --config configs/smollm2-cpu.yaml --set engine.backend=cuda \
+    --copy-bandwidth-gbs "$(copy_bandwidth)" --out "$result" "$@" >>"$out/$stage.log" 2>&1
+  local rc=$?
+  (( rc == 0 )) || say "$stage: strata bench exited $rc: $*"
+  [[ -f "$result" ]] && merge_json "$out/$stage.json" "$result"
+  return "$rc"
+}
+
+# ----- stages -------------------------------------------------------------------------------------------------------
+
+stage_info() {
+  { nvidia-smi; nvidia-smi -q; } >"$out/info.log" 2>&1
+  local bw
+  bw=$(copy_bandwidth) || return 1
+  python3 - "$bw" >"$out/info.json" <<'PY'
+import json, platform, subprocess, sys, torch, transformers
+query = "name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pcie.link.gen.max"
+fields = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
+                        text=True).stdout.strip().split(", ")
+p = torch.cuda.get_device_properties(0)
+print(json.dumps({"gpu": dict(zip(query.split(","), fields)),
+                  "torch": {"version": torch.__version__, "cuda": torch.version.cuda, "device": p.name,
+                            "multiprocessors": p.multi_processor_count, "memory_bytes": p.total_memory},
+                  "transformers": transformers.__version__, "kernel": platform.release(),
+                  "copy_bandwidth_gbs": float(sys.argv[1]),
+                  "copy_bandwidth_method": "torch: 2 GiB device-to-device copies, mean of 20 after 5 warm-ups, "
+                                           "bytes read plus bytes written"}, indent=1))
+PY
+  if need_bin; then
+    { echo "glibc here: $(ldd --version | head -1)"; echo "LD_LIBRARY_PATH for strata: $LIBPATH"
+      packed ldd "$STRATA"; cat "$run_dir/MANIFEST"; } >>"$out/info.log" 2>&1
+  fi
+}
+
+stage_tests() {
+  need_bin && need_model || return 1
+  local scratch=$dev/scratch/tests rc=0 exe name filter cap
+  rm -rf "$scratch" && mkdir -p "$scratch"
+  for exe in "$run_dir"/bin/tests/*_tests; do
+    name=$(basename "$exe")
+    filter='*Cuda*:*CUDA*:*cuda*'
+    [[ "$name" == kernels_tests ]] && filter='Cuda*'
+    [[ -n "$(packed "$exe" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep '^ ')" ]] || continue
+    cap=$(cap_seconds 400) || { say "tests: no time left for $name"; rc=1; break; }
+    record packed timeout "$cap" "$exe" --gtest_filter="$filter" \
+      --gtest_output="json:$scratch/$name.json" >>"$out/tests.log" 2>&1 || rc=1
+  done
+  python3 - "$scratch" >"$out/tests.json" <<'PY'
+import glob, json, os, sys
+report = {}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    data = json.load(open(path))
+    report[os.path.basename(path)[:-5]] = {
+        "tests": data.get("tests"), "failures": data.get("failures"), "disabled": data.get("disabled"),
+        "failed": [f"{s['name']}.{t['name']}" for s in data.get("testsuites", []) for t in s.get("testsuite", [])
+                   if t.get("failures")],
+        "skipped": [f"{s['name']}.{t['name']}" for s in data.get("testsuites", []) for t in s.get("testsuite", [])
+                    if t.get("result") == "SKIPPED"]}
+print(json.dumps(report, indent=1))
+PY
+  return "$rc"
+}
+
+stage_compare() {
+  need_bin && need_model || return 1
+  local scratch=$dev/scratch/compare i=0 backend cap
+  rm -rf "$scratch" && mkdir -p "$scratch"
+  local prompts=("The capital of France is" "Write a haiku about the sea."
+                 "List three prime numbers and explain why they are prime."
+                 "def fibonacci(n):" "Once upon a time, in a small village by the mountains,"
+                 "Translate to French: The weather is nice today.")
+  for prompt in "${prompts[@]}"; do
+    for backend in cpu cuda; do
+      cap=$(cap_seconds 60) || { say "compare: no time left for prompt $i"; break 2; }
+      record packed timeout "$cap" "$STRATA" generate --config configs/smollm2-cpu.yaml --chat --prompt "$prompt" \
+        --max-tokens 64 --ignore-eos --json --top-logprobs 3 --set engine.backend="$backend" \
+        >"$scratch/$i.$backend.jsonl" 2>>"$out/compare.log" || say "compare: $backend failed on prompt $i"
+    done
+    i=$((i + 1))
+  done
+  python3 - "$scratch" "${prompts[@]}" >"$out/compare.json" <<'PY'
+import json, sys
+scratch, prompts = sys.argv[1], sys.argv[2:]
+def read(path):
+    try:
+        return [json.loads(line) for line in open(path) if line.strip()]
+    except (OSError, ValueError):
+        return []
+rows = []
+for i, prompt in enumerate(prompts):
+    cpu, cuda = read(f"{scratch}/{i}.cpu.jsonl"), read(f"{scratch}/{i}.cuda.jsonl")
+    a, b = [line["token"] for line in cpu], [line["token"] for line in cuda]
+    same_length = None if len(a) == len(b) else min(len(a), len(b))
+    first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), same_length)
+    row = {"prompt": prompt, "cpu_tokens": a, "cuda_tokens": b, "first_difference": first}
+    if not a or not b:
+        row["missing"] = "a backend printed no tokens: see compare.log"
+    elif first is not None and first < min(len(a), len(b)):  # how close the top choices were where they part
+        row["at_difference"] = {"cpu": cpu[first], "cuda": cuda[first]}
+    rows.append(row)
+agree = [r for r in rows if r["cpu_tokens"] and r["cpu_tokens"] == r["cuda_tokens"]]
+print(json.dumps({"method": "strata generate --chat --max-tokens 64 --ignore-eos --json, greedy, cpu vs cuda",
+                  "prompts_identical": len(agree), "prompts": len(rows), "results": rows}, indent=1))
+PY
+}
+
+stage_bench_8b() {
+  need_bin || return 1
+  # The KV pool: what the GPU holds beyond the bf16 weights (16 GB) and 6 GiB for activations and cuBLAS.
+  local pool=$(( $(gpu_memory_mib) - 15400 - 6144 ))
+  local common=(--model preset:llama-3-8b --set "kv_cache.memory_mib=$pool" --set engine.max_running=64)
+  # In order of importance: a stage cut short by the call's time skips the last runs.
+  bench_run bench-8b 180 "${common[@]}" --context 1024,4096,16384,32768 --batch 1,8,32,64 --prompt-tokens 64 \
+    --gen-tokens 32
+  bench_run bench-8b 90 "${common[@]}" --batch 1,8,32 --prompt-tokens 1024 --gen-tokens 32 \
+    --set engine.max_batch_tokens=8192
+  bench_run bench-8b 70 "${common[@]}" --context 16384,32768 --batch 1,8 --prompt-tokens 64 --gen-tokens 32 \
+    --policy snapkv:budget=1024
+  bench_run bench-8b 70 "${common[@]}" --context 16384,32768 --batch 1,8 --prompt-tokens 64 --gen-tokens 32 \
+    --set kv_cache.dtype=int4 --set kv_cache.block_size=32
+}
+
+# Layers of the 70B shapes that fit: the bf16 embedding and head (4.0 GiB), 16 GiB of KV pool, 6 GiB of
+# activations and cuBLAS, 1,632 MiB per layer; STRATA_70B_LAYERS overrides.
+layers_70b() {
+  local layers=$(( ($(gpu_memory_mib) - 4010 - 16384 - 6144) / 1632 ))
+  (( layers > 80 )) && layers=80
+  echo "${STRATA_70B_LAYERS:-$layers}"
+}
+
+stage_bench_70b() {
+  need_bin || return 1
+  local layers
+  layers=$(layers_70b)
+  local common=(--model "preset:llama-3-70b@layers=$layers" --set kv_cache.memory_mib=16384
+                --set engine.max_running=64)
+  bench_run bench-70b 300 "${common[@]}" --context 1024,4096,16384,32768 --batch 1,8,32,64 --prompt-tokens 64 \
+    --gen-tokens 32
+  bench_run bench-70b 150 "${common[@]}" --batch 1,8 --prompt-tokens 1024 --gen-tokens 16 \
+    --set engine.max_batch_tokens=8192
+}
+
+# The 8B shapes get half of the stage's time, the 70B ones what is left.
+stage_torch() {
+  local result=$dev/scratch/torch.json share=2 cap shape
+  mkdir -p "$dev/scratch"
+  for shape in "--model llama-3-8b" "--model llama-3-70b --layers $(layers_70b)"; do
+    cap=$(cap_seconds $(( ($(seconds_left) - 15) / share ))) || { say "torch: no time left for $shape"; return 1; }
+    share=1
+    rm -f "$result"
+    # shellcheck disable=SC2086
+    record timeout "$cap" env PYTHONUNBUFFERED=1 python3 tools/bench_torch_reference.py $shape \
+      --batch 1,8,32,64 --context 1024,4096,16384,32768 --gen-tokens 32 --prefill-tokens 1024,4096 \
+      --time-limit $((cap - 30)) --out "$result" >>"$out/torch.log" 2>&1 || say "torch: $shape failed"
+    [[ -f "$result" ]] && merge_json "$out/torch.json" "$result"
+  done
+}
+
+status=0
+for stage in "$@"; do
+  case $stage in
+    info | tests | compare | torch) fn=stage_$stage ;;
+    join) fn=need_model ;;
+    bench-8b) fn=stage_bench_8b ;;
+    bench-70b) fn=stage_bench_70b ;;
+    *) say "unknown stage '$stage'"; status=2; continue ;;
+  esac
+  say "$stage: start ($(seconds_left) s left in this call)"
+  echo "# stage $stage" >>"$commands"
+  if $fn; then say "$stage: done"; else say "$stage: FAILED"; status=1; fi
+done
+ls -la "$out" >&2
+exit $status
