@@ -3,8 +3,8 @@
 #   tools/device/gpu_run.sh STAGE...      stages, in the order given:
 #     join       the model's parts carried so far, into models/ (says which are missing)
 #     info       nvidia-smi, the driver, the GPU, python3's torch, and the device-to-device copy bandwidth
-#     tests      every CUDA test of the test executables (kernels_tests --gtest_filter='Cuda*', and the tests named
-#                *Cuda* of the others) against the joined SmolLM2 model
+#     tests      every CUDA and NCCL test (kernels_tests --gtest_filter='Cuda*', and the tests named
+#                *Cuda* or *Nccl* of the others: NCCL in a world of one) against the joined SmolLM2 model
 #     compare    SmolLM2 greedy output, engine.backend=cuda against cpu, over several prompts: where they differ
 #     bench-8b   strata bench at Llama-3-8B shapes: prefill, decode at batch 1-64 and context 1K-32K, policies
 #     bench-70b  strata bench at Llama-3-70B layer shapes, with as many layers as the GPU's memory allows
@@ -187,7 +187,7 @@ stage_tests() {
   rm -rf "$scratch" && mkdir -p "$scratch"
   for exe in "$run_dir"/bin/tests/*_tests; do
     name=$(basename "$exe")
-    filter='*Cuda*:*CUDA*:*cuda*'
+    filter='*Cuda*:*CUDA*:*cuda*:*Nccl*'
     [[ "$name" == kernels_tests ]] && filter='Cuda*'
     [[ -n "$(packed "$exe" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep '^ ')" ]] || continue
     cap=$(cap_seconds 400) || { say "tests: no time left for $name"; rc=1; break; }
