@@ -139,6 +139,12 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
   const RankGrid grid = world ? world->grid() : RankGrid{};
   auto shard = [&](const ModelConfig& mc) { return shard_of(config, grid, mc); };
   namespace fs = std::filesystem;
+  // Fork-join threads stall at every barrier when they share cores with other work: fewer threads than cores
+  // can be faster on a busy machine (docs/decisions.md).
+  if (config.engine.threads > 0) omp_set_num_threads(config.engine.threads);
+  // Before the weights are read: a backend that cannot run (no GPU, a policy it lacks) fails in a second, not
+  // after minutes of loading.
+  rt->backend = make_backend(config);
 
   if (m.path.rfind(kPresetPrefix, 0) == 0) {
     const ModelConfig mc = preset_config(m.path.substr(kPresetPrefix.size()));
@@ -162,10 +168,6 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
     rt->model_name = m.name.empty() ? fs::path(m.path).stem().string() : m.name;
   }
 
-  // Fork-join threads stall at every barrier when they share cores with other work: fewer threads than cores
-  // can be faster on a busy machine (docs/decisions.md).
-  if (config.engine.threads > 0) omp_set_num_threads(config.engine.threads);
-  rt->backend = make_backend(config);
   const ShardSpec& sh = rt->weights.shard;
   const int n_layers_local = sh.layer_end - sh.layer_begin;
   ShardComms comms{world ? world->tp() : nullptr, world ? world->pp() : nullptr};
