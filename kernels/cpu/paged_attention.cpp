@@ -8,6 +8,8 @@
 // and p * (min + code * scale) = (p * scale) * code + p * min for a value (per-token, per 32 channels).
 // Coded blocks (SpindleKV) are reconstructed as they are read: K = RoPE(m * C[r], position), V = m * C[r].
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -17,6 +19,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_codebook_ops.h"
 #include "kernels/cpu/kv_quantization.h"
+#include "kernels/cpu/simd_clones.h"
 
 namespace strata::cpu {
 
@@ -46,6 +49,7 @@ namespace {
 
 float dot(const float* a, const float* b, int n) {
   float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
   for (int i = 0; i < n; ++i) acc += a[i] * b[i];
   return acc;
 }
@@ -59,46 +63,146 @@ struct QueryItem {
   int row_end;
 };
 
-constexpr int kRowsPerItem = 4;
+constexpr int kTileRows = 8;   // query rows scored together against each key chunk (a work item, unless stats)
+constexpr int kKeyChunk = 16;  // keys transposed and scored together
+constexpr int kRowGroup = 4;   // rows whose accumulators stay in registers together
+constexpr int kDimChunk = 64;  // output dimensions accumulated in registers
 
-// Per-thread buffers for reading quantized blocks.
-struct QuantScratch {
-  std::vector<float> scaled_q;  // [head_dim]: q * key scale
-  std::vector<float> codes;     // [head_dim]: one entry's codes
+// Per-thread buffers.
+struct Workspace {
+  std::vector<float> scores;    // [kTileRows][stride]: the tile's scores, then probabilities
+  std::vector<float> scaled_q;  // [head_dim]: q * key scale (quantized blocks)
+  std::vector<float> codes;     // [head_dim]: one entry's codes (quantized and coded blocks)
 };
 
-// scores[j] = scale * q . k_j for the first n entries of one block.
-void block_scores(const float* qv, const KvPoolView& pool, int32_t id, int kv_head, int n, float scale,
-                  QuantScratch& scratch, float* scores) {
+// scores[t * stride + j] = scale * q_t . k_j for the tile's rows and the first n keys of a chunk held
+// transposed in kt[d * kKeyChunk + j]. Every (row, key) dot is summed over d in order, so a row's scores do not
+// depend on which rows share its tile.
+STRATA_SIMD_CLONES
+void chunk_scores(const float* const* q_rows, int rows, const float* kt, int hd, int n, float scale,
+                  int64_t stride, float* scores) {
+  for (int t0 = 0; t0 < rows; t0 += kRowGroup) {
+    const float* q[kRowGroup];
+    for (int t = 0; t < kRowGroup; ++t) q[t] = q_rows[std::min(t0 + t, rows - 1)];
+    float acc[kRowGroup][kKeyChunk] = {};
+    for (int d = 0; d < hd; ++d) {
+      const float* k = kt + int64_t(d) * kKeyChunk;
+      for (int t = 0; t < kRowGroup; ++t) {
+        const float qd = q[t][d];
+#pragma omp simd
+        for (int j = 0; j < kKeyChunk; ++j) acc[t][j] += qd * k[j];
+      }
+    }
+    for (int t = 0; t < kRowGroup && t0 + t < rows; ++t) {
+      for (int j = 0; j < n; ++j) scores[(t0 + t) * stride + j] = acc[t][j] * scale;
+    }
+  }
+}
+
+// o[d] += sum_j p[j] * v[j * hd + d] over n value rows stored one after another. Even and odd rows go to two
+// sets of accumulators, so twice as many sums are in flight.
+STRATA_SIMD_CLONES
+void rows_values(const float* p, const float* v, int n, int hd, float* o) {
+  int d0 = 0;
+  for (; d0 + kDimChunk <= hd; d0 += kDimChunk) {
+    float even[kDimChunk], odd[kDimChunk] = {};
+    for (int d = 0; d < kDimChunk; ++d) even[d] = o[d0 + d];
+    int j = 0;
+    for (; j + 1 < n; j += 2) {
+      const float p0 = p[j], p1 = p[j + 1];
+      const float* v0 = v + int64_t(j) * hd + d0;
+      const float* v1 = v0 + hd;
+#pragma omp simd
+      for (int d = 0; d < kDimChunk; ++d) {
+        even[d] += p0 * v0[d];
+        odd[d] += p1 * v1[d];
+      }
+    }
+    if (j < n) {
+      const float pj = p[j];
+      const float* vj = v + int64_t(j) * hd + d0;
+#pragma omp simd
+      for (int d = 0; d < kDimChunk; ++d) even[d] += pj * vj[d];
+    }
+#pragma omp simd
+    for (int d = 0; d < kDimChunk; ++d) o[d0 + d] = even[d] + odd[d];
+  }
+  if (d0 == hd) return;
+  for (int j = 0; j < n; ++j) {
+    const float pj = p[j];
+    const float* vj = v + int64_t(j) * hd;
+#pragma omp simd
+    for (int d = d0; d < hd; ++d) o[d] += pj * vj[d];
+  }
+}
+
+// scores[j] = scale * q . k_j for n keys stored one after another (a row that scores few keys: no transposition).
+STRATA_SIMD_CLONES
+void row_scores(const float* qv, const float* keys, int n, int hd, float scale, float* scores) {
+  for (int j = 0; j < n; ++j) {
+    const float* k = keys + int64_t(j) * hd;
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int d = 0; d < hd; ++d) acc += qv[d] * k[d];
+    scores[j] = acc * scale;
+  }
+}
+
+// The keys of a sequence's full-precision blocks, transposed once per call for chunk_scores: for KV head h, block
+// b of the sequence, chunk c of the block, keys_t[(((h * n_blocks + b) * chunks + c) * hd + d) * kKeyChunk + j]
+// is key c * kKeyChunk + j of the block. Packed blocks are left out (their slots stay unset).
+struct TransposedKeys {
+  std::vector<float> data;
+  int n_blocks = 0;
+  int chunks = 0;  // per block
+
+  int64_t offset(int kv_head, int block, int c, int hd) const {
+    return ((int64_t(kv_head) * n_blocks + block) * chunks + c) * hd * kKeyChunk;
+  }
+};
+
+// Sequences with enough query rows to pay for the transposition; the others score keys row by row.
+bool worth_transposing(const AttentionSequence& s, int group) { return s.n_q * group >= 2 * kTileRows; }
+
+void transpose_block(const KvPoolView& pool, int32_t id, int kv_head, int n, float* out) {
+  const KvBlockLayout& L = pool.layout;
+  const int hd = L.head_dim;
+  const float* keys = pool.block_f32(id) + L.k_offset(kv_head, 0);
+  for (int c0 = 0; c0 < n; c0 += kKeyChunk, out += int64_t(hd) * kKeyChunk) {
+    const int m = std::min(kKeyChunk, n - c0);
+    for (int j = 0; j < kKeyChunk; ++j) {
+      const float* k = keys + int64_t(c0 + std::min(j, m - 1)) * hd;  // past m: a copy, scored and dropped
+      for (int d = 0; d < hd; ++d) out[int64_t(d) * kKeyChunk + j] = k[d];
+    }
+  }
+}
+
+// scores[j] = scale * q . k_j for the first n entries of a quantized or coded block.
+void packed_block_scores(const float* qv, const KvPoolView& pool, int32_t id, int kv_head, int n, float scale,
+                         Workspace& ws, float* scores) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   if (pool.is_coded(id)) {
     const KvCodeRow* rows = pool.block_coded(id) + L.code_row_index(kv_head, 0);
     for (int j = 0; j < n; ++j) {
-      coded_key(pool, rows[j], scratch.codes.data());
-      scores[j] = dot(qv, scratch.codes.data(), hd) * scale;
+      coded_key(pool, rows[j], ws.codes.data());
+      scores[j] = dot(qv, ws.codes.data(), hd) * scale;
     }
-    return;
-  }
-  if (!pool.is_quantized(id)) {
-    const float* block = pool.block_f32(id);
-    for (int j = 0; j < n; ++j) scores[j] = dot(qv, block + L.k_offset(kv_head, j), hd) * scale;
     return;
   }
   const uint8_t* block = pool.block_quantized(id);
   const float* k_scale = reinterpret_cast<const float*>(block + L.k_scale_offset(kv_head));
   const float* k_min = reinterpret_cast<const float*>(block + L.k_min_offset(kv_head));
-  for (int c = 0; c < hd; ++c) scratch.scaled_q[size_t(c)] = qv[c] * k_scale[c];
+  for (int c = 0; c < hd; ++c) ws.scaled_q[size_t(c)] = qv[c] * k_scale[c];
   const float bias = dot(qv, k_min, hd);
   for (int j = 0; j < n; ++j) {
-    unpack_codes(block + L.k_codes_offset(kv_head, j), L, scratch.codes.data());
-    scores[j] = (dot(scratch.scaled_q.data(), scratch.codes.data(), hd) + bias) * scale;
+    unpack_codes(block + L.k_codes_offset(kv_head, j), L, ws.codes.data());
+    scores[j] = (dot(ws.scaled_q.data(), ws.codes.data(), hd) + bias) * scale;
   }
 }
 
 // o += sum_j p[j] * v_j over the first n entries of one block.
-void block_values(const float* p, const KvPoolView& pool, int32_t id, int kv_head, int n, QuantScratch& scratch,
-                  float* o) {
+void block_values(const float* p, const KvPoolView& pool, int32_t id, int kv_head, int n, Workspace& ws, float* o) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   if (pool.is_coded(id)) {
@@ -111,29 +215,66 @@ void block_values(const float* p, const KvPoolView& pool, int32_t id, int kv_hea
     return;
   }
   if (!pool.is_quantized(id)) {
-    const float* block = pool.block_f32(id);
-    for (int j = 0; j < n; ++j) {
-      const float* vv = block + L.v_offset(kv_head, j);
-      for (int d = 0; d < hd; ++d) o[d] += p[j] * vv[d];
-    }
+    rows_values(p, pool.block_f32(id) + L.v_offset(kv_head, 0), n, hd, o);
     return;
   }
   const uint8_t* block = pool.block_quantized(id);
   for (int j = 0; j < n; ++j) {
     const float* v_scale = reinterpret_cast<const float*>(block + L.v_scale_offset(kv_head, j));
     const float* v_min = reinterpret_cast<const float*>(block + L.v_min_offset(kv_head, j));
-    unpack_codes(block + L.v_codes_offset(kv_head, j), L, scratch.codes.data());
+    unpack_codes(block + L.v_codes_offset(kv_head, j), L, ws.codes.data());
     for (int g = 0; g < L.v_groups(); ++g) {
       const float a = p[j] * v_scale[g], b = p[j] * v_min[g];
-      const float* code = scratch.codes.data() + g * kKvQuantGroup;
+      const float* code = ws.codes.data() + g * kKvQuantGroup;
       float* out = o + g * kKvQuantGroup;
       for (int d = 0; d < kKvQuantGroup; ++d) out[d] += a * code[d] + b;
     }
   }
 }
 
+// exp(x) for x <= 0, written so that it vectorizes: x = n ln2 + r with |r| <= ln2 / 2, exp(r) from its Taylor
+// series to r^7 (relative error below 1e-8), and 2^n put into the exponent bits. Below -87 it returns 2^-126
+// times a value under 1, where the true result is under float's normal range anyway.
+inline float exp_nonpositive(float x) {
+  constexpr float kLog2e = 1.44269504f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+  // x = max(x, -87) on the bits: for x <= 0 (and +0) the bits read as unsigned grow with |x|. GCC vectorizes
+  // this integer select but not a float one (a float compare may trap; std::fmax stays a library call).
+  const uint32_t bits = std::bit_cast<uint32_t>(x), limit = std::bit_cast<uint32_t>(-87.0f);
+  x = std::bit_cast<float>(bits < limit ? bits : limit);
+  const int n = int(x * kLog2e - 0.5f);  // truncation toward zero of a negative value: round to nearest
+  const float r = (x - float(n) * kLn2Hi) - float(n) * kLn2Lo;
+  float e = 1.0f / 5040.0f;
+  e = e * r + 1.0f / 720.0f;
+  e = e * r + 1.0f / 120.0f;
+  e = e * r + 1.0f / 24.0f;
+  e = e * r + 1.0f / 6.0f;
+  e = e * r + 0.5f;
+  e = e * r + 1.0f;
+  e = e * r + 1.0f;
+  return e * std::bit_cast<float>(int32_t(n + 127) << 23);
+}
+
+// Turns one row's scores into probabilities in place.
+STRATA_SIMD_CLONES
+void softmax(float* s, int n) {
+  float max_score = s[0];
+#pragma omp simd reduction(max : max_score)
+  for (int e = 0; e < n; ++e) max_score = s[e] > max_score ? s[e] : max_score;
+  float sum = 0.0f;
+#pragma omp simd
+  for (int e = 0; e < n; ++e) s[e] = exp_nonpositive(s[e] - max_score);
+#pragma omp simd reduction(+ : sum)
+  for (int e = 0; e < n; ++e) sum += s[e];
+  const float inv_sum = 1.0f / sum;
+#pragma omp simd
+  for (int e = 0; e < n; ++e) s[e] *= inv_sum;
+}
+
 }  // namespace
 
+// Work is split into tiles of up to kTileRows query rows of one head. A tile's scores are computed block by
+// block against every key its last row sees (keys a row cannot see are scored and ignored); then each row takes
+// its softmax, adds its column sums, and sums its values.
 void paged_attention(const float* q, std::span<const AttentionSequence> seqs, const KvPoolView& pool, int n_heads,
                      float scale, float* out) {
   const KvBlockLayout& L = pool.layout;
@@ -143,47 +284,92 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
 
   std::vector<QueryItem> items;
   for (int s = 0; s < int(seqs.size()); ++s) {
-    const int step = seqs[s].column_sums ? seqs[s].n_q : kRowsPerItem;
+    const int step = seqs[s].column_sums ? seqs[s].n_q : kTileRows;
     for (int h = 0; h < n_heads; ++h) {
       for (int i = 0; i < seqs[s].n_q; i += step) items.push_back({s, h, i, std::min(i + step, seqs[s].n_q)});
     }
   }
 
+  std::vector<TransposedKeys> transposed(seqs.size());
+  struct TransposeTask {
+    int seq, kv_head, block;
+  };
+  std::vector<TransposeTask> transpose_tasks;
+  for (int s = 0; s < int(seqs.size()); ++s) {
+    if (!worth_transposing(seqs[s], group)) continue;
+    TransposedKeys& t = transposed[size_t(s)];
+    t.n_blocks = (seqs[s].n_ctx_before + seqs[s].n_q + L.block_size - 1) / L.block_size;
+    t.chunks = (L.block_size + kKeyChunk - 1) / kKeyChunk;
+    t.data.resize(size_t(L.n_kv_heads) * t.n_blocks * t.chunks * hd * kKeyChunk);
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      for (int b = 0; b < t.n_blocks; ++b) transpose_tasks.push_back({s, h, b});
+    }
+  }
+
 #pragma omp parallel
   {
-    std::vector<float> scores;
-    QuantScratch scratch{std::vector<float>(size_t(hd)), std::vector<float>(size_t(hd))};
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < transpose_tasks.size(); ++i) {
+      const TransposeTask& task = transpose_tasks[i];
+      const AttentionSequence& s = seqs[size_t(task.seq)];
+      const int32_t id = s.block_table[task.block];
+      if (pool.is_quantized(id) || pool.is_coded(id)) continue;
+      const int n = std::min(L.block_size, s.n_ctx_before + s.n_q - task.block * L.block_size);
+      TransposedKeys& t = transposed[size_t(task.seq)];
+      transpose_block(pool, id, task.kv_head, n, t.data.data() + t.offset(task.kv_head, task.block, 0, hd));
+    }
+
+    Workspace ws{{}, std::vector<float>(size_t(hd)), std::vector<float>(size_t(hd))};
 #pragma omp for schedule(dynamic, 4)
     for (size_t it = 0; it < items.size(); ++it) {
       const QueryItem& item = items[it];
       const AttentionSequence& s = seqs[item.seq];
       const int kv_head = item.head / group;
+      const TransposedKeys& keys_t = transposed[size_t(item.seq)];
       float* sums = s.column_sums ? s.column_sums + int64_t(item.head) * s.sums_stride : nullptr;
-      for (int row = item.row_begin; row < item.row_end; ++row) {
-        const float* qv = q + int64_t(s.q_begin + row) * q_row + int64_t(item.head) * hd;
-        float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(item.head) * hd;
-        const int n_keys = s.n_ctx_before + row + 1;
-        scores.resize(n_keys);
+      for (int r0 = item.row_begin; r0 < item.row_end; r0 += kTileRows) {
+        const int rows = std::min(kTileRows, item.row_end - r0);
+        const int n_tile_keys = s.n_ctx_before + r0 + rows;  // keys the tile's last row sees
+        const int64_t stride = n_tile_keys;
+        if (ws.scores.size() < size_t(rows * stride)) ws.scores.resize(size_t(rows * stride));
+        float* scores = ws.scores.data();
+        const float* q_rows[kTileRows];
+        for (int t = 0; t < rows; ++t) q_rows[t] = q + int64_t(s.q_begin + r0 + t) * q_row + int64_t(item.head) * hd;
 
-        for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
-          block_scores(qv, pool, s.block_table[e0 / L.block_size], kv_head, std::min(L.block_size, n_keys - e0),
-                       scale, scratch, scores.data() + e0);
+        for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
+          const int32_t id = s.block_table[e0 / L.block_size];
+          const int n = std::min(L.block_size, n_tile_keys - e0);
+          if (pool.is_quantized(id) || pool.is_coded(id)) {
+            for (int t = 0; t < rows; ++t) {
+              packed_block_scores(q_rows[t], pool, id, kv_head, n, scale, ws, scores + t * stride + e0);
+            }
+          } else if (keys_t.n_blocks > 0) {
+            for (int c0 = 0, c = 0; c0 < n; c0 += kKeyChunk, ++c) {
+              chunk_scores(q_rows, rows, keys_t.data.data() + keys_t.offset(kv_head, e0 / L.block_size, c, hd), hd,
+                           std::min(kKeyChunk, n - c0), scale, stride, scores + e0 + c0);
+            }
+          } else {
+            for (int t = 0; t < rows; ++t) {
+              row_scores(q_rows[t], pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, scale,
+                         scores + t * stride + e0);
+            }
+          }
         }
-        const float max_score = *std::max_element(scores.begin(), scores.end());
-        float sum = 0.0f;
-        for (int e = 0; e < n_keys; ++e) {
-          scores[e] = std::exp(scores[e] - max_score);
-          sum += scores[e];
-        }
-        const float inv_sum = 1.0f / sum;
-        for (int e = 0; e < n_keys; ++e) scores[e] *= inv_sum;
-        if (sums && row >= s.stats_row_begin) {
-          for (int e = 0; e < n_keys; ++e) sums[e] += scores[e];
-        }
-        std::fill(o, o + hd, 0.0f);
-        for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
-          block_values(scores.data() + e0, pool, s.block_table[e0 / L.block_size], kv_head,
-                       std::min(L.block_size, n_keys - e0), scratch, o);
+
+        for (int t = 0; t < rows; ++t) {
+          const int row = r0 + t;
+          const int n_keys = s.n_ctx_before + row + 1;
+          float* p = scores + t * stride;
+          softmax(p, n_keys);
+          if (sums && row >= s.stats_row_begin) {
+            for (int e = 0; e < n_keys; ++e) sums[e] += p[e];
+          }
+          float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(item.head) * hd;
+          std::fill(o, o + hd, 0.0f);
+          for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
+            block_values(p + e0, pool, s.block_table[e0 / L.block_size], kv_head, std::min(L.block_size, n_keys - e0),
+                         ws, o);
+          }
         }
       }
     }
