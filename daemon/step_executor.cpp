@@ -22,7 +22,7 @@ StepExecutor::StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig 
 
 StepResult StepExecutor::execute(const StepPlan& plan) {
   for (const PlannedSequence& a : plan.added) {
-    SequenceState state{.sampler = SequenceSampler(a.sampling, a.seed)};
+    SequenceState state(SequenceSampler(a.sampling, a.seed));
     if (!a.kv_policy.empty()) state.request_policy = parse_policy_spec(a.kv_policy);
     seqs_.insert_or_assign(a.seq, std::move(state));
   }

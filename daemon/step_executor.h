@@ -67,6 +67,8 @@ class StepExecutor {
 
  private:
   struct SequenceState {
+    explicit SequenceState(SequenceSampler s) : sampler(std::move(s)) {}
+
     SequenceSampler sampler;
     std::optional<PolicySpec> request_policy;  // replaces the server's configuration when set
     int prefill_len = 0;                       // of the current prefill (the prompt, or a recompute)
