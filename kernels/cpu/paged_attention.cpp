@@ -233,8 +233,8 @@ void block_values(const float* p, const KvPoolView& pool, int32_t id, int kv_hea
 }
 
 // exp(x) for x <= 0, written so that it vectorizes: x = n ln2 + r with |r| <= ln2 / 2, exp(r) from its Taylor
-// series to r^7 (relative error below 1e-8), and 2^n put into the exponent bits. Below -87 it returns 2^-126
-// times a value under 1, where the true result is under float's normal range anyway.
+// series to r^7, and 2^n put into the exponent bits. On [-87, 0] it is within 1.1e-7 of exp relatively (about
+// one float rounding); below -87 it returns exp(-87), where the true value is under float's normal range anyway.
 inline float exp_nonpositive(float x) {
   constexpr float kLog2e = 1.44269504f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
   // x = max(x, -87) on the bits: for x <= 0 (and +0) the bits read as unsigned grow with |x|. GCC vectorizes

@@ -650,6 +650,59 @@ TEST(CpuPagedAttention, LongContextDecode) {
   check_attention(make_case(9, 3, 32, 16, {{300, 1}, {77, 3}}, 600), false);
 }
 
+// The model's head sizes (64 and 128, and 80 for a remainder past the 64-wide value sums), prefill chunks longer
+// than one tile of query rows, and keys past the first transposed chunk of a block.
+TEST(CpuPagedAttention, ModelHeadSizesAndLongChunks) {
+  const std::vector<SeqSpec> specs = {{0, 40}, {100, 17}, {37, 1}, {250, 2}};
+  for (int head_dim : {64, 128, 80}) {
+    for (int block_size : {16, 5, 40}) {
+      check_attention(make_case(9, 3, head_dim, block_size, specs, 700 + uint32_t(head_dim + block_size)), false);
+    }
+  }
+}
+
+// Column sums: the probabilities of rows >= stats_row_begin, summed per query head and cache entry.
+TEST(CpuPagedAttention, ColumnSumsOfTheStatsRows) {
+  const AttentionCase c = make_case(6, 2, 64, 5, {{30, 21}, {0, 1}}, 800);
+  auto be = make_cpu_backend();
+  Pool pool(*be, layout_of(c), c.n_blocks);
+  pool.fill(std::nanf(""));
+  fill_pool(c, pool);
+  std::vector<AttentionSequence> seqs = sequences_of(c);
+  const int entries = c.specs[0].n_ctx_before + c.specs[0].n_q, first_stats_row = 13;
+  std::vector<float> sums(size_t(c.n_heads * entries), 0.5f);  // sums are added to what is there
+  seqs[0].column_sums = sums.data();
+  seqs[0].sums_stride = entries;
+  seqs[0].stats_row_begin = first_stats_row;
+  const int64_t q_cols = int64_t(c.n_heads) * c.head_dim;
+  Tensor tq = to_device(*be, c.q, c.n_tokens, q_cols);
+  Tensor to = be->alloc(c.n_tokens, q_cols, DType::f32);
+  const double scale = 1.0 / std::sqrt(double(c.head_dim));
+  be->paged_attention(tq, seqs, pool.view, c.n_heads, float(scale), to);
+
+  const int group = c.n_heads / c.n_kv_heads, hd = c.head_dim;
+  for (int h = 0; h < c.n_heads; ++h) {
+    std::vector<double> expected(size_t(entries), 0.5);
+    for (int i = first_stats_row; i < c.specs[0].n_q; ++i) {
+      const int n_keys = c.specs[0].n_ctx_before + i + 1;
+      const float* qv = &c.q[size_t((c.q_begin[0] + i) * q_cols + h * hd)];
+      std::vector<double> p(static_cast<size_t>(n_keys));
+      double mx = -INFINITY, total = 0.0;
+      for (int e = 0; e < n_keys; ++e) {
+        const float* kv = &c.k[0][size_t((e * c.n_kv_heads + h / group) * hd)];
+        double dot = 0.0;
+        for (int d = 0; d < hd; ++d) dot += double(qv[d]) * kv[d];
+        mx = std::max(mx, p[size_t(e)] = dot * scale);
+      }
+      for (double& x : p) total += (x = std::exp(x - mx));
+      for (int e = 0; e < n_keys; ++e) expected[size_t(e)] += p[size_t(e)] / total;
+    }
+    for (int e = 0; e < entries; ++e) {
+      ASSERT_NEAR(sums[size_t(h * entries + e)], expected[size_t(e)], 1e-5) << "head " << h << " entry " << e;
+    }
+  }
+}
+
 TEST(CpuKvWrite, PutsEveryHeadSliceAtItsBlockAndSlot) {
   auto be = make_cpu_backend();
   KvBlockLayout L;
