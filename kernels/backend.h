@@ -44,6 +44,8 @@ class Backend {
   virtual std::string name() const = 0;
   // Element type of the KV pool's full-precision blocks: f32 on the CPU, bf16 on CUDA (kernels/kv_block_layout.h).
   virtual DType kv_dtype() const = 0;
+  // Element type upload_weight stores weights in: f32 on the CPU, bf16 on CUDA.
+  virtual DType weight_dtype() const = 0;
 
   // Memory. alloc'd tensors live until the backend is destroyed or free() is called.
   virtual Tensor alloc(int64_t rows, int64_t cols, DType dtype) = 0;

@@ -78,8 +78,6 @@ int max_concurrent(const std::vector<std::shared_ptr<TimingSink>>& sinks) {
 
 // Bytes per weight element on the device: the CUDA backend keeps weights in bf16 (kernels/cuda/cuda_backend.h),
 // the CPU backend reads the fp32 host matrices in place.
-int weight_element_bytes(const Backend& backend) { return backend.name() == "cpu" ? 4 : 2; }
-
 // Weight bytes one decode step reads: every matrix of the shard's layers (norms included) and, on the last stage,
 // the output norm and head. The embedding is not counted: a step reads only its batch's rows of it.
 int64_t weight_bytes_per_step(const ModelWeights& w, int element_bytes) {
@@ -393,7 +391,7 @@ int bench_command(int argc, char** argv) {
     if (!rt->tokenizer) no_tokenizer_stand_in.emplace(stand_in_tokenizer(mc));
     const Tokenizer& tokenizer = rt->tokenizer ? *rt->tokenizer : *no_tokenizer_stand_in;
     const KvBlockLayout& layout = rt->pool->layout();
-    const int element_bytes = weight_element_bytes(*rt->backend);
+    const int element_bytes = dtype_bytes(rt->backend->weight_dtype());
     const int64_t weight_bytes = weight_bytes_per_step(rt->weights, element_bytes);
     const std::string effective_policy = policy.empty() ? config.kv_cache.policy : policy;
 

@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   DType kv_dtype() const override { return DType::f32; }
+  DType weight_dtype() const override { return DType::f32; }
 
   Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
     const size_t bytes = size_t(rows * cols * dtype_bytes(dtype));

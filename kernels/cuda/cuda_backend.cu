@@ -37,6 +37,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   DType kv_dtype() const override { return DType::bf16; }
+  DType weight_dtype() const override { return DType::bf16; }
 
   // Zeroed device memory. The memset is queued on the stream, so every later op sees zeros.
   Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
