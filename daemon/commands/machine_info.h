@@ -8,7 +8,7 @@ namespace strata {
 
 // {"cpu": "<model name>", "hardware_threads": N}
 nlohmann::json machine_json();
-// "strata <command> <args...>", as typed.
+// "strata <command> <args...>", quoted so that a POSIX shell runs it as typed.
 std::string command_text(const std::string& command, int argc, char** argv);
 
 }  // namespace strata
