@@ -10,6 +10,15 @@
 #include "cache/pooled_layer_keys.h"
 
 namespace strata {
+namespace {
+
+// The sampler would return the row's argmax and nothing else (daemon/sampler.h): greedy, no penalties to apply
+// to the logits first, no logprobs to report.
+bool argmax_suffices(const SamplingParams& p) {
+  return p.temperature <= 0.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.n_logprobs < 0;
+}
+
+}  // namespace
 
 StepExecutor::StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig compression, std::string model_name,
                            PolicyCollectives* collectives)
@@ -56,22 +65,27 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
       step_stats[i] = decode_stats(w, state);
       stats = step_stats[i].get();
     }
-    batch.push_back(
-        BatchSequence{w.seq, w.tokens, w.start_pos, w.sample ? LogitsMode::last : LogitsMode::none, stats,
-                      state.pod.get()});
+    const LogitsMode logits = !w.sample ? LogitsMode::none
+                              : argmax_suffices(state.sampler.params()) && !keep_logits_ ? LogitsMode::argmax
+                                                                                        : LogitsMode::last;
+    batch.push_back(BatchSequence{w.seq, w.tokens, w.start_pos, logits, stats, state.pod.get()});
   }
 
   StepResult result;
   result.step = plan.step;
   if (batch.empty()) return result;
-  model_.forward(batch, cache_, logits_);
+  model_.forward(batch, cache_, logits_, argmax_);
 
   const int64_t vocab = model_.config().vocab_size;
-  int64_t row = 0;
+  int64_t row = 0, argmax_row = 0;
   for (size_t i = 0; i < plan.work.size(); ++i) {
     const PlannedWork& w = plan.work[i];
     SequenceState& state = seqs_.at(w.seq);
-    if (w.sample && model_.has_output()) {  // only the last pipeline stage has logits
+    if (batch[i].logits == LogitsMode::argmax && model_.has_output()) {
+      const int32_t id = argmax_[size_t(argmax_row++)];
+      state.sampler.accept(id);
+      result.sampled.push_back(SampledToken{w.seq, id, 0.0f, {}, {}});
+    } else if (w.sample && model_.has_output()) {  // only the last pipeline stage has logits
       const SampleResult s = state.sampler.sample(std::span<float>(logits_.data() + row * vocab, size_t(vocab)));
       state.sampler.accept(s.id);
       SampledToken t{w.seq, s.id, s.logprob, {}, {}};

@@ -52,8 +52,12 @@ class StepExecutor {
   size_t n_sequences() const { return seqs_.size(); }
   // Counters per local layer since the last call, then reset.
   std::vector<LayerCompressionCounters> take_counters();
-  // The logits of the last execute(): one row of vocab_size floats per sampled work item, in plan order (on the
-  // rank that samples). strata eval scores forced continuations with them.
+  // A greedy sequence that reports no logprobs and has no penalties needs only its most likely token, which the
+  // model finds where the logits are (LogitsMode::argmax: no vocabulary-sized row comes to the host). With
+  // keep_logits(true) every sampled work item gets its logits row instead, for last_logits().
+  void keep_logits(bool keep) { keep_logits_ = keep; }
+  // The logits of the last execute(), with keep_logits(true): one row of vocab_size floats per sampled work item,
+  // in plan order (on the rank that samples). strata eval scores forced continuations with them.
   const std::vector<float>& last_logits() const { return logits_; }
   // The policies of a sequence's local layers (empty when unknown or not built yet).
   std::vector<LayerPolicyState> layer_policies(int64_t seq) const;
@@ -100,6 +104,8 @@ class StepExecutor {
   std::unordered_map<int64_t, SequenceState> seqs_;
   std::vector<LayerCompressionCounters> counters_;  // per local layer
   std::vector<float> logits_;
+  std::vector<int32_t> argmax_;  // the tokens of the LogitsMode::argmax items of the last execute()
+  bool keep_logits_ = false;
   std::optional<PodBlocks> pod_blocks_;
 };
 

@@ -68,6 +68,7 @@ void EvalRunner::run(std::span<EvalJob> jobs, const std::function<void(size_t, s
 
 void EvalRunner::run_batch(std::span<EvalJob*> batch) {
   StepExecutor& executor = *rt_.executor;
+  executor.keep_logits(true);  // forced continuations are scored from the logits rows
   const std::vector<int32_t>& stop_ids = rt_.tokenizer->stop_ids();
   const int64_t vocab = rt_.weights.config.vocab_size;
 

@@ -70,6 +70,9 @@ class Backend {
   virtual void add(Tensor& x, const Tensor& y) = 0;
   // out[i] = x[rows[i]]: the rows that need logits, gathered for the output head.   x [T, D], out [rows, D]
   virtual void gather_rows(const Tensor& x, std::span<const int64_t> rows, Tensor& out) = 0;
+  // out[r] = the column of row r's largest value, the lowest column among equal values, for every row of x; out is
+  // host memory. Greedy decoding reads a logits row this way without copying the row to the host.
+  virtual void argmax_rows(const Tensor& x, std::span<int32_t> out) = 0;
 
   // Writes the step's keys and values into the cache: token row q_begin + i of a sequence goes to entry
   // n_ctx_before + i of its block table, which is always a full-precision block.   k, v [T, Hkv * Dh]

@@ -84,7 +84,8 @@ std::vector<std::vector<BatchSequence>> split_micro_batches(std::span<const Batc
       BatchSequence piece = s;
       piece.tokens = s.tokens.subspan(offset, take);
       piece.start_pos = s.start_pos + int(offset);
-      if (s.logits == LogitsMode::last && offset + take < s.tokens.size()) piece.logits = LogitsMode::none;
+      const bool last_row_only = s.logits == LogitsMode::last || s.logits == LogitsMode::argmax;
+      if (last_row_only && offset + take < s.tokens.size()) piece.logits = LogitsMode::none;
       micro[m].push_back(piece);
       offset += take;
       placed += int64_t(take);
@@ -95,6 +96,18 @@ std::vector<std::vector<BatchSequence>> split_micro_batches(std::span<const Batc
 }
 
 void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits) {
+  for (const BatchSequence& s : batch) {
+    if (s.logits == LogitsMode::argmax) {
+      throw std::invalid_argument("sequence " + std::to_string(s.seq) + " asks for argmax ids, which need forward's "
+                                  "argmax output");
+    }
+  }
+  std::vector<int32_t> no_argmax;
+  forward(batch, cache, logits, no_argmax);
+}
+
+void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits,
+                         std::vector<int32_t>& argmax) {
   const ModelConfig& c = config();
   for (const BatchSequence& s : batch) {
     if (s.start_pos + int(s.tokens.size()) > c.max_context) {
@@ -108,18 +121,19 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     }
   }
   logits.clear();
+  argmax.clear();
   const std::vector<std::vector<BatchSequence>> micro = split_micro_batches(batch, micro_batches_);
   sent_.resize(std::max(sent_.size(), micro.size()));
-  for (size_t m = 0; m < micro.size(); ++m) forward_micro_batch(micro[m], sent_[m], cache, logits);
+  for (size_t m = 0; m < micro.size(); ++m) forward_micro_batch(micro[m], sent_[m], cache, logits, argmax);
   // The stage's last micro-batch has left once the next stage has taken it; the buffers are free again.
   if (!weights_.shard.has_output) wait_sends();
 }
 
 // One micro-batch through this stage: its tokens go into the cache, its hidden states come from the embedding or
 // the previous stage, and leave for the next stage (from `sent`, which stays untouched until forward() ends) or
-// through the output head, whose rows are appended to `logits`.
+// through the output head, whose rows are appended to `logits` and `argmax`.
 void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::vector<float>& sent, KvCache& cache,
-                                     std::vector<float>& logits) {
+                                     std::vector<float>& logits, std::vector<int32_t>& argmax) {
   const ModelConfig& c = config();
   const int hd = c.head_dim;
   const int64_t d = c.d_model;
@@ -186,7 +200,7 @@ void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::
     return;
   }
   // Output head for the rows that need logits only.
-  std::vector<int64_t> rows;
+  std::vector<int64_t> rows, argmax_rows;
   int64_t row = 0;
   for (const BatchSequence& s : batch) {
     const int64_t n = int64_t(s.tokens.size());
@@ -194,49 +208,86 @@ void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::
       for (int64_t i = 0; i < n; ++i) rows.push_back(row + i);
     } else if (s.logits == LogitsMode::last) {
       rows.push_back(row + n - 1);
+    } else if (s.logits == LogitsMode::argmax) {
+      argmax_rows.push_back(row + n - 1);
     }
     row += n;
   }
   output_head(x, rows, logits);
+  output_argmax(x, argmax_rows, argmax);
+}
+
+// Chunks of rows bound the [rows, vocab] scratch when every position wants logits (evaluation, tests).
+constexpr int64_t kHeadChunk = 256;
+
+// This rank's [rows, vocab_local] slice of the logits of up to kHeadChunk rows of x, in the workspace (valid until
+// the next call).
+Tensor LlamaModel::head_slice(const Tensor& x, std::span<const int64_t> rows) {
+  const ModelConfig& c = config();
+  Workspace& w = *ws_;
+  const int64_t n = int64_t(rows.size());
+  if (n > w.head_capacity) {
+    ensure(backend_, w.head_in, n, c.d_model);
+    ensure(backend_, w.head_norm, n, c.d_model);
+    ensure(backend_, w.head_out, n, output_.rows);
+    w.head_capacity = n;
+  }
+  Tensor in = w.head_in.slice_rows(0, n), normed = w.head_norm.slice_rows(0, n);
+  Tensor out = w.head_out.slice_rows(0, n);
+  backend_.gather_rows(x, rows, in);
+  backend_.rmsnorm(in, output_norm_, c.rms_eps, normed);
+  backend_.matmul(normed, output_, out);
+  return out;
+}
+
+// The full logits rows of a head slice, on the host: copied, or, with a vocabulary-parallel head, every rank's
+// [n, vocab_local] slice gathered and laid side by side.
+void LlamaModel::full_rows(const Tensor& slice, float* logits) {
+  const int64_t vocab = config().vocab_size, vocab_local = output_.rows, tp = vocab / vocab_local, n = slice.rows;
+  if (tp == 1) {
+    backend_.copy_to_host(slice, logits);
+    return;
+  }
+  host_.resize(size_t(n * vocab_local * (tp + 1)));
+  std::span<float> all(host_.data() + n * vocab_local, size_t(n * vocab_local * tp));
+  gather_vocab(slice, n, all);
+  for (int64_t r = 0; r < tp; ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* src = all.data() + (r * n + i) * vocab_local;
+      std::copy(src, src + vocab_local, logits + i * vocab + r * vocab_local);
+    }
+  }
 }
 
 void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std::vector<float>& logits) {
-  const ModelConfig& c = config();
-  const int64_t d = c.d_model;
-  Workspace& w = *ws_;
-  const int64_t vocab = c.vocab_size;
-  const int64_t vocab_local = output_.rows;  // this rank's slice of the vocabulary (all of it without TP)
-  const int64_t tp = vocab / vocab_local;
+  const int64_t vocab = config().vocab_size;
   const int64_t first = int64_t(logits.size()) / vocab;  // rows of earlier micro-batches stay
   logits.resize(size_t((first + int64_t(rows.size())) * vocab));
-  // Chunks of rows bound the [rows, vocab] scratch when every position wants logits (evaluation, tests).
-  const int64_t chunk = 256;
-  for (int64_t r0 = 0; r0 < int64_t(rows.size()); r0 += chunk) {
-    const int64_t n = std::min<int64_t>(chunk, int64_t(rows.size()) - r0);
-    if (n > w.head_capacity) {
-      ensure(backend_, w.head_in, n, d);
-      ensure(backend_, w.head_norm, n, d);
-      ensure(backend_, w.head_out, n, vocab_local);
-      w.head_capacity = n;
-    }
-    Tensor in = w.head_in.slice_rows(0, n), normed = w.head_norm.slice_rows(0, n);
-    Tensor out = w.head_out.slice_rows(0, n);
-    backend_.gather_rows(x, rows.subspan(size_t(r0), size_t(n)), in);
-    backend_.rmsnorm(in, output_norm_, c.rms_eps, normed);
-    backend_.matmul(normed, output_, out);
-    if (tp == 1) {
-      backend_.copy_to_host(out, logits.data() + (first + r0) * vocab);
+  for (int64_t r0 = 0; r0 < int64_t(rows.size()); r0 += kHeadChunk) {
+    const int64_t n = std::min<int64_t>(kHeadChunk, int64_t(rows.size()) - r0);
+    full_rows(head_slice(x, rows.subspan(size_t(r0), size_t(n))), logits.data() + (first + r0) * vocab);
+  }
+}
+
+// The most likely token of each row. Without tensor parallelism the backend reduces the rows where they are;
+// a vocabulary-parallel head gathers the full rows first and reduces them here, in the same order.
+void LlamaModel::output_argmax(const Tensor& x, std::span<const int64_t> rows, std::vector<int32_t>& argmax) {
+  const int64_t vocab = config().vocab_size;
+  const size_t first = argmax.size();  // ids of earlier micro-batches stay
+  argmax.resize(first + rows.size());
+  for (int64_t r0 = 0; r0 < int64_t(rows.size()); r0 += kHeadChunk) {
+    const int64_t n = std::min<int64_t>(kHeadChunk, int64_t(rows.size()) - r0);
+    const Tensor slice = head_slice(x, rows.subspan(size_t(r0), size_t(n)));
+    std::span<int32_t> ids(argmax.data() + first + size_t(r0), size_t(n));
+    if (output_.rows == vocab) {
+      backend_.argmax_rows(slice, ids);
       continue;
     }
-    // Vocabulary-parallel head: gather every rank's [n, vocab_local] slice, then lay the slices side by side.
-    host_.resize(size_t(n * vocab_local * (tp + 1)));
-    std::span<float> all(host_.data() + n * vocab_local, size_t(n * vocab_local * tp));
-    gather_vocab(out, n, all);
-    for (int64_t r = 0; r < tp; ++r) {
-      for (int64_t i = 0; i < n; ++i) {
-        const float* src = all.data() + (r * n + i) * vocab_local;
-        std::copy(src, src + vocab_local, logits.data() + (first + r0 + i) * vocab + r * vocab_local);
-      }
+    argmax_logits_.resize(size_t(n * vocab));
+    full_rows(slice, argmax_logits_.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = argmax_logits_.data() + i * vocab;
+      ids[size_t(i)] = int32_t(std::max_element(row, row + vocab) - row);  // the first of equal maxima
     }
   }
 }

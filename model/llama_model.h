@@ -27,7 +27,10 @@
 
 namespace strata {
 
-enum class LogitsMode { none, last, all };
+// Which rows of a sequence's step leave through the output head: none; the last one's logits; every row's logits;
+// or only the most likely token of the last row (greedy decoding: the row is reduced where the logits are, and
+// no vocabulary-sized row is copied to the host).
+enum class LogitsMode { none, last, all, argmax };
 
 // Column sums of attention probabilities that a sequence's compression policies asked for (PolicyNeeds): for
 // every local layer, query head h and cache entry e, sums[layer][h * stride + e] += p(row, e) over the query
@@ -97,8 +100,12 @@ class LlamaModel {
 
   // Appends the batch's tokens to `cache` (the caller has checked KvCache::can_append) and runs the shard.
   // `logits` receives one row of vocab_size floats per requested position, in batch order: one row for
-  // LogitsMode::last, one per token for LogitsMode::all; on a stage without the output head it is left empty.
+  // LogitsMode::last, one per token for LogitsMode::all; `argmax` one token id per LogitsMode::argmax sequence
+  // (the lowest id among equal logits), in batch order. On a stage without the output head both are left empty.
   // Every rank of the world runs the same batch (the step plan), which is how neighbours know the sizes.
+  void forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits,
+               std::vector<int32_t>& argmax);
+  // The same for a batch without LogitsMode::argmax sequences (std::invalid_argument otherwise).
   void forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits);
 
  private:
@@ -109,13 +116,16 @@ class LlamaModel {
 
   Tensor upload(const HostMatrix& m);
   void forward_micro_batch(std::span<const BatchSequence> batch, std::vector<float>& sent, KvCache& cache,
-                           std::vector<float>& logits);
+                           std::vector<float>& logits, std::vector<int32_t>& argmax);
   void tp_all_reduce(Tensor& t);
   void recv_hidden(Tensor& x);
   void send_hidden(const Tensor& x, std::vector<float>& sent);
   void wait_sends();
   void gather_vocab(const Tensor& out, int64_t n, std::span<float> all);
+  Tensor head_slice(const Tensor& x, std::span<const int64_t> rows);
+  void full_rows(const Tensor& slice, float* logits);
   void output_head(const Tensor& x, std::span<const int64_t> rows, std::vector<float>& logits);
+  void output_argmax(const Tensor& x, std::span<const int64_t> rows, std::vector<int32_t>& argmax);
   void run_layer(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
                  std::span<const AttentionSequence> seqs, std::span<const int32_t> positions);
   void attention(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
@@ -133,6 +143,7 @@ class LlamaModel {
   std::unique_ptr<Workspace> ws_;
   int micro_batches_ = 1;
   std::vector<float> host_;  // staging for what crosses ranks ([T, D] hidden states, logits slices)
+  std::vector<float> argmax_logits_;  // full logits rows of a vocabulary-parallel head, reduced on the host
   std::vector<std::vector<float>> sent_;  // per micro-batch: [T, D] hidden states on their way to the next stage
 };
 

@@ -1,4 +1,5 @@
 // The CPU backend: fp32 everywhere, memory from the heap, weights used where the loader put them.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -81,6 +82,15 @@ class CpuBackend final : public Backend {
       throw std::invalid_argument("cpu backend: gather_rows shapes do not match");
     }
     for (size_t i = 0; i < rows.size(); ++i) std::memcpy(out.row(int64_t(i)), x.row(rows[i]), size_t(x.cols) * 4);
+  }
+  void argmax_rows(const Tensor& x, std::span<int32_t> out) override {
+    if (x.rows != int64_t(out.size()) || x.cols < 1) {
+      throw std::invalid_argument("cpu backend: argmax_rows needs one output per row of x, and columns");
+    }
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* row = x.row(r);
+      out[size_t(r)] = int32_t(std::max_element(row, row + x.cols) - row);  // the first of equal maxima
+    }
   }
   void kv_write(const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,
                 const KvPoolView& pool) override {

@@ -124,6 +124,10 @@ class CudaBackend final : public Backend {
     ctx_.begin_op();
     cuda::gather_rows(ctx_, x, rows, out);
   }
+  void argmax_rows(const Tensor& x, std::span<int32_t> out) override {
+    ctx_.begin_op();
+    cuda::argmax_rows(ctx_, x, out);
+  }
 
   void kv_write(const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,
                 const KvPoolView& pool) override {

@@ -4,7 +4,7 @@
 // none of them waits for the device. The caller (CudaBackend) starts each op with ctx.begin_op().
 //
 // Storage: activations are f32, weights bf16 (upload_weight), KV blocks bf16 or KIVI-quantized.
-// Files: cuda_elementwise.cu (embedding, rmsnorm, silu_mul, add, gather_rows, the f32 -> bf16 cast),
+// Files: cuda_elementwise.cu (embedding, rmsnorm, silu_mul, add, gather_rows, argmax_rows, the f32 -> bf16 cast),
 // cuda_matmul.cu (cuBLAS), cuda_rope.cu, cuda_attention.cu (kv_write, paged attention, column sums).
 #include <cstdint>
 #include <span>
@@ -23,6 +23,7 @@ void rmsnorm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps, Tens
 void silu_mul(CudaContext& ctx, const Tensor& gate, const Tensor& up, Tensor& out);
 void add(CudaContext& ctx, Tensor& x, const Tensor& y);
 void gather_rows(CudaContext& ctx, const Tensor& x, std::span<const int64_t> rows, Tensor& out);
+void argmax_rows(CudaContext& ctx, const Tensor& x, std::span<int32_t> out);
 
 void matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out);
 

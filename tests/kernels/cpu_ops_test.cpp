@@ -204,6 +204,28 @@ TEST(CpuAdd, AddsElementwiseInPlace) {
   EXPECT_EQ(to_host(*be, ty), y);  // y is untouched
 }
 
+// Rows whose largest value is at the start, the end, in the middle, repeated (the lowest column wins), among
+// negative values only, and next to -inf.
+TEST(CpuArgmaxRows, LargestColumnAndTheLowestAmongEquals) {
+  auto be = make_cpu_backend();
+  const int64_t cols = 1031;
+  std::vector<float> x = random_values(size_t(6 * cols), 41, -3.0f, 3.0f);
+  const auto at = [&](int64_t r, int64_t c) -> float& { return x[size_t(r * cols + c)]; };
+  at(0, 0) = 9.0f;
+  at(1, cols - 1) = 9.0f;
+  at(2, 517) = 9.0f;
+  at(3, 700) = 9.0f, at(3, 12) = 9.0f, at(3, 900) = 9.0f;
+  for (int64_t c = 0; c < cols; ++c) at(4, c) = -10.0f - float(c % 7);
+  at(4, 333) = -9.5f;
+  at(5, 5) = -INFINITY, at(5, 6) = 9.0f;
+  Tensor t = to_device(*be, x, 6, cols);
+  std::vector<int32_t> ids(6, -1);
+  be->argmax_rows(t, ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, int32_t(cols - 1), 517, 12, 333, 6}));
+  std::vector<int32_t> too_few(5);
+  EXPECT_THROW(be->argmax_rows(t, too_few), std::invalid_argument);
+}
+
 TEST(CpuEmbedding, CopiesTheRowOfEveryId) {
   auto be = make_cpu_backend();
   const int64_t vocab = 50, d = 24;
