@@ -139,13 +139,7 @@ void rows_values(const float* p, const float* v, int n, int hd, float* o) {
 // scores[j] = scale * q . k_j for n keys stored one after another (a row that scores few keys: no transposition).
 STRATA_SIMD_CLONES
 void row_scores(const float* qv, const float* keys, int n, int hd, float scale, float* scores) {
-  for (int j = 0; j < n; ++j) {
-    const float* k = keys + int64_t(j) * hd;
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int d = 0; d < hd; ++d) acc += qv[d] * k[d];
-    scores[j] = acc * scale;
-  }
+  for (int j = 0; j < n; ++j) scores[j] = dot(qv, keys + int64_t(j) * hd, hd) * scale;
 }
 
 // The keys of a sequence's full-precision blocks, transposed once per call for chunk_scores: for KV head h, block
