@@ -40,6 +40,12 @@ class SequenceSampler {
   void accept(int32_t id);
 
   const SamplingParams& params() const { return params_; }
+  // sample() would return the row's argmax and nothing else: greedy, no penalties to apply to the logits first,
+  // no logprobs to report. The caller may then find the argmax where the logits are (LogitsMode::argmax).
+  bool argmax_only() const {
+    return params_.temperature <= 0.0f && params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f &&
+           params_.n_logprobs < 0;
+  }
 
  private:
   SamplingParams params_;

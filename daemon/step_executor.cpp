@@ -10,15 +10,6 @@
 #include "cache/pooled_layer_keys.h"
 
 namespace strata {
-namespace {
-
-// The sampler would return the row's argmax and nothing else (daemon/sampler.h): greedy, no penalties to apply
-// to the logits first, no logprobs to report.
-bool argmax_suffices(const SamplingParams& p) {
-  return p.temperature <= 0.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.n_logprobs < 0;
-}
-
-}  // namespace
 
 StepExecutor::StepExecutor(LlamaModel& model, KvCache& cache, CompressionConfig compression, std::string model_name,
                            PolicyCollectives* collectives)
@@ -66,7 +57,7 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
       stats = step_stats[i].get();
     }
     const LogitsMode logits = !w.sample ? LogitsMode::none
-                              : argmax_suffices(state.sampler.params()) && !keep_logits_ ? LogitsMode::argmax
+                              : state.sampler.argmax_only() && !keep_logits_ ? LogitsMode::argmax
                                                                                         : LogitsMode::last;
     batch.push_back(BatchSequence{w.seq, w.tokens, w.start_pos, logits, stats, state.pod.get()});
   }
