@@ -1,6 +1,8 @@
 #pragma once
-// Chooses the next token of one sequence from its logits row, and reports log-probabilities.
-// Pure over plain data (no model, no cache): the same inputs and RNG state give the same token.
+// One sequence's sampling state: its RNG and the counts of the tokens it generated. The choice itself is made
+// where the logits are (Backend::sample_rows, the rule of kernels/token_sampling.h); what the host contributes is
+// a RowSampling per token: the penalties from the counts and the uniform number a draw consumes. The same inputs
+// and RNG state give the same token.
 //
 // Order of operations (as vLLM and the OpenAI API behave):
 //   1. presence / frequency penalties on the raw logits, from the counts of tokens generated so far;
@@ -14,44 +16,30 @@
 #include <vector>
 
 #include "daemon/sampling_params.h"
+#include "kernels/token_sampling.h"
 
 namespace strata {
 
-struct TokenLogprob {
-  int32_t id = 0;
-  float logprob = 0.0f;
-};
-
-struct SampleResult {
-  int32_t id = 0;
-  float logprob = 0.0f;                  // of the chosen token (when params.n_logprobs >= 0)
-  std::vector<TokenLogprob> top;         // the n_logprobs most likely, most likely first
-};
-
-// Per-sequence sampler state: the RNG and the counts of generated tokens (for the penalties).
 class SequenceSampler {
  public:
   // seed: params.seed when given; otherwise the engine passes a random one.
   SequenceSampler(const SamplingParams& params, uint64_t seed);
 
-  // logits: one row of vocab_size floats; it may be modified in place (scratch).
-  SampleResult sample(std::span<float> logits);
-  // Records a token the sequence generated (updates penalty counts). sample() does not call it itself.
+  // How to choose the next token: call once per token, as it takes the draw's number from the RNG (greedy
+  // sequences leave the RNG untouched). The penalties it points to stay valid until the next call.
+  RowSampling next();
+  // next(), carried out on a host logits row of vocab_size floats (modified in place).
+  RowSample sample(std::span<float> logits) { return sample_row_on_host(logits, next()); }
+  // Records a token the sequence generated (updates penalty counts). Neither of the above calls it.
   void accept(int32_t id);
 
   const SamplingParams& params() const { return params_; }
-  // sample() would return the row's argmax and nothing else: greedy, no penalties to apply to the logits first,
-  // no logprobs to report. The caller may then find the argmax where the logits are (LogitsMode::argmax).
-  bool argmax_only() const {
-    return params_.temperature <= 0.0f && params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f &&
-           params_.n_logprobs < 0;
-  }
 
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int32_t> counts_;
-  std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<TokenPenalty> penalties_;
 };
 
 }  // namespace strata

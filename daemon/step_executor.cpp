@@ -56,28 +56,33 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
       step_stats[i] = decode_stats(w, state);
       stats = step_stats[i].get();
     }
-    const LogitsMode logits = !w.sample ? LogitsMode::none
-                              : state.sampler.argmax_only() && !keep_logits_ ? LogitsMode::argmax
-                                                                                        : LogitsMode::last;
+    // Only the last pipeline stage has logits to sample, and only it draws from the sequences' RNGs.
+    const bool samples = w.sample && model_.has_output();
+    const LogitsMode logits = !samples ? LogitsMode::none : keep_logits_ ? LogitsMode::last : LogitsMode::sample;
     batch.push_back(BatchSequence{w.seq, w.tokens, w.start_pos, logits, stats, state.pod.get()});
+  }
+  // Every sampling is taken before the forward pass points at it (next() reuses its sampler's penalty buffer).
+  sampling_.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].logits != LogitsMode::sample) continue;
+    sampling_[i] = seqs_.at(batch[i].seq).sampler.next();
+    batch[i].sampling = &sampling_[i];
   }
 
   StepResult result;
   result.step = plan.step;
   if (batch.empty()) return result;
-  model_.forward(batch, cache_, logits_, argmax_);
+  model_.forward(batch, cache_, logits_, samples_);
 
   const int64_t vocab = model_.config().vocab_size;
-  int64_t row = 0, argmax_row = 0;
+  int64_t row = 0, sampled = 0;
   for (size_t i = 0; i < plan.work.size(); ++i) {
     const PlannedWork& w = plan.work[i];
     SequenceState& state = seqs_.at(w.seq);
-    if (batch[i].logits == LogitsMode::argmax && model_.has_output()) {
-      const int32_t id = argmax_[size_t(argmax_row++)];
-      state.sampler.accept(id);
-      result.sampled.push_back(SampledToken{w.seq, id, 0.0f, {}, {}});
-    } else if (w.sample && model_.has_output()) {  // only the last pipeline stage has logits
-      const SampleResult s = state.sampler.sample(std::span<float>(logits_.data() + row * vocab, size_t(vocab)));
+    if (batch[i].logits != LogitsMode::none) {
+      const RowSample s = batch[i].logits == LogitsMode::sample
+                              ? std::move(samples_[size_t(sampled++)])
+                              : state.sampler.sample(std::span<float>(logits_.data() + row++ * vocab, size_t(vocab)));
       state.sampler.accept(s.id);
       SampledToken t{w.seq, s.id, s.logprob, {}, {}};
       for (const TokenLogprob& top : s.top) {
@@ -85,7 +90,6 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
         t.top_logprobs.push_back(top.logprob);
       }
       result.sampled.push_back(std::move(t));
-      ++row;
     }
     run_hooks(w, state, step_stats[i].get());
     seal_groups(w, state);

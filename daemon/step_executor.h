@@ -52,9 +52,8 @@ class StepExecutor {
   size_t n_sequences() const { return seqs_.size(); }
   // Counters per local layer since the last call, then reset.
   std::vector<LayerCompressionCounters> take_counters();
-  // A greedy sequence that reports no logprobs and has no penalties needs only its most likely token, which the
-  // model finds where the logits are (LogitsMode::argmax: no vocabulary-sized row comes to the host). With
-  // keep_logits(true) every sampled work item gets its logits row instead, for last_logits().
+  // Tokens are sampled where the logits are (LogitsMode::sample: no vocabulary-sized row comes to the host). With
+  // keep_logits(true) every sampled work item gets its logits row instead, sampled on the host, for last_logits().
   void keep_logits(bool keep) { keep_logits_ = keep; }
   // The logits of the last execute(), with keep_logits(true): one row of vocab_size floats per sampled work item,
   // in plan order (on the rank that samples). strata eval scores forced continuations with them.
@@ -104,7 +103,8 @@ class StepExecutor {
   std::unordered_map<int64_t, SequenceState> seqs_;
   std::vector<LayerCompressionCounters> counters_;  // per local layer
   std::vector<float> logits_;
-  std::vector<int32_t> argmax_;  // the tokens of the LogitsMode::argmax items of the last execute()
+  std::vector<RowSampling> sampling_;  // per work item of the step being executed (LogitsMode::sample)
+  std::vector<RowSample> samples_;     // the tokens of the LogitsMode::sample items of the last execute()
   bool keep_logits_ = false;
   std::optional<PodBlocks> pod_blocks_;
 };

@@ -14,6 +14,7 @@
 #include "kernels/kv_merge.h"
 #include "kernels/pod_attention.h"
 #include "kernels/tensor.h"
+#include "kernels/token_sampling.h"
 #include "model/model_config.h"
 
 namespace strata {
@@ -70,9 +71,10 @@ class Backend {
   virtual void add(Tensor& x, const Tensor& y) = 0;
   // out[i] = x[rows[i]]: the rows that need logits, gathered for the output head.   x [T, D], out [rows, D]
   virtual void gather_rows(const Tensor& x, std::span<const int64_t> rows, Tensor& out) = 0;
-  // out[r] = the column of row r's largest value, the lowest column among equal values, for every row of x; out is
-  // host memory. Greedy decoding reads a logits row this way without copying the row to the host.
-  virtual void argmax_rows(const Tensor& x, std::span<int32_t> out) = 0;
+  // Chooses a token from each row of logits by rows[r] (the rule of kernels/token_sampling.h) where the logits
+  // are: only the tokens and their logprobs come to the host (out, one per row). The penalties are applied to
+  // `logits` in place.                                              logits [rows.size(), V]
+  virtual void sample_rows(Tensor& logits, std::span<const RowSampling> rows, std::span<RowSample> out) = 0;
 
   // Writes the step's keys and values into the cache: token row q_begin + i of a sequence goes to entry
   // n_ctx_before + i of its block table, which is always a full-precision block.   k, v [T, Hkv * Dh]

@@ -84,7 +84,7 @@ std::vector<std::vector<BatchSequence>> split_micro_batches(std::span<const Batc
       BatchSequence piece = s;
       piece.tokens = s.tokens.subspan(offset, take);
       piece.start_pos = s.start_pos + int(offset);
-      const bool last_row_only = s.logits == LogitsMode::last || s.logits == LogitsMode::argmax;
+      const bool last_row_only = s.logits == LogitsMode::last || s.logits == LogitsMode::sample;
       if (last_row_only && offset + take < s.tokens.size()) piece.logits = LogitsMode::none;
       micro[m].push_back(piece);
       offset += take;
@@ -97,22 +97,26 @@ std::vector<std::vector<BatchSequence>> split_micro_batches(std::span<const Batc
 
 void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits) {
   for (const BatchSequence& s : batch) {
-    if (s.logits == LogitsMode::argmax) {
-      throw std::invalid_argument("sequence " + std::to_string(s.seq) + " asks for argmax ids, which need forward's "
-                                  "argmax output");
+    if (s.logits == LogitsMode::sample) {
+      throw std::invalid_argument("sequence " + std::to_string(s.seq) + " asks for a sampled token, which needs "
+                                  "forward's samples output");
     }
   }
-  std::vector<int32_t> no_argmax;
-  forward(batch, cache, logits, no_argmax);
+  std::vector<RowSample> no_samples;
+  forward(batch, cache, logits, no_samples);
 }
 
 void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits,
-                         std::vector<int32_t>& argmax) {
+                         std::vector<RowSample>& samples) {
   const ModelConfig& c = config();
   for (const BatchSequence& s : batch) {
     if (s.start_pos + int(s.tokens.size()) > c.max_context) {
       throw std::invalid_argument("sequence " + std::to_string(s.seq) + " goes past the model's context of " +
                                   std::to_string(c.max_context));
+    }
+    if (s.logits == LogitsMode::sample && s.sampling == nullptr) {
+      throw std::invalid_argument("sequence " + std::to_string(s.seq) + " asks for a sampled token without its "
+                                  "sampling");
     }
     for (int32_t id : s.tokens) {
       if (id < 0 || id >= c.vocab_size) {
@@ -121,19 +125,19 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
     }
   }
   logits.clear();
-  argmax.clear();
+  samples.clear();
   const std::vector<std::vector<BatchSequence>> micro = split_micro_batches(batch, micro_batches_);
   sent_.resize(std::max(sent_.size(), micro.size()));
-  for (size_t m = 0; m < micro.size(); ++m) forward_micro_batch(micro[m], sent_[m], cache, logits, argmax);
+  for (size_t m = 0; m < micro.size(); ++m) forward_micro_batch(micro[m], sent_[m], cache, logits, samples);
   // The stage's last micro-batch has left once the next stage has taken it; the buffers are free again.
   if (!weights_.shard.has_output) wait_sends();
 }
 
 // One micro-batch through this stage: its tokens go into the cache, its hidden states come from the embedding or
 // the previous stage, and leave for the next stage (from `sent`, which stays untouched until forward() ends) or
-// through the output head, whose rows are appended to `logits` and `argmax`.
+// through the output head, whose rows are appended to `logits` and `samples`.
 void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::vector<float>& sent, KvCache& cache,
-                                     std::vector<float>& logits, std::vector<int32_t>& argmax) {
+                                     std::vector<float>& logits, std::vector<RowSample>& samples) {
   const ModelConfig& c = config();
   const int hd = c.head_dim;
   const int64_t d = c.d_model;
@@ -200,7 +204,8 @@ void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::
     return;
   }
   // Output head for the rows that need logits only.
-  std::vector<int64_t> rows, argmax_rows;
+  std::vector<int64_t> rows, sampled_rows;
+  std::vector<RowSampling> sampling;
   int64_t row = 0;
   for (const BatchSequence& s : batch) {
     const int64_t n = int64_t(s.tokens.size());
@@ -208,13 +213,14 @@ void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::
       for (int64_t i = 0; i < n; ++i) rows.push_back(row + i);
     } else if (s.logits == LogitsMode::last) {
       rows.push_back(row + n - 1);
-    } else if (s.logits == LogitsMode::argmax) {
-      argmax_rows.push_back(row + n - 1);
+    } else if (s.logits == LogitsMode::sample) {
+      sampled_rows.push_back(row + n - 1);
+      sampling.push_back(*s.sampling);
     }
     row += n;
   }
   output_head(x, rows, logits);
-  output_argmax(x, argmax_rows, argmax);
+  output_samples(x, sampled_rows, sampling, samples);
 }
 
 // Chunks of rows bound the [rows, vocab] scratch when every position wants logits (evaluation, tests).
@@ -269,25 +275,27 @@ void LlamaModel::output_head(const Tensor& x, std::span<const int64_t> rows, std
   }
 }
 
-// The most likely token of each row. Without tensor parallelism the backend reduces the rows where they are;
-// a vocabulary-parallel head gathers the full rows first and reduces them here, in the same order.
-void LlamaModel::output_argmax(const Tensor& x, std::span<const int64_t> rows, std::vector<int32_t>& argmax) {
+// A token chosen from each row by its sampling. Without tensor parallelism the backend samples the rows where
+// they are; a vocabulary-parallel head gathers the full rows first and samples them here, by the same rule
+// (kernels/token_sampling.h), so every rank of the stage chooses the same tokens.
+void LlamaModel::output_samples(const Tensor& x, std::span<const int64_t> rows, std::span<const RowSampling> sampling,
+                                std::vector<RowSample>& samples) {
   const int64_t vocab = config().vocab_size;
-  const size_t first = argmax.size();  // ids of earlier micro-batches stay
-  argmax.resize(first + rows.size());
+  const size_t first = samples.size();  // tokens of earlier micro-batches stay
+  samples.resize(first + rows.size());
   for (int64_t r0 = 0; r0 < int64_t(rows.size()); r0 += kHeadChunk) {
     const int64_t n = std::min<int64_t>(kHeadChunk, int64_t(rows.size()) - r0);
-    const Tensor slice = head_slice(x, rows.subspan(size_t(r0), size_t(n)));
-    std::span<int32_t> ids(argmax.data() + first + size_t(r0), size_t(n));
+    Tensor slice = head_slice(x, rows.subspan(size_t(r0), size_t(n)));
+    const std::span<const RowSampling> chunk = sampling.subspan(size_t(r0), size_t(n));
+    std::span<RowSample> out(samples.data() + first + size_t(r0), size_t(n));
     if (output_.rows == vocab) {
-      backend_.argmax_rows(slice, ids);
+      backend_.sample_rows(slice, chunk, out);
       continue;
     }
-    argmax_logits_.resize(size_t(n * vocab));
-    full_rows(slice, argmax_logits_.data());
+    sampled_logits_.resize(size_t(n * vocab));
+    full_rows(slice, sampled_logits_.data());
     for (int64_t i = 0; i < n; ++i) {
-      const float* row = argmax_logits_.data() + i * vocab;
-      ids[size_t(i)] = int32_t(std::max_element(row, row + vocab) - row);  // the first of equal maxima
+      out[size_t(i)] = sample_row_on_host({sampled_logits_.data() + i * vocab, size_t(vocab)}, chunk[size_t(i)]);
     }
   }
 }

@@ -28,9 +28,9 @@
 namespace strata {
 
 // Which rows of a sequence's step leave through the output head: none; the last one's logits; every row's logits;
-// or only the most likely token of the last row (greedy decoding: the row is reduced where the logits are, and
-// no vocabulary-sized row is copied to the host).
-enum class LogitsMode { none, last, all, argmax };
+// or only a token chosen from the last row (the row is sampled where the logits are, Backend::sample_rows, and no
+// vocabulary-sized row is copied to the host).
+enum class LogitsMode { none, last, all, sample };
 
 // Column sums of attention probabilities that a sequence's compression policies asked for (PolicyNeeds): for
 // every local layer, query head h and cache entry e, sums[layer][h * stride + e] += p(row, e) over the query
@@ -57,6 +57,7 @@ struct BatchSequence {
   LogitsMode logits = LogitsMode::last;
   AttentionStats* stats = nullptr;  // statistics to accumulate in this step (nullable)
   const PodSequence* pod = nullptr;  // PoD attention in every layer (nullable)
+  const RowSampling* sampling = nullptr;  // LogitsMode::sample: how to choose the token (on the last stage)
 };
 
 // The batch cut into at most n micro-batches of about equal token counts (n, or fewer when the batch has fewer
@@ -100,12 +101,12 @@ class LlamaModel {
 
   // Appends the batch's tokens to `cache` (the caller has checked KvCache::can_append) and runs the shard.
   // `logits` receives one row of vocab_size floats per requested position, in batch order: one row for
-  // LogitsMode::last, one per token for LogitsMode::all; `argmax` one token id per LogitsMode::argmax sequence
-  // (the lowest id among equal logits), in batch order. On a stage without the output head both are left empty.
-  // Every rank of the world runs the same batch (the step plan), which is how neighbours know the sizes.
+  // LogitsMode::last, one per token for LogitsMode::all; `samples` one token per LogitsMode::sample sequence, in
+  // batch order. On a stage without the output head both are left empty. Every rank of the world runs the same
+  // batch (the step plan), which is how neighbours know the sizes.
   void forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits,
-               std::vector<int32_t>& argmax);
-  // The same for a batch without LogitsMode::argmax sequences (std::invalid_argument otherwise).
+               std::vector<RowSample>& samples);
+  // The same for a batch without LogitsMode::sample sequences (std::invalid_argument otherwise).
   void forward(std::span<const BatchSequence> batch, KvCache& cache, std::vector<float>& logits);
 
  private:
@@ -116,7 +117,7 @@ class LlamaModel {
 
   Tensor upload(const HostMatrix& m);
   void forward_micro_batch(std::span<const BatchSequence> batch, std::vector<float>& sent, KvCache& cache,
-                           std::vector<float>& logits, std::vector<int32_t>& argmax);
+                           std::vector<float>& logits, std::vector<RowSample>& samples);
   void tp_all_reduce(Tensor& t);
   void recv_hidden(Tensor& x);
   void send_hidden(const Tensor& x, std::vector<float>& sent);
@@ -125,7 +126,8 @@ class LlamaModel {
   Tensor head_slice(const Tensor& x, std::span<const int64_t> rows);
   void full_rows(const Tensor& slice, float* logits);
   void output_head(const Tensor& x, std::span<const int64_t> rows, std::vector<float>& logits);
-  void output_argmax(const Tensor& x, std::span<const int64_t> rows, std::vector<int32_t>& argmax);
+  void output_samples(const Tensor& x, std::span<const int64_t> rows, std::span<const RowSampling> sampling,
+                      std::vector<RowSample>& samples);
   void run_layer(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
                  std::span<const AttentionSequence> seqs, std::span<const int32_t> positions);
   void attention(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
@@ -143,7 +145,7 @@ class LlamaModel {
   std::unique_ptr<Workspace> ws_;
   int micro_batches_ = 1;
   std::vector<float> host_;  // staging for what crosses ranks ([T, D] hidden states, logits slices)
-  std::vector<float> argmax_logits_;  // full logits rows of a vocabulary-parallel head, reduced on the host
+  std::vector<float> sampled_logits_;  // full logits rows of a vocabulary-parallel head, sampled on the host
   std::vector<std::vector<float>> sent_;  // per micro-batch: [T, D] hidden states on their way to the next stage
 };
 

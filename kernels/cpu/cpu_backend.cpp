@@ -83,13 +83,12 @@ class CpuBackend final : public Backend {
     }
     for (size_t i = 0; i < rows.size(); ++i) std::memcpy(out.row(int64_t(i)), x.row(rows[i]), size_t(x.cols) * 4);
   }
-  void argmax_rows(const Tensor& x, std::span<int32_t> out) override {
-    if (x.rows != int64_t(out.size()) || x.cols < 1) {
-      throw std::invalid_argument("cpu backend: argmax_rows needs one output per row of x, and columns");
+  void sample_rows(Tensor& logits, std::span<const RowSampling> rows, std::span<RowSample> out) override {
+    if (logits.rows != int64_t(rows.size()) || out.size() != rows.size() || logits.cols < 1) {
+      throw std::invalid_argument("cpu backend: sample_rows needs one sampling and one output per row of logits");
     }
-    for (int64_t r = 0; r < x.rows; ++r) {
-      const float* row = x.row(r);
-      out[size_t(r)] = int32_t(std::max_element(row, row + x.cols) - row);  // the first of equal maxima
+    for (size_t r = 0; r < rows.size(); ++r) {
+      out[r] = sample_row_on_host({logits.row(int64_t(r)), size_t(logits.cols)}, rows[r]);
     }
   }
   void kv_write(const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,

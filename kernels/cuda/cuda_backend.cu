@@ -124,9 +124,9 @@ class CudaBackend final : public Backend {
     ctx_.begin_op();
     cuda::gather_rows(ctx_, x, rows, out);
   }
-  void argmax_rows(const Tensor& x, std::span<int32_t> out) override {
+  void sample_rows(Tensor& logits, std::span<const RowSampling> rows, std::span<RowSample> out) override {
     ctx_.begin_op();
-    cuda::argmax_rows(ctx_, x, out);
+    cuda::sample_rows(ctx_, logits, rows, out);
   }
 
   void kv_write(const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,

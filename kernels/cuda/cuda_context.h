@@ -59,6 +59,14 @@ class CudaContext {
   void* scratch(size_t bytes);
   // Waits for the work queued on stream(), then copies `bytes` from device memory to host memory.
   void download(const void* device, void* host, size_t bytes);
+  // A device copy of an array of plain structs, which travels as its words (int32_t or int64_t, the widest that
+  // the struct's size and alignment allow); as upload().
+  template <class Word, class T>
+  const T* upload_structs(const std::vector<T>& v) {
+    static_assert(sizeof(T) % sizeof(Word) == 0 && alignof(T) >= alignof(Word));
+    const auto* words = reinterpret_cast<const Word*>(v.data());
+    return reinterpret_cast<const T*>(upload(std::span<const Word>(words, v.size() * sizeof(T) / sizeof(Word))));
+  }
 
  private:
   // A bump allocator over a list of chunks; chunks.back() is the one being filled.

@@ -1,12 +1,11 @@
-// Row-wise and element-wise ops of the CUDA backend: embedding, rmsnorm, silu_mul, add, gather_rows, argmax_rows
-// and the f32 -> bf16 cast that feeds the GEMMs. Activations are f32; weights (the embedding table, the norms' w) bf16.
+// Row-wise and element-wise ops of the CUDA backend: embedding, rmsnorm, silu_mul, add, gather_rows and the
+// f32 -> bf16 cast that feeds the GEMMs. Activations are f32; weights (the embedding table, the norms' w) bf16.
 //
-// Launch shapes: the row ops (embedding, rmsnorm, gather_rows, argmax_rows) run one block of kRowThreads threads per output
-// row, the threads striding over the row's columns (coalesced); the element-wise ops run one thread per element
-// in blocks of kThreads.
+// Launch shapes: the row ops (embedding, rmsnorm, gather_rows) run one block of kRowThreads threads per output row,
+// the threads striding over the row's columns (coalesced); the element-wise ops run one thread per element in
+// blocks of kThreads.
 #include <cuda_bf16.h>
 
-#include <climits>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -88,40 +87,6 @@ __global__ void gather_rows_kernel(const float* x, const int64_t* rows, int64_t 
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
 }
 
-// (value, column) takes (other_value, other_column) when that is larger, or equal at a lower column: the order of
-// the CPU's scan, whatever order the pairs meet in.
-__device__ void keep_larger(float& value, int& column, float other_value, int other_column) {
-  if (other_value > value || (other_value == value && other_column < column)) {
-    value = other_value;
-    column = other_column;
-  }
-}
-
-// Block (r): out[r] = the column of x[r, :]'s largest value, the lowest among equals. Each thread keeps the best
-// of its strided columns; then each warp (shuffles) and the block's warps (shared memory) reduce the pairs.
-__global__ void argmax_rows_kernel(const float* x, int64_t cols, int32_t* out) {
-  __shared__ float warp_values[kRowThreads / 32];
-  __shared__ int warp_columns[kRowThreads / 32];
-  const float* xr = x + int64_t(blockIdx.x) * cols;
-  float value = -INFINITY;
-  int column = INT_MAX;  // any column, even one holding -inf, replaces it
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) keep_larger(value, column, xr[c], int(c));
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other_value = __shfl_xor_sync(0xffffffffu, value, offset);
-    const int other_column = __shfl_xor_sync(0xffffffffu, column, offset);
-    keep_larger(value, column, other_value, other_column);
-  }
-  if (threadIdx.x % 32 == 0) {
-    warp_values[threadIdx.x / 32] = value;
-    warp_columns[threadIdx.x / 32] = column;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kRowThreads / 32; ++w) keep_larger(value, column, warp_values[w], warp_columns[w]);
-    out[blockIdx.x] = column;
-  }
-}
-
 }  // namespace
 
 void f32_to_bf16(CudaContext& ctx, const float* src, void* dst, int64_t n) {
@@ -191,18 +156,6 @@ void gather_rows(CudaContext& ctx, const Tensor& x, std::span<const int64_t> row
   gather_rows_kernel<<<unsigned(rows.size()), kRowThreads, 0, ctx.stream()>>>(x.f32(), ctx.upload(rows), x.cols,
                                                                                out.f32());
   check(cudaGetLastError(), "gather_rows_kernel");
-}
-
-void argmax_rows(CudaContext& ctx, const Tensor& x, std::span<int32_t> out) {
-  require_f32(x, "argmax_rows", "x");
-  require(x.rows == int64_t(out.size()) && x.cols >= 1 && x.cols <= INT_MAX,
-          "argmax_rows: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "] for " +
-              std::to_string(out.size()) + " outputs");
-  if (out.empty()) return;
-  auto* columns = static_cast<int32_t*>(ctx.scratch(out.size() * sizeof(int32_t)));
-  argmax_rows_kernel<<<unsigned(out.size()), kRowThreads, 0, ctx.stream()>>>(x.f32(), x.cols, columns);
-  check(cudaGetLastError(), "argmax_rows_kernel");
-  ctx.download(columns, out.data(), out.size() * sizeof(int32_t));
 }
 
 }  // namespace strata::cuda

@@ -1,11 +1,12 @@
 #pragma once
 // The CUDA twins of the model's ops (kernels/backend.h is the contract; kernels/cpu/ the reference). Each function
 // checks its shapes on the host (std::invalid_argument naming the op), then queues its kernels on ctx.stream();
-// none of them waits for the device. The caller (CudaBackend) starts each op with ctx.begin_op().
+// none of them waits for the device but sample_rows, whose results are host data. The caller (CudaBackend) starts
+// each op with ctx.begin_op().
 //
 // Storage: activations are f32, weights bf16 (upload_weight), KV blocks bf16 or KIVI-quantized.
-// Files: cuda_elementwise.cu (embedding, rmsnorm, silu_mul, add, gather_rows, argmax_rows, the f32 -> bf16 cast),
-// cuda_matmul.cu (cuBLAS), cuda_rope.cu, cuda_attention.cu (kv_write, paged attention, column sums).
+// Files: cuda_elementwise.cu (embedding, rmsnorm, silu_mul, add, gather_rows, the f32 -> bf16 cast), cuda_sampling.cu
+// (sample_rows), cuda_matmul.cu (cuBLAS), cuda_rope.cu, cuda_attention.cu (kv_write, paged attention, column sums).
 #include <cstdint>
 #include <span>
 
@@ -23,7 +24,10 @@ void rmsnorm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps, Tens
 void silu_mul(CudaContext& ctx, const Tensor& gate, const Tensor& up, Tensor& out);
 void add(CudaContext& ctx, Tensor& x, const Tensor& y);
 void gather_rows(CudaContext& ctx, const Tensor& x, std::span<const int64_t> rows, Tensor& out);
-void argmax_rows(CudaContext& ctx, const Tensor& x, std::span<int32_t> out);
+
+// The rule of kernels/token_sampling.h on each row of logits [rows.size(), V], the penalties applied in place;
+// waits for the device, to bring the tokens and logprobs to `out`.
+void sample_rows(CudaContext& ctx, Tensor& logits, std::span<const RowSampling> rows, std::span<RowSample> out);
 
 void matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out);
 

@@ -100,7 +100,7 @@ TEST(SamplerTest, PenaltiesApplyToGeneratedCounts) {
   sampler.accept(0);
   // Token 0: 1 - 0.5 - 0.25 = 0.25; token 2: 3 - 0.5 - 2 * 0.25 = 2; tokens 1 and 3 are untouched.
   std::vector<float> logits = {1.0f, 2.0f, 3.0f, 0.5f};
-  SampleResult result = sampler.sample(logits);
+  RowSample result = sampler.sample(logits);
   EXPECT_EQ(result.id, 1);  // ties with token 2 at 2.0: the lower id
 
   std::vector<double> expected = log_softmax({0.25f, 2.0f, 2.0f, 0.5f});
@@ -185,7 +185,7 @@ TEST(SamplerTest, LogprobsMatchLogSoftmaxAtTemperatureOne) {
   params.n_logprobs = 5;
   SequenceSampler sampler(params, 3);
   std::vector<float> row = logits;
-  SampleResult result = sampler.sample(row);
+  RowSample result = sampler.sample(row);
   EXPECT_NEAR(result.logprob, expected[result.id], 1e-5);
 
   std::vector<int32_t> order(logits.size());
@@ -205,7 +205,7 @@ TEST(SamplerTest, ZeroLogprobsGivesOnlyTheChosenToken) {
   params.n_logprobs = 0;
   SequenceSampler sampler(params, 1);
   std::vector<float> logits = {0.0f, std::log(3.0f)};
-  SampleResult result = sampler.sample(logits);
+  RowSample result = sampler.sample(logits);
   EXPECT_EQ(result.id, 1);
   EXPECT_NEAR(result.logprob, std::log(0.75), 1e-6);
   EXPECT_TRUE(result.top.empty());
@@ -234,6 +234,43 @@ TEST(SamplerTest, EmpiricalFrequenciesMatchTheFilteredDistribution) {
     chi_square += (counts[id] - want) * (counts[id] - want) / want;
   }
   EXPECT_LT(chi_square, 16.27);  // the 0.999 quantile of chi-square with 3 degrees of freedom
+}
+
+// What the host hands to the backend: the penalties from the accepted tokens' counts, and one uniform number per
+// token drawn at temperature > 0 from the sequence's RNG (53 bits, so it is in [0, 1)); greedy leaves the RNG as
+// it is, so a sequence that switches nothing draws the same numbers whatever came before.
+TEST(SamplerTest, NextCarriesThePenaltiesAndOneUniformPerDraw) {
+  SamplingParams params;
+  params.temperature = 0.9f;
+  params.top_k = 40;
+  params.top_p = 0.95f;
+  params.min_p = 0.02f;
+  params.n_logprobs = 2;
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 0.25f;
+  SequenceSampler sampler(params, 77);
+  sampler.accept(9);
+  sampler.accept(9);
+  sampler.accept(4);
+  const RowSampling s = sampler.next();
+  EXPECT_EQ(s.temperature, 0.9f);
+  EXPECT_EQ(s.top_k, 40);
+  EXPECT_EQ(s.top_p, 0.95f);
+  EXPECT_EQ(s.min_p, 0.02f);
+  EXPECT_EQ(s.n_logprobs, 2);
+  std::map<int32_t, float> penalties;
+  for (const TokenPenalty& p : s.penalties) penalties[p.id] = p.amount;
+  EXPECT_EQ(penalties, (std::map<int32_t, float>{{4, 0.75f}, {9, 1.0f}}));
+
+  std::mt19937_64 rng(77);
+  const double first = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+  const double second = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+  EXPECT_EQ(s.uniform, first);
+  EXPECT_EQ(sampler.next().uniform, second);
+
+  SequenceSampler greedy(greedy_params(), 77);
+  EXPECT_EQ(greedy.next().uniform, 0.0);
+  EXPECT_TRUE(greedy.next().penalties.empty());
 }
 
 TEST(SamplerTest, SameSeedSameSequenceDifferentSeedsDiffer) {

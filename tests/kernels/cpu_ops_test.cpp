@@ -204,12 +204,13 @@ TEST(CpuAdd, AddsElementwiseInPlace) {
   EXPECT_EQ(to_host(*be, ty), y);  // y is untouched
 }
 
-// Rows whose largest value is at the start, the end, in the middle, repeated (the lowest column wins), among
-// negative values only, and next to -inf.
-TEST(CpuArgmaxRows, LargestColumnAndTheLowestAmongEquals) {
+// Greedy rows (temperature 0): the largest value at the start, the end, in the middle, repeated (the lowest
+// column wins), among negative values only, next to -inf, and one made the largest by a negative penalty, which
+// sample_rows applies to the row in place.
+TEST(CpuSampleRows, GreedyRowsTakeTheLowestColumnOfTheLargestValue) {
   auto be = make_cpu_backend();
   const int64_t cols = 1031;
-  std::vector<float> x = random_values(size_t(6 * cols), 41, -3.0f, 3.0f);
+  std::vector<float> x = random_values(size_t(7 * cols), 41, -3.0f, 3.0f);
   const auto at = [&](int64_t r, int64_t c) -> float& { return x[size_t(r * cols + c)]; };
   at(0, 0) = 9.0f;
   at(1, cols - 1) = 9.0f;
@@ -218,12 +219,66 @@ TEST(CpuArgmaxRows, LargestColumnAndTheLowestAmongEquals) {
   for (int64_t c = 0; c < cols; ++c) at(4, c) = -10.0f - float(c % 7);
   at(4, 333) = -9.5f;
   at(5, 5) = -INFINITY, at(5, 6) = 9.0f;
-  Tensor t = to_device(*be, x, 6, cols);
-  std::vector<int32_t> ids(6, -1);
-  be->argmax_rows(t, ids);
-  EXPECT_EQ(ids, (std::vector<int32_t>{0, int32_t(cols - 1), 517, 12, 333, 6}));
-  std::vector<int32_t> too_few(5);
-  EXPECT_THROW(be->argmax_rows(t, too_few), std::invalid_argument);
+  at(6, 40) = 9.0f;
+  const std::vector<TokenPenalty> boost = {{41, -7.0f}};  // 41 ends above 9
+  std::vector<RowSampling> rows(7);
+  rows[6].penalties = boost;
+  Tensor t = to_device(*be, x, 7, cols);
+  std::vector<RowSample> out(7);
+  be->sample_rows(t, rows, out);
+  std::vector<int32_t> ids;
+  for (const RowSample& s : out) ids.push_back(s.id);
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, int32_t(cols - 1), 517, 12, 333, 6, 41}));
+  EXPECT_FLOAT_EQ(to_host(*be, t)[size_t(6 * cols + 41)], x[size_t(6 * cols + 41)] + 7.0f);
+  std::vector<RowSample> too_few(6);
+  EXPECT_THROW(be->sample_rows(t, rows, too_few), std::invalid_argument);
+  const std::vector<TokenPenalty> outside = {{int32_t(cols), 1.0f}};
+  rows[6].penalties = outside;
+  EXPECT_THROW(be->sample_rows(t, rows, out), std::invalid_argument);
+}
+
+// The draw of kernels/token_sampling.h by hand: weights 0.1, 0.2, 0.3, 0.4 (log-probabilities at temperature 1)
+// walked in id order, so the uniform number u picks the token whose cumulative interval (0.1, 0.3, 0.6, 1.0) holds
+// it; filters shrink the kept set first and the walk covers only it, still in id order.
+TEST(CpuSampleRows, TheDrawWalksTheKeptTokensInIdOrder) {
+  auto be = make_cpu_backend();
+  const std::vector<float> row = {std::log(0.1f), std::log(0.2f), std::log(0.3f), std::log(0.4f)};
+  const auto draw = [&](RowSampling s) {
+    Tensor t = to_device(*be, row, 1, 4);
+    std::vector<RowSample> out(1);
+    be->sample_rows(t, {&s, 1}, out);
+    return out[0].id;
+  };
+  RowSampling s;
+  s.temperature = 1.0f;
+  const std::vector<std::pair<double, int32_t>> all = {{0.0, 0}, {0.05, 0}, {0.15, 1}, {0.29, 1}, {0.31, 2},
+                                                       {0.59, 2}, {0.61, 3}, {0.999, 3}};
+  for (const auto& [u, id] : all) {
+    s.uniform = u;
+    EXPECT_EQ(draw(s), id) << "u " << u;
+  }
+  // top_k 2 keeps tokens 2 and 3 (0.3 and 0.4 of 0.7): token 2 below u = 3/7, token 3 above.
+  s.top_k = 2;
+  for (const auto& [u, id] : std::vector<std::pair<double, int32_t>>{{0.42, 2}, {0.44, 3}}) {
+    s.uniform = u;
+    EXPECT_EQ(draw(s), id) << "top_k 2, u " << u;
+  }
+  // top_p 0.65 needs 0.4 + 0.3 (tokens 3, 2); min_p 0.6 keeps weights >= 0.6 * 0.4 = 0.24 (the same two). Either
+  // leaves token 2 below u = 3/7.
+  s.top_k = 0;
+  s.top_p = 0.65f;
+  s.uniform = 0.42;
+  EXPECT_EQ(draw(s), 2);
+  s.top_p = 1.0f;
+  s.min_p = 0.6f;
+  EXPECT_EQ(draw(s), 2);
+  s.uniform = 0.44;
+  EXPECT_EQ(draw(s), 3);
+  // A low temperature sharpens the weights: at T = 0.05 token 3 holds 1 - (3/4)^20 ~ 0.997 of the mass after 2.
+  s.min_p = 0.0f;
+  s.temperature = 0.05f;
+  s.uniform = 0.01;
+  EXPECT_EQ(draw(s), 3);
 }
 
 TEST(CpuEmbedding, CopiesTheRowOfEveryId) {

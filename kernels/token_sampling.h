@@ -1,0 +1,57 @@
+#pragma once
+// Choosing a token from a logits row, carried out where the logits are (Backend::sample_rows), so that only the
+// token and its logprobs reach the host. The sequence's state stays on the host (daemon/sampler.h): its RNG and
+// its counts of generated tokens become a RowSampling, the penalties to subtract and the one uniform number a draw
+// consumes. A seeded request therefore draws the same tokens on every backend, up to the rounding of sums when the
+// uniform number falls on the boundary between two tokens.
+//
+// The rule every backend follows, on one row x of V logits:
+//  1. x[id] -= amount for every penalty (distinct ids).
+//  2. The order of the row: the larger logit first, the lower id first among equal logits. Every filter keeps a
+//     prefix of this order, so the tokens kept are always its first n.
+//  3. temperature <= 0: the first token of the order (argmax); the uniform number is not used.
+//     Otherwise the weights are w = exp((x - max) / temperature) and the kept prefix is the shortest of:
+//       top_k > 0  the first top_k tokens;
+//       top_p < 1  the shortest prefix of the top_k tokens whose weights reach top_p times the top_k tokens' total;
+//       min_p > 0  the tokens with w >= min_p, i.e. p >= min_p * p(max).
+//     The draw walks the kept tokens in ascending id order and takes the first whose running sum of weights
+//     exceeds uniform * (their total); when rounding runs past the end, the last kept token with a weight.
+//  4. n_logprobs >= 0: log_softmax of the penalised row at temperature 1, for the chosen token and for the first
+//     n_logprobs tokens of the order.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace strata {
+
+struct TokenPenalty {
+  int32_t id = 0;
+  float amount = 0.0f;  // subtracted from the logit: presence + frequency * count
+};
+
+struct RowSampling {
+  float temperature = 0.0f;
+  int top_k = 0;          // <= 0: off
+  float top_p = 1.0f;     // >= 1: off
+  float min_p = 0.0f;     // <= 0: off
+  int n_logprobs = -1;    // < 0: none
+  double uniform = 0.0;   // in [0, 1): the draw, from the sequence's RNG
+  std::span<const TokenPenalty> penalties;
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+struct RowSample {
+  int32_t id = 0;
+  float logprob = 0.0f;            // of the chosen token, when n_logprobs >= 0
+  std::vector<TokenLogprob> top;   // the n_logprobs most likely, most likely first
+};
+
+// The rule on a host row (the CPU backend's op, and the host's for rows that are already there). The row is
+// scratch: the penalties are applied to it in place.
+RowSample sample_row_on_host(std::span<float> logits, const RowSampling& sampling);
+
+}  // namespace strata
