@@ -11,8 +11,9 @@
 // Kernels (D = head_dim, C = D / 32 channels per lane; D is 64 or 128, a template parameter):
 // - kv_write_kernel: block (token) copies the token's K and V rows, all KV heads, into its slot (bf16).
 // - decode_kernel (sequences with one new row): flash-decoding. The context is cut into splits; block
-//   (split, KV head) of kDecodeThreads threads reads each key and value of its split once for all the query heads
-//   of the KV head (GQA). Each warp takes every kWarps-th entry of the split, its lanes holding C contiguous
+//   (split, KV head, head chunk) of kThreads threads reads each key and value of its split once for up to kMaxGroup
+//   query heads of the KV head (GQA; a larger group, such as Llama 3.1 405B's 16, takes several chunks, each
+//   reading the split again). Each warp takes every kWarps-th entry of the split, its lanes holding C contiguous
 //   channels; a score is a warp-wide sum. The warps' states merge in shared memory into one partial (m, l, o) per
 //   (split, query head); decode_combine_kernel, block (sequence, query head), merges the splits.
 // - prefill_kernel (sequences with several new rows): block (tile of kTileRows rows, query head) walks the keys
@@ -41,7 +42,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;  // every kernel here but the combine
-constexpr int kMaxGroup = 8;           // query heads per KV head that decode_kernel keeps in registers
+constexpr int kMaxGroup = 8;           // query heads that one decode_kernel block keeps in registers
 constexpr int kTileRows = 32;          // prefill: query rows per block
 constexpr int kTileKeys = 32;          // prefill and column sums: keys per shared-memory tile (one per lane)
 constexpr int kRowsPerWarp = kTileRows / kWarps;
@@ -63,13 +64,6 @@ struct DecodeSeq {  // the splits of one decode sequence: items [first_item, fir
 struct TileItem {  // prefill: rows [row_begin, row_begin + kTileRows) of seq; column sums: entries [key_begin, +32)
   int32_t seq, begin;
 };
-
-template <class T>
-const T* upload_structs(CudaContext& ctx, const std::vector<T>& v) {
-  static_assert(sizeof(T) % sizeof(int32_t) == 0 && alignof(T) == alignof(int32_t));
-  const auto* words = reinterpret_cast<const int32_t*>(v.data());
-  return reinterpret_cast<const T*>(ctx.upload(std::span<const int32_t>(words, v.size() * sizeof(T) / 4)));
-}
 
 // ---- Reading one entry -------------------------------------------------------------------------------------
 
@@ -145,8 +139,9 @@ __global__ void kv_write_kernel(const float* k, const float* v, const int32_t* r
   }
 }
 
-// Block (split i, KV head): the partial softmax state of each query head h = KV head * group + gi over the split's
-// entries, written to part_m/part_l [item][h] and part_o [item][h][D] (o not yet divided by l).
+// Block (split i, KV head, chunk z): the partial softmax state of each query head h = KV head * group + z *
+// kMaxGroup + gi (gi < kMaxGroup, h within the KV head's group) over the split's entries, written to part_m/part_l
+// [item][h] and part_o [item][h][D] (o not yet divided by l).
 template <int C>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const float* q, const SeqDesc* seqs, const DecodeItem* items,
                                                           const int64_t* blocks, const uint8_t* pool, KvGeometry g,
@@ -156,15 +151,17 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const float* q, const 
   const DecodeItem item = items[blockIdx.x];
   const SeqDesc s = seqs[item.seq];
   const int kv_head = blockIdx.y;
+  const int head_begin = kv_head * group + int(blockIdx.z) * kMaxGroup;
+  const int n_group = min(kMaxGroup, group - int(blockIdx.z) * kMaxGroup);  // query heads of this block
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  // The query heads of this KV head, pre-scaled, this lane's channels.
+  // This block's query heads, pre-scaled, this lane's channels.
   float qr[kMaxGroup][C];
   const float* q_row = q + int64_t(s.q_begin) * n_heads * D;
 #pragma unroll
   for (int gi = 0; gi < kMaxGroup; ++gi) {
 #pragma unroll
-    for (int j = 0; j < C; ++j) qr[gi][j] = gi < group ? q_row[(kv_head * group + gi) * D + lane * C + j] * scale : 0.0f;
+    for (int j = 0; j < C; ++j) qr[gi][j] = gi < n_group ? q_row[(head_begin + gi) * D + lane * C + j] * scale : 0.0f;
   }
 
   float m[kMaxGroup], l[kMaxGroup], o[kMaxGroup][C];
@@ -176,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const float* q, const 
     read_entry<C>(pool, blk, g, kv_head, e % g.block_size, lane, k, v);
 #pragma unroll
     for (int gi = 0; gi < kMaxGroup; ++gi) {
-      if (gi >= group) break;
+      if (gi >= n_group) break;
       float partial = 0.0f;
 #pragma unroll
       for (int j = 0; j < C; ++j) partial += qr[gi][j] * k[j];
@@ -205,8 +202,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const float* q, const 
     for (int j = 0; j < C; ++j) warp_o[warp][gi][lane * C + j] = o[gi][j];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
-    const int gi = idx / D, c = idx % D;  // query head kv_head * group + gi, channel c
+  for (int idx = threadIdx.x; idx < n_group * D; idx += blockDim.x) {
+    const int gi = idx / D, c = idx % D;  // query head head_begin + gi, channel c
     float big_m = -INFINITY;
     for (int w = 0; w < kWarps; ++w) big_m = fmaxf(big_m, warp_m[w][gi]);
     float sum_l = 0.0f, sum_o = 0.0f;
@@ -215,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const float* q, const 
       sum_l += warp_l[w][gi] * weight;
       sum_o += warp_o[w][gi][c] * weight;
     }
-    const int64_t cell = int64_t(blockIdx.x) * n_heads + kv_head * group + gi;  // [item][h]
+    const int64_t cell = int64_t(blockIdx.x) * n_heads + head_begin + gi;  // [item][h]
     part_o[cell * D + c] = sum_o;
     if (c == 0) {
       part_m[cell] = big_m;
@@ -510,8 +507,7 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
           "paged_attention: " + std::to_string(n_heads) + " query heads do not share " +
               std::to_string(L.n_kv_heads) + " KV heads evenly");
   const int group = n_heads / L.n_kv_heads;
-  require(group <= kMaxGroup, "paged_attention: " + std::to_string(group) + " query heads per KV head (at most " +
-                                  std::to_string(kMaxGroup) + ")");
+  const int head_chunks = (group + kMaxGroup - 1) / kMaxGroup;  // decode blocks per (split, KV head)
   const int64_t width = int64_t(n_heads) * hd;
   require(q.dtype == DType::f32 && out.dtype == DType::f32 && q.cols == width && out.cols == width,
           "paged_attention: q and out must be f32 [T, " + std::to_string(width) + "]");
@@ -532,7 +528,7 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
   for (const AttentionSequence& s : seqs) n_decode += s.n_q == 1;
   // Enough splits for a few blocks per multiprocessor over the whole call, never under kMinSplitKeys entries.
   const int target_blocks = 4 * ctx.multiprocessors();
-  const int splits_wanted = std::max(1, target_blocks / std::max(1, n_decode * L.n_kv_heads));
+  const int splits_wanted = std::max(1, target_blocks / std::max(1, n_decode * L.n_kv_heads * head_chunks));
   int64_t sums_floats = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const AttentionSequence& s = seqs[i];
@@ -559,7 +555,7 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
   }
   if (n_rows == 0) return;
 
-  const SeqDesc* descs_d = upload_structs(ctx, descs);
+  const SeqDesc* descs_d = ctx.upload_structs<int32_t>(descs);
   const int64_t* blocks_d = ctx.upload(std::span<const int64_t>(blocks));
   const uint8_t* pool_d = static_cast<const uint8_t*>(pool.base);
   const KvGeometry geo = geometry_of(L);
@@ -573,12 +569,13 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
       auto* part_m = static_cast<float*>(ctx.scratch(cells * sizeof(float)));
       auto* part_l = static_cast<float*>(ctx.scratch(cells * sizeof(float)));
       auto* part_o = static_cast<float*>(ctx.scratch(cells * hd * sizeof(float)));
-      decode_kernel<C><<<dim3(unsigned(decode_items.size()), unsigned(L.n_kv_heads)), kThreads, 0, ctx.stream()>>>(
-          q.f32(), descs_d, upload_structs(ctx, decode_items), blocks_d, pool_d, geo, n_heads, group, scale, part_m,
+      const dim3 grid(unsigned(decode_items.size()), unsigned(L.n_kv_heads), unsigned(head_chunks));
+      decode_kernel<C><<<grid, kThreads, 0, ctx.stream()>>>(
+          q.f32(), descs_d, ctx.upload_structs<int32_t>(decode_items), blocks_d, pool_d, geo, n_heads, group, scale, part_m,
           part_l, part_o);
       check_launch("decode_kernel");
       decode_combine_kernel<<<dim3(unsigned(decode_seqs.size()), unsigned(n_heads)), hd, 0, ctx.stream()>>>(
-          descs_d, upload_structs(ctx, decode_seqs), part_m, part_l, part_o, n_heads, hd, out.f32(), row_m, row_l);
+          descs_d, ctx.upload_structs<int32_t>(decode_seqs), part_m, part_l, part_o, n_heads, hd, out.f32(), row_m, row_l);
       check_launch("decode_combine_kernel");
     }
     if (!prefill_tiles.empty()) {
@@ -586,14 +583,14 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
       check(cudaFuncSetAttribute(prefill_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
             "cudaFuncSetAttribute (prefill_kernel)");
       prefill_kernel<C><<<dim3(unsigned(prefill_tiles.size()), unsigned(n_heads)), kThreads, shared, ctx.stream()>>>(
-          q.f32(), descs_d, upload_structs(ctx, prefill_tiles), blocks_d, pool_d, geo, n_heads, group, scale,
+          q.f32(), descs_d, ctx.upload_structs<int32_t>(prefill_tiles), blocks_d, pool_d, geo, n_heads, group, scale,
           out.f32(), row_m, row_l);
       check_launch("prefill_kernel");
     }
     if (!sum_tiles.empty()) {
       auto* sums_d = static_cast<float*>(ctx.scratch(size_t(sums_floats) * sizeof(float)));
       column_sums_kernel<C><<<dim3(unsigned(sum_tiles.size()), unsigned(n_heads)), kThreads, 0, ctx.stream()>>>(
-          q.f32(), descs_d, upload_structs(ctx, sum_tiles), ctx.upload(std::span<const int64_t>(sums_offset)),
+          q.f32(), descs_d, ctx.upload_structs<int32_t>(sum_tiles), ctx.upload(std::span<const int64_t>(sums_offset)),
           ctx.upload(std::span<const int32_t>(stats_begin)), blocks_d, pool_d, geo, n_heads, group, scale, row_m,
           row_l, sums_d);
       check_launch("column_sums_kernel");

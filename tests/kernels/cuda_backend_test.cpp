@@ -445,6 +445,16 @@ TEST_F(CudaBackendTest, PagedAttentionLlamaShapesDecodeAndPrefill) {
   compare_attention(*gpu, *cpu, pools, 32, specs, Tables(specs, 16, slot_ids(240), {}, rng), rng, "GQA 32/8, head_dim 128");
 }
 
+TEST_F(CudaBackendTest, PagedAttentionGroupsBeyondOneDecodeBlock) {
+  // GQA 40/2 (20 query heads per KV head, as Llama 3.1 405B has 16): a decode block holds 8 query heads, so each
+  // KV head's decodes take three blocks, the last with 4 heads. Decodes short and long, a prefill with column sums.
+  TwoPools pools(KvBlockLayout{2, 128, 16, DType::f32, KvQuant::none}, 120);
+  pools.fill(120, rng);
+  const std::vector<SeqSpec> specs = {{1, 1200, 0}, {1, 9}, {20, 30, 4}};
+  compare_attention(*gpu, *cpu, pools, 40, specs, Tables(specs, 16, slot_ids(120), {}, rng), rng,
+                    "GQA 40/2, head_dim 128");
+}
+
 // Quantized pools: each table starts with quantized groups (sealed by the CPU) and continues in bf16 blocks.
 void quantized_attention(Backend& gpu, Backend& cpu, KvQuant quant, int n_heads, int n_kv_heads, int head_dim,
                          std::mt19937& rng) {
