@@ -81,7 +81,7 @@ __global__ void nearest_keys(const uint8_t* base, const int64_t* blocks, const i
     }
   }
   best_similarity[blockIdx.x] = best;
-  best_candidate[blockIdx.x] = arg;
+  best_candidate[blockIdx.x] = arg >= 0 ? arg : 0;  // every cosine NaN: -inf at candidate 0, as the CPU answers
 }
 
 // The merge arrays on the device (kernels/kv_merge.h).

@@ -117,6 +117,13 @@ struct TwinPool {
     gpu_memory.write(size_t(block * gpu_layout.block_bytes()), bits.data(), sizeof(uint16_t) * bits.size());
   }
 
+  // Full-precision slot `block` filled with NaN on both sides.
+  void fill_nan(int32_t block) {
+    std::fill_n(cpu.block_f32(block), cpu_layout.elements_per_block(), NAN);
+    const std::vector<uint16_t> bits(size_t(cpu_layout.elements_per_block()), 0x7fc0);  // a quiet bf16 NaN
+    gpu_memory.write(size_t(block * gpu_layout.block_bytes()), bits.data(), sizeof(uint16_t) * bits.size());
+  }
+
   // Id q of a quantized block that lies in slot `first_slot` or later in both pools (their slots pack different
   // numbers of quantized blocks).
   int32_t quantized_id(int first_slot, int q) const {
@@ -406,6 +413,23 @@ TEST_F(CudaKvOps, NearestKeysMatchTheCpu) {
       }
     }
   }
+}
+
+// A query whose every cosine is NaN (a NaN key) has no nearest candidate: both answer -inf at candidate 0.
+TEST_F(CudaKvOps, NearestKeysOfANanKeyAreCandidateZeroOnBoth) {
+  const KvBlockLayout layout{2, 64, 16, DType::f32};
+  TwinPool pool(layout, 2);
+  pool.fill(0, rng);
+  pool.fill_nan(1);
+  const std::vector<int32_t> table = {0, 1}, queries = {16, 20}, candidates = {1, 2, 3};
+  std::vector<float> cpu_similarity(2), gpu_similarity(2);
+  std::vector<int32_t> cpu_candidate(2, -7), gpu_candidate(2, -7);
+  cpu->kv_nearest_keys(table, 1, queries, candidates, pool.cpu, cpu_similarity, cpu_candidate);
+  gpu->kv_nearest_keys(table, 1, queries, candidates, pool.gpu, gpu_similarity, gpu_candidate);
+  EXPECT_EQ(cpu_candidate, (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(gpu_candidate, cpu_candidate);
+  EXPECT_EQ(gpu_similarity, (std::vector<float>{-INFINITY, -INFINITY}));
+  EXPECT_EQ(cpu_similarity, gpu_similarity);
 }
 
 TEST_F(CudaKvOps, MergesWithSeveralSourcesPerTargetMatchTheCpu) {
