@@ -38,7 +38,6 @@ ChatTemplate choose_template(const ServerConfig::Model& m, std::string_view jinj
 // that mpirun's ranks on one node take one GPU each).
 std::unique_ptr<Backend> make_backend(const ServerConfig& config) {
   if (config.engine.backend == "cpu") return make_cpu_backend();
-  check_backend_policies(config);
 #ifdef STRATA_HAVE_CUDA
   const int n = cuda_device_count();
   if (n == 0) throw ConfigError(config.file + ": engine.backend: cuda: " + cuda_unavailable_reason());

@@ -166,31 +166,7 @@ std::vector<std::string> request_policy_names(const ServerConfig& config) {
   const std::vector<std::string> listed = split_list(config.kv_cache.request_policies);
   if (listed.size() == 1 && listed[0] == "none") return {};
   if (listed.size() != 1 || listed[0] != "all") return listed;
-  std::vector<std::string> names = policy_names();
-  const std::vector<std::string> unsupported = policies_unsupported_on(config.engine.backend);
-  std::erase_if(names, [&](const std::string& n) {
-    return std::find(unsupported.begin(), unsupported.end(), n) != unsupported.end();
-  });
-  return names;
-}
-
-std::vector<std::string> policies_unsupported_on(const std::string& backend) {
-  if (backend == "cuda") return {"spindlekv"};
-  return {};
-}
-
-void check_backend_policies(const ServerConfig& config) {
-  const std::vector<std::string> unsupported = policies_unsupported_on(config.engine.backend);
-  auto check = [&](const std::string& name, const std::string& key) {
-    if (std::find(unsupported.begin(), unsupported.end(), name) == unsupported.end()) return;
-    throw ConfigError(config.file + ": " + key + ": " + name + " cannot run on engine.backend " +
-                      config.engine.backend + " (its codebooks need the CPU backend's f32 pool)");
-  };
-  check(parse_policy_spec(config.kv_cache.policy).name, "kv_cache.policy");
-  for (const LayerOverride& o : parse_layer_overrides(config.kv_cache.layer_overrides)) {
-    check(o.policy.name, "kv_cache.layer_overrides");
-  }
-  for (const std::string& name : request_policy_names(config)) check(name, "kv_cache.request_policies");
+  return policy_names();
 }
 
 std::vector<std::string> config_keys() {

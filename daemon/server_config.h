@@ -62,14 +62,8 @@ struct ServerConfig {
 ServerConfig load_server_config(const std::string& path);
 // Applies "section.key=value" (the --set flag) with the same checks as the file.
 void apply_config_override(ServerConfig& config, const std::string& assignment);
-// The policies a request may choose, from kv_cache.request_policies ("all": every policy engine.backend runs).
+// The policies a request may choose, from kv_cache.request_policies ("all": every policy).
 std::vector<std::string> request_policy_names(const ServerConfig& config);
-
-// Policies a backend cannot run: SpindleKV's codebook vectors live in an f32 pool, and CUDA's pool is bf16.
-std::vector<std::string> policies_unsupported_on(const std::string& backend);
-// Throws ConfigError naming kv_cache.policy, kv_cache.layer_overrides or kv_cache.request_policies when one of
-// them asks engine.backend for a policy it cannot run.
-void check_backend_policies(const ServerConfig& config);
 // Every key the file may hold, for --help and error messages.
 std::vector<std::string> config_keys();
 

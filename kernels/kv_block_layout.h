@@ -17,14 +17,15 @@
 // Quantized blocks are packed `quantized_per_slot()` to the memory of one full-precision block (a slot), so one
 // pool and one budget serve both (cache/block_pool.h).
 //
-// Coded blocks (SpindleKV, an f32 pool only; docs/compression.md "SpindleKV"): block_size entries whose keys and
-// values were replaced by references to codebook vectors, one KvCodeRow per (head, entry):
+// Coded blocks (SpindleKV, a pool without quantization, f32 or bf16; docs/compression.md "SpindleKV"): block_size
+// entries whose keys and values were replaced by references to codebook vectors, one KvCodeRow per (head, entry):
 //   [n_kv_heads][block_size] KvCodeRow
-// A codebook vector is a unit vector of head_dim floats stored in full-precision slots of the same pool; a row
-// names it by its vector id: the pool seen as an array of vectors, vector i at float offset i * head_dim. Keys
-// are coded before RoPE, so attention reads K = RoPE(k_magnitude * C[k_vector], position) and
-// V = v_magnitude * C[v_vector], with RoPE from the view's table. Coded blocks are packed `coded_per_slot()` to
-// a slot like quantized blocks; a pool packs one of the two kinds (SpindleKV rejects quantized pools).
+// A codebook vector is a unit vector of head_dim fp32 values (whatever the pool's dtype: a bf16 codebook would
+// round every coded entry once more) stored in full-precision slots of the same pool; a row names it by its
+// vector id: the pool seen as an array of vectors, vector i at float offset i * head_dim. Keys are coded before
+// RoPE, so attention reads K = RoPE(k_magnitude * C[k_vector], position) and V = v_magnitude * C[v_vector], with
+// RoPE from the view's table. Coded blocks are packed `coded_per_slot()` to a slot like quantized blocks; a pool
+// packs one of the two kinds (SpindleKV rejects quantized pools).
 #include <cstdint>
 
 #include "kernels/tensor.h"
@@ -86,11 +87,11 @@ struct KvBlockLayout {
     return quant == KvQuant::none ? 0 : int(block_bytes() / quantized_block_bytes());
   }
 
-  // Coded blocks (quant == none, dtype f32).
+  // Coded blocks (quant == none).
   int64_t coded_block_bytes() const { return int64_t(n_kv_heads) * block_size * int64_t(sizeof(KvCodeRow)); }
   int64_t code_row_index(int head, int slot) const { return int64_t(head) * block_size + slot; }
   int coded_per_slot() const { return quant == KvQuant::none ? int(block_bytes() / coded_block_bytes()) : 0; }
-  int64_t vectors_per_slot() const { return elements_per_block() / head_dim; }  // codebook vectors in one slot
+  int64_t vectors_per_slot() const { return block_bytes() / (int64_t(head_dim) * 4); }  // fp32 codebook vectors
   // Small blocks packed into one slot: quantized blocks in a quantized pool, coded blocks otherwise.
   int packed_per_slot() const { return quant == KvQuant::none ? coded_per_slot() : quantized_per_slot(); }
 };
@@ -114,7 +115,8 @@ struct KvPoolView {
   KvKeyRope key_rope;  // set once a pool holds coded blocks
 
   bool is_quantized(int32_t block) const { return layout.quant != KvQuant::none && block >= n_slots; }
-  // In an f32 pool, ids from n_slots on are coded blocks, sub-block q % coded_per_slot() of slot q / coded_per_slot().
+  // In a pool without quantization, ids from n_slots on are coded blocks, sub-block q % coded_per_slot() of slot
+  // q / coded_per_slot().
   // A view with n_slots 0 (tests over bare memory) has none.
   bool is_coded(int32_t block) const { return layout.quant == KvQuant::none && n_slots > 0 && block >= n_slots; }
   KvCodeRow* block_coded(int32_t block) const {

@@ -1,12 +1,20 @@
 // The cache write and causal paged attention of the CUDA backend (kernels/cpu/paged_attention.cpp is the
-// reference). Keys and values are read from bf16 full-precision blocks or from KIVI-quantized blocks (int8 | int4,
-// dequantized as they are read: x = min + code * scale, kernels/kv_block_layout.h); all arithmetic is fp32, the
-// softmax online (running max m, running sum l, output rescaled when m grows).
+// reference). Keys and values are read from bf16 full-precision blocks, from KIVI-quantized blocks (int8 | int4,
+// dequantized as they are read: x = min + code * scale) or from SpindleKV's coded blocks (reconstructed as they
+// are read: K = RoPE(k_magnitude * C[k_vector], position) with the pool's key RoPE table, V = v_magnitude *
+// C[v_vector], the codebook vectors fp32; kernels/kv_block_layout.h). All arithmetic is fp32, the softmax online
+// (running max m, running sum l, output rescaled when m grows).
 //
 // Block ids are resolved on the host (cuda_kv_device.cuh): each table entry becomes the byte offset of its block
-// from the pool's base, stored as `offset` for a full-precision block and `~offset` (negative) for a quantized
-// one, so kernels tell the formats apart without knowing the pool's slot count. SpindleKV's coded blocks are
-// rejected there.
+// from the pool's base, stored as `offset` for a full-precision block and `~offset` (negative) for a packed one.
+// A pool packs quantized blocks or coded blocks, never both, so a packed block is quantized in a quantized pool
+// (KvGeometry::bits != 0) and coded in a pool without quantization (bits == 0): kernels tell the three formats
+// apart without knowing the pool's slot count, and full-precision blocks cost one sign test.
+//
+// A coded entry is read channel by channel like the other formats: channel c of a key takes the codebook vector
+// at both channels of c's RoPE pair and the cos and sin of the entry's position, all fp32 from global memory
+// (a codebook vector serves many entries and a table row every KV head, so L1 and L2 hold most of it). The
+// arithmetic is the CPU's, operation for operation (cuda_kv_device.cuh).
 //
 // Kernels (D = head_dim, C = D / 32 channels per lane; D is 64 or 128, a template parameter):
 // - kv_write_kernel: block (token) copies the token's K and V rows, all KV heads, into its slot (bf16).
@@ -48,6 +56,12 @@ constexpr int kTileKeys = 32;          // prefill and column sums: keys per shar
 constexpr int kRowsPerWarp = kTileRows / kWarps;
 constexpr int kMinSplitKeys = 128;     // decode: the fewest entries a split is given
 
+// Blocks per multiprocessor that decode_kernel is built for (__launch_bounds__): the registers its loop fits in
+// without spilling, 80 at head_dim 64 (C = 2) and 128 at head_dim 128. Left to itself, ptxas gives the rarely
+// taken coded-entry reads 12 more registers at head_dim 64, and the kernel one block less per multiprocessor.
+template <int C>
+constexpr int kDecodeBlocksPerSm = C == 2 ? 6 : 4;
+
 // One sequence of the call as the kernels see it; blocks[table_begin + j] is the encoded offset of its block j.
 struct SeqDesc {
   int32_t q_begin;
@@ -67,22 +81,33 @@ struct TileItem {  // prefill: rows [row_begin, row_begin + kTileRows) of seq; c
 
 // ---- Reading one entry -------------------------------------------------------------------------------------
 
-// Channel c of the key (or value) of entry `slot` of KV head `head` in the block at encoded offset `blk`.
-__device__ inline float read_key(const uint8_t* pool, int64_t blk, const KvGeometry& g, int head, int slot, int c) {
+// A packed block (encoded offset < 0) is a coded one in a pool without quantization, a quantized one otherwise.
+__device__ inline bool packed_is_coded(const KvGeometry& g) { return g.bits == 0; }
+
+// Channel c of the key (or value) of entry `slot` of KV head `head` in the block at encoded offset `blk`. D is
+// g.head_dim as a constant: a channel's RoPE pair then costs shifts and masks, not divisions, which also keeps
+// prefill_kernel at the registers it has without coded reads.
+template <int D>
+__device__ inline float read_key(const uint8_t* pool, int64_t blk, const KvGeometry& g, const KeyRopeTable& rope,
+                                 int head, int slot, int c) {
   if (blk >= 0) return load_bf16(pool, blk, g.k_element(head, slot) + c);
+  if (packed_is_coded(g)) return coded_key_channel(pool, code_row(pool, ~blk, g, head, slot), rope, D, c);
   return dequantize_key(pool + ~blk, head, slot, c, g);
 }
+template <int D>
 __device__ inline float read_value(const uint8_t* pool, int64_t blk, const KvGeometry& g, int head, int slot,
                                    int c) {
   if (blk >= 0) return load_bf16(pool, blk, g.v_element(head, slot) + c);
+  if (packed_is_coded(g)) return coded_value_channel(pool, code_row(pool, ~blk, g, head, slot), D, c);
   return dequantize_value(pool + ~blk, head, slot, c, g);
 }
 
-// Channels [lane * C, lane * C + C) of one entry's key and value. Full-precision rows are read two channels at a
-// time (bf16 pairs: the row starts at a multiple of D elements and lane * C is even, so every pair is aligned).
+// Channels [lane * C, lane * C + C) of one entry's key and value, the whole warp reading the same entry.
+// Full-precision rows are read two channels at a time (bf16 pairs: the row starts at a multiple of D elements and
+// lane * C is even, so every pair is aligned).
 template <int C>
-__device__ inline void read_entry(const uint8_t* pool, int64_t blk, const KvGeometry& g, int head, int slot,
-                                  int lane, float (&k)[C], float (&v)[C]) {
+__device__ inline void read_entry(const uint8_t* pool, int64_t blk, const KvGeometry& g, const KeyRopeTable& rope,
+                                  int head, int slot, int lane, float (&k)[C], float (&v)[C]) {
   if (blk >= 0) {
     const auto* kp = reinterpret_cast<const __nv_bfloat162*>(
         reinterpret_cast<const __nv_bfloat16*>(pool + blk) + g.k_element(head, slot) + lane * C);
@@ -95,6 +120,30 @@ __device__ inline void read_entry(const uint8_t* pool, int64_t blk, const KvGeom
       k[2 * j + 1] = kf.y;
       v[2 * j] = vf.x;
       v[2 * j + 1] = vf.y;
+    }
+    return;
+  }
+  if (packed_is_coded(g)) {
+    // RoPE pairs channel c with c ^ 1 (interleaved: the same lane) or with c +- D / 2 (neox: the same j of lane
+    // ^ 16), so each lane loads only its own channels of the key's codebook vector and gets the neox partners by
+    // shuffle: coded_key_channel's operations with one codebook load per channel instead of two.
+    constexpr int D = 32 * C;
+    const KvCodeRow row = code_row(pool, ~blk, g, head, slot);
+    const float* key_vector = codebook_vector(pool, row.k_vector, D);
+    const float* value_vector = codebook_vector(pool, row.v_vector, D);
+    float x[C];  // the key before RoPE
+#pragma unroll
+    for (int j = 0; j < C; ++j) x[j] = __fmul_rn(row.k_magnitude, key_vector[lane * C + j]);
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      const int c = lane * C + j;
+      const float across = __shfl_xor_sync(0xffffffffu, x[j], 16);
+      const float partner = rope.interleaved ? x[j ^ 1] : across;
+      int a, b, i;
+      rope_pair(rope, D, c, a, b, i);
+      k[j] = c == a ? rope_channel(rope, D, row.position, 1.0f, c, x[j], partner)
+                    : rope_channel(rope, D, row.position, 1.0f, c, partner, x[j]);
+      v[j] = __fmul_rn(row.v_magnitude, value_vector[c]);
     }
     return;
   }
@@ -143,10 +192,10 @@ __global__ void kv_write_kernel(const float* k, const float* v, const int32_t* r
 // kMaxGroup + gi (gi < kMaxGroup, h within the KV head's group) over the split's entries, written to part_m/part_l
 // [item][h] and part_o [item][h][D] (o not yet divided by l).
 template <int C>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const float* q, const SeqDesc* seqs, const DecodeItem* items,
-                                                          const int64_t* blocks, const uint8_t* pool, KvGeometry g,
-                                                          int n_heads, int group, float scale, float* part_m,
-                                                          float* part_l, float* part_o) {
+__global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<C>)
+    decode_kernel(const float* q, const SeqDesc* seqs, const DecodeItem* items, const int64_t* blocks,
+                  const uint8_t* pool, KvGeometry g, KeyRopeTable rope, int n_heads, int group, float scale,
+                  float* part_m, float* part_l, float* part_o) {
   constexpr int D = 32 * C;
   const DecodeItem item = items[blockIdx.x];
   const SeqDesc s = seqs[item.seq];
@@ -170,7 +219,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const float* q, const 
   for (int e = item.key_begin + warp; e < item.key_end; e += kWarps) {
     const int64_t blk = blocks[s.table_begin + e / g.block_size];
     float k[C], v[C];
-    read_entry<C>(pool, blk, g, kv_head, e % g.block_size, lane, k, v);
+    read_entry<C>(pool, blk, g, rope, kv_head, e % g.block_size, lane, k, v);
 #pragma unroll
     for (int gi = 0; gi < kMaxGroup; ++gi) {
       if (gi >= n_group) break;
@@ -257,8 +306,8 @@ constexpr size_t prefill_shared_bytes(int d) {
 template <int C>
 __global__ void __launch_bounds__(kThreads) prefill_kernel(const float* q, const SeqDesc* seqs, const TileItem* tiles,
                                                            const int64_t* blocks, const uint8_t* pool, KvGeometry g,
-                                                           int n_heads, int group, float scale, float* out,
-                                                           float* row_m, float* row_l) {
+                                                           KeyRopeTable rope, int n_heads, int group, float scale,
+                                                           float* out, float* row_m, float* row_l) {
   constexpr int D = 32 * C;
   extern __shared__ float shared[];
   float* q_tile = shared;                                  // [kTileRows][D]
@@ -291,8 +340,8 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const float* q, const
       float kx = 0.0f, vx = 0.0f;
       if (e < n_keys) {
         const int64_t blk = blocks[s.table_begin + e / g.block_size];
-        kx = read_key(pool, blk, g, kv_head, e % g.block_size, c);
-        vx = read_value(pool, blk, g, kv_head, e % g.block_size, c);
+        kx = read_key<D>(pool, blk, g, rope, kv_head, e % g.block_size, c);
+        vx = read_value<D>(pool, blk, g, kv_head, e % g.block_size, c);
       }
       k_tile[kk * (D + 1) + c] = kx;
       v_tile[kk * D + c] = vx;
@@ -371,9 +420,10 @@ template <int C>
 __global__ void __launch_bounds__(kThreads) column_sums_kernel(const float* q, const SeqDesc* seqs,
                                                                const TileItem* tiles, const int64_t* sums_offset,
                                                                const int32_t* stats_row_begin, const int64_t* blocks,
-                                                               const uint8_t* pool, KvGeometry g, int n_heads,
-                                                               int group, float scale, const float* row_m,
-                                                               const float* row_l, float* sums) {
+                                                               const uint8_t* pool, KvGeometry g,
+                                                               KeyRopeTable rope, int n_heads, int group,
+                                                               float scale, const float* row_m, const float* row_l,
+                                                               float* sums) {
   constexpr int D = 32 * C;
   __shared__ float k_tile[kTileKeys][D + 1];  // padded as in prefill_kernel
   __shared__ float q_rows[kWarps][D];
@@ -386,7 +436,7 @@ __global__ void __launch_bounds__(kThreads) column_sums_kernel(const float* q, c
 
   for (int idx = threadIdx.x; idx < kTileKeys * D; idx += blockDim.x) {
     const int kk = idx / D, c = idx % D, e = tile.begin + kk;
-    k_tile[kk][c] = e < n_keys ? read_key(pool, blocks[s.table_begin + e / g.block_size], g, kv_head,
+    k_tile[kk][c] = e < n_keys ? read_key<D>(pool, blocks[s.table_begin + e / g.block_size], g, rope, kv_head,
                                           e % g.block_size, c)
                                : 0.0f;
   }
@@ -452,10 +502,11 @@ std::vector<int64_t> resolve_tables(std::span<const AttentionSequence> seqs, con
     for (int64_t j = 0; j < n_blocks; ++j) {
       const int32_t id = s.block_table[size_t(j)];
       if (pool.is_coded(id)) {
-        throw std::invalid_argument(std::string("cuda backend: ") + op + ": block " + std::to_string(id) +
-                                    " is a SpindleKV coded block, which the CUDA backend does not support");
-      }
-      if (pool.is_quantized(id)) {
+        require(pool.key_rope.table != nullptr && pool.key_rope.n_positions > 0,
+                std::string(op) + ": block " + std::to_string(id) +
+                    " is a coded block, and the pool view has no key RoPE table to rotate its keys with");
+        blocks.push_back(~coded_block_offset(pool, id, op));
+      } else if (pool.is_quantized(id)) {
         require_quantized_pool(pool, op);
         blocks.push_back(~quantized_block_offset(pool, id, op));
       } else {
@@ -559,6 +610,7 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
   const int64_t* blocks_d = ctx.upload(std::span<const int64_t>(blocks));
   const uint8_t* pool_d = static_cast<const uint8_t*>(pool.base);
   const KvGeometry geo = geometry_of(L);
+  const KeyRopeTable rope = key_rope_of(pool);
   auto* row_m = static_cast<float*>(ctx.scratch(size_t(n_rows * n_heads) * sizeof(float)));
   auto* row_l = static_cast<float*>(ctx.scratch(size_t(n_rows * n_heads) * sizeof(float)));
 
@@ -571,8 +623,8 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
       auto* part_o = static_cast<float*>(ctx.scratch(cells * hd * sizeof(float)));
       const dim3 grid(unsigned(decode_items.size()), unsigned(L.n_kv_heads), unsigned(head_chunks));
       decode_kernel<C><<<grid, kThreads, 0, ctx.stream()>>>(
-          q.f32(), descs_d, ctx.upload_structs<int32_t>(decode_items), blocks_d, pool_d, geo, n_heads, group, scale, part_m,
-          part_l, part_o);
+          q.f32(), descs_d, ctx.upload_structs<int32_t>(decode_items), blocks_d, pool_d, geo, rope, n_heads, group,
+          scale, part_m, part_l, part_o);
       check_launch("decode_kernel");
       decode_combine_kernel<<<dim3(unsigned(decode_seqs.size()), unsigned(n_heads)), hd, 0, ctx.stream()>>>(
           descs_d, ctx.upload_structs<int32_t>(decode_seqs), part_m, part_l, part_o, n_heads, hd, out.f32(), row_m, row_l);
@@ -583,16 +635,16 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
       check(cudaFuncSetAttribute(prefill_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
             "cudaFuncSetAttribute (prefill_kernel)");
       prefill_kernel<C><<<dim3(unsigned(prefill_tiles.size()), unsigned(n_heads)), kThreads, shared, ctx.stream()>>>(
-          q.f32(), descs_d, ctx.upload_structs<int32_t>(prefill_tiles), blocks_d, pool_d, geo, n_heads, group, scale,
-          out.f32(), row_m, row_l);
+          q.f32(), descs_d, ctx.upload_structs<int32_t>(prefill_tiles), blocks_d, pool_d, geo, rope, n_heads, group,
+          scale, out.f32(), row_m, row_l);
       check_launch("prefill_kernel");
     }
     if (!sum_tiles.empty()) {
       auto* sums_d = static_cast<float*>(ctx.scratch(size_t(sums_floats) * sizeof(float)));
       column_sums_kernel<C><<<dim3(unsigned(sum_tiles.size()), unsigned(n_heads)), kThreads, 0, ctx.stream()>>>(
           q.f32(), descs_d, ctx.upload_structs<int32_t>(sum_tiles), ctx.upload(std::span<const int64_t>(sums_offset)),
-          ctx.upload(std::span<const int32_t>(stats_begin)), blocks_d, pool_d, geo, n_heads, group, scale, row_m,
-          row_l, sums_d);
+          ctx.upload(std::span<const int32_t>(stats_begin)), blocks_d, pool_d, geo, rope, n_heads, group, scale,
+          row_m, row_l, sums_d);
       check_launch("column_sums_kernel");
       // The statistics are host memory: wait for them here (only in steps that collect statistics).
       std::vector<float> sums(static_cast<size_t>(sums_floats), 0.0f);

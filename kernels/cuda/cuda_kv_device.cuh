@@ -114,6 +114,27 @@ inline int64_t quantized_block_offset(const KvPoolView& pool, int32_t id, const 
   return static_cast<const uint8_t*>(pool.block_quantized(id)) - static_cast<const uint8_t*>(pool.base);
 }
 
+// Byte offset of coded block `id` (SpindleKV): sub-block q % per_slot of slot q / per_slot, q = id - n_slots.
+inline int64_t coded_block_offset(const KvPoolView& pool, int32_t id, const char* op) {
+  const int per_slot = pool.layout.coded_per_slot();
+  if (!pool.is_coded(id) || per_slot <= 0 || int64_t(id) - pool.n_slots >= int64_t(pool.n_slots) * per_slot) {
+    throw std::invalid_argument(std::string(op) + ": block " + std::to_string(id) + " is not a coded block of the pool");
+  }
+  return reinterpret_cast<const uint8_t*>(pool.block_coded(id)) - static_cast<const uint8_t*>(pool.base);
+}
+
+// The key RoPE of a pool (KvKeyRope) for device code: coded keys are rotated with it on read, and entries are
+// un-rotated with it before they are coded. The table is the backend's device memory.
+struct KeyRopeTable {
+  const float* table = nullptr;  // [n_positions][head_dim]: cos of the pair's angle at i, sin at head_dim / 2 + i
+  int n_positions = 0;
+  bool interleaved = true;  // pairs (2i, 2i + 1); otherwise (i, i + head_dim / 2)
+};
+
+inline KeyRopeTable key_rope_of(const KvPoolView& pool) {
+  return KeyRopeTable{pool.key_rope.table, pool.key_rope.n_positions, pool.key_rope.style == RopeStyle::interleaved};
+}
+
 // The offsets of a whole table of full-precision blocks.
 inline std::vector<int64_t> full_block_offsets(const KvPoolView& pool, std::span<const int32_t> ids, const char* op) {
   std::vector<int64_t> offsets(ids.size());
@@ -226,6 +247,54 @@ __device__ inline float dequantize_value(const uint8_t* block, int head, int slo
   const int group = c / kKvQuantGroup;
   return dequantize_code(get_code(block + g.v_codes(head, slot), c, g.bits),
                          floats_at(block, g.v_scale(head, slot))[group], floats_at(block, g.v_min(head, slot))[group]);
+}
+
+// ---- SpindleKV's coded entries -------------------------------------------------------------------------------
+// The arithmetic repeats kernels/cpu/kv_codebook.cpp operation by operation, without fused multiply-adds (the CPU
+// build has none), so that the same inputs give the same bits on both backends.
+
+// Channel c of x rotated by RoPE at `position` (sign 1) or back (sign -1), from the channel's pair: x_a and x_b are
+// x at the pair's two channels a < b (rope_pair), the CPU's rotate().
+__device__ inline void rope_pair(const KeyRopeTable& rope, int head_dim, int c, int& a, int& b, int& i) {
+  const int half = head_dim / 2;
+  i = rope.interleaved ? c / 2 : c % half;
+  a = rope.interleaved ? 2 * i : i;
+  b = rope.interleaved ? 2 * i + 1 : i + half;
+}
+__device__ inline float rope_channel(const KeyRopeTable& rope, int head_dim, int32_t position, float sign, int c,
+                                     float x_a, float x_b) {
+  int a, b, i;
+  rope_pair(rope, head_dim, c, a, b, i);
+  const float* row = rope.table + int64_t(position) * head_dim;
+  const float cos = row[i], sin = __fmul_rn(sign, row[head_dim / 2 + i]);
+  return c == a ? __fsub_rn(__fmul_rn(x_a, cos), __fmul_rn(x_b, sin))
+                : __fadd_rn(__fmul_rn(x_b, cos), __fmul_rn(x_a, sin));
+}
+
+// Codebook vector `vector`: head_dim fp32 values at float offset vector * head_dim of the pool, whatever its dtype.
+__device__ inline const float* codebook_vector(const uint8_t* pool, int32_t vector, int head_dim) {
+  return reinterpret_cast<const float*>(pool) + int64_t(vector) * head_dim;
+}
+__device__ inline float* codebook_vector(uint8_t* pool, int32_t vector, int head_dim) {
+  return reinterpret_cast<float*>(pool) + int64_t(vector) * head_dim;
+}
+// The code row of (head, slot) in the coded block at byte offset `block`.
+__device__ inline const KvCodeRow& code_row(const uint8_t* pool, int64_t block, const KvGeometry& g, int head,
+                                            int slot) {
+  return reinterpret_cast<const KvCodeRow*>(pool + block)[int64_t(head) * g.block_size + slot];
+}
+// Channel c of a coded key, RoPE(k_magnitude * C[k_vector], position), and of a coded value,
+// v_magnitude * C[v_vector]: what the CPU's attention reads (coded_key).
+__device__ inline float coded_key_channel(const uint8_t* pool, const KvCodeRow& row, const KeyRopeTable& rope,
+                                          int head_dim, int c) {
+  int a, b, i;
+  rope_pair(rope, head_dim, c, a, b, i);
+  const float* v = codebook_vector(pool, row.k_vector, head_dim);
+  return rope_channel(rope, head_dim, row.position, 1.0f, c, __fmul_rn(row.k_magnitude, v[a]),
+                      __fmul_rn(row.k_magnitude, v[b]));
+}
+__device__ inline float coded_value_channel(const uint8_t* pool, const KvCodeRow& row, int head_dim, int c) {
+  return __fmul_rn(row.v_magnitude, codebook_vector(pool, row.v_vector, head_dim)[c]);
 }
 
 // The sum of x over a warp, in every lane.

@@ -7,8 +7,9 @@
 // layout (codes, fp32 scales and mins). Block tables, kept lists, merges and encodings are host data, uploaded
 // through the context; host outputs are downloaded before the function returns. Kernels run on ctx.stream().
 //
-// SpindleKV's codebook ops are not provided: coded blocks and codebook vectors assume an f32 pool, so the three
-// functions throw std::invalid_argument (SpindleKV needs the CPU backend).
+// SpindleKV's codebook ops read entries from bf16 blocks and keep codebook vectors in fp32 (as in an f32 pool).
+// On the same numbers they give the CPU's results bit for bit: the build's assignment and centres, the match's
+// cosines and indices, the encode's code rows and vectors; write-backs are the CPU's values rounded to bf16.
 //
 // Files: cuda_kv_compaction.cu, cuda_kv_quantization.cu, cuda_kv_merge.cu, cuda_kv_pod.cu, cuda_kv_codebook.cu;
 // what they share is cuda_kv_device.cuh.

@@ -372,29 +372,5 @@ TEST_F(ServerConfigTest, CompressionKeysAreCheckedWhereTheyAreRead) {
   EXPECT_EQ(request_policy_names(c), (std::vector<std::string>{"full", "snapkv"}));
 }
 
-TEST_F(ServerConfigTest, CudaRejectsThePoliciesItCannotRun) {
-  ServerConfig c;
-  c.file = "x.yaml";
-  apply_config_override(c, "engine.backend=cuda");
-  check_backend_policies(c);  // "all" leaves spindlekv out on CUDA
-  std::vector<std::string> expected = policy_names();
-  std::erase(expected, "spindlekv");
-  EXPECT_EQ(request_policy_names(c), expected);
-  for (const std::string& bad : {"kv_cache.policy=spindlekv", "kv_cache.layer_overrides=3-4=spindlekv",
-                                 "kv_cache.request_policies=full,spindlekv"}) {
-    ServerConfig d = c;
-    apply_config_override(d, bad);
-    try {
-      check_backend_policies(d);
-      ADD_FAILURE() << bad << " was accepted on CUDA";
-    } catch (const ConfigError& e) {
-      EXPECT_CONTAINS(e.what(), bad.substr(0, bad.find('=')));
-      EXPECT_CONTAINS(e.what(), "spindlekv");
-    }
-    apply_config_override(d, "engine.backend=cpu");
-    EXPECT_NO_THROW(check_backend_policies(d)) << bad;
-  }
-}
-
 }  // namespace
 }  // namespace strata

@@ -27,6 +27,7 @@
 #include "cache/kv_cache.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/kv_codebook.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
@@ -253,12 +254,16 @@ TEST_F(CudaBackendTest, RopeMatchesTheCpuInBothLayoutsAndScaled) {
 
 // n_slots full-precision slots twice: f32 in host memory for the CPU backend and bf16 in device memory for the
 // CUDA one, holding the same values (bf16 numbers); quantized blocks are sealed by the CPU backend and their bytes
-// copied to where the device pool keeps the same id (f32 slots pack more quantized blocks than bf16 ones).
+// copied to where the device pool keeps the same id (f32 slots pack more quantized blocks than bf16 ones). Coded
+// blocks and codebook vectors (SpindleKV) are written to both as the same bytes, and both views get the same key
+// RoPE table.
 struct TwoPools {
   KvBlockLayout cpu_layout, gpu_layout;
   int32_t n_slots = 0;
   std::vector<float> cpu_memory;
   void* gpu_memory = nullptr;
+  std::vector<float> cpu_rope;  // the key RoPE table, host and device copies
+  float* gpu_rope = nullptr;
   KvPoolView cpu, gpu;
 
   TwoPools(KvBlockLayout layout, int32_t slots) : cpu_layout(layout), gpu_layout(layout), n_slots(slots) {
@@ -271,7 +276,10 @@ struct TwoPools {
     cpu = KvPoolView{cpu_memory.data(), cpu_layout, slots, {}};
     gpu = KvPoolView{gpu_memory, gpu_layout, slots, {}};
   }
-  ~TwoPools() { cudaFree(gpu_memory); }
+  ~TwoPools() {
+    cudaFree(gpu_memory);
+    cudaFree(gpu_rope);
+  }
   TwoPools(const TwoPools&) = delete;
   TwoPools& operator=(const TwoPools&) = delete;
 
@@ -309,6 +317,33 @@ struct TwoPools {
     cpu_backend.kv_quantize(s, d, cpu);
     const size_t offset = size_t(gpu.block_quantized(dst) - static_cast<uint8_t*>(gpu.base));
     write(offset, cpu.block_quantized(dst), size_t(cpu_layout.quantized_block_bytes()));
+  }
+
+  // The key RoPE table of `params` for positions [0, n_positions), in both views.
+  void set_key_rope(const RopeParams& params, int n_positions) {
+    const size_t n = size_t(n_positions) * cpu_layout.head_dim;
+    cpu_rope.resize(n);
+    key_rope_table(cpu_layout.head_dim, params, n_positions, cpu_rope.data());
+    cuda_ok(cudaFree(gpu_rope), "cudaFree");
+    cuda_ok(cudaMalloc(&gpu_rope, n * sizeof(float)), "cudaMalloc");
+    cuda_ok(cudaMemcpy(gpu_rope, cpu_rope.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // as in write(): the copy is done before any use
+    cpu.key_rope = KvKeyRope{cpu_rope.data(), n_positions, params.style};
+    gpu.key_rope = KvKeyRope{gpu_rope, n_positions, params.style};
+  }
+
+  // The code rows of coded block `id`, [n_kv_heads][block_size], in both pools.
+  void write_code_rows(int32_t id, const std::vector<KvCodeRow>& rows) {
+    const size_t bytes = rows.size() * sizeof(KvCodeRow);
+    std::memcpy(cpu.block_coded(id), rows.data(), bytes);
+    write(size_t(reinterpret_cast<uint8_t*>(gpu.block_coded(id)) - static_cast<uint8_t*>(gpu.base)), rows.data(),
+          bytes);
+  }
+
+  // Codebook vectors first, first + 1, ... (head_dim fp32 values each, one after another) in both pools.
+  void write_vectors(int32_t first, const std::vector<float>& vectors) {
+    std::memcpy(cpu.codebook_vector(first), vectors.data(), vectors.size() * sizeof(float));
+    write(size_t(first) * cpu_layout.head_dim * sizeof(float), vectors.data(), vectors.size() * sizeof(float));
   }
 
   // The device pool's full-precision slots, widened to f32.
@@ -490,12 +525,103 @@ TEST_F(CudaBackendTest, PagedAttentionReadsInt4Blocks) {
   quantized_attention(*gpu, *cpu, KvQuant::int4, 32, 8, 128, rng);
 }
 
-TEST_F(CudaBackendTest, PagedAttentionRejectsCodedBlocks) {
+// SpindleKV pools: each table starts with coded blocks and continues in bf16 blocks. Both pools hold the same code
+// rows and the same fp32 codebook vectors and both views the same key RoPE table, so a coded entry is the same
+// fp32 numbers on both backends: its key to the bit (the same operations in the same order, no fused
+// multiply-adds on either side), its value up to one rounding in another order (the CPU multiplies p by the
+// magnitude first, the device the magnitude by the vector). That is within the fp32 reordering that
+// compare_attention's bounds already allow, so they hold unchanged.
+void coded_attention(Backend& gpu, Backend& cpu, int n_heads, int n_kv_heads, int head_dim, const RopeParams& rope,
+                     std::mt19937& rng, const std::string& what) {
+  constexpr int kBlockSize = 16, kVectors = 64, kPositions = 4096;
+  // A long decode (its coded blocks spread over several splits), a short one, and prefill chunks whose key tiles
+  // of 32 straddle the last coded block; decode and prefill with column sums.
+  const std::vector<SeqSpec> specs = {{1, 700, 0}, {1, 40}, {45, 70, 5}, {6, 33}};
+  const std::vector<int> n_coded = {31, 1, 3, 2};  // leading coded blocks, all before the sequence's new rows
+  KvBlockLayout f32_layout{n_kv_heads, head_dim, kBlockSize, DType::f32, KvQuant::none};
+  KvBlockLayout bf16_layout = f32_layout;
+  bf16_layout.dtype = DType::bf16;
+  // Where things go, valid in both pools: coded block q (id n_slots + q) lies in slot q / coded_per_slot() and
+  // codebook vector i in slot i / vectors_per_slot(), and a bf16 slot holds half as many of either as an f32
+  // one. So: the coded blocks in the slots the bf16 layout needs for them; the codebook vectors from the first
+  // slot past those in the f32 layout (a later one in the bf16 layout); the tables' full-precision blocks after
+  // the last slot holding a vector in the bf16 layout (an earlier one in the f32 layout).
+  const int total_coded = std::accumulate(n_coded.begin(), n_coded.end(), 0);
+  const int coded_slots = (total_coded + bf16_layout.coded_per_slot() - 1) / bf16_layout.coded_per_slot();
+  const int32_t first_vector = int32_t(coded_slots * f32_layout.vectors_per_slot());
+  const int32_t full_begin = int32_t((first_vector + kVectors - 1) / bf16_layout.vectors_per_slot()) + 1;
+  int n_full = 0;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    n_full += (specs[s].n_ctx_before + specs[s].n_q + kBlockSize - 1) / kBlockSize - n_coded[s];
+  }
+  const int32_t n_slots = full_begin + n_full;
+  TwoPools pools(f32_layout, n_slots);
+  pools.fill(n_slots, rng);  // the coded blocks and codebook vectors below overwrite their part
+  pools.set_key_rope(rope, kPositions);
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> vectors(size_t(kVectors) * head_dim);  // random unit vectors
+  for (int i = 0; i < kVectors; ++i) {
+    float* u = vectors.data() + size_t(i) * head_dim;
+    double square_sum = 0.0;
+    for (int d = 0; d < head_dim; ++d) {
+      u[d] = normal(rng);
+      square_sum += double(u[d]) * u[d];
+    }
+    for (int d = 0; d < head_dim; ++d) u[d] = float(u[d] / std::sqrt(square_sum));
+  }
+  pools.write_vectors(first_vector, vectors);
+
+  // Magnitudes around the norm of the full-precision entries (normal channels: sqrt(head_dim)).
+  const float typical_norm = std::sqrt(float(head_dim));
+  std::uniform_real_distribution<float> magnitude(0.5f * typical_norm, 1.5f * typical_norm);
+  std::uniform_int_distribution<int32_t> vector_id(first_vector, first_vector + kVectors - 1);
+  std::uniform_int_distribution<int32_t> position(0, kPositions - 1);
+  std::vector<std::vector<int32_t>> leading(specs.size());
+  int32_t next_coded = n_slots;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    for (int b = 0; b < n_coded[s]; ++b) {
+      std::vector<KvCodeRow> rows(size_t(n_kv_heads) * kBlockSize);
+      for (KvCodeRow& row : rows) row = {vector_id(rng), magnitude(rng), vector_id(rng), magnitude(rng), position(rng)};
+      pools.write_code_rows(next_coded, rows);
+      leading[s].push_back(next_coded++);
+    }
+  }
+  std::vector<int32_t> full_slots(static_cast<size_t>(n_full));
+  std::iota(full_slots.begin(), full_slots.end(), full_begin);
+  compare_attention(gpu, cpu, pools, n_heads, specs, Tables(specs, kBlockSize, full_slots, leading, rng), rng, what);
+}
+
+TEST_F(CudaBackendTest, PagedAttentionReadsCodedBlocksWithInterleavedRope) {
+  // SmolLM2's shape and RoPE: GQA 9/3, head_dim 64, interleaved pairs.
+  coded_attention(*gpu, *cpu, 9, 3, 64, RopeParams{RopeStyle::interleaved, 100000.0f, {}}, rng,
+                  "coded blocks, GQA 9/3, head_dim 64, interleaved RoPE");
+}
+
+TEST_F(CudaBackendTest, PagedAttentionReadsCodedBlocksWithNeoxRope) {
+  // GQA 32/8, head_dim 128, neox pairs (i, i + 64) and Llama 3.1's frequency scaling.
+  const RopeParams llama31{RopeStyle::half_split, 500000.0f, RopeScaling{8.0f, 1.0f, 4.0f, 8192}};
+  coded_attention(*gpu, *cpu, 32, 8, 128, llama31, rng, "coded blocks, GQA 32/8, head_dim 128, neox RoPE");
+}
+
+// A coded key cannot be read without the pool's key RoPE table; with one, ids past the pool's coded blocks are
+// still refused.
+TEST_F(CudaBackendTest, PagedAttentionNeedsAKeyRopeTableForCodedBlocks) {
   TwoPools pools(KvBlockLayout{3, 64, 16, DType::f32, KvQuant::none}, 8);
-  const std::vector<int32_t> table = {0, 8};  // id 8 = n_slots: a coded block in an unquantized pool
+  const std::vector<int32_t> table = {8, 5};  // id 8 = n_slots: a coded block in a pool without quantization
   const AttentionSequence seq{0, 1, 20, table};
   Tensor q = gpu->alloc(1, 9 * 64, DType::f32), out = gpu->alloc(1, 9 * 64, DType::f32);
-  EXPECT_THROW(gpu->paged_attention(q, {&seq, 1}, pools.gpu, 9, 0.125f, out), std::invalid_argument);
+  try {
+    gpu->paged_attention(q, {&seq, 1}, pools.gpu, 9, 0.125f, out);
+    ADD_FAILURE() << "a coded block without a key RoPE table was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("paged_attention"), std::string::npos) << e.what();
+  }
+  pools.set_key_rope(RopeParams{}, 64);
+  EXPECT_NO_THROW(gpu->paged_attention(q, {&seq, 1}, pools.gpu, 9, 0.125f, out));  // zeroed rows: vector 0
+  const std::vector<int32_t> past = {8 + 8 * pools.gpu_layout.coded_per_slot(), 5};
+  const AttentionSequence past_seq{0, 1, 20, past};
+  EXPECT_THROW(gpu->paged_attention(q, {&past_seq, 1}, pools.gpu, 9, 0.125f, out), std::invalid_argument);
 }
 
 // ---- SmolLM2-135M end to end ---------------------------------------------------------------------------------
