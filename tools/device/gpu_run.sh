@@ -5,7 +5,8 @@
 #     info       nvidia-smi, the driver, the GPU, python3's torch, and the device-to-device copy bandwidth
 #     tests      every CUDA and NCCL test (kernels_tests --gtest_filter='Cuda*', and the tests named
 #                *Cuda* or *Nccl* of the others: NCCL in a world of one) against the joined SmolLM2 model
-#     compare    SmolLM2 greedy output, engine.backend=cuda against cpu, over several prompts: where they differ
+#     compare    SmolLM2 output, engine.backend=cuda against cpu, over several prompts (greedy, a seeded draw,
+#                SpindleKV): where they differ
 #     bench-8b   strata bench at Llama-3-8B shapes: prefill, decode at batch 1-64 and context 1K-32K, policies
 #     bench-70b  strata bench at Llama-3-70B layer shapes, with as many layers as the GPU's memory allows
 #     torch      tools/bench_torch_reference.py at the same shapes (PyTorch + transformers, dummy bf16 weights)
@@ -25,7 +26,7 @@ commands=$out/commands.txt
 call_start=$(date +%s)
 # Seconds each stage may take; a call may take the sum of its stages' (at most 560, inside the tool's 600), so
 # that the four calls of docs/gpu.md fit the session's 30 minutes of device time with the machine's start.
-declare -A stage_seconds=([join]=20 [info]=40 [tests]=150 [compare]=120 [bench-8b]=400 [bench-70b]=400 [torch]=300)
+declare -A stage_seconds=([join]=20 [info]=40 [tests]=150 [compare]=200 [bench-8b]=400 [bench-70b]=400 [torch]=300)
 call_budget=0
 for stage in "$@"; do call_budget=$((call_budget + ${stage_seconds[$stage]:-0})); done
 (( call_budget > 560 )) && call_budget=560
@@ -212,44 +213,58 @@ PY
 
 stage_compare() {
   need_bin && need_model || return 1
-  local scratch=$dev/scratch/compare i=0 backend cap
+  local scratch=$dev/scratch/compare i backend cap variant
   rm -rf "$scratch" && mkdir -p "$scratch"
   local prompts=("The capital of France is" "Write a haiku about the sea."
                  "List three prime numbers and explain why they are prime."
                  "def fibonacci(n):" "Once upon a time, in a small village by the mountains,"
                  "Translate to French: The weather is nice today.")
-  for prompt in "${prompts[@]}"; do
-    for backend in cpu cuda; do
-      cap=$(cap_seconds 60) || { say "compare: no time left for prompt $i"; break 2; }
-      record packed timeout "$cap" "$STRATA" generate --config configs/smollm2-cpu.yaml --chat --prompt "$prompt" \
-        --max-tokens 64 --ignore-eos --json --top-logprobs 3 --set engine.backend="$backend" \
-        >"$scratch/$i.$backend.jsonl" 2>>"$out/compare.log" || say "compare: $backend failed on prompt $i"
+  # Greedy over every prompt; then, over the first two, a seeded draw (the device's sampler against the host's
+  # rule, the same uniform numbers) and SpindleKV (the device's codebooks and coded attention).
+  local -A variant_args=([greedy]="" [sampled]="--temperature 0.8 --top-p 0.95 --seed 7"
+                         [spindlekv]="--set kv_cache.policy=spindlekv:ratio=0.4,window=8")
+  local -A variant_prompts=([greedy]=${#prompts[@]} [sampled]=2 [spindlekv]=2)
+  for variant in greedy sampled spindlekv; do
+    for ((i = 0; i < variant_prompts[$variant]; i++)); do
+      for backend in cpu cuda; do
+        cap=$(cap_seconds 60) || { say "compare: no time left for $variant prompt $i"; break 3; }
+        # shellcheck disable=SC2086
+        record packed timeout "$cap" "$STRATA" generate --config configs/smollm2-cpu.yaml --chat \
+          --prompt "${prompts[$i]}" --max-tokens 64 --ignore-eos --json --top-logprobs 3 \
+          --set engine.backend="$backend" ${variant_args[$variant]} \
+          >"$scratch/$variant.$i.$backend.jsonl" 2>>"$out/compare.log" ||
+          say "compare: $backend failed on $variant prompt $i"
+      done
     done
-    i=$((i + 1))
   done
   python3 - "$scratch" "${prompts[@]}" >"$out/compare.json" <<'PY'
-import json, sys
+import glob, json, os, sys
 scratch, prompts = sys.argv[1], sys.argv[2:]
 def read(path):
     try:
         return [json.loads(line) for line in open(path) if line.strip()]
     except (OSError, ValueError):
         return []
-rows = []
-for i, prompt in enumerate(prompts):
-    cpu, cuda = read(f"{scratch}/{i}.cpu.jsonl"), read(f"{scratch}/{i}.cuda.jsonl")
-    a, b = [line["token"] for line in cpu], [line["token"] for line in cuda]
-    same_length = None if len(a) == len(b) else min(len(a), len(b))
-    first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), same_length)
-    row = {"prompt": prompt, "cpu_tokens": a, "cuda_tokens": b, "first_difference": first}
-    if not a or not b:
-        row["missing"] = "a backend printed no tokens: see compare.log"
-    elif first is not None and first < min(len(a), len(b)):  # how close the top choices were where they part
-        row["at_difference"] = {"cpu": cpu[first], "cuda": cuda[first]}
-    rows.append(row)
-agree = [r for r in rows if r["cpu_tokens"] and r["cpu_tokens"] == r["cuda_tokens"]]
-print(json.dumps({"method": "strata generate --chat --max-tokens 64 --ignore-eos --json, greedy, cpu vs cuda",
-                  "prompts_identical": len(agree), "prompts": len(rows), "results": rows}, indent=1))
+report = {"method": "strata generate --chat --max-tokens 64 --ignore-eos --json, cpu vs cuda: greedy; sampled "
+                    "(--temperature 0.8 --top-p 0.95 --seed 7); spindlekv (ratio 0.4, window 8, greedy)"}
+for variant in ("greedy", "sampled", "spindlekv"):
+    rows = []
+    for i, prompt in enumerate(prompts):
+        if not os.path.exists(f"{scratch}/{variant}.{i}.cpu.jsonl"):
+            continue
+        cpu, cuda = read(f"{scratch}/{variant}.{i}.cpu.jsonl"), read(f"{scratch}/{variant}.{i}.cuda.jsonl")
+        a, b = [line["token"] for line in cpu], [line["token"] for line in cuda]
+        same_length = None if len(a) == len(b) else min(len(a), len(b))
+        first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), same_length)
+        row = {"prompt": prompt, "cpu_tokens": a, "cuda_tokens": b, "first_difference": first}
+        if not a or not b:
+            row["missing"] = "a backend printed no tokens: see compare.log"
+        elif first is not None and first < min(len(a), len(b)):  # how close the top choices were where they part
+            row["at_difference"] = {"cpu": cpu[first], "cuda": cuda[first]}
+        rows.append(row)
+    agree = [r for r in rows if r["cpu_tokens"] and r["cpu_tokens"] == r["cuda_tokens"]]
+    report[variant] = {"prompts_identical": len(agree), "prompts": len(rows), "results": rows}
+print(json.dumps(report, indent=1))
 PY
 }
 
