@@ -50,6 +50,10 @@ struct RowSample {
   std::vector<TokenLogprob> top;   // the n_logprobs most likely, most likely first
 };
 
+// Throws std::invalid_argument unless every penalised id is a column of the row and no id comes twice: what every
+// backend checks before it touches a row.
+void check_penalties(std::span<const TokenPenalty> penalties, int64_t n_columns);
+
 // The rule on a host row (the CPU backend's op, and the host's for rows that are already there). The row is
 // scratch: the penalties are applied to it in place.
 RowSample sample_row_on_host(std::span<float> logits, const RowSampling& sampling);

@@ -41,16 +41,20 @@ LogSumExp log_sum_exp(std::span<const float> logits) {
 }
 
 // Moves the shortest most-likely-first prefix whose weights reach `target` to the front and returns its length;
-// the order inside the prefix is left unspecified. A selection by halving, O(V) expected: nth_element splits the
-// undecided range in two, and the mass of the upper half says which half holds the end of the prefix. Only the
-// last few candidates get sorted, however large the nucleus (a flat distribution can need thousands of tokens).
-size_t take_nucleus(std::vector<Candidate>& candidates, double target) {
+// the order inside the prefix is left unspecified. The order is the row's, by logit: two logits can round to one
+// weight, and the rule keeps the larger. A selection by halving, O(V) expected: nth_element splits the undecided
+// range in two, and the mass of the upper half says which half holds the end of the prefix. Only the last few
+// candidates get sorted, however large the nucleus (a flat distribution can need thousands of tokens).
+size_t take_nucleus(std::vector<Candidate>& candidates, std::span<const float> logits, double target) {
+  const auto earlier = [&](const Candidate& a, const Candidate& b) {
+    return more_likely({logits[size_t(a.second)], a.second}, {logits[size_t(b.second)], b.second});
+  };
   size_t lo = 0;                    // [0, lo) is in the prefix
   size_t hi = candidates.size();    // [0, hi) holds at least the target mass (or is everything)
   double taken = 0.0;               // mass of [0, lo)
   while (hi - lo > 64) {
     size_t mid = lo + (hi - lo) / 2;
-    std::nth_element(candidates.begin() + lo, candidates.begin() + mid, candidates.begin() + hi, more_likely);
+    std::nth_element(candidates.begin() + lo, candidates.begin() + mid, candidates.begin() + hi, earlier);
     double upper = 0.0;
     for (size_t i = lo; i < mid; ++i) upper += candidates[i].first;
     if (taken + upper >= target) {
@@ -60,7 +64,7 @@ size_t take_nucleus(std::vector<Candidate>& candidates, double target) {
       lo = mid;
     }
   }
-  std::sort(candidates.begin() + lo, candidates.begin() + hi, more_likely);
+  std::sort(candidates.begin() + lo, candidates.begin() + hi, earlier);
   for (size_t i = lo; i < hi; ++i) {
     taken += candidates[i].first;
     if (taken >= target) return i + 1;
@@ -100,7 +104,7 @@ int32_t draw(std::span<const float> logits, const RowSampling& s) {
     floor = std::max(floor, static_cast<float>((1.0 - s.top_p) * mass / static_cast<double>(candidates.size())));
   }
   if (floor > 0.0f) std::erase_if(candidates, [&](const Candidate& c) { return c.first < floor; });
-  const size_t n_kept = s.top_p < 1.0f ? take_nucleus(candidates, s.top_p * mass) : candidates.size();
+  const size_t n_kept = s.top_p < 1.0f ? take_nucleus(candidates, logits, s.top_p * mass) : candidates.size();
   candidates.resize(n_kept);
 
   // The draw walks the kept tokens in id order: the order every backend can reproduce.
@@ -120,14 +124,25 @@ int32_t draw(std::span<const float> logits, const RowSampling& s) {
 
 }  // namespace
 
-RowSample sample_row_on_host(std::span<float> logits, const RowSampling& s) {
-  for (const TokenPenalty& p : s.penalties) {
-    if (p.id < 0 || size_t(p.id) >= logits.size()) {
+void check_penalties(std::span<const TokenPenalty> penalties, int64_t n_columns) {
+  std::vector<int32_t> ids;
+  ids.reserve(penalties.size());
+  for (const TokenPenalty& p : penalties) {
+    if (p.id < 0 || p.id >= n_columns) {
       throw std::invalid_argument("sample_rows: penalised token " + std::to_string(p.id) + " is outside the " +
-                                  std::to_string(logits.size()) + " columns");
+                                  std::to_string(n_columns) + " columns");
     }
-    logits[size_t(p.id)] -= p.amount;
+    ids.push_back(p.id);
   }
+  std::sort(ids.begin(), ids.end());
+  if (auto twice = std::adjacent_find(ids.begin(), ids.end()); twice != ids.end()) {
+    throw std::invalid_argument("sample_rows: token " + std::to_string(*twice) + " is penalised twice");
+  }
+}
+
+RowSample sample_row_on_host(std::span<float> logits, const RowSampling& s) {
+  check_penalties(s.penalties, int64_t(logits.size()));
+  for (const TokenPenalty& p : s.penalties) logits[size_t(p.id)] -= p.amount;
 
   RowSample result;
   result.id = s.temperature <= 0.0f ? argmax(logits) : draw(logits, s);

@@ -265,6 +265,9 @@ __device__ inline float rope_channel(const KeyRopeTable& rope, int head_dim, int
                                      float x_a, float x_b) {
   int a, b, i;
   rope_pair(rope, head_dim, c, a, b, i);
+  // Positions are checked on the host where rows are written (kv_codebook_encode); the clamp only keeps a corrupt
+  // row from reading outside the table.
+  position = min(max(position, 0), rope.n_positions - 1);
   const float* row = rope.table + int64_t(position) * head_dim;
   const float cos = row[i], sin = __fmul_rn(sign, row[head_dim / 2 + i]);
   return c == a ? __fsub_rn(__fmul_rn(x_a, cos), __fmul_rn(x_b, sin))

@@ -351,11 +351,7 @@ void sample_rows(CudaContext& ctx, Tensor& logits, std::span<const RowSampling> 
     require(s.n_logprobs <= kMaxLogprobs, "sample_rows: row " + std::to_string(r) + " asks for " +
                                               std::to_string(s.n_logprobs) + " logprobs, more than " +
                                               std::to_string(kMaxLogprobs));
-    for (const TokenPenalty& penalty : s.penalties) {
-      require(penalty.id >= 0 && penalty.id < n, "sample_rows: row " + std::to_string(r) + " penalises token " +
-                                                     std::to_string(penalty.id) + ", outside the " +
-                                                     std::to_string(n) + " columns");
-    }
+    check_penalties(s.penalties, n);  // distinct ids: the kernel subtracts them in parallel, without atomics
     params.push_back(RowParams{s.uniform, s.temperature, s.top_p, s.min_p, s.top_k, s.n_logprobs,
                                int32_t(penalties.size()), int32_t(s.penalties.size()), 0});
     penalties.insert(penalties.end(), s.penalties.begin(), s.penalties.end());

@@ -235,6 +235,9 @@ TEST(CpuSampleRows, GreedyRowsTakeTheLowestColumnOfTheLargestValue) {
   const std::vector<TokenPenalty> outside = {{int32_t(cols), 1.0f}};
   rows[6].penalties = outside;
   EXPECT_THROW(be->sample_rows(t, rows, out), std::invalid_argument);
+  const std::vector<TokenPenalty> twice = {{5, 1.0f}, {9, 1.0f}, {5, 0.5f}};
+  rows[6].penalties = twice;
+  EXPECT_THROW(be->sample_rows(t, rows, out), std::invalid_argument);
 }
 
 // The draw of kernels/token_sampling.h by hand: weights 0.1, 0.2, 0.3, 0.4 (log-probabilities at temperature 1)
@@ -279,6 +282,23 @@ TEST(CpuSampleRows, TheDrawWalksTheKeptTokensInIdOrder) {
   s.temperature = 0.05f;
   s.uniform = 0.01;
   EXPECT_EQ(draw(s), 3);
+}
+
+// At a huge temperature every weight rounds to 1, but the rule's order is still by logit: top_p's two tokens are
+// 0 and 2 (logits 0 and -0.5), not 0 and 1 (-1), although tokens 1 and 2 weigh the same.
+TEST(CpuSampleRows, TopPCutsByLogitAmongEqualWeights) {
+  auto be = make_cpu_backend();
+  const std::vector<float> row = {0.0f, -1.0f, -0.5f};
+  RowSampling s;
+  s.temperature = 1e9f;
+  s.top_p = 0.6f;  // 1.8 of the total 3: two tokens
+  for (const auto& [u, id] : std::vector<std::pair<double, int32_t>>{{0.25, 0}, {0.75, 2}}) {
+    s.uniform = u;
+    Tensor t = to_device(*be, row, 1, 3);
+    std::vector<RowSample> out(1);
+    be->sample_rows(t, {&s, 1}, out);
+    EXPECT_EQ(out[0].id, id) << "u " << u;
+  }
 }
 
 TEST(CpuEmbedding, CopiesTheRowOfEveryId) {

@@ -618,7 +618,14 @@ TEST_F(CudaBackendTest, PagedAttentionNeedsAKeyRopeTableForCodedBlocks) {
     EXPECT_NE(std::string(e.what()).find("paged_attention"), std::string::npos) << e.what();
   }
   pools.set_key_rope(RopeParams{}, 64);
-  EXPECT_NO_THROW(gpu->paged_attention(q, {&seq, 1}, pools.gpu, 9, 0.125f, out));  // zeroed rows: vector 0
+  // The pool is zeroed: the coded rows name vector 0 (zeros) with magnitude 0, and every key and value is 0. A
+  // zero query then attends evenly over zeros: the output is 0, read back so that a fault on the device shows.
+  const std::vector<float> zeros(size_t(9 * 64), 0.0f);
+  gpu->copy_from_host(zeros.data(), q);
+  EXPECT_NO_THROW(gpu->paged_attention(q, {&seq, 1}, pools.gpu, 9, 0.125f, out));
+  std::vector<float> got(zeros.size(), 1.0f);
+  gpu->copy_to_host(out, got.data());
+  EXPECT_EQ(got, zeros);
   const std::vector<int32_t> past = {8 + 8 * pools.gpu_layout.coded_per_slot(), 5};
   const AttentionSequence past_seq{0, 1, 20, past};
   EXPECT_THROW(gpu->paged_attention(q, {&past_seq, 1}, pools.gpu, 9, 0.125f, out), std::invalid_argument);
