@@ -396,9 +396,7 @@ void require_codebook_pool(const KvPoolView& pool, int head, const char* op) {
   if (L.head_dim <= 0 || L.head_dim % 2 != 0) {
     throw std::invalid_argument(std::string(op) + ": RoPE needs an even head_dim");
   }
-  if (head < 0 || head >= L.n_kv_heads) {
-    throw std::invalid_argument(std::string(op) + ": KV head " + std::to_string(head) + " out of range");
-  }
+  require_head(pool, head, op);
 }
 
 // Keys are un-rotated with the pool's key RoPE table: every position must lie in it (std::out_of_range, as the

@@ -84,6 +84,13 @@ inline void require_bf16_pool(const KvPoolView& pool, const char* op) {
   if (pool.base == nullptr) throw std::invalid_argument(std::string(op) + ": the pool view has no memory");
 }
 
+// Ops over one KV head check it first.
+inline void require_head(const KvPoolView& pool, int head, const char* op) {
+  if (head < 0 || head >= pool.layout.n_kv_heads) {
+    throw std::invalid_argument(std::string(op) + ": KV head " + std::to_string(head) + " out of range");
+  }
+}
+
 // KIVI's layout constraints (kernels/kv_block_layout.h), checked before anything touches a quantized block.
 inline void require_quantized_pool(const KvPoolView& pool, const char* op) {
   const KvBlockLayout& L = pool.layout;
@@ -277,9 +284,6 @@ __device__ inline float rope_channel(const KeyRopeTable& rope, int head_dim, int
 // Codebook vector `vector`: head_dim fp32 values at float offset vector * head_dim of the pool, whatever its dtype.
 __device__ inline const float* codebook_vector(const uint8_t* pool, int32_t vector, int head_dim) {
   return reinterpret_cast<const float*>(pool) + int64_t(vector) * head_dim;
-}
-__device__ inline float* codebook_vector(uint8_t* pool, int32_t vector, int head_dim) {
-  return reinterpret_cast<float*>(pool) + int64_t(vector) * head_dim;
 }
 // The code row of (head, slot) in the coded block at byte offset `block`.
 __device__ inline const KvCodeRow& code_row(const uint8_t* pool, int64_t block, const KvGeometry& g, int head,

@@ -115,12 +115,6 @@ __global__ void merge_entries(uint8_t* base, const int64_t* blocks, DeviceMerges
   }
 }
 
-void require_head(const KvPoolView& pool, int head, const char* op) {
-  if (head < 0 || head >= pool.layout.n_kv_heads) {
-    throw std::invalid_argument(std::string(op) + ": KV head " + std::to_string(head) + " out of range");
-  }
-}
-
 void require_entries(std::span<const int32_t> entries, int64_t n_entries, const char* op, const char* what) {
   for (int32_t e : entries) {
     if (e < 0 || e >= n_entries) {
