@@ -4,8 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include <omp.h>
-
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/model_loader.h"
 #include "parallel/comm_policy_collectives.h"
@@ -138,20 +137,20 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
   const RankGrid grid = world ? world->grid() : RankGrid{};
   auto shard = [&](const ModelConfig& mc) { return shard_of(config, grid, mc); };
   namespace fs = std::filesystem;
-  // Fork-join threads stall at every barrier when they share cores with other work: fewer threads than cores
-  // can be faster on a busy machine (docs/decisions.md).
-  if (config.engine.threads > 0) omp_set_num_threads(config.engine.threads);
+  // engine.threads: the CPU backend's compute threads (0: every core this process may run on).
+  cpu::set_compute_threads(config.engine.threads);
   // Before the weights are read: a backend that cannot run (no GPU, a policy it lacks) fails in a second, not
   // after minutes of loading.
   rt->backend = make_backend(config);
+  const WeightDtype weight_dtype = parse_weight_dtype(m.weight_dtype);  // checked when the config was read
 
   if (m.path.rfind(kPresetPrefix, 0) == 0) {
     const ModelConfig mc = preset_config(m.path.substr(kPresetPrefix.size()));
-    rt->weights = make_dummy_weights(mc, shard(mc), /*seed=*/1234);
+    rt->weights = make_dummy_weights(mc, shard(mc), /*seed=*/1234, weight_dtype);
     rt->model_name = m.name.empty() ? m.path.substr(kPresetPrefix.size()) : m.name;
   } else if (fs::is_directory(m.path)) {
     const ModelConfig mc = config_from_hf_json((fs::path(m.path) / "config.json").string());
-    rt->weights = load_safetensors_weights(m.path, shard(mc));
+    rt->weights = load_safetensors_weights(m.path, shard(mc), weight_dtype);
     const std::string tokenizer_json = (fs::path(m.path) / "tokenizer.json").string();
     if (fs::exists(tokenizer_json)) rt->tokenizer = Tokenizer::from_hf_json(tokenizer_json);
     rt->chat_template = choose_template(m, "");
@@ -161,7 +160,7 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
       throw ConfigError(config.file + ": model.path: " + m.path + " does not exist (tools/setup.sh fetches the default model)");
     }
     rt->gguf = GgufFile::open(m.path);
-    rt->weights = load_gguf_weights(rt->gguf, shard(config_from_gguf(*rt->gguf)));
+    rt->weights = load_gguf_weights(rt->gguf, shard(config_from_gguf(*rt->gguf)), weight_dtype);
     rt->tokenizer = Tokenizer::from_gguf(*rt->gguf);
     rt->chat_template = choose_template(m, rt->gguf->get_string("tokenizer.chat_template").value_or(""));
     rt->model_name = m.name.empty() ? fs::path(m.path).stem().string() : m.name;

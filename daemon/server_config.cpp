@@ -60,6 +60,10 @@ const std::map<std::string, Setter>& setters() {
          c.model.chat_template = parse_choice(t, w, {"auto", "chatml", "llama3", "mistral"});
        }},
       {"model.system_prompt", [](ServerConfig& c, const std::string& t, const std::string&) { c.model.system_prompt = t; }},
+      {"model.weight_dtype",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.model.weight_dtype = parse_choice(t, w, {"auto", "f32", "q8_0"});
+       }},
       {"server.host", [](ServerConfig& c, const std::string& t, const std::string&) { c.server.host = t; }},
       {"server.port",
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.server.port = int(parse_int(t, w, 0, 65535)); }},

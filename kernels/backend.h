@@ -1,7 +1,7 @@
 #pragma once
-// The ops behind every step of the model, with one implementation per device: the CPU (fp32, the reference; BLAS
-// for GEMM) and, later, CUDA (bf16 storage, fp32 accumulation). Every op of a device backend is tested against its
-// CPU twin (tests/kernels/).
+// The ops behind every step of the model, with one implementation per device: the CPU (fp32 activations, the
+// reference; weights in fp32 with BLAS, or kept in their quantized blocks with integer kernels) and CUDA (bf16
+// storage, fp32 accumulation). Every op of a device backend is tested against its CPU twin (tests/kernels/).
 //
 // Shapes in the comments: T = tokens in the step, D = d_model, H = query heads, Hkv = KV heads, Dh = head dim.
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include "kernels/pod_attention.h"
 #include "kernels/tensor.h"
 #include "kernels/token_sampling.h"
+#include "kernels/weight_format.h"
 #include "model/model_config.h"
 
 namespace strata {
@@ -45,14 +46,18 @@ class Backend {
   virtual std::string name() const = 0;
   // Element type of the KV pool's full-precision blocks: f32 on the CPU, bf16 on CUDA (kernels/kv_block_layout.h).
   virtual DType kv_dtype() const = 0;
-  // Element type upload_weight stores weights in: f32 on the CPU, bf16 on CUDA.
-  virtual DType weight_dtype() const = 0;
+  // Bytes upload_weight(w) keeps of w on the device, which is what a step reads of it: the CPU keeps f32 and
+  // quantized blocks as they come (kernels/cpu/packed_weight.h), CUDA stores bf16.
+  virtual int64_t uploaded_weight_bytes(const WeightMatrix& w) const = 0;
 
   // Memory. alloc'd tensors live until the backend is destroyed or free() is called.
   virtual Tensor alloc(int64_t rows, int64_t cols, DType dtype) = 0;
   virtual void free(Tensor& t) = 0;
-  // Makes a host fp32 matrix available to the device once (weights). The CPU backend aliases it: no copy.
-  virtual Tensor upload_weight(const float* data, int64_t rows, int64_t cols) = 0;
+  // Makes a host weight matrix available to the device once. The CPU backend uses f32 matrices and the blocks of
+  // Q4_K and Q6_K in place (the memory must outlive the backend) and repacks the other formats; a matrix, or a
+  // range of its rows, uploaded again shares what the first upload made (a tied output head). CUDA converts every
+  // format to bf16. The result is f32, or DType::packed for the weight of matmul and embedding.
+  virtual Tensor upload_weight(const WeightMatrix& w) = 0;
   virtual void copy_to_host(const Tensor& src, float* dst) = 0;
   virtual void copy_from_host(const float* src, Tensor& dst) = 0;
 

@@ -5,13 +5,17 @@
 
 namespace strata {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i8 };
+// `packed`: a weight matrix in a backend's own layout (Backend::upload_weight, e.g. the CPU backend's quantized
+// blocks, kernels/cpu/packed_weight.h); `data` points at the backend's description of it and rows/cols are the
+// matrix's shape. Only the backend that made it reads it.
+enum class DType : uint8_t { f32, bf16, f16, i32, i8, packed };
 
 inline int dtype_bytes(DType t) {
   switch (t) {
     case DType::f32: case DType::i32: return 4;
     case DType::bf16: case DType::f16: return 2;
     case DType::i8: return 1;
+    case DType::packed: return 0;  // not an array of elements
   }
   return 0;
 }

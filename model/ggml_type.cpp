@@ -64,30 +64,8 @@ const GgmlTypeTraits& traits_or_throw(GgmlType type) {
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 
 // Block structs are packed byte arrays in the file; reading fields byte-wise keeps this independent of the
-// host's alignment rules (the data of a row may start at any offset).
-void dequantize_q4_0(const uint8_t* b, float* y, int64_t n_blocks) {
-  for (int64_t i = 0; i < n_blocks; ++i, b += 18, y += 32) {
-    const float d = fp16_to_fp32(load_u16(b));
-    const uint8_t* qs = b + 2;
-    for (int j = 0; j < 16; ++j) {
-      y[j] = static_cast<float>((qs[j] & 0xF) - 8) * d;
-      y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
-    }
-  }
-}
-
-void dequantize_q4_1(const uint8_t* b, float* y, int64_t n_blocks) {
-  for (int64_t i = 0; i < n_blocks; ++i, b += 20, y += 32) {
-    const float d = fp16_to_fp32(load_u16(b));
-    const float m = fp16_to_fp32(load_u16(b + 2));
-    const uint8_t* qs = b + 4;
-    for (int j = 0; j < 16; ++j) {
-      y[j] = static_cast<float>(qs[j] & 0xF) * d + m;
-      y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
-    }
-  }
-}
-
+// host's alignment rules (the data of a row may start at any offset). The formats the kernels compute with
+// (kernels/weight_format.h) are dequantized there; the others here.
 void dequantize_q5_0(const uint8_t* b, float* y, int64_t n_blocks) {
   for (int64_t i = 0; i < n_blocks; ++i, b += 22, y += 32) {
     const float d = fp16_to_fp32(load_u16(b));
@@ -117,46 +95,23 @@ void dequantize_q5_1(const uint8_t* b, float* y, int64_t n_blocks) {
   }
 }
 
-void dequantize_q8_0(const uint8_t* b, float* y, int64_t n_blocks) {
-  for (int64_t i = 0; i < n_blocks; ++i, b += 34, y += 32) {
-    const float d = fp16_to_fp32(load_u16(b));
-    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
-    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
-  }
-}
-
-// The 6-bit scale and min of sub-block s packed in the 12 bytes of a Q4_K/Q5_K block.
-void k_scale_min(const uint8_t* scales, int s, int& sc, int& mn) {
-  if (s < 4) {
-    sc = scales[s] & 63;
-    mn = scales[s + 4] & 63;
-  } else {
-    sc = (scales[s + 4] & 0xF) | ((scales[s - 4] >> 6) << 4);
-    mn = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
-  }
-}
-
-// Q4_K (qh == nullptr) and Q5_K share the layout: 4 chunks of 64 outputs, low nibbles first.
-void dequantize_q4_k_q5_k(const uint8_t* b, float* y, int64_t n_blocks, bool has_qh) {
-  const int64_t block_bytes = has_qh ? 176 : 144;
-  for (int64_t i = 0; i < n_blocks; ++i, b += block_bytes) {
+// Q5_K: Q4_K's layout (4 chunks of 64 outputs, low nibbles first) plus a fifth bit per value from qh.
+void dequantize_q5_k(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 176) {
     const float d = fp16_to_fp32(load_u16(b));
     const float dmin = fp16_to_fp32(load_u16(b + 2));
     const uint8_t* scales = b + 4;
-    const uint8_t* qh = has_qh ? b + 16 : nullptr;
-    const uint8_t* qs = b + (has_qh ? 48 : 16);
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = b + 48;
     for (int c = 0; c < 4; ++c, qs += 32, y += 64) {
       int sc0, mn0, sc1, mn1;
-      k_scale_min(scales, 2 * c, sc0, mn0);
-      k_scale_min(scales, 2 * c + 1, sc1, mn1);
+      k_quant_scale_min(scales, 2 * c, sc0, mn0);
+      k_quant_scale_min(scales, 2 * c + 1, sc1, mn1);
       const float d0 = d * static_cast<float>(sc0), m0 = dmin * static_cast<float>(mn0);
       const float d1 = d * static_cast<float>(sc1), m1 = dmin * static_cast<float>(mn1);
       for (int l = 0; l < 32; ++l) {
-        int lo = qs[l] & 0xF, hi = qs[l] >> 4;
-        if (qh != nullptr) {
-          lo += ((qh[l] >> (2 * c)) & 1) << 4;
-          hi += ((qh[l] >> (2 * c + 1)) & 1) << 4;
-        }
+        const int lo = (qs[l] & 0xF) + (((qh[l] >> (2 * c)) & 1) << 4);
+        const int hi = (qs[l] >> 4) + (((qh[l] >> (2 * c + 1)) & 1) << 4);
         y[l] = d0 * static_cast<float>(lo) - m0;
         y[l + 32] = d1 * static_cast<float>(hi) - m1;
       }
@@ -164,59 +119,23 @@ void dequantize_q4_k_q5_k(const uint8_t* b, float* y, int64_t n_blocks, bool has
   }
 }
 
-void dequantize_q6_k(const uint8_t* b, float* y, int64_t n_blocks) {
-  for (int64_t i = 0; i < n_blocks; ++i, b += 210) {
-    const uint8_t* ql = b;
-    const uint8_t* qh = b + 128;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = fp16_to_fp32(load_u16(b + 208));
-    for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8, y += 128) {
-      for (int l = 0; l < 32; ++l) {
-        const int is = l / 16;
-        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
-        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
-        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
-        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
-      }
-    }
-  }
-}
-
 }  // namespace
-
-float fp16_to_fp32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1F;
-  const uint32_t mantissa = h & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24 is exact in fp32.
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign ? -magnitude : magnitude;
-  } else if (exponent == 31) {
-    bits = sign | 0x7F800000u | (mantissa << 13);  // inf, or NaN keeping its payload
-  } else {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // rebias 15 -> 127
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-float bf16_to_fp32(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 const GgmlTypeTraits* ggml_type_traits(uint32_t type_id) {
   if (type_id >= kTraits.size() || !kTraits[type_id]) return nullptr;
   return &*kTraits[type_id];
+}
+
+std::optional<WeightFormat> weight_format_of(GgmlType type) {
+  switch (type) {
+    case GgmlType::f32: return WeightFormat::f32;
+    case GgmlType::q8_0: return WeightFormat::q8_0;
+    case GgmlType::q4_0: return WeightFormat::q4_0;
+    case GgmlType::q4_1: return WeightFormat::q4_1;
+    case GgmlType::q4_k: return WeightFormat::q4_k;
+    case GgmlType::q6_k: return WeightFormat::q6_k;
+    default: return std::nullopt;
+  }
 }
 
 std::string_view ggml_type_name(GgmlType type) {
@@ -250,14 +169,14 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elemen
     case GgmlType::bf16:
       for (int64_t i = 0; i < n_elements; ++i) dst[i] = bf16_to_fp32(load_u16(b + 2 * i));
       break;
-    case GgmlType::q4_0: dequantize_q4_0(b, dst, n_blocks); break;
-    case GgmlType::q4_1: dequantize_q4_1(b, dst, n_blocks); break;
+    case GgmlType::q4_0: dequantize_weight_row(WeightFormat::q4_0, src, dst, n_elements); break;
+    case GgmlType::q4_1: dequantize_weight_row(WeightFormat::q4_1, src, dst, n_elements); break;
+    case GgmlType::q8_0: dequantize_weight_row(WeightFormat::q8_0, src, dst, n_elements); break;
+    case GgmlType::q4_k: dequantize_weight_row(WeightFormat::q4_k, src, dst, n_elements); break;
+    case GgmlType::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, dst, n_elements); break;
     case GgmlType::q5_0: dequantize_q5_0(b, dst, n_blocks); break;
     case GgmlType::q5_1: dequantize_q5_1(b, dst, n_blocks); break;
-    case GgmlType::q8_0: dequantize_q8_0(b, dst, n_blocks); break;
-    case GgmlType::q4_k: dequantize_q4_k_q5_k(b, dst, n_blocks, false); break;
-    case GgmlType::q5_k: dequantize_q4_k_q5_k(b, dst, n_blocks, true); break;
-    case GgmlType::q6_k: dequantize_q6_k(b, dst, n_blocks); break;
+    case GgmlType::q5_k: dequantize_q5_k(b, dst, n_blocks); break;
     default:
       throw std::invalid_argument("cannot dequantize ggml type " + std::string(t.name));
   }

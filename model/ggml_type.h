@@ -3,7 +3,10 @@
 // (../shared/specs/model_format.md, section 2).
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
+
+#include "kernels/weight_format.h"  // fp16_to_fp32, bf16_to_fp32, and the formats the kernels compute with
 
 namespace strata {
 
@@ -11,6 +14,9 @@ enum class GgmlType : uint32_t {
   f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q8_1 = 9,
   q2_k = 10, q3_k = 11, q4_k = 12, q5_k = 13, q6_k = 14, q8_k = 15, bf16 = 30,
 };
+
+// The kernels' format that holds a GGML type as it is (f32, q8_0, q4_0, q4_1, q4_k, q6_k); none for the others.
+std::optional<WeightFormat> weight_format_of(GgmlType type);
 
 struct GgmlTypeTraits {
   std::string_view name;
@@ -29,9 +35,5 @@ uint64_t ggml_row_bytes(GgmlType type, int64_t n_elements);
 // Dequantizes n_elements values (a multiple of the block size) from `src` into `dst`.
 // Throws std::invalid_argument for a type without dequantization support.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elements);
-
-// IEEE binary16 (subnormals, inf and NaN included) and bfloat16 bit patterns to fp32.
-float fp16_to_fp32(uint16_t bits);
-float bf16_to_fp32(uint16_t bits);
 
 }  // namespace strata

@@ -57,7 +57,7 @@ LlamaModel::~LlamaModel() {
   for (Tensor& t : w.q_layers) backend_.free(t);
 }
 
-Tensor LlamaModel::upload(const HostMatrix& m) { return backend_.upload_weight(m.data, m.rows, m.cols); }
+Tensor LlamaModel::upload(const WeightMatrix& m) { return backend_.upload_weight(m); }
 
 KvBlockLayout LlamaModel::kv_layout(int block_size) const {
   return KvBlockLayout{n_kv_heads_local_, config().head_dim, block_size, backend_.kv_dtype()};

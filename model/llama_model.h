@@ -115,7 +115,7 @@ class LlamaModel {
   };
   struct Workspace;
 
-  Tensor upload(const HostMatrix& m);
+  Tensor upload(const WeightMatrix& m);
   void forward_micro_batch(std::span<const BatchSequence> batch, std::vector<float>& sent, KvCache& cache,
                            std::vector<float>& logits, std::vector<RowSample>& samples);
   void tp_all_reduce(Tensor& t);

@@ -357,9 +357,15 @@ struct Slice {
   int64_t col_begin = 0, n_cols = 0;
 };
 
-using OwnedBuffers = std::vector<std::unique_ptr<float[]>>;
+using OwnedBuffers = std::vector<std::unique_ptr<uint8_t[]>>;
 // Produces the slice of one tensor (layer = -1 for the tensors outside the layers).
-using MatrixSource = std::function<HostMatrix(Part part, int layer, const Slice& slice, OwnedBuffers& owned)>;
+using MatrixSource = std::function<WeightMatrix(Part part, int layer, const Slice& slice, OwnedBuffers& owned)>;
+
+// A buffer of `bytes` owned by the weights (operator new[] aligns it for floats).
+uint8_t* new_buffer(OwnedBuffers& owned, int64_t bytes) {
+  owned.push_back(std::make_unique_for_overwrite<uint8_t[]>(static_cast<size_t>(bytes)));
+  return owned.back().get();
+}
 
 // Decides which tensors and slices a shard holds; `source` reads or makes each one.
 ModelWeights assemble_weights(const ModelConfig& c, const ShardSpec& s, const MatrixSource& source) {
@@ -402,7 +408,7 @@ ModelWeights assemble_weights(const ModelConfig& c, const ShardSpec& s, const Ma
     w.output_norm = load(Part::output_norm, -1, full(1, d));
     const Slice vocab = rows_of_rank(c.vocab_size, d);
     w.output_vocab_begin = vocab.row_begin;
-    w.output = c.tied_embeddings ? HostMatrix{w.token_embd.data + vocab.row_begin * d, vocab.n_rows, d}
+    w.output = c.tied_embeddings ? WeightMatrix{w.token_embd.row(vocab.row_begin), w.token_embd.format, vocab.n_rows, d}
                                  : load(Part::output, -1, vocab);
   }
   return w;
@@ -416,9 +422,50 @@ struct TensorView {
   const uint8_t* data = nullptr;
 };
 
-// Reads a slice: F32 rows are used in place when the slice has whole rows; everything else is dequantized,
-// only the rows and blocks the slice covers.
-HostMatrix read_slice(const TensorView& t, const Slice& s, OwnedBuffers& owned) {
+// The covered values of a slice in fp32: only the rows and blocks the slice covers are dequantized. A column
+// range may start or end inside a block: the covering blocks are dequantized and the wanted part copied.
+void dequantize_slice(const TensorView& t, const GgmlTypeTraits& traits, const Slice& s, float* out) {
+  const uint64_t row_bytes = ggml_row_bytes(t.type, t.cols);
+  const int64_t block = traits.block_elements;
+  const int64_t first_col = s.col_begin / block * block;
+  const int64_t end_col = (s.col_begin + s.n_cols + block - 1) / block * block;
+  const uint64_t skip_bytes = static_cast<uint64_t>(first_col / block) * traits.block_bytes;
+  const bool block_aligned = first_col == s.col_begin && end_col == s.col_begin + s.n_cols;
+  std::vector<float> covering(block_aligned ? 0 : static_cast<size_t>(end_col - first_col));
+  for (int64_t i = 0; i < s.n_rows; ++i) {
+    const uint8_t* src = t.data + (s.row_begin + i) * row_bytes + skip_bytes;
+    float* dst = out + i * s.n_cols;
+    if (block_aligned) {
+      dequantize_row(t.type, src, dst, s.n_cols);
+    } else {
+      dequantize_row(t.type, src, covering.data(), end_col - first_col);
+      std::copy_n(covering.data() + (s.col_begin - first_col), s.n_cols, dst);
+    }
+  }
+}
+
+// The format a slice is kept in under `dtype` (norms, 1-D, are always f32).
+WeightFormat target_format(const TensorView& t, const Slice& s, WeightDtype dtype, bool norm) {
+  if (norm || dtype == WeightDtype::f32) return WeightFormat::f32;
+  if (dtype == WeightDtype::q8_0) return s.n_cols % 32 == 0 ? WeightFormat::q8_0 : WeightFormat::f32;
+  const std::optional<WeightFormat> own = weight_format_of(t.type);
+  if (!own) return WeightFormat::f32;
+  const int64_t block = weight_format_info(*own).block_elements;
+  return s.col_begin % block == 0 && s.n_cols % block == 0 ? *own : WeightFormat::f32;
+}
+
+// [rows, cols] fp32 values requantized to Q8_0 (model.weight_dtype q8_0).
+WeightMatrix quantize_q8_0(const float* values, int64_t rows, int64_t cols, OwnedBuffers& owned) {
+  WeightMatrix out{nullptr, WeightFormat::q8_0, rows, cols};
+  uint8_t* dst = new_buffer(owned, out.bytes());
+  for (int64_t i = 0; i < rows; ++i) quantize_row_q8_0(values + i * cols, dst + i * out.row_bytes(), cols);
+  out.data = dst;
+  return out;
+}
+
+// Reads a slice in the format `dtype` asks for: in place when the file holds whole rows in that format, a copy of
+// each row's blocks for a column slice of whole blocks, converted otherwise.
+WeightMatrix read_slice(const TensorView& t, const Slice& s, WeightDtype dtype, bool norm, OwnedBuffers& owned) {
   if (t.rows != s.rows || t.cols != s.cols) {
     throw std::runtime_error("tensor '" + t.name + "' has shape [" + std::to_string(t.rows) + ", " +
                              std::to_string(t.cols) + "], expected [" + std::to_string(s.rows) + ", " +
@@ -429,34 +476,32 @@ HostMatrix read_slice(const TensorView& t, const Slice& s, OwnedBuffers& owned) 
     throw std::runtime_error("tensor '" + t.name + "' has type " + std::string(ggml_type_name(t.type)) +
                              ", which cannot be dequantized");
   }
+  const WeightFormat format = target_format(t, s, dtype, norm);
   const uint64_t row_bytes = ggml_row_bytes(t.type, t.cols);
   const uint8_t* first_row = t.data + s.row_begin * row_bytes;
   const bool whole_rows = s.col_begin == 0 && s.n_cols == s.cols;
-  if (t.type == GgmlType::f32 && whole_rows && reinterpret_cast<uintptr_t>(first_row) % alignof(float) == 0) {
-    return HostMatrix{reinterpret_cast<const float*>(first_row), s.n_rows, s.n_cols};
-  }
-  auto buffer = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.n_rows * s.n_cols));
-  float* out = buffer.get();
-  // Blocks never straddle rows, but a column range may start or end inside a block: dequantize the covering
-  // blocks and copy the part that is wanted.
-  const int64_t block = traits->block_elements;
-  const int64_t first_col = s.col_begin / block * block;
-  const int64_t end_col = (s.col_begin + s.n_cols + block - 1) / block * block;
-  const uint64_t skip_bytes = static_cast<uint64_t>(first_col / block) * traits->block_bytes;
-  const bool block_aligned = first_col == s.col_begin && end_col == s.col_begin + s.n_cols;
-  std::vector<float> covering(block_aligned ? 0 : static_cast<size_t>(end_col - first_col));
-  for (int64_t i = 0; i < s.n_rows; ++i) {
-    const uint8_t* src = first_row + i * row_bytes + skip_bytes;
-    float* dst = out + i * s.n_cols;
-    if (block_aligned) {
-      dequantize_row(t.type, src, dst, s.n_cols);
-    } else {
-      dequantize_row(t.type, src, covering.data(), end_col - first_col);
-      std::copy_n(covering.data() + (s.col_begin - first_col), s.n_cols, dst);
+  const bool aligned = format != WeightFormat::f32 || reinterpret_cast<uintptr_t>(first_row) % alignof(float) == 0;
+  if (weight_format_of(t.type) == format && whole_rows && aligned) return WeightMatrix{first_row, format, s.n_rows, s.n_cols};
+
+  WeightMatrix out{nullptr, format, s.n_rows, s.n_cols};
+  if (weight_format_of(t.type) == format) {  // a column slice of whole blocks: copy each row's part
+    const int64_t skip = s.col_begin / traits->block_elements * traits->block_bytes;
+    uint8_t* dst = new_buffer(owned, out.bytes());
+    for (int64_t i = 0; i < s.n_rows; ++i) {
+      std::memcpy(dst + i * out.row_bytes(), first_row + i * row_bytes + skip, size_t(out.row_bytes()));
     }
+    out.data = dst;
+    return out;
   }
-  owned.push_back(std::move(buffer));
-  return HostMatrix{out, s.n_rows, s.n_cols};
+  if (format == WeightFormat::f32) {
+    auto* dst = reinterpret_cast<float*>(new_buffer(owned, out.bytes()));
+    dequantize_slice(t, *traits, s, dst);
+    out.data = dst;
+    return out;
+  }
+  std::vector<float> values(static_cast<size_t>(s.n_rows * s.n_cols));
+  dequantize_slice(t, *traits, s, values.data());
+  return quantize_q8_0(values.data(), s.n_rows, s.n_cols, owned);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -482,10 +527,12 @@ float dummy_value(uint64_t key, uint64_t index) {
   return static_cast<float>((static_cast<double>(sum) - 2.0 * 65535.0) * kScale);
 }
 
-HostMatrix make_dummy_slice(uint64_t key, bool norm, const Slice& s, OwnedBuffers& owned) {
+// Under model.weight_dtype q8_0 the generated values are requantized; otherwise they stay fp32.
+WeightMatrix make_dummy_slice(uint64_t key, bool norm, const Slice& s, WeightDtype dtype, OwnedBuffers& owned) {
   const int64_t n = s.n_rows * s.n_cols;
-  auto buffer = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n));
-  float* out = buffer.get();
+  const bool requantize = !norm && dtype == WeightDtype::q8_0 && s.n_cols % 32 == 0;
+  std::vector<float> scratch(requantize ? static_cast<size_t>(n) : 0);
+  float* out = requantize ? scratch.data() : reinterpret_cast<float*>(new_buffer(owned, n * int64_t{sizeof(float)}));
   if (norm) {
     std::fill_n(out, n, 1.0f);
   } else {
@@ -505,8 +552,8 @@ HostMatrix make_dummy_slice(uint64_t key, bool norm, const Slice& s, OwnedBuffer
     fill_rows(0, s.n_rows / n_threads);
     for (auto& th : threads) th.join();
   }
-  owned.push_back(std::move(buffer));
-  return HostMatrix{out, s.n_rows, s.n_cols};
+  if (requantize) return quantize_q8_0(out, s.n_rows, s.n_cols, owned);
+  return WeightMatrix{out, WeightFormat::f32, s.n_rows, s.n_cols};
 }
 
 std::string histogram_text(const std::map<std::string, int>& counts, size_t total) {
@@ -526,7 +573,14 @@ std::string gguf_type_histogram(const GgufFile& file) {
   return histogram_text(counts, file.tensors().size());
 }
 
-ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& shard) {
+WeightDtype parse_weight_dtype(const std::string& name) {
+  if (name == "auto") return WeightDtype::automatic;
+  if (name == "f32") return WeightDtype::f32;
+  if (name == "q8_0") return WeightDtype::q8_0;
+  throw std::invalid_argument("'" + name + "' is not a weight dtype; expected auto, f32 or q8_0");
+}
+
+ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& shard, WeightDtype dtype) {
   const ModelConfig config = config_from_gguf(*file);
   std::cerr << file_name(file->path()) << ": " << gguf_type_histogram(*file) << "\n";
   const GgufFile& f = *file;
@@ -537,7 +591,8 @@ ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& 
                       " dimensions, expected at most 2");
     }
     try {
-      return read_slice(TensorView{t.name, t.type, t.n_rows(), t.row_length(), t.data}, s, owned);
+      return read_slice(TensorView{t.name, t.type, t.n_rows(), t.row_length(), t.data}, s, dtype, is_norm(part),
+                        owned);
     } catch (const std::runtime_error& e) {
       throw GgufError(f.path() + ": " + e.what());
     }
@@ -546,7 +601,7 @@ ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& 
   return w;
 }
 
-ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardSpec& shard) {
+ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardSpec& shard, WeightDtype dtype) {
   const ModelConfig config = config_from_hf_json((std::filesystem::path(model_dir) / "config.json").string());
   std::vector<std::string> paths;
   for (const auto& entry : std::filesystem::directory_iterator(model_dir)) {
@@ -590,7 +645,7 @@ ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardS
     }
     const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
     try {
-      return read_slice(TensorView{name, *type, rows, t.shape.back(), t.data}, s, owned);
+      return read_slice(TensorView{name, *type, rows, t.shape.back(), t.data}, s, dtype, is_norm(part), owned);
     } catch (const std::runtime_error& e) {
       throw std::runtime_error(model_dir + ": " + e.what());
     }
@@ -599,19 +654,21 @@ ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardS
   return w;
 }
 
-ModelWeights make_dummy_weights(const ModelConfig& config, const ShardSpec& shard, uint64_t seed) {
+ModelWeights make_dummy_weights(const ModelConfig& config, const ShardSpec& shard, uint64_t seed, WeightDtype dtype) {
   const int64_t q_rows = int64_t{config.n_heads} * config.head_dim;
   const int64_t kv_rows = int64_t{config.n_kv_heads} * config.head_dim;
   const int64_t layer_parameters = int64_t{config.d_model} * (2 * q_rows + 2 * kv_rows + 3 * int64_t{config.d_ff});
   const bool shared = layer_parameters > kDummySharedLayerParameters;
-  std::map<Part, HostMatrix> first_layer;  // when shared: the matrices every layer points at
+  std::map<Part, WeightMatrix> first_layer;  // when shared: the matrices every layer points at
   return assemble_weights(config, shard, [&](Part part, int layer, const Slice& s, OwnedBuffers& owned) {
     if (!shared || layer < 0) {
-      return make_dummy_slice(tensor_key(seed, gguf_tensor_name(part, layer)), is_norm(part), s, owned);
+      return make_dummy_slice(tensor_key(seed, gguf_tensor_name(part, layer)), is_norm(part), s, dtype, owned);
     }
     // Keyed by layer 0's names, so that every shard holds the same values as the whole model.
     auto [it, made] = first_layer.try_emplace(part);
-    if (made) it->second = make_dummy_slice(tensor_key(seed, gguf_tensor_name(part, 0)), is_norm(part), s, owned);
+    if (made) {
+      it->second = make_dummy_slice(tensor_key(seed, gguf_tensor_name(part, 0)), is_norm(part), s, dtype, owned);
+    }
     return it->second;
   });
 }

@@ -32,13 +32,16 @@ ModelConfig preset_config(std::string_view spec);
 // d_ff and vocab_size divisible by tp_size. Throws std::invalid_argument saying which does not hold.
 void validate_shard(const ModelConfig& config, const ShardSpec& shard);
 
-// The weights of one shard (see ModelWeights for the slices). GGUF rows keep the GGUF layout (interleaved RoPE);
-// F32 tensors are used in place and the weights keep the file alive.
-ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& shard);
+// The weights of one shard (see ModelWeights for the slices), in the formats `dtype` asks for. GGUF rows keep the
+// GGUF layout (interleaved RoPE); tensors kept in their file's format are used in place and the weights keep the
+// file alive.
+ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& shard,
+                               WeightDtype dtype = WeightDtype::automatic);
 
 // A Hugging Face model directory: config.json plus one or more *.safetensors (F32, F16 or BF16), HF layout
-// (half-split RoPE).
-ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardSpec& shard);
+// (half-split RoPE). F16 and BF16 become f32 under auto (the kernels have no 16-bit format).
+ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardSpec& shard,
+                                      WeightDtype dtype = WeightDtype::automatic);
 
 // Deterministic random weights for benchmarks: every value depends only on (seed, tensor name, row, column), so a
 // shard holds exactly the corresponding slice of the full model; weights ~ N(0, 0.02^2) (approximately), norms 1.
@@ -47,8 +50,10 @@ ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardS
 // values, and every layer of the shard points at them: 70B layers take 3.4 GB each in fp32, so 40 distinct ones
 // would not fit a GPU machine's host memory. A device backend still uploads each layer's copy (what is read per
 // step does not change).
+// With dtype q8_0 the values are requantized (8B and 70B shapes at Q8_0's bytes); otherwise they are f32.
 constexpr int64_t kDummySharedLayerParameters = int64_t{1} << 26;
-ModelWeights make_dummy_weights(const ModelConfig& config, const ShardSpec& shard, uint64_t seed);
+ModelWeights make_dummy_weights(const ModelConfig& config, const ShardSpec& shard, uint64_t seed,
+                                WeightDtype dtype = WeightDtype::automatic);
 
 // "272 tensors: 210 q4_1, 1 q8_0, 61 f32": tensor count per type, most frequent first (logged on load).
 std::string gguf_type_histogram(const GgufFile& file);

@@ -1,12 +1,13 @@
 #pragma once
-// The fp32 weights of one rank's shard: a layer range [layer_begin, layer_end) and, under tensor parallelism,
-// a slice of the heads and of the MLP. Weights are read from the mapped file and dequantized once; F32 tensors
-// in the file are used in place (no second copy).
+// The weights of one rank's shard: a layer range [layer_begin, layer_end) and, under tensor parallelism, a slice
+// of the heads and of the MLP. Each matrix is in the format model.weight_dtype asks for (WeightDtype): a tensor
+// kept in the file's format is used in place in the mapped file (no copy); the others are converted once.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/weight_format.h"
 #include "model/model_config.h"
 
 namespace strata {
@@ -25,38 +26,41 @@ struct ShardSpec {
   int resolved_layer_end(const ModelConfig& c) const { return layer_end < 0 ? c.n_layers : layer_end; }
 };
 
-// A row-major fp32 matrix [rows, cols]. Linear weights are [out_features, in_features]: y[o] = dot(row o, x).
-struct HostMatrix {
-  const float* data = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  int64_t size() const { return rows * cols; }
+// model.weight_dtype: the formats the matrices are kept in.
+enum class WeightDtype {
+  automatic,  // "auto": each tensor in its file's format where the kernels have one (f32, q8_0, q4_0, q4_1, q4_k,
+              // q6_k); f32 for the others (f16, bf16, q5_*) and for a slice that splits blocks
+  f32,        // every matrix dequantized to fp32: the reference path
+  q8_0,       // every matrix in Q8_0 (requantized from the file's values unless already Q8_0)
 };
+
+// "auto", "f32", "q8_0"; std::invalid_argument listing them otherwise.
+WeightDtype parse_weight_dtype(const std::string& name);
 
 struct LayerWeights {
   int layer = 0;              // global layer index
-  HostMatrix attn_norm;       // [1, d_model]
-  HostMatrix wq;              // [n_heads_local * head_dim, d_model]   column-parallel
-  HostMatrix wk;              // [n_kv_heads_local * head_dim, d_model]
-  HostMatrix wv;              // [n_kv_heads_local * head_dim, d_model]
-  HostMatrix wo;              // [d_model, n_heads_local * head_dim]   row-parallel
-  HostMatrix ffn_norm;        // [1, d_model]
-  HostMatrix w_gate;          // [d_ff_local, d_model]                 column-parallel
-  HostMatrix w_up;            // [d_ff_local, d_model]
-  HostMatrix w_down;          // [d_model, d_ff_local]                 row-parallel
+  WeightMatrix attn_norm;       // [1, d_model]
+  WeightMatrix wq;              // [n_heads_local * head_dim, d_model]   column-parallel
+  WeightMatrix wk;              // [n_kv_heads_local * head_dim, d_model]
+  WeightMatrix wv;              // [n_kv_heads_local * head_dim, d_model]
+  WeightMatrix wo;              // [d_model, n_heads_local * head_dim]   row-parallel
+  WeightMatrix ffn_norm;        // [1, d_model]
+  WeightMatrix w_gate;          // [d_ff_local, d_model]                 column-parallel
+  WeightMatrix w_up;            // [d_ff_local, d_model]
+  WeightMatrix w_down;          // [d_model, d_ff_local]                 row-parallel
 };
 
 struct ModelWeights {
   ModelConfig config;
   ShardSpec shard;
-  HostMatrix token_embd;      // [vocab_size, d_model]  (when shard.has_embedding or tied output)
-  HostMatrix output_norm;     // [1, d_model]           (when shard.has_output)
-  HostMatrix output;          // [vocab_local, d_model] (when shard.has_output; aliases token_embd if tied)
+  WeightMatrix token_embd;      // [vocab_size, d_model]  (when shard.has_embedding or tied output)
+  WeightMatrix output_norm;     // [1, d_model]           (when shard.has_output)
+  WeightMatrix output;          // [vocab_local, d_model] (when shard.has_output; aliases token_embd if tied)
   int64_t output_vocab_begin = 0;  // first vocabulary row of `output` (vocabulary-parallel head under TP)
   std::vector<LayerWeights> layers;  // layers[i].layer == shard.layer_begin + i
 
-  // Storage that the HostMatrix pointers above point into.
-  std::vector<std::unique_ptr<float[]>> owned;
+  // Storage that the WeightMatrix pointers above point into.
+  std::vector<std::unique_ptr<uint8_t[]>> owned;
   std::shared_ptr<const void> keep_alive;  // e.g. the mapped file whose F32 tensors are used in place
 
   const LayerWeights& layer(int global_layer) const { return layers.at(global_layer - shard.layer_begin); }

@@ -76,19 +76,18 @@ int max_concurrent(const std::vector<std::shared_ptr<TimingSink>>& sinks) {
 // ---------------------------------------------------------------------------------------------------------------
 // The bandwidth account of a decode step
 
-// Bytes per weight element on the device: the CUDA backend keeps weights in bf16 (kernels/cuda/cuda_backend.h),
-// the CPU backend reads the fp32 host matrices in place.
-// Weight bytes one decode step reads: every matrix of the shard's layers (norms included) and, on the last stage,
-// the output norm and head. The embedding is not counted: a step reads only its batch's rows of it.
-int64_t weight_bytes_per_step(const ModelWeights& w, int element_bytes) {
+// Weight bytes one decode step reads, as the backend holds them (Backend::uploaded_weight_bytes: bf16 on CUDA;
+// f32 or the quantized blocks on the CPU): every matrix of the shard's layers (norms included) and, on the last
+// stage, the output norm and head. The embedding is not counted: a step reads only its batch's rows of it.
+int64_t weight_bytes_per_step(const ModelWeights& w, const Backend& backend) {
   int64_t n = 0;
   for (const LayerWeights& L : w.layers) {
-    for (const HostMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
-      n += m->size();
+    for (const WeightMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+      n += backend.uploaded_weight_bytes(*m);
     }
   }
-  if (w.shard.has_output) n += w.output_norm.size() + w.output.size();
-  return n * element_bytes;
+  if (w.shard.has_output) n += backend.uploaded_weight_bytes(w.output_norm) + backend.uploaded_weight_bytes(w.output);
+  return n;
 }
 
 // KV bytes attention reads in one layer of one sequence in a decode step: the entries it holds and the step's new
@@ -391,8 +390,7 @@ int bench_command(int argc, char** argv) {
     if (!rt->tokenizer) no_tokenizer_stand_in.emplace(stand_in_tokenizer(mc));
     const Tokenizer& tokenizer = rt->tokenizer ? *rt->tokenizer : *no_tokenizer_stand_in;
     const KvBlockLayout& layout = rt->pool->layout();
-    const int element_bytes = dtype_bytes(rt->backend->weight_dtype());
-    const int64_t weight_bytes = weight_bytes_per_step(rt->weights, element_bytes);
+    const int64_t weight_bytes = weight_bytes_per_step(rt->weights, *rt->backend);
     const std::string effective_policy = policy.empty() ? config.kv_cache.policy : policy;
 
     nlohmann::json report = {
@@ -407,7 +405,7 @@ int bench_command(int argc, char** argv) {
         {"kv_pool", {{"memory_mib", config.kv_cache.memory_mib}, {"blocks", rt->pool->n_total()},
                      {"block_size", config.kv_cache.block_size}, {"dtype", config.kv_cache.dtype},
                      {"entry_bytes_per_layer", layout.entry_bytes()}}},
-        {"weight_element_bytes", element_bytes},
+        {"weight_dtype", config.model.weight_dtype},
         {"policy", effective_policy},
         {"results", nlohmann::json::array()}};
     if (copy_gbs) report["copy_bandwidth_gbs"] = *copy_gbs;

@@ -1,15 +1,19 @@
-// The CPU backend: fp32 everywhere, memory from the heap, weights used where the loader put them.
+// The CPU backend: fp32 activations, memory from the heap, weights in fp32 where the loader put them or in their
+// quantized blocks (kernels/cpu/packed_weight.h).
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <unordered_set>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_codebook_ops.h"
 #include "kernels/cpu/kv_merge_ops.h"
+#include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/pod_ops.h"
+#include "kernels/cpu/quantized_matmul.h"
 
 namespace strata {
 namespace {
@@ -22,7 +26,13 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   DType kv_dtype() const override { return DType::f32; }
-  DType weight_dtype() const override { return DType::f32; }
+  int64_t uploaded_weight_bytes(const WeightMatrix& w) const override {
+    if (w.format == WeightFormat::q4_0 || w.format == WeightFormat::q4_1) {
+      return w.rows * cpu::pair_groups(w.cols) * cpu::kU4PairBytes;
+    }
+    if (w.format == WeightFormat::q8_0) return w.rows * cpu::pair_groups(w.cols) * cpu::kU8PairBytes;
+    return w.bytes();
+  }
 
   Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
     const size_t bytes = size_t(rows * cols * dtype_bytes(dtype));
@@ -43,8 +53,19 @@ class CpuBackend final : public Backend {
     t = Tensor{};
   }
 
-  Tensor upload_weight(const float* data, int64_t rows, int64_t cols) override {
-    return Tensor{const_cast<float*>(data), DType::f32, rows, cols};
+  Tensor upload_weight(const WeightMatrix& w) override {
+    if (w.format == WeightFormat::f32) return Tensor{const_cast<float*>(w.f32()), DType::f32, w.rows, w.cols};
+    const cpu::PackedWeight* rows = nullptr;
+    for (const Uploaded& u : uploaded_) {
+      if ((rows = u.find_rows(w))) break;
+    }
+    if (rows == nullptr) {
+      Uploaded& u = uploaded_.emplace_back();
+      u.source = w;
+      u.packed = std::make_unique<cpu::OwnedPackedWeight>(cpu::pack_weight(w));
+      rows = &u.packed->view;
+    }
+    return Tensor{const_cast<cpu::PackedWeight*>(rows), DType::packed, w.rows, w.cols};
   }
 
   void copy_to_host(const Tensor& src, float* dst) override {
@@ -58,7 +79,11 @@ class CpuBackend final : public Backend {
   }
 
   void embedding(std::span<const int32_t> ids, const Tensor& table, Tensor& out) override {
-    cpu::embedding(ids, table.f32(), table.cols, out.f32());
+    if (table.dtype == DType::packed) {
+      cpu::quantized_embedding(ids.data(), int64_t(ids.size()), packed(table), out.f32());
+    } else {
+      cpu::embedding(ids, table.f32(), table.cols, out.f32());
+    }
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
     cpu::rmsnorm(x.f32(), w.f32(), x.rows, x.cols, eps, out.f32());
@@ -67,7 +92,11 @@ class CpuBackend final : public Backend {
     if (x.cols != w.cols || out.cols != w.rows || out.rows < x.rows) {
       throw std::invalid_argument("cpu backend: matmul shapes do not match");
     }
-    cpu::matmul(x.f32(), w.f32(), x.rows, x.cols, w.rows, out.f32());
+    if (w.dtype == DType::packed) {
+      cpu::quantized_matmul(x.f32(), x.rows, packed(w), out.f32());
+    } else {
+      cpu::matmul(x.f32(), w.f32(), x.rows, x.cols, w.rows, out.f32());
+    }
   }
   void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
             const RopeParams& params) override {
@@ -148,7 +177,32 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // A packed upload and the host matrix it came from; views of row ranges of it (a vocabulary-parallel slice of a
+  // tied head) are made on demand and kept with it.
+  struct Uploaded {
+    WeightMatrix source;
+    std::unique_ptr<cpu::OwnedPackedWeight> packed;
+    mutable std::vector<std::unique_ptr<cpu::PackedWeight>> row_views;
+
+    // The packed rows of `w` if w is this source or a range of its rows; nullptr otherwise.
+    const cpu::PackedWeight* find_rows(const WeightMatrix& w) const {
+      if (w.format != source.format || w.cols != source.cols) return nullptr;
+      const auto* first = static_cast<const uint8_t*>(w.data);
+      const auto* begin = static_cast<const uint8_t*>(source.data);
+      const int64_t offset = first - begin, row_bytes = source.row_bytes();
+      if (first < begin || offset % row_bytes != 0 || offset / row_bytes + w.rows > source.rows) return nullptr;
+      if (offset == 0 && w.rows == source.rows) return &packed->view;
+      cpu::PackedWeight rows = packed->view;
+      rows.data += offset / row_bytes * rows.row_bytes;
+      rows.rows = w.rows;
+      return row_views.emplace_back(std::make_unique<cpu::PackedWeight>(rows)).get();
+    }
+  };
+
+  static const cpu::PackedWeight& packed(const Tensor& t) { return *static_cast<const cpu::PackedWeight*>(t.data); }
+
   std::unordered_set<void*> owned_;
+  std::vector<Uploaded> uploaded_;
 };
 
 }  // namespace

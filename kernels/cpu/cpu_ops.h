@@ -11,6 +11,8 @@ namespace strata::cpu {
 void embedding(std::span<const int32_t> ids, const float* table, int64_t d, float* out);
 void rmsnorm(const float* x, const float* w, int64_t n_rows, int64_t d, float eps, float* out);
 void matmul(const float* x, const float* w, int64_t n_rows, int64_t n_in, int64_t n_out, float* out);
+// out [m, n] (rows ldo apart) = x [m, k] * w^T with w [n, k]: one BLAS call on the calling thread.
+void sgemm_nt(const float* x, const float* w, int64_t m, int64_t n, int64_t k, float* out, int64_t ldo);
 void rope(float* x, std::span<const int32_t> positions, int n_heads, int head_dim, const RopeParams& params);
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(float* x, const float* y, int64_t n);

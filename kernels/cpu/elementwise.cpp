@@ -5,6 +5,9 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/simd_clones.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace strata::cpu {
 
@@ -15,23 +18,37 @@ void embedding(std::span<const int32_t> ids, const float* table, int64_t d, floa
 }
 
 void rmsnorm(const float* x, const float* w, int64_t n_rows, int64_t d, float eps, float* out) {
-#pragma omp parallel for if (n_rows > 8)
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const float* xr = x + r * d;
-    float* o = out + r * d;
-    double sum_sq = 0.0;  // double: a long row of large activations must not lose the small ones
-    for (int64_t i = 0; i < d; ++i) sum_sq += double(xr[i]) * xr[i];
-    const float inv = 1.0f / std::sqrt(float(sum_sq / d) + eps);
-    for (int64_t i = 0; i < d; ++i) o[i] = xr[i] * inv * w[i];
+  parallel_for(n_rows, 8, [&](int64_t begin, int64_t end) {  // a decode step's few rows: one chunk
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * d;
+      float* o = out + r * d;
+      double sum_sq = 0.0;  // double: a long row of large activations must not lose the small ones
+      for (int64_t i = 0; i < d; ++i) sum_sq += double(xr[i]) * xr[i];
+      const float inv = 1.0f / std::sqrt(float(sum_sq / d) + eps);
+      for (int64_t i = 0; i < d; ++i) o[i] = xr[i] * inv * w[i];
+    }
+  });
+}
+
+namespace {
+
+// silu(g) * u with e = exp(-|g|) <= 1, so that exp never overflows: g / (1 + e) for g >= 0, g e / (1 + e) below.
+STRATA_SIMD_CLONES
+void silu_mul_range(const float* gate, const float* up, int64_t n, float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float e = exp_nonpositive(g < 0.0f ? g : -g);
+    out[i] = (g < 0.0f ? g * e : g) / (1.0f + e) * up[i];
   }
 }
 
+}  // namespace
+
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-#pragma omp parallel for if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  parallel_for(n, 65536, [&](int64_t begin, int64_t end) {
+    silu_mul_range(gate + begin, up + begin, end - begin, out + begin);
+  });
 }
 
 void add(float* x, const float* y, int64_t n) {

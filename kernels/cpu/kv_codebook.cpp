@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_codebook_ops.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace strata {
 
@@ -104,13 +105,14 @@ int kv_codebook_build(std::span<const int32_t> block_table, int head, KvPart par
   }
   // G[a][b] = cos(a, b) > threshold, and every entry adjacent to itself (spec 4, step 2).
   std::vector<uint8_t> adjacent(size_t(n) * size_t(n));
-#pragma omp parallel for schedule(dynamic, 16) if (n > 64)
-  for (int a = 0; a < n; ++a) {
-    for (int b = 0; b < n; ++b) {
-      adjacent[size_t(a) * n + b] =
-          a == b || dot(unit.data() + int64_t(a) * hd, unit.data() + int64_t(b) * hd, hd) > threshold;
+  parallel_for(n, n > 64 ? 16 : n, [&](int64_t begin, int64_t end) {
+    for (int64_t a = begin; a < end; ++a) {
+      for (int b = 0; b < n; ++b) {
+        adjacent[size_t(a) * n + b] =
+            a == b || dot(unit.data() + a * hd, unit.data() + int64_t(b) * hd, hd) > threshold;
+      }
     }
-  }
+  });
   std::vector<int64_t> degree(size_t(n), 0);
   for (int a = 0; a < n; ++a) {
     for (int b = 0; b < n; ++b) degree[size_t(a)] += adjacent[size_t(a) * n + b];

@@ -4,6 +4,7 @@
 // 3,200 x 800 x 64 multiply-adds per KV head); kv_merge reads and writes (1 + sources) x 2 x head_dim floats per
 // target.
 #include "kernels/cpu/kv_merge_ops.h"
+#include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
 #include <cmath>
@@ -65,25 +66,26 @@ void kv_nearest_keys(std::span<const int32_t> block_table, int head, std::span<c
   for (size_t c = 0; c < candidates.size(); ++c) {
     candidate_norms[c] = norm_of(key_of(block_table, pool, head, candidates[c]), hd);
   }
-#pragma omp parallel for schedule(dynamic, 16)
-  for (size_t i = 0; i < queries.size(); ++i) {
-    const float* q = key_of(block_table, pool, head, queries[i]);
-    const double q_norm = norm_of(q, hd);
-    double best = -INFINITY;
-    int32_t best_c = 0;
-    for (size_t c = 0; c < candidates.size(); ++c) {
-      const float* k = key_of(block_table, pool, head, candidates[c]);
-      double dot = 0.0;
-      for (int d = 0; d < hd; ++d) dot += double(q[d]) * k[d];
-      const double cosine = dot / (q_norm * candidate_norms[c]);
-      if (cosine > best) {
-        best = cosine;
-        best_c = int32_t(c);
+  parallel_for(int64_t(queries.size()), 16, [&](int64_t begin, int64_t end) {
+    for (size_t i = size_t(begin); i < size_t(end); ++i) {
+      const float* q = key_of(block_table, pool, head, queries[i]);
+      const double q_norm = norm_of(q, hd);
+      double best = -INFINITY;
+      int32_t best_c = 0;
+      for (size_t c = 0; c < candidates.size(); ++c) {
+        const float* k = key_of(block_table, pool, head, candidates[c]);
+        double dot = 0.0;
+        for (int d = 0; d < hd; ++d) dot += double(q[d]) * k[d];
+        const double cosine = dot / (q_norm * candidate_norms[c]);
+        if (cosine > best) {
+          best = cosine;
+          best_c = int32_t(c);
+        }
       }
+      best_similarity[i] = float(best);
+      best_candidate[i] = best_c;
     }
-    best_similarity[i] = float(best);
-    best_candidate[i] = best_c;
-  }
+  });
 }
 
 void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool, int head) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace strata::cpu {
 namespace {
@@ -134,24 +135,27 @@ void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, con
   require_quantized_pool(pool, "kv_quantize");
   require_pairs(src, dst, pool, /*src_quantized=*/false, "kv_quantize");
   const KvBlockLayout& L = pool.layout;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (size_t i = 0; i < src.size(); ++i) {
-    for (int h = 0; h < L.n_kv_heads; ++h) {
+  // One item per (block, KV head).
+  parallel_for(int64_t(src.size()) * L.n_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const size_t i = size_t(item / L.n_kv_heads);
+      const int h = int(item % L.n_kv_heads);
       const float* from = pool.block_f32(src[i]);
       uint8_t* to = pool.block_quantized(dst[i]);
       quantize_keys(from + L.k_offset(h, 0), L.head_dim, to, h, L);
       for (int t = 0; t < L.block_size; ++t) quantize_value_row(from + L.v_offset(h, t), to, h, t, L);
     }
-  }
+  });
 }
 
 void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) {
   require_quantized_pool(pool, "kv_dequantize");
   require_pairs(src, dst, pool, /*src_quantized=*/true, "kv_dequantize");
   const KvBlockLayout& L = pool.layout;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (size_t i = 0; i < src.size(); ++i) {
-    for (int h = 0; h < L.n_kv_heads; ++h) {
+  parallel_for(int64_t(src.size()) * L.n_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const size_t i = size_t(item / L.n_kv_heads);
+      const int h = int(item % L.n_kv_heads);
       const uint8_t* from = pool.block_quantized(src[i]);
       float* to = pool.block_f32(dst[i]);
       for (int t = 0; t < L.block_size; ++t) {
@@ -159,7 +163,7 @@ void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, c
         dequantize_value_row(from, h, t, L, to + L.v_offset(h, t));
       }
     }
-  }
+  });
 }
 
 }  // namespace strata::cpu

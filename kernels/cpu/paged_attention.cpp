@@ -18,8 +18,10 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_codebook_ops.h"
+#include "kernels/cpu/fast_exp.h"
 #include "kernels/cpu/kv_quantization.h"
 #include "kernels/cpu/simd_clones.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace strata::cpu {
 
@@ -137,9 +139,27 @@ void rows_values(const float* p, const float* v, int n, int hd, float* o) {
 }
 
 // scores[j] = scale * q . k_j for n keys stored one after another (a row that scores few keys: no transposition).
+// With head_dim a multiple of 16, each dot product keeps 16 partial sums, added pairwise at the end: one vector
+// register and a short tree, where a single running sum would wait on every add in turn.
 STRATA_SIMD_CLONES
 void row_scores(const float* qv, const float* keys, int n, int hd, float scale, float* scores) {
-  for (int j = 0; j < n; ++j) scores[j] = dot(qv, keys + int64_t(j) * hd, hd) * scale;
+  constexpr int kLanes = 16;
+  if (hd % kLanes != 0) {
+    for (int j = 0; j < n; ++j) scores[j] = dot(qv, keys + int64_t(j) * hd, hd) * scale;
+    return;
+  }
+  for (int j = 0; j < n; ++j) {
+    const float* k = keys + int64_t(j) * hd;
+    float part[kLanes];
+    for (int l = 0; l < kLanes; ++l) part[l] = qv[l] * k[l];
+    for (int d0 = kLanes; d0 < hd; d0 += kLanes) {
+      for (int l = 0; l < kLanes; ++l) part[l] += qv[d0 + l] * k[d0 + l];
+    }
+    for (int width = kLanes / 2; width >= 1; width /= 2) {
+      for (int l = 0; l < width; ++l) part[l] += part[l + width];
+    }
+    scores[j] = part[0] * scale;
+  }
 }
 
 // The keys of a sequence's full-precision blocks, transposed once per call for chunk_scores: for KV head h, block
@@ -226,28 +246,6 @@ void block_values(const float* p, const KvPoolView& pool, int32_t id, int kv_hea
   }
 }
 
-// exp(x) for x <= 0, written so that it vectorizes: x = n ln2 + r with |r| <= ln2 / 2, exp(r) from its Taylor
-// series to r^7, and 2^n put into the exponent bits. On [-87, 0] it is within 1.1e-7 of exp relatively (about
-// one float rounding); below -87 it returns exp(-87), where the true value is under float's normal range anyway.
-inline float exp_nonpositive(float x) {
-  constexpr float kLog2e = 1.44269504f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
-  // x = max(x, -87) on the bits: for x <= 0 (and +0) the bits read as unsigned grow with |x|. GCC vectorizes
-  // this integer select but not a float one (a float compare may trap; std::fmax stays a library call).
-  const uint32_t bits = std::bit_cast<uint32_t>(x), limit = std::bit_cast<uint32_t>(-87.0f);
-  x = std::bit_cast<float>(bits < limit ? bits : limit);
-  const int n = int(x * kLog2e - 0.5f);  // truncation toward zero of a negative value: round to nearest
-  const float r = (x - float(n) * kLn2Hi) - float(n) * kLn2Lo;
-  float e = 1.0f / 5040.0f;
-  e = e * r + 1.0f / 720.0f;
-  e = e * r + 1.0f / 120.0f;
-  e = e * r + 1.0f / 24.0f;
-  e = e * r + 1.0f / 6.0f;
-  e = e * r + 0.5f;
-  e = e * r + 1.0f;
-  e = e * r + 1.0f;
-  return e * std::bit_cast<float>(int32_t(n + 127) << 23);
-}
-
 // Turns one row's scores into probabilities in place.
 STRATA_SIMD_CLONES
 void softmax(float* s, int n) {
@@ -300,10 +298,8 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
     }
   }
 
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (size_t i = 0; i < transpose_tasks.size(); ++i) {
+  parallel_for(int64_t(transpose_tasks.size()), 16, [&](int64_t begin, int64_t end) {
+    for (size_t i = size_t(begin); i < size_t(end); ++i) {
       const TransposeTask& task = transpose_tasks[i];
       const AttentionSequence& s = seqs[size_t(task.seq)];
       const int32_t id = s.block_table[task.block];
@@ -312,10 +308,15 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
       TransposedKeys& t = transposed[size_t(task.seq)];
       transpose_block(pool, id, task.kv_head, n, t.data.data() + t.offset(task.kv_head, task.block, 0, hd));
     }
+  });
 
-    Workspace ws{{}, std::vector<float>(size_t(hd)), std::vector<float>(size_t(hd))};
-#pragma omp for schedule(dynamic, 4)
-    for (size_t it = 0; it < items.size(); ++it) {
+  // Items of a few query rows each (a decode step has one per head): small chunks, so that both cores get work.
+  const int64_t grain = std::clamp<int64_t>(int64_t(items.size()) / (8 * compute_pool().size()), 1, 4);
+  parallel_for(int64_t(items.size()), grain, [&](int64_t begin, int64_t end) {
+    thread_local Workspace ws;  // the pool's threads live on: their buffers are kept between calls
+    ws.scaled_q.resize(size_t(hd));
+    ws.codes.resize(size_t(hd));
+    for (size_t it = size_t(begin); it < size_t(end); ++it) {
       const QueryItem& item = items[it];
       const AttentionSequence& s = seqs[item.seq];
       const int kv_head = item.head / group;
@@ -367,7 +368,7 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace strata::cpu

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/pod_ops.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace strata::cpu {
 namespace {
@@ -83,12 +84,10 @@ void pod_attention(const float* q, std::span<const AttentionSequence> seqs, std:
     }
   }
 
-#pragma omp parallel
-  {
+  parallel_for(int64_t(items.size()), 16, [&](int64_t begin, int64_t end) {
     std::vector<float> logits_p, logits_d, o_d = std::vector<float>(size_t(hd));
     std::vector<int> entries_p, entries_d;
-#pragma omp for schedule(dynamic, 16)
-    for (size_t it = 0; it < items.size(); ++it) {
+    for (size_t it = size_t(begin); it < size_t(end); ++it) {
       const Item& item = items[it];
       const AttentionSequence& s = seqs[size_t(item.seq)];
       const PodDistant& dist = distant[size_t(item.seq)];
@@ -117,7 +116,7 @@ void pod_attention(const float* q, std::span<const AttentionSequence> seqs, std:
       const float g = pod_gate(lse_p, lse_d);
       for (int d = 0; d < hd; ++d) o[d] = g * o[d] + (1.0f - g) * o_d[size_t(d)];
     }
-  }
+  });
 }
 
 void kv_pair_values(std::span<const int32_t> first, std::span<const int32_t> second, const KvPoolView& pool) {

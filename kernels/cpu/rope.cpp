@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace strata::cpu {
 
@@ -37,25 +38,26 @@ void rope(float* x, std::span<const int32_t> positions, int n_heads, int head_di
   std::vector<float> inv_freq(half);
   rope_inv_freq(head_dim, params, inv_freq.data());
   const int64_t row = int64_t(n_heads) * head_dim;
-#pragma omp parallel for if (positions.size() > 16)
-  for (size_t t = 0; t < positions.size(); ++t) {
+  parallel_for(int64_t(positions.size()), 16, [&](int64_t begin, int64_t end) {
     std::vector<float> cos_v(half), sin_v(half);
-    for (int i = 0; i < half; ++i) {
-      const float angle = float(positions[t]) * inv_freq[i];
-      cos_v[i] = float(std::cos(double(angle)));
-      sin_v[i] = float(std::sin(double(angle)));
-    }
-    for (int h = 0; h < n_heads; ++h) {
-      float* v = x + int64_t(t) * row + int64_t(h) * head_dim;
+    for (int64_t t = begin; t < end; ++t) {
       for (int i = 0; i < half; ++i) {
-        const int a = params.style == RopeStyle::interleaved ? 2 * i : i;
-        const int b = params.style == RopeStyle::interleaved ? 2 * i + 1 : i + half;
-        const float x0 = v[a], x1 = v[b];
-        v[a] = x0 * cos_v[i] - x1 * sin_v[i];
-        v[b] = x1 * cos_v[i] + x0 * sin_v[i];
+        const float angle = float(positions[size_t(t)]) * inv_freq[i];
+        cos_v[i] = float(std::cos(double(angle)));
+        sin_v[i] = float(std::sin(double(angle)));
+      }
+      for (int h = 0; h < n_heads; ++h) {
+        float* v = x + t * row + int64_t(h) * head_dim;
+        for (int i = 0; i < half; ++i) {
+          const int a = params.style == RopeStyle::interleaved ? 2 * i : i;
+          const int b = params.style == RopeStyle::interleaved ? 2 * i + 1 : i + half;
+          const float x0 = v[a], x1 = v[b];
+          v[a] = x0 * cos_v[i] - x1 * sin_v[i];
+          v[b] = x1 * cos_v[i] + x0 * sin_v[i];
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace strata::cpu

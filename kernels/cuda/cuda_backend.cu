@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/cuda_kv_ops.h"
@@ -37,7 +38,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   DType kv_dtype() const override { return DType::bf16; }
-  DType weight_dtype() const override { return DType::bf16; }
+  int64_t uploaded_weight_bytes(const WeightMatrix& w) const override { return w.size() * 2; }
 
   // Zeroed device memory. The memset is queued on the stream, so every later op sees zeros.
   Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
@@ -62,20 +63,27 @@ class CudaBackend final : public Backend {
     t = Tensor{};
   }
 
-  // Host fp32 -> device bf16, kChunk floats at a time through a device fp32 buffer, cast by a kernel.
-  Tensor upload_weight(const float* data, int64_t rows, int64_t cols) override {
-    Tensor w = alloc(rows, cols, DType::bf16);
+  // Host weights -> device bf16, whole rows of about kChunk floats at a time through a device fp32 buffer, cast by
+  // a kernel. Quantized rows are dequantized on the host first.
+  Tensor upload_weight(const WeightMatrix& m) override {
+    Tensor w = alloc(m.rows, m.cols, DType::bf16);
     constexpr int64_t kChunk = int64_t(1) << 22;  // 16 MiB of fp32
-    const int64_t n = w.size();
-    auto* staging = static_cast<float*>(ctx_.scratch(size_t(std::min(n, kChunk)) * sizeof(float)));
-    for (int64_t begin = 0; begin < n; begin += kChunk) {
-      const int64_t len = std::min(kChunk, n - begin);
-      cuda::check(cudaMemcpyAsync(staging, data + begin, size_t(len) * sizeof(float), cudaMemcpyHostToDevice,
-                                  ctx_.stream()),
+    const int64_t rows_per_chunk = std::max<int64_t>(1, kChunk / std::max<int64_t>(1, m.cols));
+    const int64_t chunk_floats = std::min(m.rows, rows_per_chunk) * m.cols;
+    auto* staging = static_cast<float*>(ctx_.scratch(size_t(chunk_floats) * sizeof(float)));
+    std::vector<float> host(m.format == WeightFormat::f32 ? 0 : size_t(chunk_floats));
+    for (int64_t row = 0; row < m.rows; row += rows_per_chunk) {
+      const int64_t n_rows = std::min(rows_per_chunk, m.rows - row), len = n_rows * m.cols;
+      const float* src = m.format == WeightFormat::f32 ? m.f32() + row * m.cols : host.data();
+      for (int64_t r = 0; m.format != WeightFormat::f32 && r < n_rows; ++r) {
+        dequantize_weight_row(m.format, m.row(row + r), host.data() + r * m.cols, m.cols);
+      }
+      // From pageable memory the copy has taken `src` once it returns, so `host` may be refilled.
+      cuda::check(cudaMemcpyAsync(staging, src, size_t(len) * sizeof(float), cudaMemcpyHostToDevice, ctx_.stream()),
                   "cudaMemcpyAsync (upload_weight)");
-      cuda::f32_to_bf16(ctx_, staging, static_cast<__nv_bfloat16*>(w.data) + begin, len);
+      cuda::f32_to_bf16(ctx_, staging, static_cast<__nv_bfloat16*>(w.data) + row * m.cols, len);
     }
-    // The caller may release `data` once this returns.
+    // The caller may release the host matrix once this returns.
     cuda::check(cudaStreamSynchronize(ctx_.stream()), "cudaStreamSynchronize (upload_weight)");
     return w;
   }

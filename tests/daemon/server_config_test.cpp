@@ -313,7 +313,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
   const std::vector<std::string> keys = config_keys();
   const std::set<std::string> expected = {
       "model.path",          "model.name",           "model.chat_template", "model.system_prompt",
-      "server.host",         "server.port",          "server.threads",      "server.max_body_bytes",
+      "model.weight_dtype",  "server.host",         "server.port",          "server.threads",      "server.max_body_bytes",
       "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",      "engine.backend",       "engine.device",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
@@ -332,6 +332,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "server.max_body_bytes" ? "2048"
                               : k == "kv_cache.dtype"        ? "int4"
                               : k == "engine.backend"        ? "cpu"
+                              : k == "model.weight_dtype"    ? "q8_0"
                                                              : "16";
     EXPECT_NO_THROW(apply_config_override(c, k + "=" + value)) << k;
   }

@@ -2,8 +2,6 @@
 // reference written here. Inputs are random with fixed seeds; sizes stay small so the suite runs in a few seconds.
 #include "kernels/backend.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_block_layout.h"
 #include "kernels/tensor.h"
 
@@ -54,7 +53,7 @@ void check_matmul(Backend& be, const MatmulShape& s, uint32_t seed) {
   const std::vector<float> x = random_values(size_t(s.rows * s.n_in), seed);
   const std::vector<float> w = random_values(size_t(s.n_out * s.n_in), seed + 1);
   Tensor tx = to_device(be, x, s.rows, s.n_in);
-  Tensor tw = be.upload_weight(w.data(), s.n_out, s.n_in);
+  Tensor tw = be.upload_weight(WeightMatrix{w.data(), WeightFormat::f32, s.n_out, s.n_in});
   Tensor to = be.alloc(s.rows, s.n_out, DType::f32);
   be.matmul(tx, tw, to);
   const std::vector<float> out = to_host(be, to);
@@ -91,22 +90,23 @@ TEST(CpuMatmul, MatchesDoubleReferenceForSmallAndOddShapes) {
 }
 
 TEST(CpuMatmul, SameResultWhateverTheThreadCount) {
-  // The output columns are split across OpenMP threads; every split must give the same numbers as the reference.
+  // The output columns are split across the compute threads; every split must give the same numbers as the
+  // reference.
   auto be = make_cpu_backend();
-  const int saved = omp_get_max_threads();
+  const int saved = cpu::compute_pool().size();
   for (int threads : {1, 2, 3, 4, 7}) {
-    omp_set_num_threads(threads);
+    cpu::set_compute_threads(threads);
     check_matmul(*be, {3, 48, 1000}, 77);
     check_matmul(*be, {1, 9, 70}, 78);
   }
-  omp_set_num_threads(saved);
+  cpu::set_compute_threads(saved);
 }
 
 TEST(CpuMatmul, OutputWithSpareRowsKeepsThemAndMismatchedShapesThrow) {
   auto be = make_cpu_backend();
   const std::vector<float> x = random_values(2 * 8, 5), w = random_values(3 * 8, 6);
   Tensor tx = to_device(*be, x, 2, 8);
-  Tensor tw = be->upload_weight(w.data(), 3, 8);
+  Tensor tw = be->upload_weight(WeightMatrix{w.data(), WeightFormat::f32, 3, 8});
   // A scratch buffer with more rows than the step uses: rows past x.rows are left alone.
   Tensor big = to_device(*be, std::vector<float>(5 * 3, 42.0f), 5, 3);
   be->matmul(tx, tw, big);
@@ -114,7 +114,7 @@ TEST(CpuMatmul, OutputWithSpareRowsKeepsThemAndMismatchedShapesThrow) {
   for (int64_t i = 2 * 3; i < 5 * 3; ++i) EXPECT_EQ(out[size_t(i)], 42.0f) << i;
   EXPECT_NE(out[0], 42.0f);
 
-  Tensor wrong_in = be->upload_weight(w.data(), 4, 6);  // in = 6, x has 8
+  Tensor wrong_in = be->upload_weight(WeightMatrix{w.data(), WeightFormat::f32, 4, 6});  // in = 6, x has 8
   EXPECT_THROW(be->matmul(tx, wrong_in, big), std::invalid_argument);
   Tensor wrong_out = be->alloc(2, 4, DType::f32);  // out cols 4, w has 3 rows
   EXPECT_THROW(be->matmul(tx, tw, wrong_out), std::invalid_argument);
@@ -305,7 +305,7 @@ TEST(CpuEmbedding, CopiesTheRowOfEveryId) {
   auto be = make_cpu_backend();
   const int64_t vocab = 50, d = 24;
   const std::vector<float> table = random_values(size_t(vocab * d), 31);
-  Tensor tt = be->upload_weight(table.data(), vocab, d);
+  Tensor tt = be->upload_weight(WeightMatrix{table.data(), WeightFormat::f32, vocab, d});
   const std::vector<int32_t> ids = {0, 49, 7, 7, 0, 23, 49};  // both ends, repeats
   Tensor to = be->alloc(int64_t(ids.size()), d, DType::f32);
   be->embedding(ids, tt, to);

@@ -32,6 +32,7 @@
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "tests/kernels/cuda_test_support.h"
+#include "tests/kernels/random_weight_blocks.h"
 #include "tests/test_paths.h"
 
 namespace strata {
@@ -126,7 +127,7 @@ TEST_F(CudaBackendTest, EmbeddingCopiesBf16RowsExactly) {
   const int64_t vocab = 101, d = 70;
   std::vector<float> table = bf16_rounded(random_values(size_t(vocab * d), rng));
   const std::vector<int32_t> ids = {5, 0, 100, 5, 42, 99, 1};
-  Tensor w = gpu->upload_weight(table.data(), vocab, d);
+  Tensor w = gpu->upload_weight(WeightMatrix{table.data(), WeightFormat::f32, vocab, d});
   EXPECT_EQ(w.dtype, DType::bf16);
   Tensor out = gpu->alloc(int64_t(ids.size()), d, DType::f32);
   gpu->embedding(ids, w, out);
@@ -146,7 +147,7 @@ TEST_F(CudaBackendTest, RmsnormMatchesTheCpu) {
     std::vector<float> x = random_values(size_t(rows * d), rng, -3.0f, 3.0f);
     std::vector<float> w = bf16_rounded(random_values(size_t(d), rng, 0.5f, 1.5f));
     Tensor xd = device(x, rows, d), out = gpu->alloc(rows, d, DType::f32);
-    gpu->rmsnorm(xd, gpu->upload_weight(w.data(), 1, d), 1e-5f, out);
+    gpu->rmsnorm(xd, gpu->upload_weight(WeightMatrix{w.data(), WeightFormat::f32, 1, d}), 1e-5f, out);
     std::vector<float> want(size_t(rows * d));
     Tensor cpu_out = on_cpu(want, rows, d);
     cpu->rmsnorm(on_cpu(x, rows, d), on_cpu(w, 1, d), 1e-5f, cpu_out);
@@ -197,7 +198,7 @@ TEST_F(CudaBackendTest, MatmulMatchesTheCpuForOddShapes) {
     std::vector<float> w = bf16_rounded(random_values(size_t(s.out * s.in), rng));
     std::vector<float> x = random_values(size_t(s.t * s.in), rng, -2.0f, 2.0f);
     std::vector<float> x_bf16 = bf16_rounded(x);
-    Tensor wd = gpu->upload_weight(w.data(), s.out, s.in);
+    Tensor wd = gpu->upload_weight(WeightMatrix{w.data(), WeightFormat::f32, s.out, s.in});
     Tensor out = gpu->alloc(s.t, s.out, DType::f32);
 
     std::vector<float> abs_sum(size_t(s.t * s.out), 0.0f);  // S per element
@@ -225,10 +226,40 @@ TEST_F(CudaBackendTest, MatmulMatchesTheCpuForOddShapes) {
   }
   Tensor x = gpu->alloc(2, 5, DType::f32), out = gpu->alloc(2, 3, DType::f32);
   std::vector<float> w(4 * 5, 0.5f);
-  EXPECT_THROW(gpu->matmul(x, gpu->upload_weight(w.data(), 4, 5), out), std::invalid_argument);
+  EXPECT_THROW(gpu->matmul(x, gpu->upload_weight(WeightMatrix{w.data(), WeightFormat::f32, 4, 5}), out), std::invalid_argument);
 }
 
 // Same fp32 angles, cosines from double; the rotation may fuse multiply-adds: 1e-6 relative to |x| <= 1.
+// Quantized weights go up dequantized (on the host) and rounded to bf16: the product is the CPU's (which multiplies
+// the exact dequantized values, kernels/cpu/quantized_matmul.h) within one bf16 rounding of each weight and each
+// input, |error| <= (2^-8 + K 2^-24) S.
+TEST_F(CudaBackendTest, QuantizedWeightsUploadAsTheirValues) {
+  const std::pair<WeightFormat, int64_t> formats[] = {
+      {WeightFormat::q8_0, 96}, {WeightFormat::q4_0, 96}, {WeightFormat::q4_1, 576}, {WeightFormat::q4_k, 512},
+      {WeightFormat::q6_k, 512}};
+  for (const auto& [format, cols] : formats) {
+    const int64_t rows = 37, t = 3;
+    const std::vector<uint8_t> blocks = test::random_blocks(format, rows, cols, 7);
+    const WeightMatrix w{blocks.data(), format, rows, cols};
+    std::vector<float> x = random_values(size_t(t * cols), rng);
+    std::vector<float> values(size_t(rows * cols)), want(size_t(t * rows));
+    for (int64_t r = 0; r < rows; ++r) dequantize_weight_row(format, w.row(r), values.data() + r * cols, cols);
+    Tensor cpu_out = on_cpu(want, t, rows);
+    cpu->matmul(on_cpu(x, t, cols), cpu->upload_weight(w), cpu_out);
+    Tensor out = gpu->alloc(t, rows, DType::f32);
+    gpu->matmul(device(x, t, cols), gpu->upload_weight(w), out);
+    std::vector<float> bound(want.size());
+    for (int64_t a = 0; a < t; ++a) {
+      for (int64_t r = 0; r < rows; ++r) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < cols; ++k) s += std::fabs(x[size_t(a * cols + k)] * values[size_t(r * cols + k)]);
+        bound[size_t(a * rows + r)] = (std::ldexp(1.0f, -8) + float(cols) * std::ldexp(1.0f, -24)) * s + 1e-6f;
+      }
+    }
+    expect_within(host(out), want, bound, "quantized upload " + std::string(weight_format_info(format).name));
+  }
+}
+
 TEST_F(CudaBackendTest, RopeMatchesTheCpuInBothLayoutsAndScaled) {
   const std::vector<int32_t> positions = {0, 1, 7, 100, 4095, 8191, 31999, 100000};
   const int64_t t = int64_t(positions.size());

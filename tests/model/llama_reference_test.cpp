@@ -1,5 +1,6 @@
-// The forward pass against an independent reference: Hugging Face transformers loading the same GGUF (it
-// dequantizes to fp32 and runs the half-split RoPE layout after un-permuting Q/K). tools/make_reference_logits.py
+// The forward pass with fp32 weights (model.weight_dtype f32, the reference path) against an independent
+// reference: Hugging Face transformers loading the same GGUF (it dequantizes to fp32 and runs the half-split RoPE
+// layout after un-permuting Q/K). The quantized weights have their own test (llama_quantized_reference_test.cpp). tools/make_reference_logits.py
 // wrote tests/fixtures/reference/<name>.json (prompt ids, 64 greedy ids and their top-2 margins) and
 // <name>.topk.bin (for every prompt position: 16 int32 ids, then 16 float32 logits, descending).
 //
@@ -26,6 +27,7 @@
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
+#include "tests/model/reference_logits.h"
 #include "tests/model/smollm2_model.h"
 #include "tests/test_paths.h"
 
@@ -35,52 +37,11 @@ namespace {
 constexpr float kLogitTolerance = 1e-2f;
 constexpr float kMarginForTop1 = 2e-2f;
 constexpr float kNearTie = 1e-3f;
-constexpr int kTopK = 16;
-
-struct Reference {
-  std::string name;
-  std::vector<int32_t> prompt_ids, greedy_ids;
-  std::vector<float> greedy_margins;
-  std::vector<int32_t> top_ids;    // [T, 16]
-  std::vector<float> top_logits;   // [T, 16]
-};
-
-Reference load_reference(const std::string& name) {
-  Reference r;
-  r.name = name;
-  const std::string base = test::source_path("tests/fixtures/reference/" + name);
-  std::ifstream js(base + ".json");
-  if (!js) throw std::runtime_error("missing fixture " + base + ".json");
-  const nlohmann::json j = nlohmann::json::parse(js);
-  r.prompt_ids = j.at("prompt_ids").get<std::vector<int32_t>>();
-  r.greedy_ids = j.at("greedy_ids").get<std::vector<int32_t>>();
-  r.greedy_margins = j.at("greedy_margins").get<std::vector<float>>();
-  std::ifstream bin(base + ".topk.bin", std::ios::binary);
-  const size_t n = r.prompt_ids.size();
-  std::vector<char> raw(n * kTopK * 8);
-  bin.read(raw.data(), std::streamsize(raw.size()));
-  if (size_t(bin.gcount()) != raw.size()) throw std::runtime_error("short fixture " + base + ".topk.bin");
-  r.top_ids.resize(n * kTopK);
-  r.top_logits.resize(n * kTopK);
-  for (size_t t = 0; t < n; ++t) {
-    std::memcpy(&r.top_ids[t * kTopK], raw.data() + t * kTopK * 8, kTopK * 4);
-    std::memcpy(&r.top_logits[t * kTopK], raw.data() + t * kTopK * 8 + kTopK * 4, kTopK * 4);
-  }
-  return r;
-}
 
 class LlamaReferenceTest : public ::testing::TestWithParam<std::string> {};
 
-int32_t argmax(const float* row, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (row[i] > row[best]) best = i;
-  }
-  return int32_t(best);
-}
-
 TEST_P(LlamaReferenceTest, LogitsAtEveryPositionMatchTransformers) {
-  const Reference ref = load_reference(GetParam());
+  const test::ReferenceLogits ref = test::load_reference_logits(GetParam());
   KvCache cache(*test::smollm2().pool, 0, test::smollm2().model->config().n_layers);
   const int64_t vocab = test::smollm2().model->config().vocab_size;
   const int n = int(ref.prompt_ids.size());
@@ -100,17 +61,17 @@ TEST_P(LlamaReferenceTest, LogitsAtEveryPositionMatchTransformers) {
   int max_diff_pos = 0, top1_checked = 0;
   for (int t = 0; t < n; ++t) {
     const float* ours = logits.data() + int64_t(t) * vocab;
-    for (int k = 0; k < kTopK; ++k) {
-      const float d = std::fabs(ours[ref.top_ids[size_t(t) * kTopK + k]] - ref.top_logits[size_t(t) * kTopK + k]);
+    for (int k = 0; k < test::kReferenceTopK; ++k) {
+      const float d = std::fabs(ours[ref.top_ids[size_t(t) * test::kReferenceTopK + k]] - ref.top_logits[size_t(t) * test::kReferenceTopK + k]);
       if (d > max_diff) {
         max_diff = d;
         max_diff_pos = t;
       }
     }
-    const float margin = ref.top_logits[size_t(t) * kTopK] - ref.top_logits[size_t(t) * kTopK + 1];
+    const float margin = ref.top_logits[size_t(t) * test::kReferenceTopK] - ref.top_logits[size_t(t) * test::kReferenceTopK + 1];
     if (margin > kMarginForTop1) {
       ++top1_checked;
-      EXPECT_EQ(argmax(ours, vocab), ref.top_ids[size_t(t) * kTopK]) << ref.name << " position " << t;
+      EXPECT_EQ(test::argmax(ours, vocab), ref.top_ids[size_t(t) * test::kReferenceTopK]) << ref.name << " position " << t;
     }
   }
   std::cout << "[ reference ] " << ref.name << ": " << n << " positions, top-1 checked at " << top1_checked
@@ -119,7 +80,7 @@ TEST_P(LlamaReferenceTest, LogitsAtEveryPositionMatchTransformers) {
 }
 
 TEST_P(LlamaReferenceTest, GreedyGenerationMatchesTransformers) {
-  const Reference ref = load_reference(GetParam());
+  const test::ReferenceLogits ref = test::load_reference_logits(GetParam());
   KvCache cache(*test::smollm2().pool, 0, test::smollm2().model->config().n_layers);
   const int64_t vocab = test::smollm2().model->config().vocab_size;
   const int n = int(ref.prompt_ids.size());
@@ -133,7 +94,7 @@ TEST_P(LlamaReferenceTest, GreedyGenerationMatchesTransformers) {
   }
   std::vector<int32_t> generated;
   for (size_t i = 0; i < ref.greedy_ids.size(); ++i) {
-    const int32_t next = argmax(logits.data(), vocab);
+    const int32_t next = test::argmax(logits.data(), vocab);
     generated.push_back(next);
     if (next != ref.greedy_ids[i]) {
       // A divergence is acceptable only where the reference itself had a near tie.

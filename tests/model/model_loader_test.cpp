@@ -25,23 +25,30 @@ using test::GgufTestWriter;
 using test::SafetensorsTestWriter;
 using test::TempFile;
 
-float at(const HostMatrix& m, int64_t r, int64_t c) { return m.data[r * m.cols + c]; }
+// Most tests below compare values and load with WeightDtype::f32 (the reference path); those of the other dtypes
+// read values through the format's dequantization.
+float at(const WeightMatrix& m, int64_t r, int64_t c) {
+  if (m.format == WeightFormat::f32) return m.f32()[r * m.cols + c];
+  std::vector<float> row(static_cast<size_t>(m.cols));
+  dequantize_weight_row(m.format, m.row(r), row.data(), m.cols);
+  return row[static_cast<size_t>(c)];
+}
 
 // Expects `part` to equal rows [row0, row0 + part.rows) and columns [col0, col0 + part.cols) of `whole`.
-void expect_sub_matrix(const HostMatrix& part, const HostMatrix& whole, int64_t row0, int64_t col0,
+void expect_sub_matrix(const WeightMatrix& part, const WeightMatrix& whole, int64_t row0, int64_t col0,
                        const std::string& what) {
   ASSERT_NE(part.data, nullptr) << what;
   ASSERT_LE(row0 + part.rows, whole.rows) << what;
   ASSERT_LE(col0 + part.cols, whole.cols) << what;
   for (int64_t r = 0; r < part.rows; ++r) {
-    ASSERT_EQ(std::memcmp(part.data + r * part.cols, whole.data + (row0 + r) * whole.cols + col0,
+    ASSERT_EQ(std::memcmp(part.f32() + r * part.cols, whole.f32() + (row0 + r) * whole.cols + col0,
                           static_cast<size_t>(part.cols) * sizeof(float)),
               0)
         << what << " row " << r;
   }
 }
 
-void expect_shape(const HostMatrix& m, int64_t rows, int64_t cols, const std::string& what) {
+void expect_shape(const WeightMatrix& m, int64_t rows, int64_t cols, const std::string& what) {
   EXPECT_NE(m.data, nullptr) << what;
   EXPECT_EQ(m.rows, rows) << what;
   EXPECT_EQ(m.cols, cols) << what;
@@ -321,7 +328,7 @@ std::vector<uint8_t> tiny_gguf() {
 // Every matrix of `w` holds the expected slice of the value function.
 void expect_tiny_values(const ModelWeights& w) {
   const std::vector<TinyTensor> tensors = tiny_tensors();
-  auto check = [&](const HostMatrix& m, const std::string& gguf_name, int64_t row0, int64_t col0) {
+  auto check = [&](const WeightMatrix& m, const std::string& gguf_name, int64_t row0, int64_t col0) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].gguf_name != gguf_name) continue;
       ASSERT_NE(m.data, nullptr) << gguf_name;
@@ -362,7 +369,7 @@ TEST(LoadGgufWeights, TinyModelEveryShard) {
     for (int rank = 0; rank < tp; ++rank) {
       ShardSpec shard;
       shard.tp_size = tp, shard.tp_rank = rank;
-      const ModelWeights w = load_gguf_weights(file, shard);
+      const ModelWeights w = load_gguf_weights(file, shard, WeightDtype::f32);
       ASSERT_EQ(w.layers.size(), 2u);
       EXPECT_FALSE(w.config.tied_embeddings);
       expect_shape(w.layers[0].wq, kHeads * kHeadDim / tp, kD, "wq");
@@ -373,9 +380,56 @@ TEST(LoadGgufWeights, TinyModelEveryShard) {
     }
   }
   // F32 tensors with whole rows are used in place, in the mapping.
-  const ModelWeights w = load_gguf_weights(file, ShardSpec{});
+  const ModelWeights w = load_gguf_weights(file, ShardSpec{}, WeightDtype::f32);
   EXPECT_EQ(reinterpret_cast<const uint8_t*>(w.layers[0].attn_norm.data), file->tensor("blk.0.attn_norm.weight").data);
   EXPECT_EQ(w.keep_alive.get(), file.get());
+}
+
+// model.weight_dtype auto: matrices stay in their file's format where the kernels have one (here q8_0), used in
+// place when whole rows are taken; other formats (f16) and column slices that split a block become f32.
+TEST(LoadGgufWeights, AutoKeepsTheFilesFormats) {
+  TempFile f(tiny_gguf());
+  auto file = GgufFile::open(f.path());
+  const ModelWeights w = load_gguf_weights(file, ShardSpec{});
+  EXPECT_EQ(w.output.format, WeightFormat::q8_0);
+  EXPECT_EQ(w.output.data, file->tensor("output.weight").data);
+  EXPECT_EQ(w.layers[0].wq.format, WeightFormat::q8_0);
+  EXPECT_EQ(w.layers[0].wk.format, WeightFormat::f32);  // f16 in the file
+  EXPECT_EQ(w.layers[0].ffn_norm.data, file->tensor("blk.0.ffn_norm.weight").data);
+  expect_tiny_values(w);
+  for (int rank = 0; rank < 2; ++rank) {
+    ShardSpec s;
+    s.tp_size = 2, s.tp_rank = rank;
+    const ModelWeights part = load_gguf_weights(file, s);
+    EXPECT_EQ(part.layers[1].wq.format, WeightFormat::q8_0);  // whole rows: in place, at this rank's first row
+    EXPECT_EQ(part.layers[1].wq.data, file->tensor("blk.1.attn_q.weight").data + rank * 16 * 34);
+    EXPECT_EQ(part.layers[1].wo.format, WeightFormat::f32);  // 16 of 32 columns: inside a q8_0 block
+    expect_tiny_values(part);
+  }
+}
+
+// model.weight_dtype q8_0: every matrix requantized (norms stay f32), each value within half a step of the file's.
+TEST(LoadGgufWeights, Q8_0RequantizesEveryMatrix) {
+  TempFile f(tiny_gguf());
+  auto file = GgufFile::open(f.path());
+  const ModelWeights w = load_gguf_weights(file, ShardSpec{}, WeightDtype::q8_0);
+  const ModelWeights exact = load_gguf_weights(file, ShardSpec{}, WeightDtype::f32);
+  EXPECT_EQ(w.layers[0].attn_norm.format, WeightFormat::f32);
+  for (int l = 0; l < kLayers; ++l) {
+    const LayerWeights& L = w.layer(l);
+    const LayerWeights& E = exact.layer(l);
+    const std::pair<const WeightMatrix*, const WeightMatrix*> pairs[] = {
+        {&L.wq, &E.wq}, {&L.wk, &E.wk}, {&L.wv, &E.wv}, {&L.wo, &E.wo}, {&L.w_gate, &E.w_gate}, {&L.w_down, &E.w_down}};
+    for (const auto& [q, e] : pairs) {
+      ASSERT_EQ(q->format, WeightFormat::q8_0);
+      for (int64_t r = 0; r < q->rows; ++r) {
+        for (int64_t c = 0; c < q->cols; ++c) {
+          // |value| <= 1 in every block: d = 1 / 127.
+          ASSERT_NEAR(at(*q, r, c), at(*e, r, c), 0.5f / 127.0f * 1.001f) << "layer " << l << " " << r << "," << c;
+        }
+      }
+    }
+  }
 }
 
 TEST(LoadGgufWeights, PipelineStages) {
@@ -383,7 +437,7 @@ TEST(LoadGgufWeights, PipelineStages) {
   auto file = GgufFile::open(f.path());
   ShardSpec first;
   first.layer_end = 1, first.has_output = false;
-  const ModelWeights a = load_gguf_weights(file, first);
+  const ModelWeights a = load_gguf_weights(file, first, WeightDtype::f32);
   ASSERT_EQ(a.layers.size(), 1u);
   EXPECT_EQ(a.layers[0].layer, 0);
   EXPECT_NE(a.token_embd.data, nullptr);
@@ -391,7 +445,7 @@ TEST(LoadGgufWeights, PipelineStages) {
   EXPECT_EQ(a.output_norm.data, nullptr);
   ShardSpec last;
   last.layer_begin = 1, last.has_embedding = false;
-  const ModelWeights b = load_gguf_weights(file, last);
+  const ModelWeights b = load_gguf_weights(file, last, WeightDtype::f32);
   ASSERT_EQ(b.layers.size(), 1u);
   EXPECT_EQ(b.layer(1).layer, 1);
   EXPECT_EQ(b.token_embd.data, nullptr);  // untied: the last stage needs only output.weight
@@ -405,7 +459,7 @@ TEST(LoadGgufWeights, InvalidShards) {
   auto file = GgufFile::open(f.path());
   auto expect_invalid = [&](ShardSpec s, const std::string& fragment) {
     try {
-      load_gguf_weights(file, s);
+      load_gguf_weights(file, s, WeightDtype::f32);
       ADD_FAILURE() << "accepted a shard that should fail with " << fragment;
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
@@ -453,7 +507,7 @@ TEST(LoadSafetensorsWeights, TinyModelEveryShard) {
     for (int rank = 0; rank < tp; ++rank) {
       ShardSpec shard;
       shard.tp_size = tp, shard.tp_rank = rank;
-      const ModelWeights w = load_safetensors_weights(dir.path().string(), shard);
+      const ModelWeights w = load_safetensors_weights(dir.path().string(), shard, WeightDtype::f32);
       EXPECT_EQ(w.config.rope_style, RopeStyle::half_split);
       ASSERT_EQ(w.layers.size(), 2u);
       expect_tiny_values(w);
@@ -461,12 +515,25 @@ TEST(LoadSafetensorsWeights, TinyModelEveryShard) {
   }
 }
 
+// BF16 and F16 have no kernels: f32 under auto; q8_0 requantizes them.
+TEST(LoadSafetensorsWeights, WeightDtypes) {
+  test::TempDir dir;
+  write_tiny_hf_dir(dir.path());
+  const ModelWeights automatic = load_safetensors_weights(dir.path().string(), ShardSpec{});
+  EXPECT_EQ(automatic.layers[0].wq.format, WeightFormat::f32);
+  expect_tiny_values(automatic);
+  const ModelWeights q8 = load_safetensors_weights(dir.path().string(), ShardSpec{}, WeightDtype::q8_0);
+  EXPECT_EQ(q8.layers[0].wq.format, WeightFormat::q8_0);
+  EXPECT_EQ(q8.output.format, WeightFormat::q8_0);
+  EXPECT_NEAR(at(q8.layers[0].wq, 3, 5), value(4, 3, 5), 0.5f / 127.0f * 1.001f);  // wq is tiny tensor 4
+}
+
 TEST(LoadSafetensorsWeights, MissingTensorIsNamed) {
   test::TempDir dir;
   write_tiny_hf_dir(dir.path());
   std::filesystem::remove(dir.path() / "model-00002-of-00002.safetensors");
   try {
-    load_safetensors_weights(dir.path().string(), ShardSpec{});
+    load_safetensors_weights(dir.path().string(), ShardSpec{}, WeightDtype::f32);
     ADD_FAILURE() << "loaded with half the tensors missing";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("is missing"), std::string::npos) << e.what();
@@ -490,11 +557,11 @@ TEST(MakeDummyWeights, DeterministicAndShardable) {
   EXPECT_NE(at(a.layer(1).w_down, 0, 0), at(other.layer(1).w_down, 0, 0));
   EXPECT_NE(at(a.layer(0).wq, 0, 0), at(a.layer(1).wq, 0, 0));  // seeded per tensor name
   EXPECT_NE(at(a.output, 0, 0), at(a.token_embd, 0, 0));
-  for (int64_t i = 0; i < a.layers[0].attn_norm.size(); ++i) ASSERT_EQ(a.layers[0].attn_norm.data[i], 1.0f);
+  for (int64_t i = 0; i < a.layers[0].attn_norm.size(); ++i) ASSERT_EQ(a.layers[0].attn_norm.f32()[i], 1.0f);
 
   double sum = 0, sum_sq = 0;
-  const HostMatrix& m = a.layers[0].w_gate;
-  for (int64_t i = 0; i < m.size(); ++i) sum += m.data[i], sum_sq += double{m.data[i]} * m.data[i];
+  const WeightMatrix& m = a.layers[0].w_gate;
+  for (int64_t i = 0; i < m.size(); ++i) sum += m.f32()[i], sum_sq += double{m.f32()[i]} * m.f32()[i];
   const double mean = sum / static_cast<double>(m.size());
   EXPECT_NEAR(mean, 0.0, 1e-3);
   EXPECT_NEAR(std::sqrt(sum_sq / static_cast<double>(m.size()) - mean * mean), 0.02, 1e-3);
@@ -553,7 +620,7 @@ TEST(MakeDummyWeights, OneLayerOfLlama70BShapes) {
   EXPECT_EQ(w.token_embd.data, nullptr);
   EXPECT_EQ(w.output.data, nullptr);
   int64_t total = 0;  // nothing but this rank's slice of one layer was allocated
-  for (const HostMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+  for (const WeightMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
     total += m->size();
   }
   EXPECT_EQ(total, 855638016 / 8 + 2 * 8192);
@@ -566,7 +633,7 @@ class RealModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     file_ = GgufFile::open(test::smollm2_gguf_path());
-    full_ = std::make_unique<ModelWeights>(load_gguf_weights(file_, ShardSpec{}));
+    full_ = std::make_unique<ModelWeights>(load_gguf_weights(file_, ShardSpec{}, WeightDtype::f32));
   }
   static void TearDownTestSuite() {
     full_.reset();
@@ -626,14 +693,14 @@ TEST_F(RealModel, RowsMatchGgufPy) {
   ASSERT_TRUE(in) << "tests/fixtures/dequant/smollm2_reference.json is missing: tools/make_dequant_fixtures.py";
   const nlohmann::json reference = nlohmann::json::parse(in);
   const ModelWeights& w = *full_;
-  const std::map<std::string, const HostMatrix*> matrices = {
+  const std::map<std::string, const WeightMatrix*> matrices = {
       {"blk.0.attn_q.weight", &w.layer(0).wq}, {"blk.0.attn_k.weight", &w.layer(0).wk},
       {"blk.29.ffn_down.weight", &w.layer(29).w_down}, {"token_embd.weight", &w.token_embd},
       {"blk.0.attn_norm.weight", &w.layer(0).attn_norm}};
   int checked = 0;
   for (const auto& [name, entry] : reference.items()) {
     ASSERT_TRUE(matrices.count(name)) << name;
-    const HostMatrix& m = *matrices.at(name);
+    const WeightMatrix& m = *matrices.at(name);
     EXPECT_EQ(entry["type"].get<std::string>(), ggml_type_name(file_->tensor(name).type)) << name;
     for (const auto& [row, values] : entry["rows"].items()) {
       for (size_t c = 0; c < values.size(); ++c) {
@@ -650,7 +717,7 @@ TEST_F(RealModel, RowsMatchGgufPy) {
 TEST_F(RealModel, PipelineSlicesEqualTheFullLoad) {
   ShardSpec middle;
   middle.layer_begin = 10, middle.layer_end = 12, middle.has_embedding = false, middle.has_output = false;
-  const ModelWeights m = load_gguf_weights(file_, middle);
+  const ModelWeights m = load_gguf_weights(file_, middle, WeightDtype::f32);
   ASSERT_EQ(m.layers.size(), 2u);
   EXPECT_EQ(m.token_embd.data, nullptr);
   EXPECT_EQ(m.output.data, nullptr);
@@ -662,7 +729,7 @@ TEST_F(RealModel, PipelineSlicesEqualTheFullLoad) {
   }
   ShardSpec last;
   last.layer_begin = 29, last.has_embedding = false;
-  const ModelWeights l = load_gguf_weights(file_, last);
+  const ModelWeights l = load_gguf_weights(file_, last, WeightDtype::f32);
   ASSERT_EQ(l.layers.size(), 1u);
   // Tied: the last stage needs the embedding as its output head.
   expect_sub_matrix(l.output, full_->token_embd, 0, 0, "output");
@@ -674,7 +741,7 @@ TEST_F(RealModel, TensorParallelSlicesEqualTheFullLoad) {
   for (int rank = 0; rank < 3; ++rank) {
     ShardSpec s;
     s.layer_begin = 28, s.tp_size = 3, s.tp_rank = rank;
-    const ModelWeights w = load_gguf_weights(file_, s);
+    const ModelWeights w = load_gguf_weights(file_, s, WeightDtype::f32);
     ASSERT_EQ(w.layers.size(), 2u);
     EXPECT_EQ(w.output_vocab_begin, rank * 16384);
     expect_shape(w.output, 16384, 576, "output");
@@ -699,7 +766,36 @@ TEST_F(RealModel, TensorParallelSlicesEqualTheFullLoad) {
   }
   ShardSpec bad;
   bad.tp_size = 2;
-  EXPECT_THROW(load_gguf_weights(file_, bad), std::invalid_argument);  // 9 heads
+  EXPECT_THROW(load_gguf_weights(file_, bad, WeightDtype::f32), std::invalid_argument);  // 9 heads
+}
+
+// The default load keeps the file's Q4_1 and Q8_0 blocks in place in the mapping: no copy, and at most 120 MB of
+// weights for the whole model (the [cpu-speed] goal). Slices under tensor parallelism keep them too.
+TEST_F(RealModel, AutoKeepsTheQuantizedBlocksInPlace) {
+  const ModelWeights w = load_gguf_weights(file_, ShardSpec{});
+  EXPECT_EQ(w.token_embd.format, WeightFormat::q8_0);
+  EXPECT_EQ(w.token_embd.data, file_->tensor("token_embd.weight").data);
+  EXPECT_EQ(w.output.data, w.token_embd.data);  // tied
+  int64_t bytes = w.token_embd.bytes() + w.output_norm.bytes();
+  for (const LayerWeights& L : w.layers) {
+    EXPECT_EQ(L.wq.format, WeightFormat::q4_1);
+    EXPECT_EQ(L.wq.data, file_->tensor("blk." + std::to_string(L.layer) + ".attn_q.weight").data);
+    for (const WeightMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+      bytes += m->bytes();
+    }
+  }
+  std::cout << "[ weights ] SmolLM2 under auto: " << bytes << " bytes" << std::endl;
+  EXPECT_LE(bytes, 120'000'000);
+
+  ShardSpec s;
+  s.layer_begin = 29, s.tp_size = 3, s.tp_rank = 2;
+  const ModelWeights part = load_gguf_weights(file_, s);
+  const LayerWeights& L = part.layer(29);
+  ASSERT_EQ(L.wo.format, WeightFormat::q4_1);  // 192 of 576 columns: whole blocks of 32, copied per row
+  for (int64_t r : {0, 300, 575}) {
+    for (int64_t c : {0, 31, 32, 191}) EXPECT_EQ(at(L.wo, r, c), at(full_->layer(29).wo, r, 2 * 192 + c));
+  }
+  EXPECT_EQ(L.w_gate.data, file_->tensor("blk.29.ffn_gate.weight").data + 2 * 512 * (576 / 32 * 20));
 }
 
 // tools/gguf_to_hf.py (gguf-py dequantization, Q/K un-permuted to HF layout) against the GGUF load.
@@ -711,7 +807,7 @@ TEST_F(RealModel, SafetensorsFromGgufToHfMatch) {
   ASSERT_EQ(std::system(command.c_str()), 0) << command << " failed (is .venv set up? run tools/setup.sh)";
   ShardSpec s;
   s.layer_end = 2;
-  const ModelWeights hf = load_safetensors_weights(dir.path().string(), s);
+  const ModelWeights hf = load_safetensors_weights(dir.path().string(), s, WeightDtype::f32);
   EXPECT_EQ(hf.config.n_layers, 2);
   EXPECT_EQ(hf.config.rope_style, RopeStyle::half_split);
   EXPECT_EQ(hf.config.d_model, full_->config.d_model);
@@ -720,15 +816,15 @@ TEST_F(RealModel, SafetensorsFromGgufToHfMatch) {
   EXPECT_EQ(hf.config.rope_theta, full_->config.rope_theta);
   EXPECT_TRUE(hf.config.tied_embeddings);
 
-  auto expect_close = [](const HostMatrix& a, const HostMatrix& b, const std::string& what) {
+  auto expect_close = [](const WeightMatrix& a, const WeightMatrix& b, const std::string& what) {
     ASSERT_EQ(a.rows, b.rows) << what;
     ASSERT_EQ(a.cols, b.cols) << what;
     for (int64_t i = 0; i < a.size(); ++i) {
-      ASSERT_NEAR(a.data[i], b.data[i], 1e-6f * std::fabs(b.data[i])) << what << " at " << i;
+      ASSERT_NEAR(a.f32()[i], b.f32()[i], 1e-6f * std::fabs(b.f32()[i])) << what << " at " << i;
     }
   };
   // HF row h*d + j*(d/2) + i is GGUF row h*d + 2i + j.
-  auto expect_unpermuted = [](const HostMatrix& hf_rows, const HostMatrix& gguf_rows, int head_dim,
+  auto expect_unpermuted = [](const WeightMatrix& hf_rows, const WeightMatrix& gguf_rows, int head_dim,
                               const std::string& what) {
     ASSERT_EQ(hf_rows.rows, gguf_rows.rows) << what;
     for (int64_t h = 0; h < hf_rows.rows / head_dim; ++h) {
@@ -760,7 +856,7 @@ TEST_F(RealModel, SafetensorsFromGgufToHfMatch) {
     expect_close(a.ffn_norm, b.ffn_norm, "ffn_norm");
   }
   // The permutation is not the identity: the raw rows differ.
-  EXPECT_NE(std::memcmp(hf.layer(0).wq.data + 576, full_->layer(0).wq.data + 576, 576 * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(hf.layer(0).wq.f32() + 576, full_->layer(0).wq.f32() + 576, 576 * sizeof(float)), 0);
 }
 
 }  // namespace

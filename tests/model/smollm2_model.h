@@ -1,6 +1,8 @@
 #pragma once
-// The real SmolLM2-135M model on the CPU backend, loaded once per test process and shared by the suites that run
-// it (the reference logits and the reference selections), with a KV pool of 3,000 blocks of 16 tokens.
+// The real SmolLM2-135M model on the CPU backend, loaded once per test process and weight dtype and shared by the
+// suites that run it (the reference logits and the reference selections), with a KV pool of 3,000 blocks of 16
+// tokens. The suites that compare with fp32 references use WeightDtype::f32; the quantized weights (the default
+// everywhere else) have their own checks (tests/model/llama_quantized_reference_test.cpp).
 #include <memory>
 
 #include "cache/block_pool.h"
@@ -20,16 +22,29 @@ struct SmolLm2 {
   std::unique_ptr<BlockPool> pool;  // declared last: released first
 };
 
-inline SmolLm2& smollm2() {
-  static SmolLm2 m = [] {
-    SmolLm2 s;
-    s.gguf = GgufFile::open(smollm2_gguf_path());
-    s.weights = std::make_unique<ModelWeights>(load_gguf_weights(s.gguf, ShardSpec{}));
-    s.backend = make_cpu_backend();
-    s.model = std::make_unique<LlamaModel>(*s.backend, *s.weights);
-    s.pool = std::make_unique<BlockPool>(*s.backend, s.model->kv_layout(16), 3000);
-    return s;
-  }();
+inline SmolLm2 load_smollm2(WeightDtype dtype) {
+  SmolLm2 s;
+  s.gguf = GgufFile::open(smollm2_gguf_path());
+  s.weights = std::make_unique<ModelWeights>(load_gguf_weights(s.gguf, ShardSpec{}, dtype));
+  s.backend = make_cpu_backend();
+  s.model = std::make_unique<LlamaModel>(*s.backend, *s.weights);
+  s.pool = std::make_unique<BlockPool>(*s.backend, s.model->kv_layout(16), 3000);
+  return s;
+}
+
+inline SmolLm2& smollm2(WeightDtype dtype = WeightDtype::f32) {
+  switch (dtype) {
+    case WeightDtype::automatic: {
+      static SmolLm2 m = load_smollm2(dtype);
+      return m;
+    }
+    case WeightDtype::q8_0: {
+      static SmolLm2 m = load_smollm2(dtype);
+      return m;
+    }
+    case WeightDtype::f32: break;
+  }
+  static SmolLm2 m = load_smollm2(WeightDtype::f32);
   return m;
 }
 

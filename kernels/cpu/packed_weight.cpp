@@ -1,0 +1,148 @@
+#include "kernels/cpu/packed_weight.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace strata::cpu {
+namespace {
+
+uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+void store_u16(uint8_t* p, uint16_t v) {
+  p[0] = uint8_t(v & 0xFF);
+  p[1] = uint8_t(v >> 8);
+}
+
+// One 32-value block of a source format as its header (f16 d and m) and its 32 unsigned values.
+struct UnsignedBlock {
+  uint16_t d = 0, m = 0;
+  uint8_t u[32] = {};
+};
+
+// The f16 offset m = -offset * d of a format with signed values (a power of two: exact unless it overflows).
+uint16_t signed_offset(uint16_t d, float offset, const char* format) {
+  const float m = -offset * fp16_to_fp32(d);
+  const uint16_t bits = fp32_to_fp16(m);
+  if (std::isinf(fp16_to_fp32(bits)) && std::isfinite(m)) {
+    throw std::invalid_argument(std::string(format) + " block scale " + std::to_string(fp16_to_fp32(d)) +
+                                " is too large to repack (its offset overflows f16)");
+  }
+  return bits;
+}
+
+UnsignedBlock unsigned_block(WeightFormat format, const uint8_t* b) {
+  UnsignedBlock out;
+  switch (format) {
+    case WeightFormat::q4_0:
+      out.d = load_u16(b);
+      out.m = signed_offset(out.d, 8.0f, "q4_0");
+      for (int j = 0; j < 16; ++j) out.u[j] = b[2 + j] & 0xF, out.u[j + 16] = b[2 + j] >> 4;
+      break;
+    case WeightFormat::q4_1:
+      out.d = load_u16(b);
+      out.m = load_u16(b + 2);
+      for (int j = 0; j < 16; ++j) out.u[j] = b[4 + j] & 0xF, out.u[j + 16] = b[4 + j] >> 4;
+      break;
+    case WeightFormat::q8_0:
+      out.d = load_u16(b);
+      out.m = signed_offset(out.d, 128.0f, "q8_0");
+      for (int j = 0; j < 32; ++j) out.u[j] = uint8_t(b[2 + j] ^ 0x80);  // q + 128
+      break;
+    default:
+      throw std::logic_error("unsigned_block: not a 32-value format");
+  }
+  return out;
+}
+
+// One row of a 32-value format into the pair layout (u4 or u8).
+void pack_pair_row(WeightFormat format, const uint8_t* src, int64_t cols, bool four_bit, uint8_t* dst) {
+  const WeightFormatInfo& info = weight_format_info(format);
+  const int64_t n_blocks = cols / 32;
+  const int64_t group_bytes = four_bit ? kU4PairBytes : kU8PairBytes;
+  for (int64_t g = 0; g < pair_groups(cols); ++g, dst += group_bytes) {
+    UnsignedBlock b[2];
+    for (int k = 0; k < 2; ++k) {
+      if (2 * g + k < n_blocks) b[k] = unsigned_block(format, src + (2 * g + k) * info.block_bytes);
+    }
+    store_u16(dst, b[0].d);
+    store_u16(dst + 2, b[1].d);
+    store_u16(dst + 4, b[0].m);
+    store_u16(dst + 6, b[1].m);
+    uint8_t* payload = dst + 8;
+    for (int j = 0; j < 32; ++j) {
+      if (four_bit) {
+        payload[j] = uint8_t(b[0].u[j] | (b[1].u[j] << 4));
+      } else {
+        payload[j] = b[0].u[j];
+        payload[32 + j] = b[1].u[j];
+      }
+    }
+  }
+}
+
+void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float* out) {
+  const int64_t group_bytes = four_bit ? kU4PairBytes : kU8PairBytes;
+  for (int64_t g = 0; g < pair_groups(cols); ++g, src += group_bytes) {
+    for (int k = 0; k < 2 && 64 * g + 32 * k < cols; ++k) {
+      const float d = fp16_to_fp32(load_u16(src + 2 * k)), m = fp16_to_fp32(load_u16(src + 4 + 2 * k));
+      float* y = out + 64 * g + 32 * k;
+      for (int j = 0; j < 32; ++j) {
+        const int u = four_bit ? (src[8 + j] >> (4 * k)) & 0xF : src[8 + 32 * k + j];
+        y[j] = d * float(u) + m;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t pair_groups(int64_t cols) { return (cols / 32 + 1) / 2; }
+
+OwnedPackedWeight pack_weight(const WeightMatrix& w) {
+  OwnedPackedWeight out;
+  PackedWeight& p = out.view;
+  p.rows = w.rows;
+  p.cols = w.cols;
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  switch (w.format) {
+    case WeightFormat::f32: p.layout = PackedLayout::f32; break;
+    case WeightFormat::q4_k: p.layout = PackedLayout::q4_k; break;
+    case WeightFormat::q6_k: p.layout = PackedLayout::q6_k; break;
+    case WeightFormat::q4_0:
+    case WeightFormat::q4_1: p.layout = PackedLayout::u4_pairs; break;
+    case WeightFormat::q8_0: p.layout = PackedLayout::u8_pairs; break;
+  }
+  if (p.layout != PackedLayout::u4_pairs && p.layout != PackedLayout::u8_pairs) {
+    p.row_bytes = w.row_bytes();
+    p.data = src;
+    return out;
+  }
+  const bool four_bit = p.layout == PackedLayout::u4_pairs;
+  p.row_bytes = pair_groups(w.cols) * (four_bit ? kU4PairBytes : kU8PairBytes);
+  // 64 bytes of slack: the kernels may load a full vector from a row's last group.
+  out.storage = std::make_unique_for_overwrite<uint8_t[]>(size_t(p.rows * p.row_bytes + 64));
+  std::memset(out.storage.get() + p.rows * p.row_bytes, 0, 64);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    pack_pair_row(w.format, w.row(r), w.cols, four_bit, out.storage.get() + r * p.row_bytes);
+  }
+  p.data = out.storage.get();
+  return out;
+}
+
+void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, float* out) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* src = w.data + (row_begin + r) * w.row_bytes;
+    float* y = out + r * w.cols;
+    switch (w.layout) {
+      case PackedLayout::f32: std::memcpy(y, src, size_t(w.cols) * sizeof(float)); break;
+      case PackedLayout::u4_pairs: dequantize_pair_row(src, w.cols, true, y); break;
+      case PackedLayout::u8_pairs: dequantize_pair_row(src, w.cols, false, y); break;
+      case PackedLayout::q4_k: dequantize_weight_row(WeightFormat::q4_k, src, y, w.cols); break;
+      case PackedLayout::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, y, w.cols); break;
+    }
+  }
+}
+
+}  // namespace strata::cpu

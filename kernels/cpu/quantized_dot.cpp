@@ -1,0 +1,46 @@
+// Which level of the quantized dot products this machine runs (kernels/cpu/quantized_dot.h).
+#include "kernels/cpu/quantized_dot.h"
+
+namespace strata::cpu {
+
+bool cpu_supports(CpuIsa isa) {
+#if STRATA_QUANTIZED_DOT_X86
+  switch (isa) {
+    case CpuIsa::baseline: return true;
+    case CpuIsa::avx2: return __builtin_cpu_supports("x86-64-v3");
+    case CpuIsa::avx512: return __builtin_cpu_supports("x86-64-v4");  // AVX-512 F, BW, DQ, VL besides v3
+  }
+  return false;
+#else
+  return isa == CpuIsa::baseline;
+#endif
+}
+
+CpuIsa best_cpu_isa() {
+  static const CpuIsa best = cpu_supports(CpuIsa::avx512) ? CpuIsa::avx512
+                             : cpu_supports(CpuIsa::avx2)   ? CpuIsa::avx2
+                                                            : CpuIsa::baseline;
+  return best;
+}
+
+std::string_view cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::baseline: return "baseline";
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+QuantizedDotFn quantized_dot(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::baseline: return quantized_dot_baseline;
+#if STRATA_QUANTIZED_DOT_X86
+    case CpuIsa::avx2: return quantized_dot_avx2;
+    case CpuIsa::avx512: return quantized_dot_avx512;
+#endif
+    default: return nullptr;
+  }
+}
+
+}  // namespace strata::cpu

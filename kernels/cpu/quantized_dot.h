@@ -1,0 +1,52 @@
+#pragma once
+// The products behind the CPU backend's quantized matmul: rows of a packed weight (kernels/cpu/packed_weight.h)
+// against fp32 activation rows, the weights dequantized in registers as they are read. One implementation per
+// x86-64 level, all in one binary; the best the machine has is used, and the tests run every one the machine can
+// (tests/kernels/quantized_matmul_test.cpp):
+//   avx512    hand-written (kernels/cpu/quantized_dot_avx512.cpp);
+//   avx2      the portable C++ (kernels/cpu/quantized_dot_portable.cpp) compiled for x86-64-v3;
+//   baseline  the same C++ for baseline x86-64 (SSE2), and the only one on other architectures.
+// Why fp32 activations and not int8 ones (as llama.cpp has): rounding SmolLM2's activations to int8 per block of
+// 32 changed the top-1 token at 2.7% of the reference positions, and the fp32 kernels were as fast
+// (docs/decisions.md). Why not target_clones as the attention has: the AVX-512 code is intrinsics, which need a
+// body per target, and the tests must be able to call each level by name.
+#include <cstdint>
+#include <string_view>
+
+#include "kernels/cpu/packed_weight.h"
+
+// The x86-64 levels need GNU C++'s target attributes and pragmas.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define STRATA_QUANTIZED_DOT_X86 1
+#else
+#define STRATA_QUANTIZED_DOT_X86 0
+#endif
+
+namespace strata::cpu {
+
+enum class CpuIsa : uint8_t { baseline, avx2, avx512 };
+
+// out[a * out_stride + i] = dot(weight row i, x row a) for weight rows i in [row_begin, row_end) and the n_x rows
+// of x (w.cols floats each). The weight's layout is any but f32.
+using QuantizedDotFn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x,
+                                int64_t n_x, float* out, int64_t out_stride);
+
+// Whether this machine can run `isa`, and its best.
+bool cpu_supports(CpuIsa isa);
+CpuIsa best_cpu_isa();
+std::string_view cpu_isa_name(CpuIsa isa);
+
+// The kernel of `isa` (which the machine must support); nullptr where this build has none (avx512 and avx2 off
+// x86-64).
+QuantizedDotFn quantized_dot(CpuIsa isa);
+
+#if STRATA_QUANTIZED_DOT_X86
+void quantized_dot_avx512(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
+                          float* out, int64_t out_stride);
+void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
+                        float* out, int64_t out_stride);
+#endif
+void quantized_dot_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
+                            float* out, int64_t out_stride);
+
+}  // namespace strata::cpu

@@ -1,0 +1,137 @@
+// The quantized matrix products in portable C++ (kernels/cpu/quantized_dot.h): each group of 64 weights is
+// dequantized into a small fp32 array, then multiplied with every activation row, in loops the compiler
+// vectorizes. One body, compiled twice on x86-64: for x86-64-v3 (AVX2, F16C, FMA) and for the baseline; elsewhere
+// once.
+#include <cstring>
+
+#include "kernels/cpu/quantized_dot.h"
+
+namespace strata::cpu {
+namespace {
+
+#define STRATA_INLINE [[gnu::always_inline]] inline
+
+STRATA_INLINE uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// The 64 weights of pair group `group` (n of them: 32 for a lone last block).
+STRATA_INLINE void pair_group(const uint8_t* group, bool four_bit, float* w) {
+  const float d0 = fp16_to_fp32(load_u16(group)), d1 = fp16_to_fp32(load_u16(group + 2));
+  const float m0 = fp16_to_fp32(load_u16(group + 4)), m1 = fp16_to_fp32(load_u16(group + 6));
+  const uint8_t* p = group + 8;
+  if (four_bit) {
+    for (int j = 0; j < 32; ++j) w[j] = d0 * float(p[j] & 0xF) + m0;
+    for (int j = 0; j < 32; ++j) w[32 + j] = d1 * float(p[j] >> 4) + m1;
+  } else {
+    for (int j = 0; j < 32; ++j) w[j] = d0 * float(p[j]) + m0;
+    for (int j = 0; j < 32; ++j) w[32 + j] = d1 * float(p[32 + j]) + m1;
+  }
+}
+
+// The 256 weights of a Q4_K block.
+STRATA_INLINE void q4_k_block(const uint8_t* block, float* w) {
+  const float d = fp16_to_fp32(load_u16(block)), dmin = fp16_to_fp32(load_u16(block + 2));
+  for (int c = 0; c < 4; ++c, w += 64) {
+    int sc0, mn0, sc1, mn1;
+    k_quant_scale_min(block + 4, 2 * c, sc0, mn0);
+    k_quant_scale_min(block + 4, 2 * c + 1, sc1, mn1);
+    const float d0 = d * float(sc0), m0 = -dmin * float(mn0), d1 = d * float(sc1), m1 = -dmin * float(mn1);
+    const uint8_t* p = block + 16 + 32 * c;
+    for (int j = 0; j < 32; ++j) w[j] = d0 * float(p[j] & 0xF) + m0;
+    for (int j = 0; j < 32; ++j) w[32 + j] = d1 * float(p[j] >> 4) + m1;
+  }
+}
+
+// The 256 weights of a Q6_K block: value v has the scale of sub-block v / 16; y = d * scale * u - 32 * d * scale.
+STRATA_INLINE void q6_k_block(const uint8_t* block, float* w) {
+  const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
+  const float d = fp16_to_fp32(load_u16(block + 208));
+  uint8_t u[256];
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* ql = block + 64 * half;
+    const uint8_t* qh = block + 128 + 32 * half;
+    uint8_t* v = u + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      v[l] = uint8_t((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+      v[l + 32] = uint8_t((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+      v[l + 64] = uint8_t((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      v[l + 96] = uint8_t((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+  for (int s = 0; s < 16; ++s) {
+    const float ds = d * float(scales[s]), ms = -32.0f * ds;
+    for (int j = 0; j < 16; ++j) w[16 * s + j] = ds * float(u[16 * s + j]) + ms;
+  }
+}
+
+// sums[a] += dot(w, row a of x) over n values.
+STRATA_INLINE void add_products(const float* w, int n, const float* x, int64_t x_stride, int64_t n_x, float* sums) {
+  for (int64_t a = 0; a < n_x; ++a) {
+    const float* xa = x + a * x_stride;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < n; ++j) s += w[j] * xa[j];
+    sums[a] += s;
+  }
+}
+
+// Rows of the tile's activations per pass, so that their sums stay on the stack.
+constexpr int64_t kTileRows = 8;
+
+STRATA_INLINE void weight_row(const PackedWeight& w, int64_t i, const float* x, int64_t n_x, float* sums) {
+  const uint8_t* row = w.data + i * w.row_bytes;
+  alignas(64) float values[256];
+  switch (w.layout) {
+    case PackedLayout::u4_pairs:
+    case PackedLayout::u8_pairs: {
+      const bool four_bit = w.layout == PackedLayout::u4_pairs;
+      const int64_t group_bytes = four_bit ? kU4PairBytes : kU8PairBytes;
+      for (int64_t g = 0; 64 * g < w.cols; ++g) {
+        pair_group(row + g * group_bytes, four_bit, values);
+        const int n = w.cols - 64 * g >= 64 ? 64 : 32;
+        add_products(values, n, x + 64 * g, w.cols, n_x, sums);
+      }
+      break;
+    }
+    case PackedLayout::q4_k:
+    case PackedLayout::q6_k:
+      for (int64_t b = 0; b < w.cols / 256; ++b) {
+        if (w.layout == PackedLayout::q4_k) {
+          q4_k_block(row + b * 144, values);
+        } else {
+          q6_k_block(row + b * 210, values);
+        }
+        add_products(values, 256, x + 256 * b, w.cols, n_x, sums);
+      }
+      break;
+    case PackedLayout::f32: break;  // not a quantized layout: matmul never sends it here
+  }
+}
+
+STRATA_INLINE void portable_dot(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x,
+                                int64_t n_x, float* out, int64_t out_stride) {
+  for (int64_t a0 = 0; a0 < n_x; a0 += kTileRows) {
+    const int64_t rows = n_x - a0 < kTileRows ? n_x - a0 : kTileRows;
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      float sums[kTileRows] = {};
+      weight_row(w, i, x + a0 * w.cols, rows, sums);
+      for (int64_t a = 0; a < rows; ++a) out[(a0 + a) * out_stride + i] = sums[a];
+    }
+  }
+}
+
+}  // namespace
+
+#if STRATA_QUANTIZED_DOT_X86
+__attribute__((target("arch=x86-64-v3"))) void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin,
+                                                                  int64_t row_end, const float* x, int64_t n_x,
+                                                                  float* out, int64_t out_stride) {
+  portable_dot(w, row_begin, row_end, x, n_x, out, out_stride);
+}
+#endif
+
+void quantized_dot_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
+                            float* out, int64_t out_stride) {
+  portable_dot(w, row_begin, row_end, x, n_x, out, out_stride);
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,28 @@
+#pragma once
+// out = x * w^T for a weight the CPU backend holds quantized (kernels/cpu/packed_weight.h), x fp32.
+// Few rows (decode, batched decode): the fused kernels (kernels/cpu/quantized_dot.h) dequantize each weight row in
+// registers and multiply it with every row of x, reading the weight once. Many rows (prefill): tiles of the weight
+// are dequantized to fp32 in memory and multiplied with BLAS, which is faster there (docs/decisions.md).
+// Threads: the weight's rows are split into chunks that the compute pool's threads claim.
+#include <cstdint>
+
+#include "kernels/cpu/packed_weight.h"
+#include "kernels/cpu/quantized_dot.h"
+
+namespace strata::cpu {
+
+// Rows of x from which the fp32 tiles are used instead of the fused kernels.
+constexpr int64_t kDequantizedTileMinRows = 32;
+
+// x [n_rows, w.cols], out [n_rows, w.rows]. `isa` picks the fused kernels (tests run each level).
+void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, float* out,
+                      CpuIsa isa = best_cpu_isa());
+// The same through the fused kernels whatever the row count (tests; the comparison of the two paths).
+void quantized_matmul_fused(const float* x, int64_t n_rows, const PackedWeight& w, float* out, CpuIsa isa);
+// The same through dequantized fp32 tiles and BLAS whatever the row count.
+void quantized_matmul_tiles(const float* x, int64_t n_rows, const PackedWeight& w, float* out);
+
+// out[t] = row ids[t] of `table`, dequantized.                       out [ids.size(), table.cols]
+void quantized_embedding(const int32_t* ids, int64_t n_ids, const PackedWeight& table, float* out);
+
+}  // namespace strata::cpu

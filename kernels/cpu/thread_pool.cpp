@@ -1,0 +1,156 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <utility>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRATA_CPU_RELAX() _mm_pause()
+#else
+#define STRATA_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace strata::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a waiting thread spins before it yields, and yields before it sleeps. An op takes microseconds and the
+// gap between two ops of a step is shorter still, so a step's threads stay awake through the step; between steps
+// (the engine's own work, an idle server) they soon leave the cores. Under a competing process the yields let it
+// run on the core instead of this thread's spinning.
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kYield = std::chrono::microseconds(200);
+
+thread_local int tls_thread_index = 0;
+thread_local bool tls_in_chunk = false;
+
+// Waits until ready() holds: spins, then yields, then sleeps on `word` (an atomic that changes, and is notified,
+// whenever ready() may have become true).
+template <class Word, class Ready>
+void wait_until(std::atomic<Word>& word, Ready ready) {
+  const Clock::time_point start = Clock::now();
+  for (int i = 1;; ++i) {
+    const Word seen = word.load(std::memory_order_acquire);
+    if (ready()) return;
+    if (i % 32 != 0) {
+      STRATA_CPU_RELAX();
+      continue;
+    }
+    const auto waited = Clock::now() - start;
+    if (waited < kSpin) continue;
+    if (waited < kYield) {
+      sched_yield();
+      continue;
+    }
+    word.wait(seen, std::memory_order_acquire);
+  }
+}
+
+int cores_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::mutex global_pool_mutex;
+std::unique_ptr<ThreadPool> global_pool;
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) {
+  for (int i = 1; i < std::max(1, n_threads); ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  stop_.store(true, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+int ThreadPool::thread_index() { return tls_thread_index; }
+
+void ThreadPool::run(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t n_chunks = (n + grain - 1) / grain;
+  if (n_chunks == 1 || workers_.empty() || tls_in_chunk) {
+    for (int64_t b = 0; b < n; b += grain) fn(ctx, b, std::min(n, b + grain));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(submit_);
+  fn_ = fn;
+  ctx_ = ctx;
+  n_ = n;
+  grain_ = grain;
+  n_chunks_.store(n_chunks, std::memory_order_relaxed);
+  chunks_done_.store(0, std::memory_order_relaxed);
+  const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  claim_.store(uint64_t{gen} << 32, std::memory_order_release);
+  generation_.store(gen, std::memory_order_release);
+  generation_.notify_all();
+
+  work_on(gen);
+  wait_until(chunks_done_, [&] { return chunks_done_.load(std::memory_order_acquire) == n_chunks; });
+  if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+}
+
+void ThreadPool::work_on(uint32_t gen) {
+  tls_in_chunk = true;
+  for (;;) {
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    if (uint32_t(c >> 32) != gen) break;
+    const int64_t chunk = int64_t(c & 0xFFFFFFFFu);
+    // n_chunks_ may already belong to a newer job; then claim_ has changed too and the exchange fails.
+    const int64_t n_chunks = n_chunks_.load(std::memory_order_relaxed);
+    if (chunk >= n_chunks) break;
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+    // The job cannot end before this chunk does, so its fields stay as they are until then.
+    const int64_t begin = chunk * grain_;
+    try {
+      fn_(ctx_, begin, std::min(n_, begin + grain_));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex_);
+      if (!failure_) failure_ = std::current_exception();
+    }
+    if (chunks_done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_chunks) chunks_done_.notify_one();
+  }
+  tls_in_chunk = false;
+}
+
+void ThreadPool::worker_loop(int index) {
+  tls_thread_index = index;
+  // From generation 0, the pool's first: a thread that starts late still sees every later job, and the stop of a
+  // pool destroyed before this thread ran at all.
+  uint32_t seen = 0;
+  for (;;) {
+    wait_until(generation_, [&] {
+      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    });
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    work_on(seen);
+  }
+}
+
+ThreadPool& compute_pool() {
+  std::lock_guard<std::mutex> lock(global_pool_mutex);
+  if (!global_pool) global_pool = std::make_unique<ThreadPool>(cores_available());
+  return *global_pool;
+}
+
+void set_compute_threads(int n) {
+  std::lock_guard<std::mutex> lock(global_pool_mutex);
+  const int want = n > 0 ? n : cores_available();
+  if (global_pool && global_pool->size() == want) return;
+  global_pool.reset();
+  global_pool = std::make_unique<ThreadPool>(want);
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,72 @@
+#pragma once
+// The formats a weight matrix can be handed to a backend in: fp32, or one of the GGML block formats the CPU
+// kernels compute with directly (../shared/specs/model_format.md, section 2, has every layout). A row is a
+// contiguous run of whole blocks; y = the dequantized value:
+//   q8_0  32 per block, 34 bytes: f16 d, i8 q[32]                              y = d * q
+//   q4_0  32 per block, 18 bytes: f16 d, u8 qs[16] (low nibbles first half)   y = d * (q - 8)
+//   q4_1  32 per block, 20 bytes: f16 d, f16 m, u8 qs[16]                     y = d * q + m
+//   q4_k  256 per block, 144 bytes: 8 sub-blocks of 32 with 6-bit scales and mins
+//   q6_k  256 per block, 210 bytes: 16 sub-blocks of 16 with int8 scales, 6-bit values
+#include <bit>
+#include <cstdint>
+#include <string_view>
+
+namespace strata {
+
+enum class WeightFormat : uint8_t { f32, q8_0, q4_0, q4_1, q4_k, q6_k };
+
+struct WeightFormatInfo {
+  std::string_view name;
+  int64_t block_elements;
+  int64_t block_bytes;
+};
+
+const WeightFormatInfo& weight_format_info(WeightFormat format);
+
+// A row-major [rows, cols] weight matrix in host memory, in `format`. Linear weights are [out_features,
+// in_features]: y[o] = dot(row o, x). The memory belongs to whoever made the view (the loader's buffers, a
+// mapped file).
+struct WeightMatrix {
+  const void* data = nullptr;
+  WeightFormat format = WeightFormat::f32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  int64_t size() const { return rows * cols; }
+  int64_t row_bytes() const;
+  int64_t bytes() const { return rows * row_bytes(); }
+  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
+  // The values of an f32 matrix; std::logic_error for a block format.
+  const float* f32() const;
+};
+
+// Dequantizes n values (a multiple of the format's block size) of one row.
+void dequantize_weight_row(WeightFormat format, const void* src, float* dst, int64_t n);
+// GGML's Q8_0 rounding of n values (a multiple of 32): d = max|x| / 127, q = round(x / d).
+void quantize_row_q8_0(const float* src, void* dst, int64_t n);
+
+// IEEE binary16 (subnormals, inf and NaN included) and bfloat16 bit patterns to fp32; fp32 to binary16, rounding
+// to nearest even. fp16_to_fp32 is inline: the portable kernels convert every block's scale with it.
+inline float fp16_to_fp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1F;
+  const uint32_t mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24 is exact in fp32.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
+  } else if (exponent == 31) {
+    bits = sign | 0x7F800000u | (mantissa << 13);  // inf, or NaN keeping its payload
+  } else {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // rebias 15 -> 127
+  }
+  return std::bit_cast<float>(bits);
+}
+float bf16_to_fp32(uint16_t bits);
+uint16_t fp32_to_fp16(float value);
+
+// The 6-bit scale and min of sub-block s packed in the 12 scale bytes of a Q4_K (or Q5_K) block.
+void k_quant_scale_min(const uint8_t* scales, int s, int& scale, int& min);
+
+}  // namespace strata

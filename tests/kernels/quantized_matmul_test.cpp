@@ -1,0 +1,200 @@
+// The CPU backend's quantized weights (kernels/cpu/packed_weight.h) and kernels (kernels/cpu/quantized_matmul.h,
+// quantized_dot.h) on random blocks of every format, against a double-precision product of the dequantized weight
+// (dequantize_weight_row, itself checked against hand-computed blocks in tests/model/ggml_type_test.cpp).
+//
+// Tolerance: both paths dequantize exactly (y = d * u + m rounds as the format's own dequantization does) and
+// multiply in fp32, so each output is within a few fp32 roundings of the exact sum: 1e-5 of sum |w x| (about 80
+// roundings of 2^-24 in the worst case of these lengths; the sums are ordered differently per level and path).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/packed_weight.h"
+#include "kernels/cpu/quantized_dot.h"
+#include "kernels/cpu/quantized_matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "tests/kernels/random_weight_blocks.h"
+
+namespace strata {
+namespace {
+
+using cpu::CpuIsa;
+using test::random_blocks;
+
+// Activations with a spread of magnitudes, and a few outliers as real models have.
+std::vector<float> random_activations(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(size_t(rows * cols));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 97 == 5 ? 20.0f : 1.0f);
+  return x;
+}
+
+struct Reference {
+  std::vector<double> value;  // [rows of x][rows of w]
+  std::vector<double> scale;  // sum |w x| per output
+};
+
+Reference reference(const WeightMatrix& w, const std::vector<float>& x, int64_t n_x) {
+  Reference ref;
+  std::vector<float> row(size_t(w.cols));
+  for (int64_t a = 0; a < n_x; ++a) {
+    for (int64_t i = 0; i < w.rows; ++i) {
+      dequantize_weight_row(w.format, w.row(i), row.data(), w.cols);
+      double dot = 0, scale = 0;
+      for (int64_t j = 0; j < w.cols; ++j) {
+        dot += double(row[j]) * x[size_t(a * w.cols + j)];
+        scale += std::fabs(double(row[j]) * x[size_t(a * w.cols + j)]);
+      }
+      ref.value.push_back(dot);
+      ref.scale.push_back(scale);
+    }
+  }
+  return ref;
+}
+
+void expect_near_reference(const std::vector<float>& out, const Reference& ref, const std::string& what) {
+  ASSERT_EQ(out.size(), ref.value.size()) << what;
+  for (size_t k = 0; k < out.size(); ++k) {
+    ASSERT_NEAR(out[k], ref.value[k], 1e-5 * ref.scale[k] + 1e-30) << what << ", output " << k;
+  }
+}
+
+struct Case {
+  WeightFormat format;
+  int64_t rows, cols;
+};
+
+// Odd block counts for the 32-value formats (a pair group with one block), two super-blocks for the k-quants.
+const Case kCases[] = {
+    {WeightFormat::q8_0, 37, 96},  {WeightFormat::q8_0, 70, 576}, {WeightFormat::q4_0, 37, 96},
+    {WeightFormat::q4_0, 33, 576}, {WeightFormat::q4_1, 37, 96},  {WeightFormat::q4_1, 40, 1536},
+    {WeightFormat::q4_k, 35, 512}, {WeightFormat::q6_k, 35, 512},
+};
+
+std::string name(const Case& c) {
+  return std::string(weight_format_info(c.format).name) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols);
+}
+
+TEST(PackedWeight, DequantizesToTheFormatsOwnValues) {
+  for (const Case& c : kCases) {
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 11);
+    const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+    const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
+    std::vector<float> got(size_t(c.rows * c.cols)), want(size_t(c.cols));
+    cpu::dequantize_rows(packed.view, 0, c.rows, got.data());
+    for (int64_t i = 0; i < c.rows; ++i) {
+      dequantize_weight_row(c.format, w.row(i), want.data(), c.cols);
+      for (int64_t j = 0; j < c.cols; ++j) {
+        ASSERT_EQ(got[size_t(i * c.cols + j)], want[size_t(j)]) << name(c) << " at " << i << ", " << j;
+      }
+    }
+  }
+}
+
+std::vector<CpuIsa> levels_here() {
+  std::vector<CpuIsa> levels;
+  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (cpu::cpu_supports(isa) && cpu::quantized_dot(isa) != nullptr) {
+      levels.push_back(isa);
+    } else {
+      std::cout << "[ skipped ] " << cpu::cpu_isa_name(isa) << ": not on this machine" << std::endl;
+    }
+  }
+  return levels;
+}
+
+TEST(QuantizedMatmul, FusedKernelsOfEveryLevelMatchTheReference) {
+  for (CpuIsa isa : levels_here()) {
+    for (const Case& c : kCases) {
+      const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 21);
+      const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+      const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
+      for (int64_t n_x : {1, 2, 3, 8, 13}) {  // every row tile of the kernels, and a second tile
+        const std::vector<float> x = random_activations(n_x, c.cols, 22);
+        std::vector<float> out(size_t(n_x * c.rows), NAN);
+        cpu::quantized_matmul_fused(x.data(), n_x, packed.view, out.data(), isa);
+        expect_near_reference(out, reference(w, x, n_x),
+                              name(c) + " on " + std::string(cpu::cpu_isa_name(isa)) + ", rows of x " +
+                                  std::to_string(n_x));
+      }
+    }
+  }
+}
+
+TEST(QuantizedMatmul, DequantizedTilesMatchTheReference) {
+  for (const Case& c : kCases) {
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 41);
+    const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+    const int64_t n_x = cpu::kDequantizedTileMinRows + 3;
+    const std::vector<float> x = random_activations(n_x, c.cols, 42);
+    const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
+    std::vector<float> out(size_t(n_x * c.rows));
+    cpu::quantized_matmul(x.data(), n_x, packed.view, out.data());  // many rows: the fp32 tiles
+    expect_near_reference(out, reference(w, x, n_x), name(c) + " in fp32 tiles");
+  }
+}
+
+TEST(QuantizedMatmul, ThreadCountsGiveTheSameNumbers) {
+  const Case c{WeightFormat::q8_0, 300, 576};
+  const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 51);
+  const cpu::OwnedPackedWeight packed = cpu::pack_weight(WeightMatrix{blocks.data(), c.format, c.rows, c.cols});
+  const std::vector<float> x = random_activations(2, c.cols, 52);
+  const int saved = cpu::compute_pool().size();
+  std::vector<float> first;
+  for (int threads : {1, 2, 3, 5}) {
+    cpu::set_compute_threads(threads);
+    std::vector<float> out(size_t(2 * c.rows));
+    cpu::quantized_matmul(x.data(), 2, packed.view, out.data());
+    if (first.empty()) first = out;
+    EXPECT_EQ(out, first) << threads << " threads";  // each output is computed whole by one thread
+  }
+  cpu::set_compute_threads(saved);
+}
+
+TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  const Case c{WeightFormat::q4_1, 48, 96};
+  const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 61);
+  const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+  const Tensor table = be->upload_weight(w);
+  EXPECT_EQ(table.dtype, DType::packed);
+  EXPECT_EQ(be->uploaded_weight_bytes(w), c.rows * 2 * cpu::kU4PairBytes);  // 3 blocks: two pair groups
+
+  // The same matrix again, and a range of its rows (a vocabulary-parallel slice of a tied head), share the upload.
+  EXPECT_EQ(be->upload_weight(w).data, table.data);
+  const WeightMatrix rows{w.row(16), c.format, 16, c.cols};
+  const Tensor slice = be->upload_weight(rows);
+  EXPECT_NE(slice.data, table.data);
+
+  const std::vector<int32_t> ids = {17, 0, 47};
+  Tensor embedded = be->alloc(3, c.cols, DType::f32);
+  be->embedding(ids, table, embedded);
+  std::vector<float> got(size_t(3 * c.cols)), want(size_t(c.cols));
+  be->copy_to_host(embedded, got.data());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    dequantize_weight_row(c.format, w.row(ids[t]), want.data(), c.cols);
+    for (int64_t j = 0; j < c.cols; ++j) ASSERT_EQ(got[t * size_t(c.cols) + size_t(j)], want[size_t(j)]);
+  }
+
+  // The slice's rows are rows 16..31 of the whole: the same outputs as those columns of the whole product.
+  const std::vector<float> x = random_activations(2, c.cols, 62);
+  Tensor tx = be->alloc(2, c.cols, DType::f32), whole = be->alloc(2, c.rows, DType::f32), part = be->alloc(2, 16, DType::f32);
+  be->copy_from_host(x.data(), tx);
+  be->matmul(tx, table, whole);
+  be->matmul(tx, slice, part);
+  std::vector<float> w_out(size_t(2 * c.rows)), p_out(32);
+  be->copy_to_host(whole, w_out.data());
+  be->copy_to_host(part, p_out.data());
+  for (int a = 0; a < 2; ++a) {
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(p_out[size_t(a * 16 + i)], w_out[size_t(a * c.rows + 16 + i)]);
+  }
+}
+
+}  // namespace
+}  // namespace strata
