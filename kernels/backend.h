@@ -67,6 +67,11 @@ class Backend {
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   // out = x * w^T                                                   x [T, in], w [out, in], out [T, out]
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+  // out[i] = x * w[i]^T for weights that share their input (the Q, K and V projections; gate and up): one op, so
+  // that a backend can spread them over its threads together. By default, one matmul each.
+  virtual void matmul_shared_input(const Tensor& x, std::span<const Tensor* const> w, std::span<Tensor* const> out) {
+    for (size_t i = 0; i < w.size(); ++i) matmul(x, *w[i], *out[i]);
+  }
   // Rotates every head of x in place, token t at positions[t].     x [T, n_heads * Dh]
   virtual void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
                     const RopeParams& params) = 0;

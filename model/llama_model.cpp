@@ -380,9 +380,9 @@ void LlamaModel::run_layer(int local_layer, std::span<const BatchSequence> batch
   Tensor down = w.down.slice_rows(0, n);
 
   backend_.rmsnorm(x, lw.attn_norm, c.rms_eps, h);
-  backend_.matmul(h, lw.wq, q);
-  backend_.matmul(h, lw.wk, k);
-  backend_.matmul(h, lw.wv, v);
+  const Tensor* qkv_weights[] = {&lw.wq, &lw.wk, &lw.wv};
+  Tensor* qkv[] = {&q, &k, &v};
+  backend_.matmul_shared_input(h, qkv_weights, qkv);
   backend_.rope(q, positions, n_heads_local_, c.head_dim, rope_);
   backend_.rope(k, positions, n_kv_heads_local_, c.head_dim, rope_);
   backend_.kv_write(k, v, seqs, pool);
@@ -392,8 +392,9 @@ void LlamaModel::run_layer(int local_layer, std::span<const BatchSequence> batch
   backend_.add(x, o);
 
   backend_.rmsnorm(x, lw.ffn_norm, c.rms_eps, h);
-  backend_.matmul(h, lw.w_gate, gate);
-  backend_.matmul(h, lw.w_up, up);
+  const Tensor* mlp_weights[] = {&lw.w_gate, &lw.w_up};
+  Tensor* gate_up[] = {&gate, &up};
+  backend_.matmul_shared_input(h, mlp_weights, gate_up);
   backend_.silu_mul(gate, up, act);
   backend_.matmul(act, lw.w_down, down);
   tp_all_reduce(down);

@@ -98,6 +98,23 @@ class CpuBackend final : public Backend {
       cpu::matmul(x.f32(), w.f32(), x.rows, x.cols, w.rows, out.f32());
     }
   }
+  void matmul_shared_input(const Tensor& x, std::span<const Tensor* const> w, std::span<Tensor* const> out) override {
+    const bool all_packed = std::all_of(w.begin(), w.end(), [](const Tensor* t) { return t->dtype == DType::packed; });
+    if (!all_packed || w.size() != out.size()) {
+      Backend::matmul_shared_input(x, w, out);
+      return;
+    }
+    std::vector<const cpu::PackedWeight*> weights;
+    std::vector<float*> outputs;
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (x.cols != w[i]->cols || out[i]->cols != w[i]->rows || out[i]->rows < x.rows) {
+        throw std::invalid_argument("cpu backend: matmul shapes do not match");
+      }
+      weights.push_back(&packed(*w[i]));
+      outputs.push_back(out[i]->f32());
+    }
+    cpu::quantized_matmul_shared_input(x.f32(), x.rows, weights, outputs);
+  }
   void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
             const RopeParams& params) override {
     cpu::rope(x.f32(), positions, n_heads, head_dim, params);

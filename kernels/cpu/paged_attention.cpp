@@ -56,16 +56,18 @@ float dot(const float* a, const float* b, int n) {
   return acc;
 }
 
-// A run of query rows of one (sequence, head). Rows that add to column sums stay in one item: one thread owns
-// a head's sums, so no two threads add to the same cell.
+// A run of query rows of one sequence for heads [head_begin, head_end) of one KV head: they read the same keys
+// and values, so the item brings each block into the cache once for all of them (a decode step reads the cache
+// once per KV head, not once per query head). Rows that add to column sums stay in one item: one thread owns a
+// head's sums, so no two threads add to the same cell.
 struct QueryItem {
   int seq;
-  int head;
+  int head_begin, head_end;
   int row_begin;  // query indices inside the sequence's rows
   int row_end;
 };
 
-constexpr int kTileRows = 8;   // query rows scored together against each key chunk (a work item, unless stats)
+constexpr int kTileRows = 8;   // query vectors (rows x heads) scored together against each key chunk
 constexpr int kKeyChunk = 16;  // keys transposed and scored together
 constexpr int kRowGroup = 4;   // rows whose accumulators stay in registers together
 constexpr int kDimChunk = 64;  // output dimensions accumulated in registers
@@ -264,9 +266,9 @@ void softmax(float* s, int n) {
 
 }  // namespace
 
-// Work is split into tiles of up to kTileRows query rows of one head. A tile's scores are computed block by
-// block against every key its last row sees (keys a row cannot see are scored and ignored); then each row takes
-// its softmax, adds its column sums, and sums its values.
+// Work is split into tiles of up to kTileRows query vectors (rows x heads of one KV head). A tile's scores are
+// computed block by block against every key its last row sees (keys a row cannot see are scored and ignored); then
+// each vector takes its softmax, adds its head's column sums, and sums its values.
 void paged_attention(const float* q, std::span<const AttentionSequence> seqs, const KvPoolView& pool, int n_heads,
                      float scale, float* out) {
   const KvBlockLayout& L = pool.layout;
@@ -274,11 +276,14 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
   const int group = n_heads / L.n_kv_heads;
   const int64_t q_row = int64_t(n_heads) * hd;
 
+  // Heads per item: a KV head's group, in parts of at most kTileRows; rows per tile: as many as fit beside them.
+  const int item_heads = std::min(group, kTileRows);
   std::vector<QueryItem> items;
   for (int s = 0; s < int(seqs.size()); ++s) {
-    const int step = seqs[s].column_sums ? seqs[s].n_q : kTileRows;
-    for (int h = 0; h < n_heads; ++h) {
-      for (int i = 0; i < seqs[s].n_q; i += step) items.push_back({s, h, i, std::min(i + step, seqs[s].n_q)});
+    for (int h0 = 0; h0 < n_heads; h0 += item_heads) {
+      const int h1 = std::min(h0 + item_heads, (h0 / group + 1) * group);
+      const int step = seqs[s].column_sums ? seqs[s].n_q : std::max(1, kTileRows / (h1 - h0));
+      for (int i = 0; i < seqs[s].n_q; i += step) items.push_back({s, h0, h1, i, std::min(i + step, seqs[s].n_q)});
     }
   }
 
@@ -319,47 +324,53 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
     for (size_t it = size_t(begin); it < size_t(end); ++it) {
       const QueryItem& item = items[it];
       const AttentionSequence& s = seqs[item.seq];
-      const int kv_head = item.head / group;
+      const int heads = item.head_end - item.head_begin;
+      const int kv_head = item.head_begin / group;
       const TransposedKeys& keys_t = transposed[size_t(item.seq)];
-      float* sums = s.column_sums ? s.column_sums + int64_t(item.head) * s.sums_stride : nullptr;
-      for (int r0 = item.row_begin; r0 < item.row_end; r0 += kTileRows) {
-        const int rows = std::min(kTileRows, item.row_end - r0);
+      const int tile_rows = std::max(1, kTileRows / heads);
+      for (int r0 = item.row_begin; r0 < item.row_end; r0 += tile_rows) {
+        // The tile's query vectors, row by row, each row's heads in order: vector t is row r0 + t / heads, head
+        // head_begin + t % heads.
+        const int rows = std::min(tile_rows, item.row_end - r0), vectors = rows * heads;
         const int n_tile_keys = s.n_ctx_before + r0 + rows;  // keys the tile's last row sees
         const int64_t stride = n_tile_keys;
-        if (ws.scores.size() < size_t(rows * stride)) ws.scores.resize(size_t(rows * stride));
+        if (ws.scores.size() < size_t(vectors * stride)) ws.scores.resize(size_t(vectors * stride));
         float* scores = ws.scores.data();
         const float* q_rows[kTileRows];
-        for (int t = 0; t < rows; ++t) q_rows[t] = q + int64_t(s.q_begin + r0 + t) * q_row + int64_t(item.head) * hd;
+        for (int t = 0; t < vectors; ++t) {
+          q_rows[t] = q + int64_t(s.q_begin + r0 + t / heads) * q_row + int64_t(item.head_begin + t % heads) * hd;
+        }
 
         for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
           const int32_t id = s.block_table[e0 / L.block_size];
           const int n = std::min(L.block_size, n_tile_keys - e0);
           if (pool.is_quantized(id) || pool.is_coded(id)) {
-            for (int t = 0; t < rows; ++t) {
+            for (int t = 0; t < vectors; ++t) {
               packed_block_scores(q_rows[t], pool, id, kv_head, n, scale, ws, scores + t * stride + e0);
             }
           } else if (keys_t.n_blocks > 0) {
             for (int c0 = 0, c = 0; c0 < n; c0 += kKeyChunk, ++c) {
-              chunk_scores(q_rows, rows, keys_t.data.data() + keys_t.offset(kv_head, e0 / L.block_size, c, hd), hd,
+              chunk_scores(q_rows, vectors, keys_t.data.data() + keys_t.offset(kv_head, e0 / L.block_size, c, hd), hd,
                            std::min(kKeyChunk, n - c0), scale, stride, scores + e0 + c0);
             }
           } else {
-            for (int t = 0; t < rows; ++t) {
+            for (int t = 0; t < vectors; ++t) {
               row_scores(q_rows[t], pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, scale,
                          scores + t * stride + e0);
             }
           }
         }
 
-        for (int t = 0; t < rows; ++t) {
-          const int row = r0 + t;
+        for (int t = 0; t < vectors; ++t) {
+          const int row = r0 + t / heads, head = item.head_begin + t % heads;
           const int n_keys = s.n_ctx_before + row + 1;
           float* p = scores + t * stride;
           softmax(p, n_keys);
+          float* sums = s.column_sums ? s.column_sums + int64_t(head) * s.sums_stride : nullptr;
           if (sums && row >= s.stats_row_begin) {
             for (int e = 0; e < n_keys; ++e) sums[e] += p[e];
           }
-          float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(item.head) * hd;
+          float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(head) * hd;
           std::fill(o, o + hd, 0.0f);
           for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
             block_values(p + e0, pool, s.block_table[e0 / L.block_size], kv_head, std::min(L.block_size, n_keys - e0),

@@ -105,6 +105,61 @@ void pair_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
   acc.store(out, out_stride);
 }
 
+// The integer values of one pair group as 4 zmm of fp32 (u, not yet scaled).
+template <bool FourBit>
+inline void pair_values(const uint8_t* payload, __m512 (&u)[4]) {
+  if (FourBit) {
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    const __m512i b0 = bytes(payload), b1 = bytes(payload + 16);
+    u[0] = _mm512_cvtepi32_ps(_mm512_and_si512(b0, low4));
+    u[1] = _mm512_cvtepi32_ps(_mm512_and_si512(b1, low4));
+    u[2] = _mm512_cvtepi32_ps(_mm512_srli_epi32(b0, 4));
+    u[3] = _mm512_cvtepi32_ps(_mm512_srli_epi32(b1, 4));
+  } else {
+    for (int k = 0; k < 4; ++k) u[k] = _mm512_cvtepi32_ps(bytes(payload + 16 * k));
+  }
+}
+
+// One weight row against one activation row, the decode of a lone sequence, where the kernel must keep up with
+// memory: sum over blocks of d (u . x) + m sum(x), which spends two fused multiply-adds per block on scaling
+// instead of one per 16 weights. block_sums[4g + 2 + k] holds the sum of x over block k of group g (lanes 0 and 1
+// of each 4 are 0), so that one 128-bit multiply-add per group takes both offsets.
+template <bool FourBit>
+float pair_row_single(const uint8_t* row, int64_t cols, const float* x, const float* block_sums) {
+  constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m128 offsets = _mm_setzero_ps();
+  const int64_t groups = (cols + 63) / 64;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* group = row + g * kGroupBytes;
+    const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
+    offsets = _mm_fmadd_ps(h, _mm_loadu_ps(block_sums + 4 * g), offsets);
+    __m512 u[4];
+    pair_values<FourBit>(group + 8, u);
+    const float* xg = x + 64 * g;
+    const __m512 t0 = _mm512_fmadd_ps(u[1], _mm512_loadu_ps(xg + 16), _mm512_mul_ps(u[0], _mm512_loadu_ps(xg)));
+    acc0 = _mm512_fmadd_ps(t0, broadcast_lane(_mm512_zextps128_ps512(h), 0), acc0);
+    if (64 * g + 32 < cols) {  // not a lone last block
+      const __m512 t1 = _mm512_fmadd_ps(u[3], _mm512_loadu_ps(xg + 48), _mm512_mul_ps(u[2], _mm512_loadu_ps(xg + 32)));
+      acc1 = _mm512_fmadd_ps(t1, broadcast_lane(_mm512_zextps128_ps512(h), 1), acc1);
+    }
+  }
+  float lanes[4];
+  _mm_storeu_ps(lanes, offsets);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + lanes[2] + lanes[3];
+}
+
+// The block sums pair_row_single reads, for a row of x of `cols` values (a multiple of 32).
+inline void pair_block_sums(const float* x, int64_t cols, float* sums) {
+  for (int64_t g = 0; 64 * g < cols; ++g) {
+    sums[4 * g] = sums[4 * g + 1] = sums[4 * g + 3] = 0.0f;
+    for (int k = 0; k < 2 && 64 * g + 32 * k < cols; ++k) {
+      const float* xb = x + 64 * g + 32 * k;
+      sums[4 * g + 2 + k] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)));
+    }
+  }
+}
+
 // Q4_K: per block of 256, d * scale and -dmin * min of its 8 sub-blocks (6-bit fields packed in 12 bytes,
 // kernels/weight_format.h), then its 4 chunks of 32 nibble bytes, each a u4 group of 64 (sub-blocks 2c, 2c + 1).
 template <int R>
@@ -205,6 +260,24 @@ void rows_of_tile(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
 
 void quantized_dot_avx512(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
                           float* out, int64_t out_stride) {
+  const bool pairs = w.layout == PackedLayout::u4_pairs || w.layout == PackedLayout::u8_pairs;
+  if (n_x == 1 && pairs) {
+    thread_local float* sums = nullptr;  // the pool's threads live on: the buffer is kept between calls
+    thread_local int64_t sums_size = 0;
+    const int64_t needed = 4 * ((w.cols + 63) / 64);
+    if (sums_size < needed) {
+      delete[] sums;
+      sums = new float[size_t(needed)];
+      sums_size = needed;
+    }
+    pair_block_sums(x, w.cols, sums);
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      const uint8_t* row = w.data + i * w.row_bytes;
+      out[i] = w.layout == PackedLayout::u4_pairs ? pair_row_single<true>(row, w.cols, x, sums)
+                                                  : pair_row_single<false>(row, w.cols, x, sums);
+    }
+    return;
+  }
   // Tiles of up to kMaxRows activation rows, each over the weight rows (which stay in L1/L2 between tiles).
   for (int64_t a = 0; a < n_x; a += kMaxRows) {
     const float* xa = x + a * w.cols;

@@ -36,6 +36,33 @@ void quantized_matmul_fused(const float* x, int64_t n_rows, const PackedWeight& 
                [&](int64_t begin, int64_t end) { dot(w, begin, end, x, n_rows, out, w.rows); });
 }
 
+void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<const PackedWeight* const> w,
+                                   std::span<float* const> out, CpuIsa isa) {
+  if (n_rows == 0) return;
+  if (n_rows >= kDequantizedTileMinRows) {
+    for (size_t i = 0; i < w.size(); ++i) quantized_matmul_tiles(x, n_rows, *w[i], out[i]);
+    return;
+  }
+  // Each matrix's rows cut as quantized_matmul_fused cuts them, all the chunks in one loop.
+  struct Chunk {
+    size_t matrix;
+    int64_t begin, end;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int64_t step = rows_per_chunk(w[i]->rows);
+    for (int64_t b = 0; b < w[i]->rows; b += step) chunks.push_back({i, b, std::min(w[i]->rows, b + step)});
+  }
+  const QuantizedDotFn dot = quantized_dot(isa);
+  parallel_for(int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const Chunk& chunk = chunks[size_t(c)];
+      const PackedWeight& m = *w[chunk.matrix];
+      dot(m, chunk.begin, chunk.end, x, n_rows, out[chunk.matrix], m.rows);
+    }
+  });
+}
+
 void quantized_matmul_tiles(const float* x, int64_t n_rows, const PackedWeight& w, float* out) {
   if (n_rows == 0) return;
   parallel_for(w.rows, kTileRows, [&](int64_t begin, int64_t end) {

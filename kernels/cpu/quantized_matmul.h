@@ -5,6 +5,7 @@
 // are dequantized to fp32 in memory and multiplied with BLAS, which is faster there (docs/decisions.md).
 // Threads: the weight's rows are split into chunks that the compute pool's threads claim.
 #include <cstdint>
+#include <span>
 
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/quantized_dot.h"
@@ -19,6 +20,10 @@ void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, flo
                       CpuIsa isa = best_cpu_isa());
 // The same through the fused kernels whatever the row count (tests; the comparison of the two paths).
 void quantized_matmul_fused(const float* x, int64_t n_rows, const PackedWeight& w, float* out, CpuIsa isa);
+// out[i] = x * w[i]^T for several weights of x's width: with few rows, one parallel loop over all their rows;
+// otherwise quantized_matmul for each.
+void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<const PackedWeight* const> w,
+                                   std::span<float* const> out, CpuIsa isa = best_cpu_isa());
 // The same through dequantized fp32 tiles and BLAS whatever the row count.
 void quantized_matmul_tiles(const float* x, int64_t n_rows, const PackedWeight& w, float* out);
 

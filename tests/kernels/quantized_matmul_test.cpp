@@ -196,5 +196,38 @@ TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
   }
 }
 
+// Weights that share their input (Q, K, V) in one op give each the numbers of its own matmul: every output row
+// is computed by the same kernel call either way.
+TEST(CpuBackendWeights, SharedInputMatmulsEqualSeparateOnes) {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  const Case cases[] = {{WeightFormat::q4_1, 96, 576}, {WeightFormat::q8_0, 40, 576}, {WeightFormat::q4_0, 300, 576}};
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<Tensor> weights;
+  for (const Case& c : cases) {
+    blocks.push_back(random_blocks(c.format, c.rows, c.cols, uint32_t(70 + blocks.size())));
+    weights.push_back(be->upload_weight(WeightMatrix{blocks.back().data(), c.format, c.rows, c.cols}));
+  }
+  for (int64_t t : {int64_t{1}, int64_t{5}, cpu::kDequantizedTileMinRows}) {
+    const std::vector<float> x = random_activations(t, 576, 71);
+    Tensor tx = be->alloc(t, 576, DType::f32);
+    be->copy_from_host(x.data(), tx);
+    std::vector<Tensor> together, alone;
+    for (const Case& c : cases) {
+      together.push_back(be->alloc(t, c.rows, DType::f32));
+      alone.push_back(be->alloc(t, c.rows, DType::f32));
+    }
+    const Tensor* w[] = {&weights[0], &weights[1], &weights[2]};
+    Tensor* out[] = {&together[0], &together[1], &together[2]};
+    be->matmul_shared_input(tx, w, out);
+    for (size_t i = 0; i < 3; ++i) {
+      be->matmul(tx, weights[i], alone[i]);
+      std::vector<float> a(size_t(together[i].size())), b(a.size());
+      be->copy_to_host(together[i], a.data());
+      be->copy_to_host(alone[i], b.data());
+      EXPECT_EQ(a, b) << "weight " << i << ", " << t << " rows";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata
