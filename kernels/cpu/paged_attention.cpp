@@ -193,6 +193,17 @@ void transpose_block(const KvPoolView& pool, int32_t id, int kv_head, int n, flo
   }
 }
 
+// Asks for the keys (or values) of KV head `head` in a full-precision block ahead of their use: blocks are a few
+// KiB apart from one another, too short a run for the hardware prefetcher to find on its own.
+void prefetch_block(const KvPoolView& pool, int32_t id, int head, bool values) {
+  if (pool.is_quantized(id) || pool.is_coded(id)) return;
+  const KvBlockLayout& L = pool.layout;
+  const float* first = pool.block_f32(id) + (values ? L.v_offset(head, 0) : L.k_offset(head, 0));
+  const auto* bytes = reinterpret_cast<const char*>(first);
+  const int64_t n = int64_t(L.block_size) * L.head_dim * int64_t(sizeof(float));
+  for (int64_t at = 0; at < n; at += 64) __builtin_prefetch(bytes + at);
+}
+
 // scores[j] = scale * q . k_j for the first n entries of a quantized or coded block.
 void packed_block_scores(const float* qv, const KvPoolView& pool, int32_t id, int kv_head, int n, float scale,
                          Workspace& ws, float* scores) {
@@ -344,6 +355,9 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
         for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
           const int32_t id = s.block_table[e0 / L.block_size];
           const int n = std::min(L.block_size, n_tile_keys - e0);
+          if (e0 + L.block_size < n_tile_keys) {
+            prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/false);
+          }
           if (pool.is_quantized(id) || pool.is_coded(id)) {
             for (int t = 0; t < vectors; ++t) {
               packed_block_scores(q_rows[t], pool, id, kv_head, n, scale, ws, scores + t * stride + e0);
@@ -373,6 +387,9 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
           float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(head) * hd;
           std::fill(o, o + hd, 0.0f);
           for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
+            if (e0 + L.block_size < n_keys) {
+              prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/true);
+            }
             block_values(p + e0, pool, s.block_table[e0 / L.block_size], kv_head, std::min(L.block_size, n_keys - e0),
                          ws, o);
           }

@@ -24,6 +24,10 @@ namespace strata::cpu {
 namespace {
 
 constexpr int kMaxRows = 4;  // activation rows per pass over a weight row (more spill the accumulators)
+// How far ahead of the group being multiplied a lone row's loop asks for the weights (rows follow one another in
+// memory, so this reaches into the next rows): a layer's matrices are too small for the hardware prefetcher to
+// reach full speed on its own.
+constexpr int64_t kPrefetchBytes = 1024;
 
 // Per activation row, independent sums (more than one: a fused multiply-add takes 4 cycles to feed the next).
 template <int R>
@@ -132,6 +136,7 @@ float pair_row_single(const uint8_t* row, int64_t cols, const float* x, const fl
   const int64_t groups = (cols + 63) / 64;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* group = row + g * kGroupBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
     const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
     offsets = _mm_fmadd_ps(h, _mm_loadu_ps(block_sums + 4 * g), offsets);
     __m512 u[4];

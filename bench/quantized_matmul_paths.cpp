@@ -1,0 +1,118 @@
+// The two paths of the CPU backend's quantized matmul (kernels/cpu/quantized_matmul.h), timed on SmolLM2's
+// matrices (random blocks of their formats and shapes) at rows of x from 1 to 128: the fused kernels, which
+// dequantize in registers, against fp32 BLAS on dequantized tiles. The row count where the tiles become faster is
+// kDequantizedTileMinRows (docs/decisions.md).
+//
+//   build/bench/quantized_matmul_paths [--reps 30] [--out bench/results/cpu-quantized-matmul-paths.json]
+//
+// Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
+// from memory as in a real step; on the compute pool's threads (every core).
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/commands/machine_info.h"
+#include "kernels/cpu/packed_weight.h"
+#include "kernels/cpu/quantized_matmul.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace {
+
+using namespace strata;
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  const char* name;
+  WeightFormat format;
+  int64_t rows, cols;
+};
+
+// Valid blocks with every value bit random and scales set to 2^-7 (f16 0x2000): timings do not depend on values.
+std::vector<uint8_t> random_blocks(const Shape& s, std::mt19937& rng) {
+  const WeightFormatInfo& info = weight_format_info(s.format);
+  std::vector<uint8_t> data(size_t(s.rows * s.cols / info.block_elements * info.block_bytes));
+  for (uint8_t& b : data) b = uint8_t(rng());
+  const uint16_t scale = 0x2000;
+  for (size_t at = 0; at < data.size(); at += size_t(info.block_bytes)) {
+    std::memcpy(&data[at], &scale, 2);
+    if (s.format == WeightFormat::q4_1) std::memcpy(&data[at + 2], &scale, 2);
+  }
+  return data;
+}
+
+double median_seconds(int reps, const std::function<void()>& run) {
+  std::vector<double> t;
+  run();  // warm-up
+  for (int i = 0; i < reps; ++i) {
+    const Clock::time_point start = Clock::now();
+    run();
+    t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 30;
+  std::string out_path = "bench/results/cpu-quantized-matmul-paths.json";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--reps") reps = std::stoi(argv[i + 1]);
+    else if (std::string(argv[i]) == "--out") out_path = argv[i + 1];
+  }
+  const Shape shapes[] = {{"ffn_up q4_1", WeightFormat::q4_1, 1536, 576},
+                          {"ffn_down q4_1", WeightFormat::q4_1, 576, 1536},
+                          {"output q8_0 (4,096 of the 49,152 rows)", WeightFormat::q8_0, 4096, 576}};
+  constexpr int kMatrices = 16;
+  std::mt19937 rng(1);
+  nlohmann::json results = nlohmann::json::array();
+  for (const Shape& s : shapes) {
+    std::vector<std::vector<uint8_t>> blocks;
+    std::vector<cpu::OwnedPackedWeight> packed;
+    for (int m = 0; m < kMatrices; ++m) {
+      blocks.push_back(random_blocks(s, rng));
+      packed.push_back(cpu::pack_weight(WeightMatrix{blocks.back().data(), s.format, s.rows, s.cols}));
+    }
+    for (int64_t rows : {1, 2, 4, 8, 16, 24, 32, 48, 64, 128}) {
+      std::vector<float> x(size_t(rows * s.cols));
+      for (float& v : x) v = std::normal_distribution<float>()(rng);
+      std::vector<float> out(size_t(rows * s.rows));
+      auto each = [&](auto&& product) {
+        return [&, product] {
+          for (const cpu::OwnedPackedWeight& p : packed) product(p.view);
+        };
+      };
+      const double fused = median_seconds(reps, each([&](const cpu::PackedWeight& w) {
+        cpu::quantized_matmul_fused(x.data(), rows, w, out.data(), cpu::best_cpu_isa());
+      })) / kMatrices;
+      const double tiles = median_seconds(reps, each([&](const cpu::PackedWeight& w) {
+        cpu::quantized_matmul_tiles(x.data(), rows, w, out.data());
+      })) / kMatrices;
+      const double macs = double(rows) * double(s.rows) * double(s.cols);
+      results.push_back({{"matrix", s.name}, {"rows_of_x", rows}, {"fused_us", fused * 1e6},
+                         {"tiles_us", tiles * 1e6}, {"fused_gmacs", macs / fused / 1e9},
+                         {"tiles_gmacs", macs / tiles / 1e9}, {"faster", fused <= tiles ? "fused" : "tiles"}});
+      std::cout << s.name << ", " << rows << " rows: fused " << fused * 1e6 << " us, tiles " << tiles * 1e6
+                << " us\n";
+    }
+  }
+  std::string command = "build/bench/quantized_matmul_paths";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  const nlohmann::json report = {{"command", command},
+                                 {"machine", machine_json()},
+                                 {"threads", cpu::compute_pool().size()},
+                                 {"isa", std::string(cpu::cpu_isa_name(cpu::best_cpu_isa()))},
+                                 {"dequantized_tile_min_rows", cpu::kDequantizedTileMinRows},
+                                 {"results", results}};
+  std::ofstream(out_path) << report.dump(1) << "\n";
+  std::cout << "wrote " << out_path << "\n";
+}
