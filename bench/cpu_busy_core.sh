@@ -40,14 +40,21 @@ if [ ! -x "$before_bin" ]; then
 fi
 
 busy_pid=""
-stop_busy() { [ -n "$busy_pid" ] && kill "$busy_pid" 2>/dev/null && wait "$busy_pid" 2>/dev/null; busy_pid=""; }
+stop_busy() {
+  if [ -n "$busy_pid" ]; then
+    kill "$busy_pid" 2>/dev/null || true
+    wait "$busy_pid" 2>/dev/null || true  # the killed loop's status
+  fi
+  busy_pid=""
+}
 trap stop_busy EXIT
 
 tmp=$(mktemp -d)
 results=()
 for label in before after; do
-  bin=build/strata
-  [ "$label" = before ] && bin=$before_bin
+  bin=build/strata config=$CONFIG
+  # The commit before reads its own configuration file (it would refuse keys added since).
+  [ "$label" = before ] && bin=$before_bin config=build-before/$CONFIG
   for load in idle busy; do
     if [ "$load" = busy ]; then
       taskset -c 1 sh -c 'while :; do :; done' &
@@ -56,7 +63,7 @@ for label in before after; do
     fi
     for rep in $(seq "$REPS"); do
       json=$tmp/$label-$load-$rep.json
-      cmd=("$bin" bench --config "$CONFIG" --batch 1,8 --prompt-tokens 128 --gen-tokens 64 --out "$json")
+      cmd=("$bin" bench --config "$config" --batch 1,8 --prompt-tokens 128 --gen-tokens 64 --out "$json")
       log "$label, $load, run $rep: ${cmd[*]}"
       "${cmd[@]}" >/dev/null 2>&1
       results+=("$label|$load|$rep|${cmd[*]}|$json")

@@ -48,25 +48,8 @@ void dequantize_q8_0(const uint8_t* b, float* y, int64_t n_blocks) {
   }
 }
 
-// 4 chunks of 64 outputs: chunk c's low nibbles are sub-block 2c, its high nibbles sub-block 2c + 1.
 void dequantize_q4_k(const uint8_t* b, float* y, int64_t n_blocks) {
-  for (int64_t i = 0; i < n_blocks; ++i, b += 144) {
-    const float d = fp16_to_fp32(load_u16(b));
-    const float dmin = fp16_to_fp32(load_u16(b + 2));
-    const uint8_t* scales = b + 4;
-    const uint8_t* qs = b + 16;
-    for (int c = 0; c < 4; ++c, qs += 32, y += 64) {
-      int sc0, mn0, sc1, mn1;
-      k_quant_scale_min(scales, 2 * c, sc0, mn0);
-      k_quant_scale_min(scales, 2 * c + 1, sc1, mn1);
-      const float d0 = d * static_cast<float>(sc0), m0 = dmin * static_cast<float>(mn0);
-      const float d1 = d * static_cast<float>(sc1), m1 = dmin * static_cast<float>(mn1);
-      for (int l = 0; l < 32; ++l) {
-        y[l] = d0 * static_cast<float>(qs[l] & 0xF) - m0;
-        y[l + 32] = d1 * static_cast<float>(qs[l] >> 4) - m1;
-      }
-    }
-  }
+  for (int64_t i = 0; i < n_blocks; ++i, b += 144, y += 256) dequantize_k_quant_block(b, b + 16, nullptr, y);
 }
 
 void dequantize_q6_k(const uint8_t* b, float* y, int64_t n_blocks) {
@@ -170,6 +153,28 @@ uint16_t fp32_to_fp16(float value) {
   const uint32_t rebiased = magnitude - (uint32_t{112} << 23);
   const uint32_t rounded = rebiased + 0xFFFu + ((rebiased >> 13) & 1u);
   return sign | static_cast<uint16_t>(rounded >> 13);
+}
+
+void dequantize_k_quant_block(const uint8_t* block, const uint8_t* qs, const uint8_t* qh, float* y) {
+  const float d = fp16_to_fp32(load_u16(block));
+  const float dmin = fp16_to_fp32(load_u16(block + 2));
+  const uint8_t* scales = block + 4;
+  for (int c = 0; c < 4; ++c, qs += 32, y += 64) {
+    int sc0, mn0, sc1, mn1;
+    k_quant_scale_min(scales, 2 * c, sc0, mn0);
+    k_quant_scale_min(scales, 2 * c + 1, sc1, mn1);
+    const float d0 = d * static_cast<float>(sc0), m0 = dmin * static_cast<float>(mn0);
+    const float d1 = d * static_cast<float>(sc1), m1 = dmin * static_cast<float>(mn1);
+    for (int l = 0; l < 32; ++l) {
+      int lo = qs[l] & 0xF, hi = qs[l] >> 4;
+      if (qh != nullptr) {
+        lo += ((qh[l] >> (2 * c)) & 1) << 4;
+        hi += ((qh[l] >> (2 * c + 1)) & 1) << 4;
+      }
+      y[l] = d0 * static_cast<float>(lo) - m0;
+      y[l + 32] = d1 * static_cast<float>(hi) - m1;
+    }
+  }
 }
 
 void k_quant_scale_min(const uint8_t* scales, int s, int& scale, int& min) {

@@ -68,5 +68,9 @@ uint16_t fp32_to_fp16(float value);
 
 // The 6-bit scale and min of sub-block s packed in the 12 scale bytes of a Q4_K (or Q5_K) block.
 void k_quant_scale_min(const uint8_t* scales, int s, int& scale, int& min);
+// The 256 values of a Q4_K block, or of a Q5_K block when qh is given: d, dmin and the packed scales at `block`, the
+// nibbles at qs (4 chunks of 32 bytes: chunk c's low nibbles are sub-block 2c, its high ones 2c + 1), and Q5_K's
+// fifth bits at qh (bits 2c and 2c + 1 of qh[l] for chunk c).
+void dequantize_k_quant_block(const uint8_t* block, const uint8_t* qs, const uint8_t* qh, float* y);
 
 }  // namespace strata

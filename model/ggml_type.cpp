@@ -95,28 +95,8 @@ void dequantize_q5_1(const uint8_t* b, float* y, int64_t n_blocks) {
   }
 }
 
-// Q5_K: Q4_K's layout (4 chunks of 64 outputs, low nibbles first) plus a fifth bit per value from qh.
 void dequantize_q5_k(const uint8_t* b, float* y, int64_t n_blocks) {
-  for (int64_t i = 0; i < n_blocks; ++i, b += 176) {
-    const float d = fp16_to_fp32(load_u16(b));
-    const float dmin = fp16_to_fp32(load_u16(b + 2));
-    const uint8_t* scales = b + 4;
-    const uint8_t* qh = b + 16;
-    const uint8_t* qs = b + 48;
-    for (int c = 0; c < 4; ++c, qs += 32, y += 64) {
-      int sc0, mn0, sc1, mn1;
-      k_quant_scale_min(scales, 2 * c, sc0, mn0);
-      k_quant_scale_min(scales, 2 * c + 1, sc1, mn1);
-      const float d0 = d * static_cast<float>(sc0), m0 = dmin * static_cast<float>(mn0);
-      const float d1 = d * static_cast<float>(sc1), m1 = dmin * static_cast<float>(mn1);
-      for (int l = 0; l < 32; ++l) {
-        const int lo = (qs[l] & 0xF) + (((qh[l] >> (2 * c)) & 1) << 4);
-        const int hi = (qs[l] >> 4) + (((qh[l] >> (2 * c + 1)) & 1) << 4);
-        y[l] = d0 * static_cast<float>(lo) - m0;
-        y[l + 32] = d1 * static_cast<float>(hi) - m1;
-      }
-    }
-  }
+  for (int64_t i = 0; i < n_blocks; ++i, b += 176, y += 256) dequantize_k_quant_block(b, b + 48, b + 16, y);
 }
 
 }  // namespace

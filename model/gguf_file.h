@@ -74,6 +74,8 @@ class GgufFile {
   std::optional<std::vector<double>> get_float_array(std::string_view key) const;
 
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  // MappedFile::release_pages of the whole file.
+  void release_pages() const { file_->release_pages(); }
   const GgufTensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
   const GgufTensorInfo& tensor(std::string_view name) const;       // GgufError when absent
 

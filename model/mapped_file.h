@@ -17,6 +17,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops the mapping's pages from this process's memory (MADV_DONTNEED). The data stays valid: a page read again
+  // is brought back from the file. For after the weights have been copied where they are used.
+  void release_pages() const;
 
  private:
   MappedFile() = default;
