@@ -130,8 +130,8 @@ ShardSpec shard_of(const ServerConfig& config, const RankGrid& grid, const Model
   return shard;
 }
 
-std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorld* world) {
-  auto rt = std::make_unique<Runtime>();
+std::unique_ptr<RankRuntime> make_runtime(const ServerConfig& config, const RankWorld* world) {
+  auto rt = std::make_unique<RankRuntime>();
   const ServerConfig::Model& m = config.model;
   if (m.path.empty()) throw ConfigError(config.file + ": model.path: missing (a .gguf file, a directory or preset:NAME)");
   const RankGrid grid = world ? world->grid() : RankGrid{};
@@ -231,7 +231,7 @@ std::unique_ptr<Runtime> make_runtime(const ServerConfig& config, const RankWorl
   return rt;
 }
 
-std::unique_ptr<StepDispatcher> make_dispatcher(Runtime& rt, const RankWorld* world) {
+std::unique_ptr<StepDispatcher> make_dispatcher(RankRuntime& rt, const RankWorld* world) {
   const RankGrid grid = world ? world->grid() : RankGrid{};
   return std::make_unique<StepDispatcher>(grid, *rt.executor, *rt.cache, rt.exchange.get());
 }

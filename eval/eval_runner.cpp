@@ -23,7 +23,7 @@ float token_logprob(std::span<const float> logits, int32_t token) {
   return float(double(logits[size_t(token)]) - max - std::log(sum));
 }
 
-EvalRunner::EvalRunner(Runtime& runtime, EvalRunnerOptions options) : rt_(runtime), options_(options) {
+EvalRunner::EvalRunner(RankRuntime& runtime, EvalRunnerOptions options) : rt_(runtime), options_(options) {
   if (options_.max_batch < 1 || options_.prefill_chunk < 1) {
     throw std::invalid_argument("eval: max_batch and prefill_chunk must be at least 1");
   }
@@ -79,9 +79,8 @@ void EvalRunner::run_batch(std::span<EvalJob*> batch) {
     job->generated.clear();
     job->layers.clear();
     Active a{job, next_seq_++, job->prompt, 0, false};
-    SamplingParams greedy;
+    SamplingRule greedy;
     greedy.temperature = 0.0f;
-    greedy.max_tokens = std::max(1, job_tokens(*job) - int(job->prompt.size()));
     plan.added.push_back(PlannedSequence{a.seq, greedy, 0, job->policy, int32_t(job->prompt.size())});
     active.push_back(std::move(a));
   }

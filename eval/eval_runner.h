@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/runtime.h"
+#include "rank/rank_runtime.h"
 
 namespace strata {
 
@@ -44,7 +44,7 @@ struct EvalRunnerOptions {
 
 class EvalRunner {
  public:
-  EvalRunner(Runtime& runtime, EvalRunnerOptions options);
+  EvalRunner(RankRuntime& runtime, EvalRunnerOptions options);
 
   // Runs every job; `progress(done, total)` is called after each finished job. Throws std::runtime_error when a
   // job cannot fit in the KV pool on its own.
@@ -55,7 +55,7 @@ class EvalRunner {
   void run_batch(std::span<EvalJob*> batch);
   std::vector<LayerHeld> layers_held(int64_t seq) const;
 
-  Runtime& rt_;
+  RankRuntime& rt_;
   EvalRunnerOptions options_;
   int64_t next_seq_ = 1;
   uint64_t step_ = 0;

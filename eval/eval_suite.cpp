@@ -86,7 +86,7 @@ struct JobTag {
 
 }  // namespace
 
-EvalCaseResult EvalSuite::run(const EvalCase& c, Runtime& runtime, const std::function<void(size_t, size_t)>& progress) {
+EvalCaseResult EvalSuite::run(const EvalCase& c, RankRuntime& runtime, const std::function<void(size_t, size_t)>& progress) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<EvalJob> jobs;
   std::vector<JobTag> tags;

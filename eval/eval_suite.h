@@ -65,7 +65,7 @@ class EvalSuite {
   std::vector<EvalCase> cases() const;
   // Runs one case on `runtime` (whose cache format must be c.kv_dtype). `full`'s answers are kept as the reference
   // for the agreement of later cases, so full must run first.
-  EvalCaseResult run(const EvalCase& c, Runtime& runtime,
+  EvalCaseResult run(const EvalCase& c, RankRuntime& runtime,
                      const std::function<void(size_t, size_t)>& progress = {});
 
   const EvalSettings& settings() const { return settings_; }

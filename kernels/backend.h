@@ -13,10 +13,10 @@
 #include "kernels/kv_codebook.h"
 #include "kernels/kv_merge.h"
 #include "kernels/pod_attention.h"
+#include "kernels/rope_params.h"
 #include "kernels/tensor.h"
 #include "kernels/token_sampling.h"
 #include "kernels/weight_format.h"
-#include "model/model_config.h"
 
 namespace strata {
 
@@ -32,12 +32,6 @@ struct AttentionSequence {
   float* column_sums = nullptr;
   int sums_stride = 0;
   int stats_row_begin = 0;
-};
-
-struct RopeParams {
-  RopeStyle style = RopeStyle::interleaved;
-  float theta = 10000.0f;
-  RopeScaling scaling;
 };
 
 class Backend {

@@ -28,8 +28,8 @@
 // packs one of the two kinds (SpindleKV rejects quantized pools).
 #include <cstdint>
 
+#include "kernels/rope_params.h"
 #include "kernels/tensor.h"
-#include "model/model_config.h"
 
 namespace strata {
 

@@ -10,11 +10,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/model_config.h"
+#include "kernels/rope_params.h"
 
 namespace strata {
-
-struct RopeParams;
 
 enum class KvPart : uint8_t { key, value };
 

@@ -1,6 +1,6 @@
 #pragma once
 // Choosing a token from a logits row, carried out where the logits are (Backend::sample_rows), so that only the
-// token and its logprobs reach the host. The sequence's state stays on the host (daemon/sampler.h): its RNG and
+// token and its logprobs reach the host. The sequence's state stays on the host (rank/sequence_sampler.h): its RNG and
 // its counts of generated tokens become a RowSampling, the penalties to subtract and the one uniform number a draw
 // consumes. A seeded request therefore draws the same tokens on every backend, up to the rounding of sums when the
 // uniform number falls on the boundary between two tokens.
@@ -23,6 +23,19 @@
 #include <vector>
 
 namespace strata {
+
+// The rule's settings a sequence keeps for every token it samples: what a request asks for (the OpenAI
+// completion parameters, validated by routing/) and what every rank that samples needs of it. When to stop is the
+// leader's business (leader/sampling_params.h adds it).
+struct SamplingRule {
+  float temperature = 1.0f;        // 0 = greedy
+  float top_p = 1.0f;              // nucleus mass kept, (0, 1]
+  int top_k = 0;                   // 0 = off
+  float min_p = 0.0f;              // drop tokens below min_p * p(max); 0 = off
+  float presence_penalty = 0.0f;   // [-2, 2], subtracted once from the logit of every token already generated
+  float frequency_penalty = 0.0f;  // [-2, 2], times the count of each generated token
+  int n_logprobs = -1;             // -1: no logprobs; k >= 0: the chosen token's logprob and the top k
+};
 
 struct TokenPenalty {
   int32_t id = 0;

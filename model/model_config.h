@@ -3,21 +3,9 @@
 // Filled from GGUF metadata, a Hugging Face config.json, or a named preset (model/model_loader.h).
 #include <string>
 
+#include "kernels/rope_params.h"
+
 namespace strata {
-
-// How RoPE pairs the dimensions of a head (../shared/specs/model_format.md, section 3).
-enum class RopeStyle {
-  interleaved,  // pairs (2i, 2i+1): GGUF llama weights (rows of Q and K permuted by the converter)
-  half_split,   // pairs (i, i + d/2): Hugging Face weights ("neox", rotate_half)
-};
-
-// Llama 3.1 style frequency scaling; factor == 0 means none.
-struct RopeScaling {
-  float factor = 0.0f;
-  float low_freq_factor = 1.0f;
-  float high_freq_factor = 4.0f;
-  int original_context = 8192;
-};
 
 struct ModelConfig {
   std::string architecture = "llama";

@@ -14,37 +14,24 @@ using wire::Writer;
 constexpr uint32_t kPlanMagic = 0x4e4c5053;    // "SPLN"
 constexpr uint32_t kResultMagic = 0x53455253;  // "SRES"
 
-void put_sampling(Writer& w, const SamplingParams& s) {
+void put_sampling(Writer& w, const SamplingRule& s) {
   w.put(s.temperature);
   w.put(s.top_p);
   w.put<int32_t>(s.top_k);
   w.put(s.min_p);
   w.put(s.presence_penalty);
   w.put(s.frequency_penalty);
-  w.put<uint8_t>(s.seed.has_value());
-  w.put<uint64_t>(s.seed.value_or(0));
-  w.put<int32_t>(s.max_tokens);
-  w.put<uint32_t>(uint32_t(s.stop.size()));
-  for (const std::string& stop : s.stop) w.put(stop);
-  w.put<uint8_t>(s.ignore_eos);
   w.put<int32_t>(s.n_logprobs);
 }
 
-SamplingParams get_sampling(Reader& r) {
-  SamplingParams s;
+SamplingRule get_sampling(Reader& r) {
+  SamplingRule s;
   s.temperature = r.get<float>();
   s.top_p = r.get<float>();
   s.top_k = r.get<int32_t>();
   s.min_p = r.get<float>();
   s.presence_penalty = r.get<float>();
   s.frequency_penalty = r.get<float>();
-  const bool has_seed = r.get<uint8_t>() != 0;
-  const uint64_t seed = r.get<uint64_t>();
-  if (has_seed) s.seed = seed;
-  s.max_tokens = r.get<int32_t>();
-  const uint32_t n_stop = r.get_count(4);
-  for (uint32_t i = 0; i < n_stop; ++i) s.stop.push_back(r.get_string());
-  s.ignore_eos = r.get<uint8_t>() != 0;
   s.n_logprobs = r.get<int32_t>();
   return s;
 }

@@ -1,19 +1,19 @@
 #pragma once
 // What the leader (rank 0) decides each engine iteration, and what the ranks report back. The leader builds a
-// StepPlan, broadcasts it, and every rank executes it on its shard (daemon/step_executor.h); the last pipeline
+// StepPlan, broadcasts it, and every rank executes it on its shard (rank/step_executor.h); the last pipeline
 // stage samples and returns a StepResult. Both are plain structs with a byte serialisation for the wire.
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "daemon/sampling_params.h"
+#include "kernels/token_sampling.h"
 
 namespace strata {
 
 // A sequence the ranks have not seen before. Sampling state is created from it on the sampling rank(s).
 struct PlannedSequence {
   int64_t seq = 0;
-  SamplingParams sampling;
+  SamplingRule sampling;
   uint64_t seed = 0;        // the RNG seed (the request's, or one the leader drew): every TP rank agrees
   std::string kv_policy;    // the request's policy spec ("snapkv:budget=128"); empty: the server's configuration
   int32_t prompt_len = 0;

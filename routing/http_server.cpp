@@ -17,7 +17,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
-#include "daemon/generation.h"
+#include "leader/generation.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "routing/api_error.h"

@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "daemon/generation.h"
+#include "leader/generation.h"
 #include "model/chat_template.h"
 
 namespace strata {

@@ -30,9 +30,9 @@
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
 #include "daemon/commands/machine_info.h"
-#include "daemon/engine.h"
-#include "daemon/metrics.h"
 #include "daemon/runtime.h"
+#include "leader/engine.h"
+#include "leader/metrics.h"
 
 namespace strata {
 namespace {
@@ -119,7 +119,7 @@ nlohmann::json bandwidth_account(int64_t weight_bytes, double kv_bytes, double s
 
 // What every measurement of one bench command shares.
 struct BenchSetup {
-  Runtime& rt;
+  RankRuntime& rt;
   int n_prompt = 0;           // prompt tokens; with --context, the real ones at the context's end
   int n_gen = 0;
   std::string policy;         // the request policy; empty: the server's configuration
@@ -195,11 +195,9 @@ nlohmann::json run_at_context(const BenchSetup& setup, int max_batch_tokens, Seq
   for (int b = 0; b < batch; ++b) {
     const SeqId seq = next_seq++;
     seqs.push_back(seq);
-    SamplingParams sampling;
-    sampling.temperature = 0.0f;
-    sampling.max_tokens = n_gen;
-    sampling.ignore_eos = true;
-    plan.added.push_back(PlannedSequence{seq, sampling, uint64_t(seq), policy, n_context});
+    SamplingRule greedy;
+    greedy.temperature = 0.0f;
+    plan.added.push_back(PlannedSequence{seq, greedy, uint64_t(seq), policy, n_context});
   }
   executor.execute(plan);
   const Clock::time_point write_start = Clock::now();
@@ -383,7 +381,7 @@ int bench_command(int argc, char** argv) {
       if (*copy_gbs <= 0.0) throw std::invalid_argument("--copy-bandwidth-gbs must be > 0");
     }
 
-    std::unique_ptr<Runtime> rt = make_runtime(config);
+    std::unique_ptr<RankRuntime> rt = make_runtime(config);
     const ModelConfig& mc = rt->weights.config;
     // Without a tokenizer (dummy weights) nothing ends a sequence early; with one, EOS is ignored.
     std::optional<Tokenizer> no_tokenizer_stand_in;

@@ -23,7 +23,7 @@ namespace {
 using Matrix = std::vector<std::vector<double>>;
 
 // sim[h][a][b] for KV head h, layers a and b, from `rows` attention rows of one sample per layer.
-void add_sample(Runtime& rt, std::span<const int32_t> tokens, int rows, std::vector<Matrix>& sim) {
+void add_sample(RankRuntime& rt, std::span<const int32_t> tokens, int rows, std::vector<Matrix>& sim) {
   LlamaModel& model = *rt.model;
   KvCache& cache = *rt.cache;
   const int n_layers = model.config().n_layers, n_heads = model.n_heads_local();
@@ -100,7 +100,7 @@ int calibrate_command(int argc, char** argv) {
     config.kv_cache.layer_overrides = "";
     config.kv_cache.pod_blocks = "";
     config.parallel.tp = config.parallel.pp = 1;  // one process measures the whole model
-    std::unique_ptr<Runtime> rt = make_runtime(config);
+    std::unique_ptr<RankRuntime> rt = make_runtime(config);
     if (!rt->tokenizer) throw std::runtime_error("calibrate: the model has no tokenizer");
     const int samples = cl.get_int("samples", 2), length = cl.get_int("length", 1024), rows = cl.get_int("rows", 16);
     const int pp = cl.get_int("pp", 1);

@@ -11,11 +11,11 @@
 
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
-#include "daemon/engine.h"
-#include "daemon/metrics.h"
-#include "daemon/rank_worker.h"
 #include "daemon/rank_world.h"
 #include "daemon/runtime.h"
+#include "leader/engine.h"
+#include "leader/metrics.h"
+#include "rank/rank_worker.h"
 
 namespace strata {
 namespace {
@@ -105,9 +105,10 @@ int generate_command(int argc, char** argv) {
     if (cl.has("tp")) apply_config_override(config, "parallel.tp=" + cl.get("tp"));
     if (cl.has("pp")) apply_config_override(config, "parallel.pp=" + cl.get("pp"));
     world = std::make_unique<RankWorld>(config);
-    std::unique_ptr<Runtime> rt = make_runtime(config, world.get());
+    std::unique_ptr<RankRuntime> rt = make_runtime(config, world.get());
     if (!world->grid().is_leader()) {
-      run_worker(*world, *rt->exchange, *rt->executor, *rt->cache);
+      run_worker(world->grid(), *rt->exchange, *rt->executor, *rt->cache,
+                 [&](const std::string& message) { world->abort(message); });
       return 0;
     }
     if (!rt->tokenizer && cl.has("prompt")) {

@@ -14,11 +14,11 @@
 
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
-#include "daemon/engine.h"
-#include "daemon/metrics.h"
-#include "daemon/rank_worker.h"
 #include "daemon/rank_world.h"
 #include "daemon/runtime.h"
+#include "leader/engine.h"
+#include "leader/metrics.h"
+#include "rank/rank_worker.h"
 #include "routing/http_server.h"
 
 namespace strata {
@@ -79,13 +79,14 @@ int serve_command(int argc, char** argv) {
       // not end it first, while the leader may still be sending it a step.
       std::signal(SIGINT, SIG_IGN);
       std::signal(SIGTERM, SIG_IGN);
-      std::unique_ptr<Runtime> rt = make_runtime(config, world.get());
-      run_worker(*world, *rt->exchange, *rt->executor, *rt->cache);
+      std::unique_ptr<RankRuntime> rt = make_runtime(config, world.get());
+      run_worker(world->grid(), *rt->exchange, *rt->executor, *rt->cache,
+                 [&](const std::string& message) { world->abort(message); });
       return 0;
     }
 
     install_signal_handlers();
-    std::unique_ptr<Runtime> rt = make_runtime(config, world.get());
+    std::unique_ptr<RankRuntime> rt = make_runtime(config, world.get());
     if (!rt->tokenizer) throw ConfigError(config.file + ": model.path: a served model needs a tokenizer");
     std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
     ServerMetrics metrics(rt->weights.config.max_context);

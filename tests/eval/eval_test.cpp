@@ -10,19 +10,19 @@
 
 #include <gtest/gtest.h>
 
-#include "daemon/engine.h"
-#include "daemon/metrics.h"
 #include "daemon/runtime.h"
 #include "eval/eval_runner.h"
 #include "eval/eval_suite.h"
 #include "eval/eval_tasks.h"
-#include "tests/daemon/recording_sink.h"
+#include "leader/engine.h"
+#include "leader/metrics.h"
+#include "tests/leader/recording_sink.h"
 #include "tests/test_paths.h"
 
 namespace strata {
 namespace {
 
-std::unique_ptr<Runtime> make_smollm2(const std::string& kv_dtype) {
+std::unique_ptr<RankRuntime> make_smollm2(const std::string& kv_dtype) {
   ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
   config.model.path = test::smollm2_gguf_path();
   config.kv_cache.memory_mib = 256;
@@ -31,8 +31,8 @@ std::unique_ptr<Runtime> make_smollm2(const std::string& kv_dtype) {
   return make_runtime(config);
 }
 
-Runtime& runtime() {
-  static std::unique_ptr<Runtime> rt = make_smollm2("f32");
+RankRuntime& runtime() {
+  static std::unique_ptr<RankRuntime> rt = make_smollm2("f32");
   return *rt;
 }
 
@@ -105,7 +105,7 @@ TEST(EvalInvariants, FullScoresWhatOnePlainForwardGives) {
   const std::vector<float> scored = run_one(job);
   ASSERT_EQ(scored.size(), job.forced.size());
 
-  Runtime& rt = runtime();
+  RankRuntime& rt = runtime();
   std::vector<int32_t> text = job.prompt;
   text.insert(text.end(), job.forced.begin(), job.forced.end() - 1);
   const SeqId seq = 1'000'000;
@@ -123,7 +123,7 @@ TEST(EvalInvariants, FullScoresWhatOnePlainForwardGives) {
 }
 
 TEST(EvalInvariants, FullGeneratesWhatTheEngineGenerates) {
-  Runtime& rt = runtime();
+  RankRuntime& rt = runtime();
   const std::vector<int32_t> doc = document_tokens(*rt.tokenizer, data_dir(), "around_the_world_in_80_days");
   const std::vector<int32_t> passage(doc.begin(), doc.begin() + 200);
   std::vector<EvalJob> jobs{agreement_job(*rt.tokenizer, *rt.chat_template, passage,
@@ -170,7 +170,7 @@ double metric_value(const std::string& text, const std::string& name, int layer)
 
 // The memory eval reports for a job equals what /metrics would show with that job alone in the cache, at f32
 // and with int4 blocks (whose bytes are their own, smaller size).
-void expect_memory_matches_metrics(Runtime& rt, const std::string& policy, double min_ratio) {
+void expect_memory_matches_metrics(RankRuntime& rt, const std::string& policy, double min_ratio) {
   std::string rendered;
   EvalRunnerOptions options;
   options.before_release = [&](const EvalJob&, const KvCache& cache) {
@@ -203,7 +203,7 @@ TEST(EvalInvariants, MemoryIsWhatTheMetricsReport) {
 }
 
 TEST(EvalInvariants, QuantizedMemoryIsWhatTheMetricsReport) {
-  std::unique_ptr<Runtime> int4 = make_smollm2("int4");
+  std::unique_ptr<RankRuntime> int4 = make_smollm2("int4");
   expect_memory_matches_metrics(*int4, "full", 2.0);  // int4 codes with per-group scales, a partial group in f32
   // And int4 costs little in what the model predicts on this text.
   const std::vector<float> f32 = run_one(scoring_job("full"));
@@ -218,7 +218,7 @@ TEST(EvalInvariants, QuantizedMemoryIsWhatTheMetricsReport) {
 }
 
 TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
-  Runtime& rt = runtime();
+  RankRuntime& rt = runtime();
   EvalSettings s;
   s.data_dir = data_dir();
   s.policies = {"snapkv"};

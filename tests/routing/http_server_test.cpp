@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sys/socket.h>
 
-#include "daemon/generation.h"
+#include "leader/generation.h"
 #include "model/byte_level.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"

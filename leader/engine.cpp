@@ -1,0 +1,472 @@
+#include "leader/engine.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "leader/stop_matcher.h"
+
+namespace strata {
+
+struct Engine::RequestState {
+  GenerationRequest request;
+  int n_unfinished = 0;
+  Usage usage;
+  Clock::time_point arrival;
+  bool first_token_seen = false;
+};
+
+struct Engine::Sequence {
+  int64_t id = 0;
+  std::shared_ptr<RequestState> req;
+  int choice = 0;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int n_prompt = 0;
+  int n_cached = 0;             // tokens whose KV the ranks hold
+  int prefill_len = 0;          // tokens known at (re)admission: chunks before this are prefill
+  int n_generated = 0;
+  bool known_to_ranks = false;
+  uint64_t seed = 0;
+  IncrementalDecoder decoder;
+  StopMatcher stop;
+  Clock::time_point last_token;
+
+  Sequence(const Tokenizer& tokenizer, const std::vector<std::string>& stops)
+      : decoder(tokenizer, /*skip_special=*/true), stop(stops) {}
+};
+
+Engine::Engine(StepDispatcher& ranks, const Tokenizer& tokenizer, const ModelConfig& config, ServerMetrics& metrics,
+               EngineOptions options)
+    : Engine(nullptr, &ranks, tokenizer, config, metrics, std::move(options)) {}
+
+Engine::Engine(StepExecutor& executor, const KvCache& cache, const Tokenizer& tokenizer, const ModelConfig& config,
+               ServerMetrics& metrics, EngineOptions options)
+    : Engine(std::make_unique<StepDispatcher>(RankGrid{}, executor, cache, nullptr), nullptr, tokenizer, config,
+             metrics, std::move(options)) {}
+
+Engine::Engine(std::unique_ptr<StepDispatcher> own_ranks, StepDispatcher* ranks, const Tokenizer& tokenizer,
+               const ModelConfig& config, ServerMetrics& metrics, EngineOptions options)
+    : own_ranks_(std::move(own_ranks)),
+      ranks_(ranks ? *ranks : *own_ranks_),
+      tokenizer_(tokenizer),
+      config_(config),
+      metrics_(metrics),
+      options_(std::move(options)) {
+  const PipelineKv kv = ranks_.pipeline_kv();
+  for (int s = 0; s < kv.n_stages(); ++s) stages_.push_back({kv.n_layers(s), kv.n_total(s)});
+  block_size_ = kv.block_size();
+  publish_state();
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() { thread_ = std::thread([this] { loop(); }); }
+
+void Engine::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::submit(GenerationRequest request) {
+  const int n_prompt = int(request.prompt_ids.size());
+  if (n_prompt == 0) throw std::invalid_argument("the prompt is empty");
+  if (n_prompt >= config_.max_context) {
+    throw std::invalid_argument("the prompt has " + std::to_string(n_prompt) + " tokens; the model's context is " +
+                                std::to_string(config_.max_context) + " tokens");
+  }
+  // A prompt that cannot fit the whole KV pool of a pipeline stage alone would wait forever.
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    const int64_t blocks = int64_t(stages_[s].n_layers) * ((n_prompt + 1 + block_size_ - 1) / block_size_);
+    if (blocks > stages_[s].n_blocks) {
+      throw std::invalid_argument("the prompt needs " + std::to_string(blocks) + " KV blocks" +
+                                  (stages_.size() > 1 ? " on pipeline stage " + std::to_string(s) : std::string()) +
+                                  "; the server's pool has " + std::to_string(stages_[s].n_blocks));
+    }
+  }
+  if (!request.sink) throw std::logic_error("generation request without a sink");
+  {
+    std::lock_guard lock(mutex_);
+    if (!broken_.empty()) throw std::runtime_error("the server lost a rank: " + broken_);
+    if (stopping_) throw std::runtime_error("the server is shutting down");
+    if (n_queued_ + size_t(request.n) > size_t(options_.max_waiting)) {
+      throw std::runtime_error("the request queue is full (" + std::to_string(options_.max_waiting) +
+                               " sequences waiting); retry later");
+    }
+    n_queued_ += size_t(request.n);
+    inbox_.push_back(std::move(request));
+  }
+  wake_.notify_one();
+}
+
+std::string Engine::metrics_text() { return metrics_.render(); }
+
+std::string Engine::kv_state_json() {
+  std::lock_guard lock(mutex_);
+  return kv_state_json_;
+}
+
+bool Engine::healthy() const {
+  std::lock_guard lock(mutex_);
+  return healthy_ && broken_.empty() && !stopping_;
+}
+
+void Engine::record_error(int http_status) { metrics_.add_request_error(http_status); }
+
+bool Engine::has_work() const { return !running_.empty() || !waiting_.empty() || !to_release_.empty(); }
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      // Step while idle too, every 100 ms: a client gone during a long prompt's queueing is noticed, and with
+      // several ranks the empty step is the heartbeat by which they know the leader is alive.
+      wake_.wait_for(lock, std::chrono::milliseconds(100),
+                     [&] { return stopping_ || !inbox_.empty() || has_work(); });
+      if (stopping_) break;
+    }
+    try {
+      step();
+    } catch (const RankFailure& e) {
+      // The world is broken: fail what is in flight (the ranks cannot free anything now), refuse new requests,
+      // and let the owner end the world.
+      const std::string message = std::string("a rank failed: ") + e.what();
+      {
+        std::lock_guard lock(mutex_);
+        broken_ = e.what();
+      }
+      fail_all(message, /*release=*/false);
+      if (options_.on_rank_failure) options_.on_rank_failure(e.what());
+      return;
+    } catch (const std::exception& e) {
+      // A failed step must not take the server down or leave clients waiting: fail what is in flight.
+      fail_all(std::string("engine step failed: ") + e.what(), /*release=*/true);
+    }
+  }
+  fail_all("the server is shutting down", /*release=*/true);
+}
+
+void Engine::run_until_idle() {
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (inbox_.empty() && !has_work()) return;
+    }
+    step();
+  }
+}
+
+void Engine::take_new_requests() {
+  std::deque<GenerationRequest> incoming;
+  {
+    std::lock_guard lock(mutex_);
+    incoming.swap(inbox_);
+  }
+  for (GenerationRequest& r : incoming) {
+    auto req = std::make_shared<RequestState>();
+    req->arrival = Clock::now();
+    req->n_unfinished = r.n;
+    req->usage.prompt_tokens = int(r.prompt_ids.size());
+    req->request = std::move(r);
+    const SamplingParams& sp = req->request.sampling;
+    for (int c = 0; c < req->request.n; ++c) {
+      auto seq = std::make_unique<Sequence>(tokenizer_, sp.stop);
+      seq->id = next_seq_id_++;
+      seq->req = req;
+      seq->choice = c;
+      seq->tokens = req->request.prompt_ids;
+      seq->n_prompt = int(seq->tokens.size());
+      // The same seed gives the same output; the choices of one request differ from each other.
+      seq->seed = sp.seed ? *sp.seed + uint64_t(c) : seed_source_();
+      waiting_.push_back(seq->id);
+      seqs_.emplace(seq->id, std::move(seq));
+    }
+  }
+}
+
+void Engine::drop_cancelled() {
+  std::vector<Sequence*> gone;
+  for (auto& [id, seq] : seqs_) {
+    if (seq->req->request.sink->cancelled()) gone.push_back(seq.get());
+  }
+  for (Sequence* seq : gone) finish(*seq, "abort", /*notify=*/false);
+}
+
+void Engine::step() {
+  take_new_requests();
+  drop_cancelled();
+
+  std::vector<SchedulerSequence> running;
+  for (int64_t id : running_) {
+    const Sequence& s = *seqs_.at(id);
+    running.push_back({id, int(s.tokens.size()), s.n_cached});
+  }
+  std::deque<SchedulerSequence> waiting;
+  for (int64_t id : waiting_) {
+    const Sequence& s = *seqs_.at(id);
+    waiting.push_back({id, int(s.tokens.size()), s.n_cached});
+  }
+  const Schedule schedule = schedule_step(running, waiting, to_release_, ranks_.pipeline_kv(), options_.limits);
+
+  StepPlan plan;
+  plan.step = ++step_;
+  for (int64_t id : schedule.unservable) finish(*seqs_.at(id), "length", /*notify=*/true);
+  for (int64_t id : schedule.preempted) {
+    Sequence& s = *seqs_.at(id);
+    s.n_cached = 0;
+    std::erase(running_, id);
+    waiting_.push_front(id);
+    plan.preempted.push_back(id);
+    metrics_.add_preemption();
+  }
+  for (int64_t id : schedule.admitted) {
+    Sequence& s = *seqs_.at(id);
+    std::erase(waiting_, id);
+    running_.push_back(id);
+    s.prefill_len = int(s.tokens.size());
+    if (!s.known_to_ranks) {
+      const GenerationRequest& r = s.req->request;
+      plan.added.push_back(PlannedSequence{id, r.sampling, s.seed, r.kv_policy, s.n_prompt});
+      s.known_to_ranks = true;
+    }
+  }
+  plan.finished.swap(to_release_);
+  for (const ScheduledChunk& c : schedule.chunks) {
+    const Sequence& s = *seqs_.at(c.id);
+    PlannedWork w;
+    w.seq = c.id;
+    w.start_pos = c.start;
+    w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
+    w.sample = c.start + c.n == int(s.tokens.size());
+    w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
+    plan.work.push_back(std::move(w));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    n_queued_ = waiting_.size() + [&] {
+      size_t n = 0;
+      for (const GenerationRequest& r : inbox_) n += size_t(r.n);
+      return n;
+    }();
+  }
+
+  const StepResult result = ranks_.execute(plan);
+  for (const RankReport& r : ranks_.reports()) {
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      const LayerReport& c = r.layers[i];
+      const int layer = r.layer_begin + int(i);
+      if (c.evicted_tokens || c.lazy_decisions || c.not_lazy_decisions) {
+        metrics_.add_layer_compression(layer, r.pp_stage, r.tp_rank, c.evicted_tokens, c.lazy_decisions,
+                                       c.not_lazy_decisions);
+      }
+      if (c.merged_tokens) metrics_.add_layer_merges(layer, r.pp_stage, r.tp_rank, c.merged_tokens);
+    }
+  }
+
+  int n_prompt_tokens = 0;
+  for (const ScheduledChunk& c : schedule.chunks) {
+    Sequence& s = *seqs_.at(c.id);
+    s.n_cached += c.n;
+    n_prompt_tokens += std::max(0, std::min(c.start + c.n, s.n_prompt) - c.start);
+  }
+  metrics_.add_prompt_tokens(n_prompt_tokens);
+  // The KV state is published before the step's tokens go out, so that a client that reads /metrics after
+  // receiving a token sees the cache that produced it.
+  publish_state();
+  for (const SampledToken& t : result.sampled) on_token(*seqs_.at(t.seq), t);
+  metrics_.set_requests(int(running_.size()), int(waiting_.size()));
+}
+
+void Engine::on_token(Sequence& seq, const SampledToken& sampled) {
+  RequestState& req = *seq.req;
+  const SamplingParams& sp = req.request.sampling;
+  const Clock::time_point now = Clock::now();
+  if (!req.first_token_seen) {
+    req.first_token_seen = true;
+    metrics_.observe_time_to_first_token(std::chrono::duration<double>(now - req.arrival).count());
+  } else if (seq.n_generated > 0) {
+    metrics_.observe_inter_token_latency(std::chrono::duration<double>(now - seq.last_token).count());
+  }
+  seq.last_token = now;
+  seq.tokens.push_back(sampled.token);
+  ++seq.n_generated;
+  ++req.usage.completion_tokens;
+  metrics_.add_generation_tokens(1);
+
+  ChoiceDelta delta;
+  delta.choice = seq.choice;
+  delta.token_ids.push_back(sampled.token);
+  if (sp.n_logprobs >= 0) {
+    LogprobEntry e{tokenizer_.token_bytes(sampled.token), sampled.token, sampled.logprob, {}};
+    for (size_t i = 0; i < sampled.top_ids.size(); ++i) {
+      e.top.emplace_back(tokenizer_.token_bytes(sampled.top_ids[i]), sampled.top_logprobs[i]);
+    }
+    delta.logprobs.push_back(std::move(e));
+  }
+
+  const auto& stop_ids = tokenizer_.stop_ids();
+  const bool is_stop_token =
+      !sp.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), sampled.token) != stop_ids.end();
+  if (is_stop_token) {
+    req.request.sink->on_event(std::move(delta));
+    finish(seq, "stop", /*notify=*/true);
+    return;
+  }
+  const StopScan text = seq.stop.push(seq.decoder.push(sampled.token));
+  delta.text = text.text;
+  req.request.sink->on_event(std::move(delta));
+  if (text.stopped) {
+    finish(seq, "stop", /*notify=*/true);
+  } else if (seq.n_generated >= sp.max_tokens || int(seq.tokens.size()) >= config_.max_context) {
+    finish(seq, "length", /*notify=*/true);
+  }
+}
+
+void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {
+  const int64_t id = seq.id;
+  std::shared_ptr<RequestState> req = seq.req;
+  if (notify) {
+    // Whatever the decoder and the stop matcher still hold belongs to the output, unless a stop string ended it.
+    if (!seq.stop.stopped()) {
+      const std::string rest = seq.stop.push(seq.decoder.flush()).text + seq.stop.flush();
+      if (!rest.empty()) req->request.sink->on_event(ChoiceDelta{seq.choice, rest, {}, {}});
+    }
+    req->request.sink->on_event(ChoiceFinished{seq.choice, reason});
+  }
+  std::erase(running_, id);
+  std::erase(waiting_, id);
+  if (seq.known_to_ranks) to_release_.push_back(id);
+  seqs_.erase(id);  // `seq` is gone from here on
+
+  if (--req->n_unfinished == 0) {
+    metrics_.add_finished_request(reason);
+    metrics_.observe_finished_request(std::chrono::duration<double>(Clock::now() - req->arrival).count(),
+                                      req->usage.prompt_tokens, req->usage.completion_tokens);
+    if (notify) req->request.sink->on_event(RequestFinished{req->usage});
+  }
+}
+
+void Engine::fail_all(const std::string& message, bool release) {
+  std::vector<std::shared_ptr<RequestState>> reqs;
+  for (auto& [id, seq] : seqs_) {
+    if (std::find(reqs.begin(), reqs.end(), seq->req) == reqs.end()) reqs.push_back(seq->req);
+    if (seq->known_to_ranks) to_release_.push_back(id);
+  }
+  seqs_.clear();
+  running_.clear();
+  waiting_.clear();
+  std::deque<GenerationRequest> incoming;
+  {
+    std::lock_guard lock(mutex_);
+    incoming.swap(inbox_);
+    n_queued_ = 0;
+  }
+  for (auto& req : reqs) req->request.sink->on_event(RequestFailed{500, "server_error", message});
+  for (auto& r : incoming) r.sink->on_event(RequestFailed{503, "server_error", message});
+  // The ranks still hold the KV of the failed sequences: free it now (the next plan would otherwise do it).
+  if (!release) to_release_.clear();
+  if (!to_release_.empty()) {
+    StepPlan plan;
+    plan.step = ++step_;
+    plan.finished.swap(to_release_);
+    try {
+      ranks_.execute(plan);
+    } catch (const std::exception&) {
+      std::lock_guard lock(mutex_);
+      healthy_ = false;  // the ranks are in an unknown state: report it on /health
+    }
+  }
+  publish_state();
+}
+
+// Every rank's report of the last step: per-layer gauges for each (layer, pp_stage, tp_rank); the JSON view and
+// the pool totals from the first tensor rank of each stage (its TP peers hold the same lengths and block counts).
+void Engine::publish_state() {
+  const RankGrid& grid = ranks_.grid();
+  const std::vector<RankReport>& reports = ranks_.reports();
+  for (const RankReport& r : reports) {
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      const LayerReport& u = r.layers[i];
+      metrics_.set_layer_kv(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.tokens, u.bytes, u.uncompressed_bytes);
+      metrics_.set_layer_codebook(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.codebook_vectors);
+      metrics_.set_layer_shared_keys(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.shared_keys);
+    }
+  }
+  int64_t held = 0, blocks_free = 0, blocks_total = 0;
+  nlohmann::json layers = nlohmann::json::array();
+  nlohmann::json ranks = nlohmann::json::array();
+  std::vector<const RankReport*> stages;
+  for (int st = 0; st < grid.pp; ++st) {
+    const RankReport& r = reports.at(size_t(grid.rank_of(st, 0)));
+    stages.push_back(&r);
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      const LayerReport& u = r.layers[i];
+      layers.push_back({{"layer", r.layer_begin + int(i)}, {"pp_stage", st}, {"tokens", u.tokens},
+                        {"blocks", u.blocks}, {"bytes", u.bytes}, {"uncompressed_bytes", u.uncompressed_bytes}});
+      if (u.codebook_vectors) layers.back()["codebook_vectors"] = u.codebook_vectors;
+      if (u.shared_keys) layers.back()["shared_keys"] = u.shared_keys;
+      held += u.blocks;
+    }
+    blocks_free += r.blocks_free;
+    blocks_total += r.blocks_total;
+  }
+  for (const RankReport& r : reports) {
+    ranks.push_back({{"rank", r.world_rank}, {"pp_stage", r.pp_stage}, {"tp_rank", r.tp_rank},
+                     {"blocks_free", r.blocks_free}, {"blocks_total", r.blocks_total}});
+  }
+  metrics_.set_kv_blocks(blocks_free, blocks_total, stages[0]->block_size);
+  metrics_.set_requests(int(running_.size()), int(waiting_.size()));
+
+  nlohmann::json sequences = nlohmann::json::array();
+  for (const auto& [id, seq] : seqs_) {
+    nlohmann::json per_layer = nlohmann::json::array();
+    for (const RankReport* r : stages) {
+      auto it = std::lower_bound(r->sequences.begin(), r->sequences.end(), id,
+                                 [](const SequenceReport& s, int64_t seq) { return s.seq < seq; });
+      if (it == r->sequences.end() || it->seq != id) continue;
+      for (size_t i = 0; i < it->entries.size(); ++i) {
+        nlohmann::json entry = {{"layer", r->layer_begin + int(i)}, {"tokens", it->entries[i]},
+                                {"uncompressed_tokens", it->appended[i]}, {"blocks", it->blocks[i]}};
+        if (i < it->policy.size()) entry["policy"] = it->policy[i];
+        if (it->lazy[i] >= 0) entry["lazy"] = it->lazy[i] == 1;
+        if (it->capacity[i] >= 0) entry["capacity"] = it->capacity[i];
+        if (it->merged[i]) entry["merged_tokens"] = it->merged[i];
+        if (it->codebook_keys[i] || it->codebook_values[i]) {
+          entry["codebook"] = {{"keys", it->codebook_keys[i]}, {"values", it->codebook_values[i]}};
+        }
+        if (it->shared_keys[i]) entry["shared_keys"] = it->shared_keys[i];
+        per_layer.push_back(std::move(entry));
+      }
+    }
+    sequences.push_back({{"seq", id},
+                         {"request", seq->req->request.id},
+                         {"choice", seq->choice},
+                         {"policy", seq->req->request.kv_policy.empty() ? "(server default)"
+                                                                        : seq->req->request.kv_policy},
+                         {"prompt_tokens", seq->n_prompt},
+                         {"generated_tokens", seq->n_generated},
+                         {"cached_tokens", seq->n_cached},
+                         {"layers", per_layer}});
+  }
+  nlohmann::json state = {{"pp_stage", grid.stage()},
+                          {"tp_rank", grid.tp_rank()},
+                          {"tp", grid.tp},
+                          {"pp", grid.pp},
+                          {"block_size", stages[0]->block_size},
+                          {"blocks_total", blocks_total},
+                          {"blocks_free", blocks_free},
+                          {"blocks_held", held},
+                          {"block_bytes", stages[0]->block_bytes},
+                          {"layers", layers},
+                          {"ranks", ranks},
+                          {"sequences", sequences}};
+  std::string text = state.dump();
+  std::lock_guard lock(mutex_);
+  kv_state_json_ = std::move(text);
+}
+
+}  // namespace strata

@@ -1,0 +1,114 @@
+#pragma once
+// The leader's engine loop (rank 0): takes validated requests from the HTTP threads, schedules every step
+// (continuous batching: a new request joins the running batch at the next step, a finished one leaves it),
+// builds the StepPlan, has every rank execute it (leader/step_dispatcher.h), and turns sampled tokens into text
+// events on each request's sink: incremental detokenization, stop strings, finish reasons, logprobs, usage and
+// metrics (the KV state of every rank, from their reports).
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "leader/generation.h"
+#include "leader/metrics.h"
+#include "leader/scheduler.h"
+#include "leader/step_dispatcher.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+
+namespace strata {
+
+struct EngineOptions {
+  SchedulerLimits limits;
+  int max_waiting = 256;               // queued sequences beyond which submit() refuses (HTTP 503)
+  // Called on the engine thread, after the requests in flight have been failed, when a rank of the world failed
+  // or stopped answering (parallel/comm.h RankFailure): the world cannot go on and should be ended.
+  std::function<void(const std::string& message)> on_rank_failure;
+};
+
+class Engine final : public GenerationService {
+ public:
+  // ranks: the world that executes the plans (daemon/runtime.h make_dispatcher).
+  Engine(StepDispatcher& ranks, const Tokenizer& tokenizer, const ModelConfig& config, ServerMetrics& metrics,
+         EngineOptions options);
+  // A world of one: the engine drives this executor over this cache itself (tests, evaluation).
+  Engine(StepExecutor& executor, const KvCache& cache, const Tokenizer& tokenizer, const ModelConfig& config,
+         ServerMetrics& metrics, EngineOptions options);
+  ~Engine() override;
+
+  void start();  // runs the loop on its own thread
+  void stop();   // finishes the current step, fails what is still in flight, joins the thread
+
+  void submit(GenerationRequest request) override;
+  std::string metrics_text() override;
+  std::string kv_state_json() override;
+  bool healthy() const override;
+  void record_error(int http_status) override;
+
+  // Runs steps on the calling thread until every submitted request has finished (strata generate, bench, tests).
+  // RankFailure propagates.
+  void run_until_idle();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct RequestState;
+  // own_ranks: set by the world-of-one constructor, which then passes ranks == nullptr.
+  Engine(std::unique_ptr<StepDispatcher> own_ranks, StepDispatcher* ranks, const Tokenizer& tokenizer,
+         const ModelConfig& config, ServerMetrics& metrics, EngineOptions options);
+  struct Sequence;
+
+  void loop();
+  bool has_work() const;
+  void step();
+  void take_new_requests();
+  void drop_cancelled();
+  void on_token(Sequence& seq, const SampledToken& sampled);
+  void finish(Sequence& seq, const std::string& reason, bool notify);
+  // release: have the ranks free the failed sequences' KV (not when the world is broken).
+  void fail_all(const std::string& message, bool release);
+  void publish_state();
+
+  std::unique_ptr<StepDispatcher> own_ranks_;  // the world-of-one constructor's
+  StepDispatcher& ranks_;
+  // Per pipeline stage: its layer count and pool size (fixed at start-up), for submit()'s check.
+  struct StageCapacity {
+    int n_layers = 0;
+    int64_t n_blocks = 0;
+  };
+  std::vector<StageCapacity> stages_;
+  int block_size_ = 0;
+  const Tokenizer& tokenizer_;
+  const ModelConfig& config_;
+  ServerMetrics& metrics_;
+  EngineOptions options_;
+
+  // Shared with the HTTP threads.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<GenerationRequest> inbox_;
+  size_t n_queued_ = 0;  // sequences in inbox_ and waiting_, for the max_waiting bound
+  bool stopping_ = false;
+  bool healthy_ = true;
+  std::string broken_;  // why the world is gone (a rank failed): new requests are refused
+  std::string kv_state_json_ = "{}";
+
+  // Engine thread only.
+  std::thread thread_;
+  std::mt19937_64 seed_source_{std::random_device{}()};  // seeds for requests that give none
+  uint64_t step_ = 0;
+  int64_t next_seq_id_ = 1;
+  std::map<int64_t, std::unique_ptr<Sequence>> seqs_;
+  std::vector<int64_t> running_;   // admission order
+  std::deque<int64_t> waiting_;    // arrival order (preempted sequences go back to the front)
+  std::vector<int64_t> to_release_;  // finished since the last plan: the ranks free them in the next one
+};
+
+}  // namespace strata

@@ -1,0 +1,88 @@
+#pragma once
+// The bridge between the HTTP front end (routing/) and the engine (daemon/): a validated request goes in,
+// events come out on the request's sink. Tokenization happens before submit; detokenization, stop strings and
+// logprobs are done by the engine, so that events carry final text.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "leader/sampling_params.h"
+
+namespace strata {
+
+struct LogprobEntry {
+  std::string token;            // the token's text (raw bytes, may be an incomplete UTF-8 piece)
+  int32_t id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<std::string, float>> top;  // top alternatives (text, logprob), most likely first
+};
+
+// A piece of one choice's output.
+struct ChoiceDelta {
+  int choice = 0;
+  std::string text;                    // new text (complete UTF-8)
+  std::vector<int32_t> token_ids;      // tokens generated in this step
+  std::vector<LogprobEntry> logprobs;  // one per token when the request asked for logprobs
+};
+
+// A choice ended. finish_reason: "stop" (eos or stop string) or "length" (max_tokens or the context).
+struct ChoiceFinished {
+  int choice = 0;
+  std::string finish_reason;
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// All choices ended; nothing more will come.
+struct RequestFinished {
+  Usage usage;
+};
+
+// The request failed inside the engine; nothing more will come.
+struct RequestFailed {
+  int http_status = 500;
+  std::string type;     // OpenAI error type, e.g. "server_error", "invalid_request_error"
+  std::string message;
+};
+
+using GenerationEvent = std::variant<ChoiceDelta, ChoiceFinished, RequestFinished, RequestFailed>;
+
+// Receives a request's events. on_event is called from the engine thread and must not block.
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  virtual void on_event(GenerationEvent event) = 0;
+  // True once the client has gone away: the engine then drops the request at its next step.
+  virtual bool cancelled() const = 0;
+};
+
+struct GenerationRequest {
+  std::string id;                       // "cmpl-..." / "chatcmpl-...", also in logs
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  int n = 1;                            // independent choices for the same prompt
+  std::string kv_policy;                // reserved for [compression-1]: the per-request policy (empty = default)
+  std::shared_ptr<GenerationSink> sink;
+};
+
+// What the HTTP layer needs from the daemon.
+class GenerationService {
+ public:
+  virtual ~GenerationService() = default;
+  // Queues the request. Throws std::invalid_argument (-> HTTP 400) for what only the engine can check
+  // (e.g. prompt plus max_tokens beyond the context), std::runtime_error (-> 503) when the queue is full.
+  virtual void submit(GenerationRequest request) = 0;
+  virtual std::string metrics_text() = 0;          // Prometheus text format
+  virtual std::string kv_state_json() = 0;         // per-layer KV state, for people who debug
+  virtual bool healthy() const = 0;
+  // The front end answered a request with an error status (counted in strata_request_errors_total).
+  virtual void record_error(int http_status) = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,208 @@
+#include "leader/metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+namespace strata {
+namespace {
+
+using prometheus::Histogram;
+using prometheus::Registry;
+
+prometheus::Family<prometheus::Gauge>& gauge_family(Registry& registry, const std::string& name,
+                                                    const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+}
+
+prometheus::Gauge& gauge(Registry& registry, const std::string& name, const std::string& help) {
+  return gauge_family(registry, name, help).Add({});
+}
+
+prometheus::Family<prometheus::Counter>& counter_family(Registry& registry, const std::string& name,
+                                                        const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+
+prometheus::Counter& counter(Registry& registry, const std::string& name, const std::string& help) {
+  return counter_family(registry, name, help).Add({});
+}
+
+Histogram& histogram(Registry& registry, const std::string& name, const std::string& help,
+                     const Histogram::BucketBoundaries& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add({}, buckets);
+}
+
+// 1, 2, 5, 10, 20, 50, ... up to max_value: token counts span orders of magnitude.
+Histogram::BucketBoundaries one_two_five_buckets(int64_t max_value) {
+  Histogram::BucketBoundaries buckets;
+  for (int64_t decade = 1;; decade *= 10) {
+    for (int64_t step : {1, 2, 5}) {
+      if (step * decade > max_value) return buckets;
+      buckets.push_back(static_cast<double>(step * decade));
+    }
+  }
+}
+
+// vLLM's latency buckets, so that dashboards and SLO queries carry over.
+const Histogram::BucketBoundaries kTimeToFirstTokenBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+// vLLM's, plus 1, 2.5 and 5 ms at the low end: a sharded 70B decode step is 5-8 ms, all in vLLM's first bucket.
+const Histogram::BucketBoundaries kInterTokenLatencyBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2, 0.3,
+    0.4,   0.5,    0.75,  1.0,  2.5,   5.0,  7.5,   10.0, 20.0, 40.0, 80.0};
+const Histogram::BucketBoundaries kE2eRequestLatencyBuckets = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(int64_t max_model_len)
+    : registry_(std::make_shared<Registry>()),
+      kv_layer_tokens_(gauge_family(*registry_, "strata_kv_layer_tokens",
+                                    "KV-cache tokens held by one layer on one rank.")),
+      kv_layer_bytes_(gauge_family(*registry_, "strata_kv_layer_bytes",
+                                   "KV-cache bytes held by one layer on one rank.")),
+      kv_layer_uncompressed_bytes_(gauge_family(*registry_, "strata_kv_layer_uncompressed_bytes",
+                                                "Bytes the same tokens would take in the uncompressed cache.")),
+      kv_layer_evicted_tokens_(counter_family(*registry_, "strata_kv_layer_evicted_tokens_total",
+                                              "KV entries removed by compression policies, per layer.")),
+      kv_layer_lazy_decisions_(counter_family(*registry_, "strata_kv_layer_lazy_decisions_total",
+                                              "SimLayerKV verdicts per layer: lazy=\"true\" layers were trimmed.")),
+      kv_layer_merged_tokens_(counter_family(*registry_, "strata_kv_layer_merged_tokens_total",
+                                             "Evicted KV entries merged into kept ones (D2O), per layer.")),
+      kv_layer_codebook_vectors_(gauge_family(*registry_, "strata_kv_layer_codebook_vectors",
+                                              "SpindleKV codebook entries held by one layer (keys and values).")),
+      kv_layer_shared_keys_(gauge_family(*registry_, "strata_kv_layer_shared_keys",
+                                         "PoD: entries one layer holds without their keys (its block leader's are used).")),
+      kv_saved_bytes_(gauge(*registry_, "strata_kv_saved_bytes",
+                            "Uncompressed minus held KV-cache bytes, summed over all layers and ranks.")),
+      kv_compression_ratio_(gauge(*registry_, "strata_kv_compression_ratio",
+                                  "Bytes the KV cache would hold uncompressed over the bytes it holds (1: none).")),
+      kv_blocks_free_(gauge(*registry_, "strata_kv_blocks_free", "Free KV-cache blocks.")),
+      kv_blocks_total_(gauge(*registry_, "strata_kv_blocks_total", "KV-cache blocks in the pool.")),
+      kv_block_size_tokens_(gauge(*registry_, "strata_kv_block_size_tokens", "Tokens per KV-cache block.")),
+      kv_usage_ratio_(gauge(*registry_, "strata_kv_usage_ratio", "Used over total KV-cache blocks, 0 to 1.")),
+      requests_running_(gauge(*registry_, "strata_requests_running", "Requests being generated.")),
+      requests_waiting_(gauge(*registry_, "strata_requests_waiting", "Requests queued for admission.")),
+      prompt_tokens_(counter(*registry_, "strata_prompt_tokens_total", "Prompt tokens processed.")),
+      generation_tokens_(counter(*registry_, "strata_generation_tokens_total", "Tokens generated.")),
+      preemptions_(counter(*registry_, "strata_preemptions_total", "Requests preempted to free KV-cache blocks.")),
+      requests_(counter_family(*registry_, "strata_requests_total", "Requests finished, by finish reason.")),
+      request_errors_(counter_family(*registry_, "strata_request_errors_total", "Requests failed, by HTTP status.")),
+      time_to_first_token_(histogram(*registry_, "strata_time_to_first_token_seconds",
+                                     "Time from arrival to the first generated token.", kTimeToFirstTokenBuckets)),
+      inter_token_latency_(histogram(*registry_, "strata_inter_token_latency_seconds",
+                                     "Time between consecutive generated tokens of a request.",
+                                     kInterTokenLatencyBuckets)),
+      e2e_request_latency_(histogram(*registry_, "strata_e2e_request_latency_seconds",
+                                     "Time from arrival to the end of a request.", kE2eRequestLatencyBuckets)),
+      request_prompt_tokens_(histogram(*registry_, "strata_request_prompt_tokens", "Prompt tokens per request.",
+                                       one_two_five_buckets(max_model_len))),
+      request_generation_tokens_(histogram(*registry_, "strata_request_generation_tokens",
+                                           "Generated tokens per request.", one_two_five_buckets(max_model_len))) {
+  // Every finish reason is a series from the start, so that rate() sees the first request of each.
+  for (const char* reason : {"stop", "length", "abort"}) requests_.Add({{"finish_reason", reason}});
+  kv_compression_ratio_.Set(1.0);
+}
+
+ServerMetrics::LayerKv& ServerMetrics::layer(int layer, int pp_stage, int tp_rank) {
+  auto [it, inserted] = layers_.try_emplace(LayerKey{layer, pp_stage, tp_rank});
+  LayerKv& kv = it->second;
+  if (inserted) {
+    prometheus::Labels labels = {{"layer", std::to_string(layer)},
+                                 {"pp_stage", std::to_string(pp_stage)},
+                                 {"tp_rank", std::to_string(tp_rank)}};
+    kv.tokens = &kv_layer_tokens_.Add(labels);
+    kv.bytes = &kv_layer_bytes_.Add(labels);
+    kv.uncompressed_bytes = &kv_layer_uncompressed_bytes_.Add(labels);
+    kv.evicted_tokens = &kv_layer_evicted_tokens_.Add(labels);
+    kv.merged_tokens = &kv_layer_merged_tokens_.Add(labels);
+    kv.codebook_vectors = &kv_layer_codebook_vectors_.Add(labels);
+    kv.shared_keys = &kv_layer_shared_keys_.Add(labels);
+    labels["lazy"] = "true";
+    kv.lazy = &kv_layer_lazy_decisions_.Add(labels);
+    labels["lazy"] = "false";
+    kv.not_lazy = &kv_layer_lazy_decisions_.Add(labels);
+  }
+  return kv;
+}
+
+void ServerMetrics::set_layer_kv(int layer_index, int pp_stage, int tp_rank, int64_t tokens, int64_t bytes,
+                                 int64_t uncompressed_bytes) {
+  std::lock_guard lock(layers_mutex_);
+  LayerKv& kv = layer(layer_index, pp_stage, tp_rank);
+  kv.tokens->Set(static_cast<double>(tokens));
+  kv.bytes->Set(static_cast<double>(bytes));
+  kv.uncompressed_bytes->Set(static_cast<double>(uncompressed_bytes));
+  bytes_held_ += bytes - kv.bytes_held;
+  bytes_uncompressed_ += uncompressed_bytes - kv.bytes_uncompressed;
+  kv.bytes_held = bytes;
+  kv.bytes_uncompressed = uncompressed_bytes;
+  kv_saved_bytes_.Set(static_cast<double>(bytes_uncompressed_ - bytes_held_));
+  kv_compression_ratio_.Set(bytes_held_ > 0 ? static_cast<double>(bytes_uncompressed_) / double(bytes_held_) : 1.0);
+}
+
+void ServerMetrics::add_layer_compression(int layer_index, int pp_stage, int tp_rank, int64_t evicted_tokens,
+                                          int64_t lazy, int64_t not_lazy) {
+  std::lock_guard lock(layers_mutex_);
+  LayerKv& kv = layer(layer_index, pp_stage, tp_rank);
+  kv.evicted_tokens->Increment(static_cast<double>(evicted_tokens));
+  kv.lazy->Increment(static_cast<double>(lazy));
+  kv.not_lazy->Increment(static_cast<double>(not_lazy));
+}
+
+void ServerMetrics::add_layer_merges(int layer_index, int pp_stage, int tp_rank, int64_t merged_tokens) {
+  std::lock_guard lock(layers_mutex_);
+  layer(layer_index, pp_stage, tp_rank).merged_tokens->Increment(static_cast<double>(merged_tokens));
+}
+
+void ServerMetrics::set_layer_codebook(int layer_index, int pp_stage, int tp_rank, int64_t vectors) {
+  std::lock_guard lock(layers_mutex_);
+  layer(layer_index, pp_stage, tp_rank).codebook_vectors->Set(static_cast<double>(vectors));
+}
+
+void ServerMetrics::set_layer_shared_keys(int layer_index, int pp_stage, int tp_rank, int64_t entries) {
+  std::lock_guard lock(layers_mutex_);
+  layer(layer_index, pp_stage, tp_rank).shared_keys->Set(static_cast<double>(entries));
+}
+
+void ServerMetrics::set_kv_blocks(int64_t n_free, int64_t n_total, int block_size) {
+  kv_blocks_free_.Set(static_cast<double>(n_free));
+  kv_blocks_total_.Set(static_cast<double>(n_total));
+  kv_block_size_tokens_.Set(block_size);
+  kv_usage_ratio_.Set(n_total > 0 ? static_cast<double>(n_total - n_free) / static_cast<double>(n_total) : 0.0);
+}
+
+void ServerMetrics::set_requests(int n_running, int n_waiting) {
+  requests_running_.Set(n_running);
+  requests_waiting_.Set(n_waiting);
+}
+
+void ServerMetrics::add_prompt_tokens(int64_t n) { prompt_tokens_.Increment(static_cast<double>(n)); }
+
+void ServerMetrics::add_generation_tokens(int64_t n) { generation_tokens_.Increment(static_cast<double>(n)); }
+
+void ServerMetrics::add_preemption() { preemptions_.Increment(); }
+
+void ServerMetrics::add_finished_request(const std::string& finish_reason) {
+  requests_.Add({{"finish_reason", finish_reason}}).Increment();
+}
+
+void ServerMetrics::add_request_error(int http_status) {
+  request_errors_.Add({{"status", std::to_string(http_status)}}).Increment();
+}
+
+void ServerMetrics::observe_time_to_first_token(double seconds) { time_to_first_token_.Observe(seconds); }
+
+void ServerMetrics::observe_inter_token_latency(double seconds) { inter_token_latency_.Observe(seconds); }
+
+void ServerMetrics::observe_finished_request(double e2e_seconds, int64_t n_prompt_tokens,
+                                             int64_t n_generation_tokens) {
+  e2e_request_latency_.Observe(e2e_seconds);
+  request_prompt_tokens_.Observe(static_cast<double>(n_prompt_tokens));
+  request_generation_tokens_.Observe(static_cast<double>(n_generation_tokens));
+}
+
+std::string ServerMetrics::render() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
+
+}  // namespace strata

@@ -1,0 +1,51 @@
+#pragma once
+// Decides what runs in the next engine step (continuous batching with chunked prefill):
+//   1. every running sequence that has decoded so far takes its one decode token; when the pool cannot hold
+//      them all, the most recently admitted sequences are preempted (their blocks are freed and they are
+//      recomputed later, as vLLM does);
+//   2. running sequences in the middle of their prompt take the next chunk;
+//   3. waiting sequences are admitted in arrival order while the running count, the step's token budget and the
+//      free blocks allow (the whole remaining prompt must fit, plus a watermark kept for decodes).
+// Pure over plain data: it reads the KV counts of every pipeline stage (a chunk must fit in each) and changes
+// nothing itself.
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <vector>
+
+#include "leader/pipeline_kv.h"
+
+namespace strata {
+
+struct SchedulerLimits {
+  int max_running = 16;        // sequences in the running batch
+  int max_batch_tokens = 512;  // tokens processed per step (decodes + prefill chunks)
+  double watermark = 0.01;     // fraction of the pool kept free at admission, so decodes rarely preempt
+};
+
+// A sequence as the scheduler sees it.
+struct SchedulerSequence {
+  SeqId id = 0;
+  int n_tokens = 0;  // known tokens: prompt plus generated
+  int n_cached = 0;  // tokens already in the KV cache
+};
+
+struct ScheduledChunk {
+  SeqId id = 0;
+  int start = 0;  // first token index (= its position)
+  int n = 0;
+};
+
+struct Schedule {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<SeqId> admitted;     // moved from waiting to running
+  std::vector<SeqId> preempted;    // moved from running back to the front of waiting, blocks freed
+  std::vector<SeqId> unservable;   // cannot grow even alone in the pool: the engine ends them ("length")
+};
+
+// running: in admission order (oldest first); waiting: in arrival order; releasing: finished sequences whose
+// blocks the same step gives back before it runs (they count as free); kv: the blocks of every stage.
+Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std::deque<SchedulerSequence>& waiting,
+                       std::span<const SeqId> releasing, const PipelineKv& kv, const SchedulerLimits& limits);
+
+}  // namespace strata
