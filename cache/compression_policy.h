@@ -18,6 +18,7 @@
 #include "cache/policy_collectives.h"
 #include "cache/policy_spec.h"
 #include "kernels/kv_merge.h"
+#include "kernels/pod_attention.h"
 
 namespace strata {
 
@@ -89,10 +90,25 @@ struct Selection {
   std::optional<CodebookReplacement> codebook = std::nullopt;
 };
 
+// What a policy's decisions require of the cache and of the other layers, declared when it is built, so that the
+// step executor checks and wires them without knowing the policy's name.
+struct PolicyTraits {
+  // Its decisions replace or share full-precision entries: kv_cache.dtype must be f32.
+  bool full_precision_pool = false;
+  // Its selections replace entries by codebook references (CodebookReplacement); coded keys are rotated on read
+  // with the model's RoPE, so the pool needs its key RoPE table.
+  bool codes_entries = false;
+  // PoD: the layer scores distant entries with its block leader's keys (cache/pod_blocks.h) and attends to
+  // `shared_keys` (sinks and recent entries) with its own. Every layer of the sequence runs such a policy or
+  // none, and the blocks come from kv_cache.pod_blocks.
+  std::optional<PodWindow> shared_keys;
+};
+
 class CompressionPolicy {
  public:
   virtual ~CompressionPolicy() = default;
   virtual std::string_view name() const = 0;
+  virtual PolicyTraits traits() const { return {}; }
   // Asked when the sequence starts (n_generated == 0) and before each decode step.
   virtual PolicyNeeds needs(const LayerState& state) const = 0;
   // The prompt is complete in the cache (state.column_sums: the prefill rows asked for).

@@ -121,7 +121,7 @@ void EvalRunner::run_batch(std::span<EvalJob*> batch) {
         a.done = k + 1 == job.forced.size();
         if (!a.done) a.known.push_back(job.forced[k]);
       } else {
-        const int32_t token = result.sampled.at(i).token;
+        const int32_t token = result.sampled.at(i).sample.id;
         job.generated.push_back(token);
         a.done = int(job.generated.size()) >= job.generate ||
                  std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include <nlohmann/json.hpp>
-
 #include "leader/stop_matcher.h"
 
 namespace strata {
@@ -56,7 +54,8 @@ Engine::Engine(std::unique_ptr<StepDispatcher> own_ranks, StepDispatcher* ranks,
   const PipelineKv kv = ranks_.pipeline_kv();
   for (int s = 0; s < kv.n_stages(); ++s) stages_.push_back({kv.n_layers(s), kv.n_total(s)});
   block_size_ = kv.block_size();
-  publish_state();
+  publish_metrics();
+  kv_state_json_ = render_kv_state_now();
 }
 
 Engine::~Engine() { stop(); }
@@ -69,6 +68,7 @@ void Engine::stop() {
     stopping_ = true;
   }
   wake_.notify_all();
+  kv_state_ready_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -106,7 +106,17 @@ void Engine::submit(GenerationRequest request) {
 std::string Engine::metrics_text() { return metrics_.render(); }
 
 std::string Engine::kv_state_json() {
-  std::lock_guard lock(mutex_);
+  if (std::this_thread::get_id() == stepping_thread_.load()) return render_kv_state_now();
+  std::unique_lock lock(mutex_);
+  const Clock::time_point now = Clock::now();
+  const bool watched = now < kv_state_watched_until_;
+  kv_state_watched_until_ = now + std::chrono::seconds(1);
+  if (!watched) {
+    const uint64_t asked = ++kv_state_asked_;
+    wake_.notify_one();
+    kv_state_ready_.wait_for(lock, std::chrono::seconds(5),
+                             [&] { return kv_state_served_ >= asked || stopping_ || !broken_.empty(); });
+  }
   return kv_state_json_;
 }
 
@@ -126,7 +136,7 @@ void Engine::loop() {
       // Step while idle too, every 100 ms: a client gone during a long prompt's queueing is noticed, and with
       // several ranks the empty step is the heartbeat by which they know the leader is alive.
       wake_.wait_for(lock, std::chrono::milliseconds(100),
-                     [&] { return stopping_ || !inbox_.empty() || has_work(); });
+                     [&] { return stopping_ || !inbox_.empty() || has_work() || kv_state_wanted(); });
       if (stopping_) break;
     }
     try {
@@ -139,6 +149,7 @@ void Engine::loop() {
         std::lock_guard lock(mutex_);
         broken_ = e.what();
       }
+      kv_state_ready_.notify_all();
       fail_all(message, /*release=*/false);
       if (options_.on_rank_failure) options_.on_rank_failure(e.what());
       return;
@@ -197,9 +208,9 @@ void Engine::drop_cancelled() {
 }
 
 void Engine::step() {
+  stepping_thread_ = std::this_thread::get_id();
   take_new_requests();
   drop_cancelled();
-
   std::vector<SchedulerSequence> running;
   for (int64_t id : running_) {
     const Sequence& s = *seqs_.at(id);
@@ -211,7 +222,28 @@ void Engine::step() {
     waiting.push_back({id, int(s.tokens.size()), s.n_cached});
   }
   const Schedule schedule = schedule_step(running, waiting, to_release_, ranks_.pipeline_kv(), options_.limits);
+  StepPlan plan = plan_step(schedule);
+  uint64_t kv_state_asked = 0;
+  {
+    std::lock_guard lock(mutex_);
+    plan.report_detail = kv_state_wanted() || Clock::now() < kv_state_watched_until_;
+    kv_state_asked = kv_state_asked_;
+  }
+  count_queued();
 
+  const StepResult result = ranks_.execute(plan);
+  count_compression();
+  account_chunks(schedule);
+  // The KV state is published before the step's tokens go out, so that a client that reads /metrics (or
+  // /v1/kv_state) after receiving a token sees the cache that produced it.
+  publish_metrics();
+  serve_kv_state(plan, kv_state_asked);
+  for (const SampledToken& t : result.sampled) on_token(*seqs_.at(t.seq), t);
+  metrics_.set_requests(int(running_.size()), int(waiting_.size()));
+}
+
+// The schedule's decisions as the ranks will carry them out, with the engine's own bookkeeping of them.
+StepPlan Engine::plan_step(const Schedule& schedule) {
   StepPlan plan;
   plan.step = ++step_;
   for (int64_t id : schedule.unservable) finish(*seqs_.at(id), "length", /*notify=*/true);
@@ -245,19 +277,21 @@ void Engine::step() {
     w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
     plan.work.push_back(std::move(w));
   }
-  {
-    std::lock_guard lock(mutex_);
-    n_queued_ = waiting_.size() + [&] {
-      size_t n = 0;
-      for (const GenerationRequest& r : inbox_) n += size_t(r.n);
-      return n;
-    }();
-  }
+  return plan;
+}
 
-  const StepResult result = ranks_.execute(plan);
+// The sequences waiting for admission, for submit()'s bound.
+void Engine::count_queued() {
+  std::lock_guard lock(mutex_);
+  n_queued_ = waiting_.size();
+  for (const GenerationRequest& r : inbox_) n_queued_ += size_t(r.n);
+}
+
+// What every rank's policies did in the step, as counters per (layer, pp_stage, tp_rank).
+void Engine::count_compression() {
   for (const RankReport& r : ranks_.reports()) {
     for (size_t i = 0; i < r.layers.size(); ++i) {
-      const LayerReport& c = r.layers[i];
+      const LayerCompressionCounters& c = r.layers[i].counters;
       const int layer = r.layer_begin + int(i);
       if (c.evicted_tokens || c.lazy_decisions || c.not_lazy_decisions) {
         metrics_.add_layer_compression(layer, r.pp_stage, r.tp_rank, c.evicted_tokens, c.lazy_decisions,
@@ -266,7 +300,10 @@ void Engine::step() {
       if (c.merged_tokens) metrics_.add_layer_merges(layer, r.pp_stage, r.tp_rank, c.merged_tokens);
     }
   }
+}
 
+// The chunks the ranks have now cached, and the prompt tokens among them.
+void Engine::account_chunks(const Schedule& schedule) {
   int n_prompt_tokens = 0;
   for (const ScheduledChunk& c : schedule.chunks) {
     Sequence& s = *seqs_.at(c.id);
@@ -274,16 +311,12 @@ void Engine::step() {
     n_prompt_tokens += std::max(0, std::min(c.start + c.n, s.n_prompt) - c.start);
   }
   metrics_.add_prompt_tokens(n_prompt_tokens);
-  // The KV state is published before the step's tokens go out, so that a client that reads /metrics after
-  // receiving a token sees the cache that produced it.
-  publish_state();
-  for (const SampledToken& t : result.sampled) on_token(*seqs_.at(t.seq), t);
-  metrics_.set_requests(int(running_.size()), int(waiting_.size()));
 }
 
 void Engine::on_token(Sequence& seq, const SampledToken& sampled) {
   RequestState& req = *seq.req;
   const SamplingParams& sp = req.request.sampling;
+  const int32_t token = sampled.sample.id;
   const Clock::time_point now = Clock::now();
   if (!req.first_token_seen) {
     req.first_token_seen = true;
@@ -292,31 +325,29 @@ void Engine::on_token(Sequence& seq, const SampledToken& sampled) {
     metrics_.observe_inter_token_latency(std::chrono::duration<double>(now - seq.last_token).count());
   }
   seq.last_token = now;
-  seq.tokens.push_back(sampled.token);
+  seq.tokens.push_back(token);
   ++seq.n_generated;
   ++req.usage.completion_tokens;
   metrics_.add_generation_tokens(1);
 
   ChoiceDelta delta;
   delta.choice = seq.choice;
-  delta.token_ids.push_back(sampled.token);
+  delta.token_ids.push_back(token);
   if (sp.n_logprobs >= 0) {
-    LogprobEntry e{tokenizer_.token_bytes(sampled.token), sampled.token, sampled.logprob, {}};
-    for (size_t i = 0; i < sampled.top_ids.size(); ++i) {
-      e.top.emplace_back(tokenizer_.token_bytes(sampled.top_ids[i]), sampled.top_logprobs[i]);
-    }
+    LogprobEntry e{tokenizer_.token_bytes(token), token, sampled.sample.logprob, {}};
+    for (const TokenLogprob& top : sampled.sample.top) e.top.emplace_back(tokenizer_.token_bytes(top.id), top.logprob);
     delta.logprobs.push_back(std::move(e));
   }
 
   const auto& stop_ids = tokenizer_.stop_ids();
   const bool is_stop_token =
-      !sp.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), sampled.token) != stop_ids.end();
+      !sp.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
   if (is_stop_token) {
     req.request.sink->on_event(std::move(delta));
     finish(seq, "stop", /*notify=*/true);
     return;
   }
-  const StopScan text = seq.stop.push(seq.decoder.push(sampled.token));
+  const StopScan text = seq.stop.push(seq.decoder.push(token));
   delta.text = text.text;
   req.request.sink->on_event(std::move(delta));
   if (text.stopped) {
@@ -380,93 +411,51 @@ void Engine::fail_all(const std::string& message, bool release) {
       healthy_ = false;  // the ranks are in an unknown state: report it on /health
     }
   }
-  publish_state();
+  publish_metrics();
 }
 
-// Every rank's report of the last step: per-layer gauges for each (layer, pp_stage, tp_rank); the JSON view and
-// the pool totals from the first tensor rank of each stage (its TP peers hold the same lengths and block counts).
-void Engine::publish_state() {
+// Every rank's report of the last step: per-layer gauges for each (layer, pp_stage, tp_rank); the pool totals from
+// the first tensor rank of each stage (its TP peers hold the same block counts).
+void Engine::publish_metrics() {
   const RankGrid& grid = ranks_.grid();
   const std::vector<RankReport>& reports = ranks_.reports();
   for (const RankReport& r : reports) {
     for (size_t i = 0; i < r.layers.size(); ++i) {
-      const LayerReport& u = r.layers[i];
-      metrics_.set_layer_kv(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.tokens, u.bytes, u.uncompressed_bytes);
-      metrics_.set_layer_codebook(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.codebook_vectors);
-      metrics_.set_layer_shared_keys(r.layer_begin + int(i), r.pp_stage, r.tp_rank, u.shared_keys);
+      const LayerUsage& u = r.layers[i].usage;
+      const int layer = r.layer_begin + int(i);
+      metrics_.set_layer_kv(layer, r.pp_stage, r.tp_rank, u.entries, u.bytes, u.uncompressed_bytes);
+      metrics_.set_layer_codebook(layer, r.pp_stage, r.tp_rank, u.codebook_vectors);
+      metrics_.set_layer_shared_keys(layer, r.pp_stage, r.tp_rank, u.shared_key_entries);
     }
   }
-  int64_t held = 0, blocks_free = 0, blocks_total = 0;
-  nlohmann::json layers = nlohmann::json::array();
-  nlohmann::json ranks = nlohmann::json::array();
-  std::vector<const RankReport*> stages;
+  int64_t blocks_free = 0, blocks_total = 0;
   for (int st = 0; st < grid.pp; ++st) {
     const RankReport& r = reports.at(size_t(grid.rank_of(st, 0)));
-    stages.push_back(&r);
-    for (size_t i = 0; i < r.layers.size(); ++i) {
-      const LayerReport& u = r.layers[i];
-      layers.push_back({{"layer", r.layer_begin + int(i)}, {"pp_stage", st}, {"tokens", u.tokens},
-                        {"blocks", u.blocks}, {"bytes", u.bytes}, {"uncompressed_bytes", u.uncompressed_bytes}});
-      if (u.codebook_vectors) layers.back()["codebook_vectors"] = u.codebook_vectors;
-      if (u.shared_keys) layers.back()["shared_keys"] = u.shared_keys;
-      held += u.blocks;
-    }
     blocks_free += r.blocks_free;
     blocks_total += r.blocks_total;
   }
-  for (const RankReport& r : reports) {
-    ranks.push_back({{"rank", r.world_rank}, {"pp_stage", r.pp_stage}, {"tp_rank", r.tp_rank},
-                     {"blocks_free", r.blocks_free}, {"blocks_total", r.blocks_total}});
-  }
-  metrics_.set_kv_blocks(blocks_free, blocks_total, stages[0]->block_size);
+  metrics_.set_kv_blocks(blocks_free, blocks_total, reports.at(0).block_size);
   metrics_.set_requests(int(running_.size()), int(waiting_.size()));
+}
 
-  nlohmann::json sequences = nlohmann::json::array();
+std::string Engine::render_kv_state_now() const {
+  std::vector<KvStateSequence> sequences;
   for (const auto& [id, seq] : seqs_) {
-    nlohmann::json per_layer = nlohmann::json::array();
-    for (const RankReport* r : stages) {
-      auto it = std::lower_bound(r->sequences.begin(), r->sequences.end(), id,
-                                 [](const SequenceReport& s, int64_t seq) { return s.seq < seq; });
-      if (it == r->sequences.end() || it->seq != id) continue;
-      for (size_t i = 0; i < it->entries.size(); ++i) {
-        nlohmann::json entry = {{"layer", r->layer_begin + int(i)}, {"tokens", it->entries[i]},
-                                {"uncompressed_tokens", it->appended[i]}, {"blocks", it->blocks[i]}};
-        if (i < it->policy.size()) entry["policy"] = it->policy[i];
-        if (it->lazy[i] >= 0) entry["lazy"] = it->lazy[i] == 1;
-        if (it->capacity[i] >= 0) entry["capacity"] = it->capacity[i];
-        if (it->merged[i]) entry["merged_tokens"] = it->merged[i];
-        if (it->codebook_keys[i] || it->codebook_values[i]) {
-          entry["codebook"] = {{"keys", it->codebook_keys[i]}, {"values", it->codebook_values[i]}};
-        }
-        if (it->shared_keys[i]) entry["shared_keys"] = it->shared_keys[i];
-        per_layer.push_back(std::move(entry));
-      }
-    }
-    sequences.push_back({{"seq", id},
-                         {"request", seq->req->request.id},
-                         {"choice", seq->choice},
-                         {"policy", seq->req->request.kv_policy.empty() ? "(server default)"
-                                                                        : seq->req->request.kv_policy},
-                         {"prompt_tokens", seq->n_prompt},
-                         {"generated_tokens", seq->n_generated},
-                         {"cached_tokens", seq->n_cached},
-                         {"layers", per_layer}});
+    const GenerationRequest& r = seq->req->request;
+    sequences.push_back({id, r.id, seq->choice, r.kv_policy, seq->n_prompt, seq->n_generated, seq->n_cached});
   }
-  nlohmann::json state = {{"pp_stage", grid.stage()},
-                          {"tp_rank", grid.tp_rank()},
-                          {"tp", grid.tp},
-                          {"pp", grid.pp},
-                          {"block_size", stages[0]->block_size},
-                          {"blocks_total", blocks_total},
-                          {"blocks_free", blocks_free},
-                          {"blocks_held", held},
-                          {"block_bytes", stages[0]->block_bytes},
-                          {"layers", layers},
-                          {"ranks", ranks},
-                          {"sequences", sequences}};
-  std::string text = state.dump();
-  std::lock_guard lock(mutex_);
-  kv_state_json_ = std::move(text);
+  return render_kv_state(ranks_.grid(), ranks_.reports(), sequences);
+}
+
+void Engine::serve_kv_state(const StepPlan& plan, uint64_t asked) {
+  if (!plan.report_detail) return;
+  std::string text = render_kv_state_now();
+  {
+    std::lock_guard lock(mutex_);
+    kv_state_json_ = std::move(text);
+    kv_state_served_ = std::max(kv_state_served_, asked);
+  }
+  kv_state_ready_.notify_all();
 }
 
 }  // namespace strata

@@ -4,6 +4,7 @@
 // builds the StepPlan, has every rank execute it (leader/step_dispatcher.h), and turns sampled tokens into text
 // events on each request's sink: incremental detokenization, stop strings, finish reasons, logprobs, usage and
 // metrics (the KV state of every rank, from their reports).
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "leader/generation.h"
+#include "leader/kv_state_view.h"
 #include "leader/metrics.h"
 #include "leader/scheduler.h"
 #include "leader/step_dispatcher.h"
@@ -49,6 +51,11 @@ class Engine final : public GenerationService {
 
   void submit(GenerationRequest request) override;
   std::string metrics_text() override;
+  // The ranks report their sequences' policy detail only while someone watches: the first call asks for it in the
+  // next step and waits for that step (a few seconds at most; then, or when the engine is not stepping, the last
+  // rendering); for a second after each call every step renders the state again, and calls return the latest at
+  // once. Called from a sink on the thread that steps (strata generate --json), it renders the last step's
+  // reports at once: lengths, and detail if that step had it.
   std::string kv_state_json() override;
   bool healthy() const override;
   void record_error(int http_status) override;
@@ -67,14 +74,22 @@ class Engine final : public GenerationService {
 
   void loop();
   bool has_work() const;
+  bool kv_state_wanted() const { return kv_state_asked_ > kv_state_served_; }  // under mutex_
   void step();
   void take_new_requests();
   void drop_cancelled();
+  StepPlan plan_step(const Schedule& schedule);
+  void count_queued();
+  void count_compression();
+  void account_chunks(const Schedule& schedule);
   void on_token(Sequence& seq, const SampledToken& sampled);
   void finish(Sequence& seq, const std::string& reason, bool notify);
   // release: have the ranks free the failed sequences' KV (not when the world is broken).
   void fail_all(const std::string& message, bool release);
-  void publish_state();
+  void publish_metrics();
+  // After a step whose plan asked for the ranks' detail: renders /v1/kv_state and wakes the clients that wait.
+  void serve_kv_state(const StepPlan& plan, uint64_t asked);
+  std::string render_kv_state_now() const;
 
   std::unique_ptr<StepDispatcher> own_ranks_;  // the world-of-one constructor's
   StepDispatcher& ranks_;
@@ -98,10 +113,15 @@ class Engine final : public GenerationService {
   bool stopping_ = false;
   bool healthy_ = true;
   std::string broken_;  // why the world is gone (a rank failed): new requests are refused
+  std::condition_variable kv_state_ready_;
+  uint64_t kv_state_asked_ = 0;   // first requests for /v1/kv_state (not watching) so far
+  uint64_t kv_state_served_ = 0;  // of which a rendering after them answers
+  Clock::time_point kv_state_watched_until_;  // every step renders the state until then
   std::string kv_state_json_ = "{}";
 
   // Engine thread only.
   std::thread thread_;
+  std::atomic<std::thread::id> stepping_thread_;  // the thread in step(): the loop's, or run_until_idle's caller
   std::mt19937_64 seed_source_{std::random_device{}()};  // seeds for requests that give none
   uint64_t step_ = 0;
   int64_t next_seq_id_ = 1;

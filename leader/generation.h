@@ -67,7 +67,7 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_ids;
   SamplingParams sampling;
   int n = 1;                            // independent choices for the same prompt
-  std::string kv_policy;                // reserved for [compression-1]: the per-request policy (empty = default)
+  std::string kv_policy;                // the request's policy spec (kv_compression); empty: the server's
   std::shared_ptr<GenerationSink> sink;
 };
 

@@ -17,14 +17,14 @@ PipelineKv::PipelineKv(std::vector<RankReport> stages) : stages_(std::move(stage
   }
 }
 
-const SequenceReport* PipelineKv::find(int stage, SeqId seq) const {
+const SequenceKv* PipelineKv::find(int stage, SeqId seq) const {
   const auto& index = index_.at(size_t(stage));
   auto it = index.find(seq);
   return it == index.end() ? nullptr : &stages_[size_t(stage)].sequences[it->second];
 }
 
 int64_t PipelineKv::blocks_to_append(int stage, SeqId seq, int n_new) const {
-  const SequenceReport* s = find(stage, seq);
+  const SequenceKv* s = find(stage, seq);
   const int64_t bs = block_size();
   int64_t total = 0;
   for (int l = 0; l < n_layers(stage); ++l) {
@@ -36,7 +36,7 @@ int64_t PipelineKv::blocks_to_append(int stage, SeqId seq, int n_new) const {
 }
 
 int64_t PipelineKv::blocks_held(int stage, SeqId seq) const {
-  const SequenceReport* s = find(stage, seq);
+  const SequenceKv* s = find(stage, seq);
   return s == nullptr ? 0 : s->blocks_held;
 }
 

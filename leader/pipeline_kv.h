@@ -30,7 +30,7 @@ class PipelineKv {
   int64_t blocks_held(int stage, SeqId seq) const;
 
  private:
-  const SequenceReport* find(int stage, SeqId seq) const;
+  const SequenceKv* find(int stage, SeqId seq) const;
 
   std::vector<RankReport> stages_;
   std::vector<std::unordered_map<SeqId, size_t>> index_;  // per stage: seq -> position in stages_[s].sequences

@@ -19,7 +19,7 @@ StepResult StepDispatcher::execute(const StepPlan& plan) {
   last_step_ = plan.step;
   if (!exchange_) {
     StepResult own = executor_.execute(plan);
-    reports_.assign(1, reporter_.report(plan.step, std::move(own)));
+    reports_.assign(1, reporter_.report(plan, std::move(own)));
     return reports_[0].result;
   }
   exchange_->publish(plan);
@@ -34,7 +34,7 @@ StepResult StepDispatcher::execute(const StepPlan& plan) {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  RankReport report = reporter_.report(plan.step, std::move(own));
+  RankReport report = reporter_.report(plan, std::move(own));
   report.error = std::move(error);
   reports_ = exchange_->collect(std::move(report));
   return reports_.at(size_t(grid_.rank_of(grid_.pp - 1, 0))).result;

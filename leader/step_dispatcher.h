@@ -30,7 +30,6 @@ class StepDispatcher {
   const std::vector<RankReport>& reports() const { return reports_; }
   // The scheduler's view of every stage's KV blocks after the last step.
   PipelineKv pipeline_kv() const;
-  StepExecutor& executor() { return executor_; }
 
  private:
   RankGrid grid_;

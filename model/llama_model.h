@@ -99,7 +99,8 @@ class LlamaModel {
   // over rows (BLAS kernels sum in an order that can depend on the row count; docs/distributed.md).
   void set_micro_batches(int n) { micro_batches_ = std::max(1, n); }
 
-  // Appends the batch's tokens to `cache` (the caller has checked KvCache::can_append) and runs the shard.
+  // Appends the batch's tokens to `cache` (the leader's scheduler fits every step in the pool; an append that does
+  // not fit throws) and runs the shard.
   // `logits` receives one row of vocab_size floats per requested position, in batch order: one row for
   // LogitsMode::last, one per token for LogitsMode::all; `samples` one token per LogitsMode::sample sequence, in
   // batch order. On a stage without the output head both are left empty. Every rank of the world runs the same

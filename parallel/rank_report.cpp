@@ -8,6 +8,48 @@ namespace {
 
 constexpr uint32_t kReportMagic = 0x54525053;  // "SPRT"
 
+void put_detail(wire::Writer& w, const SequenceDetail& d) {
+  w.put(d.seq);
+  w.put<uint32_t>(uint32_t(d.layers.size()));
+  for (const SequenceLayerDetail& l : d.layers) {
+    w.put(l.policy);
+    w.put(l.appended);
+    w.put(l.lazy);
+    w.put(l.capacity);
+    w.put(l.merged_tokens);
+    w.put(l.codebook_keys);
+    w.put(l.codebook_values);
+    w.put(l.shared_keys);
+  }
+}
+
+SequenceDetail get_detail(wire::Reader& in) {
+  SequenceDetail d;
+  d.seq = in.get<int64_t>();
+  const uint32_t n_layers = in.get_count(4 + 4 + 1 + 4 + 4 * 8);
+  for (uint32_t i = 0; i < n_layers; ++i) {
+    SequenceLayerDetail l;
+    l.policy = in.get_string();
+    l.appended = in.get<int32_t>();
+    l.lazy = in.get<int8_t>();
+    l.capacity = in.get<int32_t>();
+    l.merged_tokens = in.get<int64_t>();
+    l.codebook_keys = in.get<int64_t>();
+    l.codebook_values = in.get<int64_t>();
+    l.shared_keys = in.get<int64_t>();
+    d.layers.push_back(std::move(l));
+  }
+  return d;
+}
+
+// Every per-layer list of a sequence has one item per layer of the shard.
+void check_layer_count(int64_t seq, size_t n, size_t n_layers) {
+  if (n != n_layers) {
+    throw std::runtime_error("rank report: sequence " + std::to_string(seq) + " has per-layer lists of " +
+                             std::to_string(n) + " entries for " + std::to_string(n_layers) + " layers");
+  }
+}
+
 }  // namespace
 
 std::vector<uint8_t> serialize(const RankReport& r) {
@@ -24,21 +66,14 @@ std::vector<uint8_t> serialize(const RankReport& r) {
   w.put(r.blocks_total);
   w.put(r.layers);  // LayerReport is trivially copyable
   w.put<uint32_t>(uint32_t(r.sequences.size()));
-  for (const SequenceReport& s : r.sequences) {
+  for (const SequenceKv& s : r.sequences) {
     w.put(s.seq);
     w.put(s.entries);
-    w.put(s.appended);
     w.put(s.blocks);
     w.put(s.blocks_held);
-    w.put(s.lazy);
-    w.put(s.capacity);
-    w.put(s.merged);
-    w.put(s.codebook_keys);
-    w.put(s.codebook_values);
-    w.put(s.shared_keys);
-    w.put<uint32_t>(uint32_t(s.policy.size()));
-    for (const std::string& p : s.policy) w.put(p);
   }
+  w.put<uint32_t>(uint32_t(r.details.size()));
+  for (const SequenceDetail& d : r.details) put_detail(w, d);
   w.put(serialize(r.result));
   w.put(r.error);
   return w.take();
@@ -58,30 +93,21 @@ RankReport deserialize_rank_report(const std::vector<uint8_t>& bytes) {
   r.blocks_free = in.get<int64_t>();
   r.blocks_total = in.get<int64_t>();
   r.layers = in.get_vector<LayerReport>();
-  const uint32_t n_seqs = in.get_count(8 + 8 + 10 * 4);
+  const uint32_t n_seqs = in.get_count(8 + 4 + 4 + 8);
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    SequenceReport s;
+    SequenceKv s;
     s.seq = in.get<int64_t>();
     s.entries = in.get_vector<int32_t>();
-    s.appended = in.get_vector<int32_t>();
     s.blocks = in.get_vector<int32_t>();
     s.blocks_held = in.get<int64_t>();
-    s.lazy = in.get_vector<int8_t>();
-    s.capacity = in.get_vector<int32_t>();
-    s.merged = in.get_vector<int64_t>();
-    s.codebook_keys = in.get_vector<int64_t>();
-    s.codebook_values = in.get_vector<int64_t>();
-    s.shared_keys = in.get_vector<int64_t>();
-    const uint32_t n_policies = in.get_count(4);
-    for (uint32_t p = 0; p < n_policies; ++p) s.policy.push_back(in.get_string());
-    const size_t n = r.layers.size();
-    if (s.entries.size() != n || s.appended.size() != n || s.blocks.size() != n || s.lazy.size() != n ||
-        s.capacity.size() != n || s.merged.size() != n || s.codebook_keys.size() != n ||
-        s.codebook_values.size() != n || s.shared_keys.size() != n || (!s.policy.empty() && s.policy.size() != n)) {
-      throw std::runtime_error("rank report: sequence " + std::to_string(s.seq) + " has per-layer lists of " +
-                               std::to_string(s.entries.size()) + " entries for " + std::to_string(n) + " layers");
-    }
+    check_layer_count(s.seq, s.entries.size(), r.layers.size());
+    check_layer_count(s.seq, s.blocks.size(), r.layers.size());
     r.sequences.push_back(std::move(s));
+  }
+  const uint32_t n_details = in.get_count(8 + 4);
+  for (uint32_t i = 0; i < n_details; ++i) {
+    r.details.push_back(get_detail(in));
+    check_layer_count(r.details.back().seq, r.details.back().layers.size(), r.layers.size());
   }
   r.result = deserialize_step_result(in.get_vector<uint8_t>());
   r.error = in.get_string();

@@ -1,46 +1,59 @@
 #pragma once
-// What every rank tells the leader after each step (design brief, section 1: "small reports"): its KV pool and the
-// per-layer occupancy of its shard (for the scheduler's admission over every pipeline stage, and for /metrics with
-// the rank's pp_stage and tp_rank labels), what its compression policies did, the tokens it sampled (the last
-// stage's first tensor rank), or the error that stopped it. Plain data with a byte encoding.
+// What every rank tells the leader after each step (design brief, section 1: "small reports"): its KV pool, the
+// per-layer occupancy of its shard and what its compression policies did (for the scheduler's admission over every
+// pipeline stage, and for /metrics with the rank's pp_stage and tp_rank labels), the per-sequence lengths the
+// scheduler needs, the tokens it sampled (the last stage's first tensor rank), or the error that stopped it.
+// Per-sequence policy detail (for /v1/kv_state) comes only in the report of a step whose plan asked for it.
+// Plain data with a byte encoding.
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "cache/kv_cache.h"
 #include "parallel/step_plan.h"
 
 namespace strata {
 
-// One layer of the rank's shard, over all sequences.
-struct LayerReport {
-  int64_t tokens = 0;               // entries held
-  int64_t blocks = 0;
-  int64_t bytes = 0;                // the pool memory the layer's blocks take
-  int64_t uncompressed_bytes = 0;   // what the same sequences would take with `full`
-  int64_t evicted_tokens = 0;       // since the previous report
-  int64_t lazy_decisions = 0;       // SimLayerKV verdicts since the previous report
-  int64_t not_lazy_decisions = 0;
-  int64_t merged_tokens = 0;        // D2O merges since the previous report
-  int64_t codebook_vectors = 0;     // SpindleKV: codebook entries held (every sequence, KV head, K and V)
-  int64_t shared_keys = 0;          // PoD: entries whose keys the layer does not hold (its leader's are used)
+// What the policies of one layer did since the previous report (the metrics' counters).
+struct LayerCompressionCounters {
+  int64_t evicted_tokens = 0;
+  int64_t lazy_decisions = 0;      // SimLayerKV: layers found lazy
+  int64_t not_lazy_decisions = 0;  // and found not lazy
+  int64_t merged_tokens = 0;       // D2O: evicted entries merged into kept ones (per KV head, like evicted_tokens)
 };
 
-// One sequence on the rank: per local layer, what the KV cache holds and what its policy decided. Sent by the
-// first tensor rank of each stage only (its TP peers hold the same lengths, design rule 2).
-struct SequenceReport {
+// One layer of the rank's shard, over all sequences.
+struct LayerReport {
+  LayerUsage usage;
+  LayerCompressionCounters counters;
+};
+
+// One sequence's lengths on the rank, per local layer: what the scheduler counts blocks with. Sent by the first
+// tensor rank of each stage only (its TP peers hold the same lengths, design rule 2).
+struct SequenceKv {
   int64_t seq = 0;
-  std::vector<int32_t> entries;     // per local layer: entries held (after compression)
-  std::vector<int32_t> appended;    // per local layer: entries ever appended (what `full` would hold)
-  std::vector<int32_t> blocks;      // per local layer: blocks in the block table
-  int64_t blocks_held = 0;          // blocks releasing the sequence gives back (KvCache::blocks_held: in a
-                                    // quantized pool, quantized blocks share slots and count only as whole slots)
-  std::vector<int8_t> lazy;         // per local layer: SimLayerKV's verdict, -1 while none
-  std::vector<int32_t> capacity;    // per local layer: the most entries the policy allows (D2O), -1 while none
-  std::vector<int64_t> merged;      // per local layer: entries merged into kept ones so far (D2O)
-  std::vector<int64_t> codebook_keys;    // per local layer: SpindleKV codebook entries, keys (all KV heads)
-  std::vector<int64_t> codebook_values;  // and values
-  std::vector<int64_t> shared_keys;      // per local layer: PoD entries without their own keys
-  std::vector<std::string> policy;  // per local layer: the policy spec in effect; empty before the prefill
+  std::vector<int32_t> entries;  // entries held (after compression)
+  std::vector<int32_t> blocks;   // blocks in the block table
+  int64_t blocks_held = 0;       // blocks releasing the sequence gives back (KvCache::blocks_held: in a quantized
+                                 // pool, quantized blocks share slots and count only as whole slots)
+};
+
+// One layer of one sequence as /v1/kv_state shows it: what the cache holds beyond the lengths, and what the
+// layer's policy decided.
+struct SequenceLayerDetail {
+  std::string policy;            // the spec in effect; empty before the prefill starts
+  int32_t appended = 0;          // entries ever appended (what `full` would hold)
+  int8_t lazy = -1;              // SimLayerKV's verdict: 1 lazy, 0 not, -1 none yet
+  int32_t capacity = -1;         // the most entries the policy allows (D2O), -1 while none
+  int64_t merged_tokens = 0;     // entries merged into kept ones so far (D2O)
+  int64_t codebook_keys = 0;     // SpindleKV codebook entries (all KV heads), keys
+  int64_t codebook_values = 0;   // and values
+  int64_t shared_keys = 0;       // PoD: entries without their own keys
+};
+
+struct SequenceDetail {
+  int64_t seq = 0;
+  std::vector<SequenceLayerDetail> layers;  // per local layer
 };
 
 struct RankReport {
@@ -54,7 +67,8 @@ struct RankReport {
   int64_t blocks_free = 0;
   int64_t blocks_total = 0;
   std::vector<LayerReport> layers;
-  std::vector<SequenceReport> sequences;  // ascending seq
+  std::vector<SequenceKv> sequences;    // ascending seq
+  std::vector<SequenceDetail> details;  // ascending seq; only when the plan asked (StepPlan::report_detail)
   StepResult result;              // the sampled tokens (the last stage's tp_rank 0); empty elsewhere
   std::string error;              // non-empty: the rank could not execute the step (the message names why)
 };

@@ -43,6 +43,7 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
   w.put(kPlanMagic);
   w.put(plan.step);
   w.put<uint8_t>(plan.shutdown);
+  w.put<uint8_t>(plan.report_detail);
   w.put<uint32_t>(uint32_t(plan.added.size()));
   for (const PlannedSequence& a : plan.added) {
     w.put(a.seq);
@@ -70,6 +71,7 @@ StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
   StepPlan plan;
   plan.step = r.get<uint64_t>();
   plan.shutdown = r.get<uint8_t>() != 0;
+  plan.report_detail = r.get<uint8_t>() != 0;
   const uint32_t n_added = r.get_count(8);
   for (uint32_t i = 0; i < n_added; ++i) {
     PlannedSequence a;
@@ -103,10 +105,9 @@ std::vector<uint8_t> serialize(const StepResult& result) {
   w.put<uint32_t>(uint32_t(result.sampled.size()));
   for (const SampledToken& s : result.sampled) {
     w.put(s.seq);
-    w.put(s.token);
-    w.put(s.logprob);
-    w.put(s.top_ids);
-    w.put(s.top_logprobs);
+    w.put(s.sample.id);
+    w.put(s.sample.logprob);
+    w.put(s.sample.top);  // TokenLogprob is trivially copyable
   }
   return w.take();
 }
@@ -120,10 +121,9 @@ StepResult deserialize_step_result(const std::vector<uint8_t>& bytes) {
   for (uint32_t i = 0; i < n; ++i) {
     SampledToken s;
     s.seq = r.get<int64_t>();
-    s.token = r.get<int32_t>();
-    s.logprob = r.get<float>();
-    s.top_ids = r.get_vector<int32_t>();
-    s.top_logprobs = r.get_vector<float>();
+    s.sample.id = r.get<int32_t>();
+    s.sample.logprob = r.get<float>();
+    s.sample.top = r.get_vector<TokenLogprob>();
     result.sampled.push_back(std::move(s));
   }
   r.expect_end();

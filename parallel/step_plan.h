@@ -35,15 +35,13 @@ struct StepPlan {
   std::vector<int64_t> preempted;  // give back their KV blocks; they come back later as new work from position 0
   std::vector<int64_t> finished;   // give back their KV blocks and forget their sampling state
   std::vector<PlannedWork> work;
+  bool report_detail = false;  // every rank adds its sequences' policy detail to its report (/v1/kv_state asked)
   bool shutdown = false;
 };
 
 struct SampledToken {
   int64_t seq = 0;
-  int32_t token = 0;
-  float logprob = 0.0f;
-  std::vector<int32_t> top_ids;      // requested top alternatives, most likely first
-  std::vector<float> top_logprobs;
+  RowSample sample;  // the token, its logprob and the requested alternatives (kernels/token_sampling.h)
 };
 
 struct StepResult {

@@ -12,27 +12,14 @@ RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs) {
   r.block_bytes = pool.layout().block_bytes();
   r.blocks_free = pool.n_free();
   r.blocks_total = pool.n_total();
-  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
-    const LayerUsage u = cache.layer_usage(l);
-    r.layers.push_back(LayerReport{u.entries, u.blocks, u.bytes, u.uncompressed_bytes, 0, 0, 0, 0, u.codebook_vectors,
-                                   u.shared_key_entries});
-  }
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) r.layers.push_back({cache.layer_usage(l), {}});
   for (SeqId seq : seqs) {
     if (!cache.contains(seq)) continue;
-    SequenceReport s;
-    s.seq = seq;
-    s.blocks_held = cache.blocks_held(seq);
+    SequenceKv s{seq, {}, {}, cache.blocks_held(seq)};
     for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
       const LayerKv& kv = cache.layer(seq, l);
       s.entries.push_back(kv.n_entries);
-      s.appended.push_back(kv.n_appended);
       s.blocks.push_back(int32_t(kv.block_table.size()));
-      s.lazy.push_back(-1);
-      s.capacity.push_back(-1);
-      s.merged.push_back(0);
-      s.codebook_keys.push_back(0);
-      s.codebook_values.push_back(0);
-      s.shared_keys.push_back(cache.sequence_usage(seq, l).shared_key_entries);
     }
     r.sequences.push_back(std::move(s));
   }
@@ -47,38 +34,41 @@ void RankReporter::track(const StepPlan& plan) {
   for (const PlannedWork& w : plan.work) seqs_.insert(w.seq);
 }
 
-RankReport RankReporter::report(uint64_t step, StepResult result) {
+RankReport RankReporter::report(const StepPlan& plan, StepResult result) {
   const std::vector<SeqId> seqs(seqs_.begin(), seqs_.end());
   RankReport r = kv_report(cache_, seqs);
-  r.step = step;
+  r.step = plan.step;
   r.world_rank = grid_.rank;
   r.pp_stage = grid_.stage();
   r.tp_rank = grid_.tp_rank();
   const std::vector<LayerCompressionCounters> counters = executor_.take_counters();
-  for (size_t l = 0; l < counters.size() && l < r.layers.size(); ++l) {
-    r.layers[l].evicted_tokens = counters[l].evicted_tokens;
-    r.layers[l].lazy_decisions = counters[l].lazy_decisions;
-    r.layers[l].not_lazy_decisions = counters[l].not_lazy_decisions;
-    r.layers[l].merged_tokens = counters[l].merged_tokens;
-  }
+  for (size_t l = 0; l < counters.size() && l < r.layers.size(); ++l) r.layers[l].counters = counters[l];
   // The stage's other tensor ranks hold the same sequence lengths: one of them describes the sequences.
-  if (grid_.tp_rank() != 0) r.sequences.clear();
-  for (SequenceReport& s : r.sequences) {
-    const std::vector<LayerPolicyState> policies = executor_.layer_policies(s.seq);
-    if (policies.size() != s.entries.size()) continue;  // no policies before the sequence's prefill starts
-    for (size_t l = 0; l < policies.size(); ++l) {
-      const LayerPolicyState& p = policies[l];
-      if (p.lazy) s.lazy[l] = *p.lazy ? 1 : 0;
-      if (p.capacity) s.capacity[l] = *p.capacity;
-      s.merged[l] = p.merged_tokens;
-      s.codebook_keys[l] = p.codebook_keys;
-      s.codebook_values[l] = p.codebook_values;
-      s.policy.push_back(p.policy);
-    }
+  if (grid_.tp_rank() != 0) {
+    r.sequences.clear();
+  } else if (plan.report_detail) {
+    for (const SequenceKv& s : r.sequences) r.details.push_back(detail(s.seq));
   }
   // The first tensor rank of the last stage speaks for the world's sampling (its TP peers draw the same tokens).
   if (grid_.is_last_stage() && grid_.tp_rank() == 0) r.result = std::move(result);
   return r;
+}
+
+// The policies' decisions (none before the sequence's prefill starts) beside what the cache holds for them.
+SequenceDetail RankReporter::detail(SeqId seq) const {
+  SequenceDetail d{seq, executor_.policy_detail(seq)};
+  d.layers.resize(size_t(cache_.n_layers()));
+  for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
+    SequenceLayerDetail& layer = d.layers[size_t(l - cache_.layer_begin())];
+    const LayerKv& kv = cache_.layer(seq, l);
+    layer.appended = kv.n_appended;
+    if (kv.codebook) {
+      for (const auto& k : kv.codebook->keys) layer.codebook_keys += int64_t(k.size());
+      for (const auto& v : kv.codebook->values) layer.codebook_values += int64_t(v.size());
+    }
+    layer.shared_keys = cache_.sequence_usage(seq, l).shared_key_entries;
+  }
+  return d;
 }
 
 }  // namespace strata

@@ -1,7 +1,7 @@
 #pragma once
 // Builds a rank's report after each step (parallel/rank_report.h): the KV state of its cache, what its compression
-// policies did since the last report, and the tokens it sampled. Used alike by the leader (its own report) and by
-// every other rank (rank/rank_worker.h).
+// policies did since the last report, the tokens it sampled, and, when the plan asks, its sequences' policy
+// detail. Used alike by the leader (its own report) and by every other rank (rank/rank_worker.h).
 #include <cstdint>
 #include <set>
 #include <span>
@@ -14,7 +14,7 @@
 namespace strata {
 
 // The KV part of a rank's report from its cache: pool, per-layer usage, and the per-layer entries and blocks of
-// those of `seqs` the cache holds (policy state unknown: lazy and capacity -1, no policy names; counters zero).
+// those of `seqs` the cache holds (counters zero, no detail).
 RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs);
 
 class RankReporter {
@@ -23,11 +23,13 @@ class RankReporter {
 
   // Follows the plan's sequences, so that a report lists those the cache holds. Call before executing it.
   void track(const StepPlan& plan);
-  // Takes the executor's compression counters (they restart from zero). `result`: what the executor sampled; kept
-  // only on the last stage's first tensor rank.
-  RankReport report(uint64_t step, StepResult result);
+  // The report of `plan`'s step. Takes the executor's compression counters (they restart from zero). `result`:
+  // what the executor sampled; kept only on the last stage's first tensor rank.
+  RankReport report(const StepPlan& plan, StepResult result);
 
  private:
+  SequenceDetail detail(SeqId seq) const;
+
   RankGrid grid_;
   const KvCache& cache_;
   StepExecutor& executor_;

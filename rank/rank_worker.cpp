@@ -23,7 +23,7 @@ void step_loop(StepExchange& exchange, StepExecutor& executor, RankReporter& rep
     } catch (const std::exception& e) {
       error = e.what();
     }
-    RankReport report = reporter.report(plan.step, std::move(result));
+    RankReport report = reporter.report(plan, std::move(result));
     report.error = error;
     exchange.reply(report);
     if (!error.empty()) {

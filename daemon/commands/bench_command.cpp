@@ -232,7 +232,7 @@ nlohmann::json run_at_context(const BenchSetup& setup, int max_batch_tokens, Seq
       budget -= n;
     }
     for (const SampledToken& t : executor.execute(p).sampled) {
-      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.token;
+      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.sample.id;
     }
   }
   const Clock::time_point decode_start = Clock::now();
@@ -255,7 +255,7 @@ nlohmann::json run_at_context(const BenchSetup& setup, int max_batch_tokens, Seq
     }
     const Clock::time_point t0 = Clock::now();
     for (const SampledToken& t : executor.execute(p).sampled) {
-      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.token;
+      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.sample.id;
     }
     step_seconds.push_back(seconds(t0, Clock::now()));
   }

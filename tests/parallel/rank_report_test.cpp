@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -20,35 +21,28 @@ RankReport full_report() {
   r.block_bytes = 8192;
   r.blocks_free = 1234;
   r.blocks_total = 5000;
-  r.layers = {LayerReport{10, 2, 16384, 32768, 3, 1, 0, 4, 715, 64}, LayerReport{-1, 0, 0, 0, 0, 0, 7, 0}};
-  SequenceReport s;
-  s.seq = 42;
-  s.entries = {96, 80};
-  s.appended = {300, 300};
-  s.blocks = {6, 5};
-  s.blocks_held = 9;  // fewer than the 11 blocks: quantized blocks share slots
-  s.lazy = {-1, 1};
-  s.capacity = {-1, 128};
-  s.merged = {0, 17};
-  s.codebook_keys = {0, 310};
-  s.codebook_values = {0, 405};
-  s.shared_keys = {0, 32};
-  s.policy = {"snapkv:budget=96", std::string("odd\0name", 8)};
-  r.sequences.push_back(s);
-  SequenceReport before_prefill;  // no policies built yet
-  before_prefill.seq = 43;
-  before_prefill.entries = {0, 0};
-  before_prefill.appended = {0, 0};
-  before_prefill.blocks = {0, 0};
-  before_prefill.lazy = {-1, -1};
-  before_prefill.capacity = {-1, -1};
-  before_prefill.merged = {0, 0};
-  before_prefill.codebook_keys = {0, 0};
-  before_prefill.codebook_values = {0, 0};
-  before_prefill.shared_keys = {0, 0};
-  r.sequences.push_back(before_prefill);
+  LayerReport l0;
+  l0.usage.entries = 10;
+  l0.usage.blocks = 2;
+  l0.usage.bytes = 16384;
+  l0.usage.uncompressed_bytes = 32768;
+  l0.usage.codebook_vectors = 715;
+  l0.usage.shared_key_entries = 64;
+  l0.counters = {3, 1, 0, 4};
+  LayerReport l1;
+  l1.usage.entries = -1;
+  l1.counters.not_lazy_decisions = 7;
+  r.layers = {l0, l1};
+  r.sequences.push_back(SequenceKv{42, {96, 80}, {6, 5}, 9});  // 9 < 11 blocks: quantized blocks share slots
+  r.sequences.push_back(SequenceKv{43, {0, 0}, {0, 0}, 0});     // before its prefill
+  SequenceDetail d;
+  d.seq = 42;
+  d.layers.push_back({"snapkv:budget=96", 300, -1, -1, 0, 0, 0, 0});
+  d.layers.push_back({std::string("odd\0name", 8), 300, 1, 128, 17, 310, 405, 32});
+  r.details.push_back(d);
+  r.details.push_back(SequenceDetail{43, {SequenceLayerDetail{}, SequenceLayerDetail{}}});  // no policies yet
   r.result.step = r.step;
-  r.result.sampled.push_back(SampledToken{42, 17, -0.5f, {17, 3}, {-0.5f, -1.25f}});
+  r.result.sampled.push_back(SampledToken{42, RowSample{17, -0.5f, {{17, -0.5f}, {3, -1.25f}}}});
   r.error = "rank 3: something";
   return r;
 }
@@ -62,28 +56,31 @@ TEST(RankReport, RoundTripsEveryField) {
   EXPECT_EQ(std::tie(b.block_bytes, b.blocks_free, b.blocks_total),
             std::tie(a.block_bytes, a.blocks_free, a.blocks_total));
   ASSERT_EQ(b.layers.size(), 2u);
-  EXPECT_EQ(b.layers[0].uncompressed_bytes, 32768);
-  EXPECT_EQ(b.layers[0].merged_tokens, 4);
-  EXPECT_EQ(b.layers[0].codebook_vectors, 715);
-  EXPECT_EQ(b.layers[0].shared_keys, 64);
-  EXPECT_EQ(b.layers[1].not_lazy_decisions, 7);
+  EXPECT_EQ(b.layers[0].usage.uncompressed_bytes, 32768);
+  EXPECT_EQ(b.layers[0].counters.merged_tokens, 4);
+  EXPECT_EQ(b.layers[0].usage.codebook_vectors, 715);
+  EXPECT_EQ(b.layers[0].usage.shared_key_entries, 64);
+  EXPECT_EQ(b.layers[1].counters.not_lazy_decisions, 7);
+  EXPECT_EQ(b.layers[1].usage.entries, -1);
   ASSERT_EQ(b.sequences.size(), 2u);
-  const SequenceReport& s = b.sequences[0];
+  const SequenceKv& s = b.sequences[0];
   EXPECT_EQ(s.seq, 42);
   EXPECT_EQ(s.entries, (std::vector<int32_t>{96, 80}));
-  EXPECT_EQ(s.appended, (std::vector<int32_t>{300, 300}));
   EXPECT_EQ(s.blocks, (std::vector<int32_t>{6, 5}));
   EXPECT_EQ(s.blocks_held, 9);
-  EXPECT_EQ(s.lazy, (std::vector<int8_t>{-1, 1}));
-  EXPECT_EQ(s.capacity, (std::vector<int32_t>{-1, 128}));
-  EXPECT_EQ(s.merged, (std::vector<int64_t>{0, 17}));
-  EXPECT_EQ(s.codebook_keys, (std::vector<int64_t>{0, 310}));
-  EXPECT_EQ(s.codebook_values, (std::vector<int64_t>{0, 405}));
-  EXPECT_EQ(s.shared_keys, (std::vector<int64_t>{0, 32}));
-  EXPECT_EQ(s.policy, a.sequences[0].policy);
-  EXPECT_TRUE(b.sequences[1].policy.empty());
+  ASSERT_EQ(b.details.size(), 2u);
+  const SequenceLayerDetail& d = b.details[0].layers.at(1);
+  EXPECT_EQ(b.details[0].seq, 42);
+  EXPECT_EQ(b.details[0].layers[0].appended, 300);
+  EXPECT_EQ(d.policy, a.details[0].layers[1].policy);
+  EXPECT_EQ(std::tie(d.lazy, d.capacity, d.merged_tokens, d.codebook_keys, d.codebook_values, d.shared_keys),
+            std::make_tuple(int8_t(1), 128, int64_t(17), int64_t(310), int64_t(405), int64_t(32)));
+  EXPECT_TRUE(b.details[1].layers[0].policy.empty());
+  EXPECT_EQ(b.details[1].layers[1].lazy, -1);
   ASSERT_EQ(b.result.sampled.size(), 1u);
-  EXPECT_EQ(b.result.sampled[0].top_logprobs, (std::vector<float>{-0.5f, -1.25f}));
+  ASSERT_EQ(b.result.sampled[0].sample.top.size(), 2u);
+  EXPECT_EQ(b.result.sampled[0].sample.top[1].id, 3);
+  EXPECT_EQ(b.result.sampled[0].sample.top[1].logprob, -1.25f);
   EXPECT_EQ(b.error, a.error);
 }
 
@@ -105,6 +102,14 @@ TEST(RankReport, TruncatedOrCorruptMessagesAreErrors) {
     ADD_FAILURE() << "a short per-layer list was accepted";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("sequence 42"), std::string::npos) << e.what();
+  }
+  r = full_report();
+  r.details[1].layers.pop_back();
+  try {
+    deserialize_rank_report(serialize(r));
+    ADD_FAILURE() << "a short per-layer detail was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence 43"), std::string::npos) << e.what();
   }
 }
 

@@ -27,6 +27,7 @@ StepPlan full_plan() {
   StepPlan p;
   p.step = 0x123456789abcULL;
   p.shutdown = true;
+  p.report_detail = true;
   PlannedSequence a;
   a.seq = 42;
   a.sampling = full_sampling();
@@ -73,6 +74,7 @@ void expect_sampling_eq(const SamplingRule& a, const SamplingRule& b) {
 void expect_plan_eq(const StepPlan& a, const StepPlan& b) {
   EXPECT_EQ(a.step, b.step);
   EXPECT_EQ(a.shutdown, b.shutdown);
+  EXPECT_EQ(a.report_detail, b.report_detail);
   ASSERT_EQ(a.added.size(), b.added.size());
   for (size_t i = 0; i < a.added.size(); ++i) {
     SCOPED_TRACE("added " + std::to_string(i));
@@ -100,16 +102,13 @@ StepResult full_result() {
   r.step = 77;
   SampledToken a;
   a.seq = 42;
-  a.token = 31999;
-  a.logprob = -0.125f;
-  a.top_ids = {31999, 5, 17};
-  a.top_logprobs = {-0.125f, -2.5f, -std::numeric_limits<float>::infinity()};
+  a.sample.id = 31999;
+  a.sample.logprob = -0.125f;
+  a.sample.top = {{31999, -0.125f}, {5, -2.5f}, {17, -std::numeric_limits<float>::infinity()}};
   SampledToken b;
   b.seq = -3;
-  b.token = 0;
-  b.logprob = 0.0f;
-  b.top_ids = {};
-  b.top_logprobs = {};
+  b.sample.id = 0;
+  b.sample.logprob = 0.0f;
   r.sampled = {a, b};
   return r;
 }
@@ -119,10 +118,15 @@ void expect_result_eq(const StepResult& a, const StepResult& b) {
   ASSERT_EQ(a.sampled.size(), b.sampled.size());
   for (size_t i = 0; i < a.sampled.size(); ++i) {
     EXPECT_EQ(a.sampled[i].seq, b.sampled[i].seq);
-    EXPECT_EQ(a.sampled[i].token, b.sampled[i].token);
-    EXPECT_EQ(a.sampled[i].logprob, b.sampled[i].logprob);
-    EXPECT_EQ(a.sampled[i].top_ids, b.sampled[i].top_ids);
-    EXPECT_EQ(a.sampled[i].top_logprobs, b.sampled[i].top_logprobs);
+    const RowSample& x = a.sampled[i].sample;
+    const RowSample& y = b.sampled[i].sample;
+    EXPECT_EQ(x.id, y.id);
+    EXPECT_EQ(x.logprob, y.logprob);
+    ASSERT_EQ(x.top.size(), y.top.size());
+    for (size_t k = 0; k < x.top.size(); ++k) {
+      EXPECT_EQ(x.top[k].id, y.top[k].id);
+      EXPECT_EQ(x.top[k].logprob, y.top[k].logprob);
+    }
   }
 }
 
@@ -150,6 +154,7 @@ TEST(StepPlan, RoundTripWithEveryFieldSet) {
   EXPECT_EQ(back.added[1].sampling.temperature, 0.0f);
   EXPECT_EQ(back.added[1].sampling.n_logprobs, -1);
   EXPECT_TRUE(back.shutdown);
+  EXPECT_TRUE(back.report_detail);
   EXPECT_TRUE(back.work[1].tokens.empty());
 }
 
@@ -214,8 +219,8 @@ TEST(StepResult, RoundTripWithEveryFieldSet) {
   const StepResult back = deserialize_step_result(serialize(r));
   expect_result_eq(r, back);
   ASSERT_EQ(back.sampled.size(), 2u);
-  EXPECT_EQ(back.sampled[0].top_logprobs[2], -std::numeric_limits<float>::infinity());
-  EXPECT_TRUE(back.sampled[1].top_ids.empty());
+  EXPECT_EQ(back.sampled[0].sample.top[2].logprob, -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(back.sampled[1].sample.top.empty());
   const StepResult empty;
   expect_result_eq(empty, deserialize_step_result(serialize(empty)));
 }

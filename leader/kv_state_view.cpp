@@ -1,0 +1,89 @@
+#include "leader/kv_state_view.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+const T* find_seq(const std::vector<T>& sorted, int64_t seq) {
+  auto it = std::lower_bound(sorted.begin(), sorted.end(), seq, [](const T& s, int64_t id) { return s.seq < id; });
+  return it == sorted.end() || it->seq != seq ? nullptr : &*it;
+}
+
+// One sequence's layers on one stage: lengths from the scheduler's part of the report, the rest from the detail.
+void add_layers(json& out, const RankReport& stage, int64_t seq) {
+  const SequenceKv* kv = find_seq(stage.sequences, seq);
+  const SequenceDetail* detail = find_seq(stage.details, seq);
+  if (kv == nullptr) return;
+  for (size_t i = 0; i < kv->entries.size(); ++i) {
+    json entry = {{"layer", stage.layer_begin + int(i)}, {"tokens", kv->entries[i]}, {"blocks", kv->blocks[i]}};
+    if (detail != nullptr) {
+      const SequenceLayerDetail& d = detail->layers[i];
+      entry["uncompressed_tokens"] = d.appended;
+      if (!d.policy.empty()) entry["policy"] = d.policy;
+      if (d.lazy >= 0) entry["lazy"] = d.lazy == 1;
+      if (d.capacity >= 0) entry["capacity"] = d.capacity;
+      if (d.merged_tokens) entry["merged_tokens"] = d.merged_tokens;
+      if (d.codebook_keys || d.codebook_values) {
+        entry["codebook"] = {{"keys", d.codebook_keys}, {"values", d.codebook_values}};
+      }
+      if (d.shared_keys) entry["shared_keys"] = d.shared_keys;
+    }
+    out.push_back(std::move(entry));
+  }
+}
+
+}  // namespace
+
+std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>& reports,
+                            const std::vector<KvStateSequence>& sequences) {
+  std::vector<const RankReport*> stages;
+  for (int st = 0; st < grid.pp; ++st) stages.push_back(&reports.at(size_t(grid.rank_of(st, 0))));
+  int64_t held = 0, blocks_free = 0, blocks_total = 0;
+  json layers = json::array();
+  for (const RankReport* r : stages) {
+    for (size_t i = 0; i < r->layers.size(); ++i) {
+      const LayerUsage& u = r->layers[i].usage;
+      layers.push_back({{"layer", r->layer_begin + int(i)}, {"pp_stage", r->pp_stage}, {"tokens", u.entries},
+                        {"blocks", u.blocks}, {"bytes", u.bytes}, {"uncompressed_bytes", u.uncompressed_bytes}});
+      if (u.codebook_vectors) layers.back()["codebook_vectors"] = u.codebook_vectors;
+      if (u.shared_key_entries) layers.back()["shared_keys"] = u.shared_key_entries;
+      held += u.blocks;
+    }
+    blocks_free += r->blocks_free;
+    blocks_total += r->blocks_total;
+  }
+  json ranks = json::array();
+  for (const RankReport& r : reports) {
+    ranks.push_back({{"rank", r.world_rank}, {"pp_stage", r.pp_stage}, {"tp_rank", r.tp_rank},
+                     {"blocks_free", r.blocks_free}, {"blocks_total", r.blocks_total}});
+  }
+  json seqs = json::array();
+  for (const KvStateSequence& s : sequences) {
+    json per_layer = json::array();
+    for (const RankReport* r : stages) add_layers(per_layer, *r, s.seq);
+    seqs.push_back({{"seq", s.seq},
+                    {"request", s.request},
+                    {"choice", s.choice},
+                    {"policy", s.policy.empty() ? "(server default)" : s.policy},
+                    {"prompt_tokens", s.prompt_tokens},
+                    {"generated_tokens", s.generated_tokens},
+                    {"cached_tokens", s.cached_tokens},
+                    {"layers", per_layer}});
+  }
+  const json state = {{"pp_stage", grid.stage()},     {"tp_rank", grid.tp_rank()},
+                      {"tp", grid.tp},                {"pp", grid.pp},
+                      {"block_size", stages[0]->block_size},
+                      {"blocks_total", blocks_total}, {"blocks_free", blocks_free},
+                      {"blocks_held", held},          {"block_bytes", stages[0]->block_bytes},
+                      {"layers", layers},             {"ranks", ranks},
+                      {"sequences", seqs}};
+  return state.dump();
+}
+
+}  // namespace strata

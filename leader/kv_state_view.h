@@ -1,0 +1,30 @@
+#pragma once
+// The JSON of /v1/kv_state, for people who debug a deployment: the pool of every rank, every layer's occupancy
+// (from the first tensor rank of each stage: its TP peers hold the same lengths), and per sequence, per layer, what
+// the cache holds and what the layer's policy decided. Rendered from the reports of a step whose plan asked the
+// ranks for their sequences' detail (StepPlan::report_detail), only when a client asks.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/rank_grid.h"
+#include "parallel/rank_report.h"
+
+namespace strata {
+
+// What the leader knows of a sequence that the ranks do not.
+struct KvStateSequence {
+  int64_t seq = 0;
+  std::string request;  // the request's id
+  int choice = 0;
+  std::string policy;   // the request's policy spec; empty: the server's configuration
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+  int cached_tokens = 0;
+};
+
+// reports: every rank's, by world rank. Sequences the reports do not describe get no layers.
+std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>& reports,
+                            const std::vector<KvStateSequence>& sequences);
+
+}  // namespace strata

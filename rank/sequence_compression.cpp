@@ -1,0 +1,270 @@
+#include "rank/sequence_compression.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "cache/pooled_layer_keys.h"
+
+namespace strata {
+
+ShardCompression::ShardCompression(LlamaModel& model, KvCache& cache, CompressionConfig config,
+                                   std::string model_name, PolicyCollectives& collectives)
+    : model(model),
+      cache(cache),
+      config(std::move(config)),
+      model_name(std::move(model_name)),
+      collectives(collectives),
+      counters(size_t(cache.n_layers())) {}
+
+PolicyContext ShardCompression::context(int global_layer) const {
+  return PolicyContext{global_layer,           model.config().n_layers, model.n_heads_local(),
+                       model.n_kv_heads_local(), model_name,              &collectives};
+}
+
+SequenceCompression::SequenceCompression(ShardCompression& shard, SeqId seq, std::optional<PolicySpec> request_policy)
+    : shard_(shard), seq_(seq), request_policy_(std::move(request_policy)) {}
+
+const PolicySpec& SequenceCompression::spec_for(int global_layer) const {
+  return request_policy_ ? *request_policy_ : shard_.config.for_layer(global_layer);
+}
+
+void SequenceCompression::start_prefill(int prefill_len) {
+  KvCache& cache = shard_.cache;
+  prefill_len_ = prefill_len;
+  policies_.clear();
+  merged_tokens_.assign(size_t(cache.n_layers()), 0);
+  // Every rank must agree on whether the sequence takes the cross-layer step (it is a collective) and PoD runs in
+  // every layer of the model or in none, so the policies of the other stages' layers are asked too; building one
+  // does no work.
+  cross_layer_ = false;
+  int n_shared_keys = 0;
+  for (int l = 0; l < shard_.model.config().n_layers; ++l) {
+    std::unique_ptr<CompressionPolicy> policy = make_policy(spec_for(l), shard_.context(l));
+    cross_layer_ = cross_layer_ || policy->cross_layer();
+    n_shared_keys += policy->traits().shared_keys ? 1 : 0;
+    if (l >= cache.layer_begin() && l < cache.layer_end()) policies_.push_back(std::move(policy));
+  }
+  if (n_shared_keys > 0 && n_shared_keys != shard_.model.config().n_layers) {
+    throw std::invalid_argument("policy pod: runs in every layer or in none (" + std::to_string(n_shared_keys) +
+                                " of " + std::to_string(shard_.model.config().n_layers) + " layers have it)");
+  }
+  pod_ = n_shared_keys > 0 ? pod_sequence() : nullptr;
+  check_fits_the_cache();
+  prefill_stats_ = prefill_stats();
+}
+
+void SequenceCompression::forget_policies() {
+  policies_.clear();
+  prefill_stats_.reset();
+}
+
+void SequenceCompression::check_fits_the_cache() const {
+  KvCache& cache = shard_.cache;
+  for (const auto& policy : policies_) {
+    const PolicyTraits traits = policy->traits();
+    if (traits.full_precision_pool && cache.pool().quantized()) {
+      throw std::invalid_argument("policy " + std::string(policy->name()) + ": needs kv_cache.dtype f32");
+    }
+    if (traits.codes_entries) {
+      // Coded keys are rotated on read with the model's RoPE; the table covers the positions the model knows.
+      const ModelConfig& c = shard_.model.config();
+      cache.set_key_rope(RopeParams{c.rope_style, c.rope_theta, c.rope_scaling}, std::max(c.max_context, 4096));
+    }
+  }
+}
+
+// PoD: for every local layer and local KV head, the leader of its block. Tensor parallelism splits whole KV heads
+// with their query heads, so a rank needs only its own heads' blocks.
+std::unique_ptr<PodSequence> SequenceCompression::pod_sequence() const {
+  if (!shard_.pod_blocks) throw std::invalid_argument("policy pod: needs kv_cache.pod_blocks (made by strata calibrate)");
+  auto pod = std::make_unique<PodSequence>();
+  const std::optional<PodWindow> window = policies_.empty() ? std::nullopt : policies_[0]->traits().shared_keys;
+  if (window) pod->window = *window;
+  const int head_begin = shard_.model.kv_head_begin();
+  for (int l = shard_.cache.layer_begin(); l < shard_.cache.layer_end(); ++l) {
+    std::vector<int> leaders;
+    for (int h = 0; h < shard_.model.n_kv_heads_local(); ++h) {
+      leaders.push_back(shard_.pod_blocks->leader[size_t(head_begin + h)][size_t(l)]);
+    }
+    pod->leader.push_back(std::move(leaders));
+  }
+  return pod;
+}
+
+// The prompt rows the policies ask to sum, kept across the prefill's chunks; nothing is evicted before the prompt
+// ends, so entries are positions.
+std::unique_ptr<AttentionStats> SequenceCompression::prefill_stats() const {
+  auto stats = std::make_unique<AttentionStats>();
+  bool any = false;
+  for (const auto& policy : policies_) {
+    LayerState start;
+    start.prompt_len = prefill_len_;
+    const int from = policy->needs(start).prefill_rows_from;
+    stats->rows_from.push_back(from);
+    any = any || from >= 0;
+  }
+  if (!any) return nullptr;
+  stats->stride = prefill_len_;
+  const int n_heads = shard_.model.n_heads_local();
+  for (int from : stats->rows_from) {
+    stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * size_t(prefill_len_) : 0, 0.0f);
+  }
+  return stats;
+}
+
+std::unique_ptr<AttentionStats> SequenceCompression::decode_stats(const PlannedWork& work) const {
+  if (policies_.empty()) return nullptr;
+  const KvCache& cache = shard_.cache;
+  auto stats = std::make_unique<AttentionStats>();
+  bool any = false;
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    LayerState s;
+    s.prompt_len = prefill_len_;
+    s.n_entries = cache.layer(seq_, l).n_entries;
+    s.n_generated = work.start_pos - prefill_len_ + 1;
+    const bool wanted = policies_[size_t(shard_.local(l))]->needs(s).decode_probabilities;
+    stats->rows_from.push_back(wanted ? work.start_pos : -1);
+    stats->stride = std::max(stats->stride, s.n_entries + 1);
+    any = any || wanted;
+  }
+  if (!any) return nullptr;
+  const int n_heads = shard_.model.n_heads_local();
+  for (int from : stats->rows_from) stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * stats->stride : 0, 0.0f);
+  return stats;
+}
+
+AttentionStats* SequenceCompression::stats_for(const PlannedWork& work) {
+  if (work.prefill_len > 0) return prefill_stats_.get();
+  decode_stats_ = decode_stats(work);
+  return decode_stats_.get();
+}
+
+LayerState SequenceCompression::layer_state(int global_layer, const AttentionStats* stats, int n_generated) const {
+  LayerState s;
+  s.prompt_len = prefill_len_;
+  s.n_entries = shard_.cache.layer(seq_, global_layer).n_entries;
+  s.n_generated = n_generated;
+  const size_t local = size_t(shard_.local(global_layer));
+  if (stats && stats->rows_from[local] >= 0) {
+    s.column_sums = stats->sums[local].data();
+    s.sums_stride = stats->stride;
+  }
+  return s;
+}
+
+void SequenceCompression::after_step(const PlannedWork& work) {
+  run_hooks(work);
+  seal_groups(work);
+  free_distant_keys(work);
+  decode_stats_.reset();
+}
+
+void SequenceCompression::run_hooks(const PlannedWork& work) {
+  if (policies_.empty()) return;
+  const bool prefill_end = work.prefill_len > 0 && work.start_pos + int(work.tokens.size()) == work.prefill_len;
+  const bool decode_step = work.prefill_len == 0;
+  if (!prefill_end && !decode_step) return;
+  KvCache& cache = shard_.cache;
+  const int n_generated = decode_step ? work.start_pos - prefill_len_ + 1 : 0;
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    CompressionPolicy& policy = *policies_[size_t(shard_.local(l))];
+    const std::optional<bool> lazy_before = policy.lazy();
+    LayerState s = layer_state(l, prefill_end ? prefill_stats_.get() : decode_stats_.get(), n_generated);
+    const PooledLayerKeys keys(cache, seq_, l);
+    s.keys = &keys;
+    apply(l, s.n_entries, prefill_end ? policy.on_prefill_end(s) : policy.on_decode_step(s));
+    // A layer replaced by codebooks codes every new entry as it arrives (SpindleKV's decode-time update).
+    if (decode_step) cache.code_appended(seq_, l, work.start_pos + int(work.tokens.size()) - 1);
+    if (!lazy_before && policy.lazy()) {
+      LayerCompressionCounters& c = shard_.counters[size_t(shard_.local(l))];
+      (*policy.lazy() ? c.lazy_decisions : c.not_lazy_decisions) += 1;
+    }
+  }
+  if (prefill_end) {
+    prefill_stats_.reset();
+    if (cross_layer_) cross_layer_step();
+  }
+}
+
+// Design rule 4: every layer's statistic, gathered along the pipeline once per request (one number per layer),
+// then handed to every local layer's policy, which may evict at once (D2O with evict_at=prefill_end).
+void SequenceCompression::cross_layer_step() {
+  const KvCache& cache = shard_.cache;
+  std::vector<double> statistics(size_t(shard_.model.config().n_layers), std::nan(""));
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    statistics[size_t(l)] = policies_[size_t(shard_.local(l))]->layer_statistic();
+  }
+  shard_.collectives.gather_layers(statistics, cache.layer_begin(), cache.layer_end());
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    LayerState s = layer_state(l, nullptr, 0);
+    const PooledLayerKeys keys(cache, seq_, l);
+    s.keys = &keys;
+    apply(l, s.n_entries, policies_[size_t(shard_.local(l))]->on_layer_statistics(s, statistics));
+  }
+}
+
+// kv_cache.dtype int8 | int4: after the hooks, the full groups of every layer whose policy has taken the decisions
+// that read the unquantized cache are quantized (CompressionPolicy::needs_unquantized).
+void SequenceCompression::seal_groups(const PlannedWork& work) {
+  KvCache& cache = shard_.cache;
+  if (!cache.pool().quantized() || policies_.empty()) return;
+  const int n_generated = work.prefill_len > 0 ? 0 : work.start_pos - prefill_len_ + 1;
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    const LayerState s = layer_state(l, nullptr, n_generated);
+    if (!policies_[size_t(shard_.local(l))]->needs_unquantized(s)) cache.seal(seq_, l);
+  }
+}
+
+// PoD storage: a layer whose every local KV head follows its block's leader no longer needs the keys of the
+// entries that are distant for every later query (the next one is at position n_entries: entries
+// [sinks, n_entries - recent]); KvCache pairs the blocks wholly inside that range and frees half of them. Only at
+// the prompt's end and after decode steps, so a chunked prefill holds every key until its end.
+void SequenceCompression::free_distant_keys(const PlannedWork& work) {
+  if (!pod_) return;
+  const bool prefill_end = work.prefill_len > 0 && work.start_pos + int(work.tokens.size()) == work.prefill_len;
+  if (work.prefill_len > 0 && !prefill_end) return;
+  KvCache& cache = shard_.cache;
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    const std::vector<int>& leaders = pod_->leader[size_t(shard_.local(l))];
+    if (std::find(leaders.begin(), leaders.end(), l) != leaders.end()) continue;
+    const int n_entries = cache.layer(seq_, l).n_entries;
+    cache.pair_key_free_blocks(seq_, l, pod_->window.sinks, n_entries - pod_->window.recent + 1);
+  }
+}
+
+// Merges first, in the numbering before the compaction, then the compaction, then the codebooks.
+void SequenceCompression::apply(int global_layer, int n_entries, const std::optional<Selection>& keep) {
+  if (!keep) return;
+  KvCache& cache = shard_.cache;
+  const size_t local = size_t(shard_.local(global_layer));
+  LayerCompressionCounters& counters = shard_.counters[local];
+  if (!keep->merges.empty()) {
+    const int64_t merged = cache.merge(seq_, global_layer, keep->merges);
+    counters.merged_tokens += merged;
+    merged_tokens_[local] += merged;
+  }
+  cache.retain(seq_, global_layer, keep->kept);
+  counters.evicted_tokens += n_entries - int64_t(keep->kept[0].size());
+  if (keep->codebook) {
+    cache.replace_with_codebook(seq_, global_layer, keep->codebook->positions, keep->codebook->key_threshold,
+                                keep->codebook->value_threshold);
+  }
+}
+
+std::vector<SequenceLayerDetail> SequenceCompression::detail() const {
+  std::vector<SequenceLayerDetail> out;
+  for (size_t i = 0; i < policies_.size(); ++i) {
+    const CompressionPolicy& policy = *policies_[i];
+    SequenceLayerDetail d;
+    d.policy = to_string(spec_for(shard_.cache.layer_begin() + int(i)));
+    if (policy.lazy()) d.lazy = *policy.lazy() ? 1 : 0;
+    d.capacity = policy.capacity().value_or(-1);
+    d.merged_tokens = merged_tokens_[i];
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,89 @@
+#pragma once
+// One sequence's KV compression on this rank: the policies of its local layers (built when a prefill starts),
+// the attention statistics they ask the forward pass for, their hooks after the step, and what their decisions do
+// to the cache: merges and compaction, codebooks, sealing for quantization, PoD's key freeing, the cross-layer
+// step. Policies are known by what they declare (CompressionPolicy::traits), never by name.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/compression_config.h"
+#include "cache/compression_policy.h"
+#include "cache/kv_cache.h"
+#include "cache/pod_blocks.h"
+#include "cache/policy_collectives.h"
+#include "model/llama_model.h"
+#include "parallel/rank_report.h"
+#include "parallel/step_plan.h"
+
+namespace strata {
+
+// What the compression of every sequence on the rank shares: the shard, the server's configuration, and the
+// counters of what the policies did since the last report.
+struct ShardCompression {
+  ShardCompression(LlamaModel& model, KvCache& cache, CompressionConfig config, std::string model_name,
+                   PolicyCollectives& collectives);
+
+  PolicyContext context(int global_layer) const;
+  int local(int global_layer) const { return global_layer - cache.layer_begin(); }
+
+  LlamaModel& model;
+  KvCache& cache;
+  CompressionConfig config;
+  std::string model_name;
+  PolicyCollectives& collectives;
+  std::optional<PodBlocks> pod_blocks;             // kv_cache.pod_blocks, for sequences whose policy shares keys
+  std::vector<LayerCompressionCounters> counters;  // per local layer, since the last report
+};
+
+class SequenceCompression {
+ public:
+  // request_policy: the request's spec, replacing the server's configuration for every layer.
+  SequenceCompression(ShardCompression& shard, SeqId seq, std::optional<PolicySpec> request_policy);
+
+  // A prefill of prefill_len entries starts at position 0 (the prompt, or a preempted sequence's recompute):
+  // builds every local layer's policy and the prefill statistics they ask for. Throws std::invalid_argument when
+  // the policies do not fit the cache (a quantized pool, PoD without its blocks or in only some layers).
+  void start_prefill(int prefill_len);
+  // The sequence was preempted: its policies start again with the recompute's prefill.
+  void forget_policies();
+
+  // The statistics the forward pass sums for this step's work (owned here until after_step), or null.
+  AttentionStats* stats_for(const PlannedWork& work);
+  // PoD's blocks of this sequence, or null.
+  const PodSequence* pod() const { return pod_.get(); }
+  // After the forward pass: the hooks at the prompt's end and after each decode step, and what they decided.
+  void after_step(const PlannedWork& work);
+
+  // Per local layer: the spec in effect, SimLayerKV's verdict, D2O's capacity and merges so far (the cache's own
+  // counts are the reporter's). Empty before the first prefill starts.
+  std::vector<SequenceLayerDetail> detail() const;
+
+ private:
+  const PolicySpec& spec_for(int global_layer) const;
+  std::unique_ptr<PodSequence> pod_sequence() const;
+  void check_fits_the_cache() const;
+  std::unique_ptr<AttentionStats> prefill_stats() const;
+  std::unique_ptr<AttentionStats> decode_stats(const PlannedWork& work) const;
+  LayerState layer_state(int global_layer, const AttentionStats* stats, int n_generated) const;
+  void run_hooks(const PlannedWork& work);
+  void cross_layer_step();
+  void seal_groups(const PlannedWork& work);
+  void free_distant_keys(const PlannedWork& work);
+  void apply(int global_layer, int n_entries, const std::optional<Selection>& keep);
+
+  ShardCompression& shard_;
+  SeqId seq_;
+  std::optional<PolicySpec> request_policy_;
+  int prefill_len_ = 0;  // of the current prefill
+  std::vector<std::unique_ptr<CompressionPolicy>> policies_;  // per local layer, built when a prefill starts
+  std::vector<int64_t> merged_tokens_;                        // per local layer, since the prefill started
+  bool cross_layer_ = false;  // a layer of the model, on any stage, takes part in the cross-layer step
+  std::unique_ptr<AttentionStats> prefill_stats_;  // across the chunks of a prefill
+  std::unique_ptr<AttentionStats> decode_stats_;   // of the current decode step
+  std::unique_ptr<PodSequence> pod_;
+};
+
+}  // namespace strata

@@ -1,0 +1,208 @@
+// The step executor on the real SmolLM2 (weights as the server keeps them), driven by hand-made plans:
+//   - greedy tokens through execute(), the prompt in two chunks, equal those of the model's own forward pass
+//     and an argmax on the host (the executor adds nothing to the arithmetic);
+//   - a seeded draw that is preempted and recomputed draws what it would have drawn;
+//   - finishing a sequence gives every block back, preempting one frees its blocks but keeps its sampler;
+//   - a layer's policy is applied (SnapKV holds its budget), its counters are reported once, and its detail names
+//     the spec in effect;
+//   - policies whose declared needs the sequence cannot meet are refused with the key to set;
+//   - work for a sequence no plan added is a logic error naming it.
+#include "rank/step_executor.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cache/kv_cache.h"
+#include "tests/model/smollm2_model.h"
+
+namespace strata {
+namespace {
+
+const std::vector<int32_t> kPrompt = {1, 4093, 2405, 314, 253, 1345, 28, 253, 2630, 5301,
+                                      30, 378, 3536, 314, 2752, 30, 339, 2286, 314, 29};
+
+int32_t argmax(const std::vector<float>& row) {
+  return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+SamplingRule greedy() {
+  SamplingRule rule;
+  rule.temperature = 0.0f;
+  return rule;
+}
+
+CompressionConfig config_of(const std::string& policy, std::vector<LayerOverride> overrides = {}) {
+  return CompressionConfig{parse_policy_spec(policy), std::move(overrides)};
+}
+
+struct Bed {
+  explicit Bed(CompressionConfig config = config_of("full"))
+      : m(test::smollm2(WeightDtype::automatic)),
+        cache(*m.pool, 0, m.model->config().n_layers),
+        executor(*m.model, cache, std::move(config), "SmolLM2-135M-Instruct") {}
+
+  // Adds seq with the prompt in chunks of `chunk`, then decodes; returns the sampled tokens.
+  std::vector<int32_t> generate(int64_t seq, const SamplingRule& rule, uint64_t seed, int n_tokens, int chunk) {
+    StepPlan add;
+    add.step = ++step;
+    add.added.push_back(PlannedSequence{seq, rule, seed, "", int32_t(kPrompt.size())});
+    executor.execute(add);
+    return prefill_and_decode(seq, kPrompt, n_tokens, chunk);
+  }
+
+  std::vector<int32_t> prefill_and_decode(int64_t seq, const std::vector<int32_t>& known, int n_tokens, int chunk) {
+    std::vector<int32_t> out;
+    const int n = int(known.size());
+    for (int start = 0; start < n; start += chunk) {
+      const int len = std::min(chunk, n - start);
+      StepPlan p;
+      p.step = ++step;
+      p.work.push_back(PlannedWork{seq, start, {known.begin() + start, known.begin() + start + len}, start + len == n, n});
+      const StepResult r = executor.execute(p);
+      if (start + len == n) out.push_back(r.sampled.at(0).sample.id);
+    }
+    while (int(out.size()) < n_tokens) {
+      StepPlan p;
+      p.step = ++step;
+      p.work.push_back(PlannedWork{seq, n + int(out.size()) - 1, {out.back()}, true, 0});
+      out.push_back(executor.execute(p).sampled.at(0).sample.id);
+    }
+    return out;
+  }
+
+  void finish(int64_t seq) {
+    StepPlan p;
+    p.step = ++step;
+    p.finished.push_back(seq);
+    executor.execute(p);
+  }
+
+  test::SmolLm2& m;
+  KvCache cache;
+  StepExecutor executor;
+  uint64_t step = 0;
+};
+
+TEST(StepExecutor, GreedyTokensAreTheModelsArgmax) {
+  Bed bed;
+  const std::vector<int32_t> tokens = bed.generate(1, greedy(), 0, 8, 12);
+  bed.finish(1);
+
+  // The same sequence through the model alone, its logits rows to the host.
+  KvCache cache(*bed.m.pool, 0, bed.m.model->config().n_layers);
+  std::vector<float> logits;
+  const BatchSequence prompt{7, kPrompt, 0, LogitsMode::last};
+  bed.m.model->forward({&prompt, 1}, cache, logits);
+  std::vector<int32_t> expected = {argmax(logits)};
+  while (expected.size() < tokens.size()) {
+    const BatchSequence next{7, std::span<const int32_t>(&expected.back(), 1),
+                             int(kPrompt.size() + expected.size()) - 1, LogitsMode::last};
+    bed.m.model->forward({&next, 1}, cache, logits);
+    expected.push_back(argmax(logits));
+  }
+  cache.release(7);
+  EXPECT_EQ(tokens, expected);
+}
+
+TEST(StepExecutor, APreemptedDrawDrawsTheSameTokensWhenRecomputed) {
+  SamplingRule rule;
+  rule.temperature = 1.0f;
+  rule.top_k = 40;
+  Bed straight;
+  const std::vector<int32_t> expected = straight.generate(1, rule, 1234, 10, 20);
+  straight.finish(1);
+
+  Bed bed;
+  std::vector<int32_t> first = bed.generate(1, rule, 1234, 4, 20);
+  StepPlan preempt;
+  preempt.step = ++bed.step;
+  preempt.preempted.push_back(1);
+  bed.executor.execute(preempt);
+  EXPECT_FALSE(bed.cache.contains(1)) << "a preempted sequence keeps no blocks";
+  // The recompute, as the engine plans it: every known token as a prefill whose end samples the next token,
+  // which must be the draw that would have come next.
+  std::vector<int32_t> known = kPrompt;
+  known.insert(known.end(), first.begin(), first.end());
+  const std::vector<int32_t> next = bed.prefill_and_decode(1, known, 1, 16);
+  ASSERT_EQ(next.size(), 1u);
+  first.push_back(next[0]);
+  while (first.size() < expected.size()) {
+    StepPlan p;
+    p.step = ++bed.step;
+    p.work.push_back(PlannedWork{1, int(kPrompt.size() + first.size()) - 1, {first.back()}, true, 0});
+    first.push_back(bed.executor.execute(p).sampled.at(0).sample.id);
+  }
+  bed.finish(1);
+  EXPECT_EQ(first, expected);
+}
+
+TEST(StepExecutor, FinishingGivesEveryBlockBack) {
+  Bed bed;
+  const int64_t free_before = bed.m.pool->n_free();
+  bed.generate(1, greedy(), 0, 3, 20);
+  EXPECT_LT(bed.m.pool->n_free(), free_before);
+  bed.finish(1);
+  EXPECT_EQ(bed.m.pool->n_free(), free_before);
+  EXPECT_TRUE(bed.executor.policy_detail(1).empty());
+}
+
+TEST(StepExecutor, AppliesTheLayersPolicyAndReportsItOnce) {
+  const int budget = 12;
+  Bed bed(config_of("snapkv:budget=" + std::to_string(budget) + ",window=4", {{0, 1, parse_policy_spec("full")}}));
+  bed.generate(1, greedy(), 0, 2, 20);
+  const std::vector<LayerCompressionCounters> counters = bed.executor.take_counters();
+  const std::vector<SequenceLayerDetail> detail = bed.executor.policy_detail(1);
+  const int n_layers = bed.m.model->config().n_layers;
+  ASSERT_EQ(int(counters.size()), n_layers);
+  ASSERT_EQ(int(detail.size()), n_layers);
+  const int n = int(kPrompt.size());
+  for (int l = 0; l < n_layers; ++l) {
+    const bool full = l <= 1;
+    // The prompt, compressed at its end, then the first decode step's token.
+    EXPECT_EQ(bed.cache.layer(1, l).n_entries, (full ? n : budget) + 1) << "layer " << l;
+    EXPECT_EQ(counters[size_t(l)].evicted_tokens, full ? 0 : n - budget) << "layer " << l;
+    EXPECT_EQ(detail[size_t(l)].policy, full ? "full" : to_string(parse_policy_spec("snapkv:budget=12,window=4")));
+  }
+  for (const LayerCompressionCounters& c : bed.executor.take_counters()) EXPECT_EQ(c.evicted_tokens, 0);
+  bed.finish(1);
+}
+
+TEST(StepExecutor, RefusesPoliciesWhoseNeedsTheSequenceCannotMeet) {
+  Bed bed;
+  auto start = [&](const std::string& policy) {
+    StepPlan p;
+    p.step = ++bed.step;
+    p.added.push_back(PlannedSequence{5, greedy(), 0, policy, int32_t(kPrompt.size())});
+    p.work.push_back(PlannedWork{5, 0, kPrompt, true, int32_t(kPrompt.size())});
+    try {
+      bed.executor.execute(p);
+      ADD_FAILURE() << policy << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // PoD shares keys across layers: it needs the layer blocks strata calibrate makes.
+  EXPECT_NE(start("pod").find("kv_cache.pod_blocks"), std::string::npos);
+  bed.finish(5);
+}
+
+TEST(StepExecutor, WorkForAnUnknownSequenceIsALogicErrorNamingIt) {
+  Bed bed;
+  StepPlan p;
+  p.step = 1;
+  p.work.push_back(PlannedWork{99, 0, {1, 2}, true, 2});
+  try {
+    bed.executor.execute(p);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("99"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace strata
