@@ -25,6 +25,7 @@ class PolicyError : public std::invalid_argument {
 struct PolicySpec {
   std::string name = "full";
   std::map<std::string, std::string> params;
+  bool operator==(const PolicySpec&) const = default;
 };
 
 // "name" or "name:key=value,key=value". Throws PolicyError for malformed text.

@@ -81,7 +81,9 @@ void EvalRunner::run_batch(std::span<EvalJob*> batch) {
     Active a{job, next_seq_++, job->prompt, 0, false};
     SamplingRule greedy;
     greedy.temperature = 0.0f;
-    plan.added.push_back(PlannedSequence{a.seq, greedy, 0, job->policy, int32_t(job->prompt.size())});
+    std::optional<PolicySpec> policy;
+    if (!job->policy.empty()) policy = parse_policy_spec(job->policy);
+    plan.added.push_back(PlannedSequence{a.seq, greedy, 0, std::move(policy), int32_t(job->prompt.size())});
     active.push_back(std::move(a));
   }
 

@@ -442,7 +442,7 @@ std::string Engine::render_kv_state_now() const {
   std::vector<KvStateSequence> sequences;
   for (const auto& [id, seq] : seqs_) {
     const GenerationRequest& r = seq->req->request;
-    sequences.push_back({id, r.id, seq->choice, r.kv_policy, seq->n_prompt, seq->n_generated, seq->n_cached});
+    sequences.push_back({id, r.id, seq->choice, r.kv_policy ? to_string(*r.kv_policy) : "", seq->n_prompt, seq->n_generated, seq->n_cached});
   }
   return render_kv_state(ranks_.grid(), ranks_.reports(), sequences);
 }

@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "cache/policy_spec.h"
 #include "leader/sampling_params.h"
 
 namespace strata {
@@ -67,7 +68,7 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_ids;
   SamplingParams sampling;
   int n = 1;                            // independent choices for the same prompt
-  std::string kv_policy;                // the request's policy spec (kv_compression); empty: the server's
+  std::optional<PolicySpec> kv_policy;  // the request's policy (kv_compression), validated; none: the server's
   std::shared_ptr<GenerationSink> sink;
 };
 

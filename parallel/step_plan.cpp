@@ -36,6 +36,29 @@ SamplingRule get_sampling(Reader& r) {
   return s;
 }
 
+void put_policy(Writer& w, const std::optional<PolicySpec>& spec) {
+  w.put<uint8_t>(spec.has_value());
+  if (!spec) return;
+  w.put(spec->name);
+  w.put<uint32_t>(uint32_t(spec->params.size()));
+  for (const auto& [key, value] : spec->params) {
+    w.put(key);
+    w.put(value);
+  }
+}
+
+std::optional<PolicySpec> get_policy(Reader& r) {
+  if (r.get<uint8_t>() == 0) return std::nullopt;
+  PolicySpec spec;
+  spec.name = r.get_string();
+  const uint32_t n_params = r.get_count(8);
+  for (uint32_t i = 0; i < n_params; ++i) {
+    std::string key = r.get_string();
+    spec.params[std::move(key)] = r.get_string();
+  }
+  return spec;
+}
+
 }  // namespace
 
 std::vector<uint8_t> serialize(const StepPlan& plan) {
@@ -49,7 +72,7 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
     w.put(a.seq);
     put_sampling(w, a.sampling);
     w.put(a.seed);
-    w.put(a.kv_policy);
+    put_policy(w, a.kv_policy);
     w.put(a.prompt_len);
   }
   w.put(plan.preempted);
@@ -78,7 +101,7 @@ StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
     a.seq = r.get<int64_t>();
     a.sampling = get_sampling(r);
     a.seed = r.get<uint64_t>();
-    a.kv_policy = r.get_string();
+    a.kv_policy = get_policy(r);
     a.prompt_len = r.get<int32_t>();
     plan.added.push_back(std::move(a));
   }

@@ -3,9 +3,11 @@
 // StepPlan, broadcasts it, and every rank executes it on its shard (rank/step_executor.h); the last pipeline
 // stage samples and returns a StepResult. Both are plain structs with a byte serialisation for the wire.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cache/policy_spec.h"
 #include "kernels/token_sampling.h"
 
 namespace strata {
@@ -15,7 +17,7 @@ struct PlannedSequence {
   int64_t seq = 0;
   SamplingRule sampling;
   uint64_t seed = 0;        // the RNG seed (the request's, or one the leader drew): every TP rank agrees
-  std::string kv_policy;    // the request's policy spec ("snapkv:budget=128"); empty: the server's configuration
+  std::optional<PolicySpec> kv_policy;  // the request's policy (validated by the HTTP layer); none: the server's
   int32_t prompt_len = 0;
 };
 

@@ -34,11 +34,9 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
 // policies start again with the recompute's prefill.
 void StepExecutor::update_sequences(const StepPlan& plan) {
   for (const PlannedSequence& a : plan.added) {
-    std::optional<PolicySpec> request_policy;
-    if (!a.kv_policy.empty()) request_policy = parse_policy_spec(a.kv_policy);
     seqs_.erase(a.seq);
     seqs_.emplace(a.seq, SequenceState{SequenceSampler(a.sampling, a.seed),
-                                       SequenceCompression(shard_, a.seq, std::move(request_policy))});
+                                       SequenceCompression(shard_, a.seq, a.kv_policy)});
   }
   for (SeqId seq : plan.preempted) {
     cache_.release(seq);

@@ -355,7 +355,7 @@ void parse_kv_compression(const json& root, ParsedCompletion& parsed, const Prot
     const bool about_name = e.param().empty() || e.param() == "policy";
     throw ApiError::invalid_request(about_name ? "kv_compression.policy" : "kv_compression." + e.param(), e.what());
   }
-  parsed.request.kv_policy = to_string(spec);
+  parsed.request.kv_policy = std::move(spec);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ struct BenchSetup {
   RankRuntime& rt;
   int n_prompt = 0;           // prompt tokens; with --context, the real ones at the context's end
   int n_gen = 0;
-  std::string policy;         // the request policy; empty: the server's configuration
+  std::optional<PolicySpec> policy;  // the request policy; none: the server's configuration
   int64_t weight_bytes = 0;   // weight bytes a decode step reads
   std::optional<double> copy_gbs;
   std::mt19937& rng;
@@ -418,7 +418,9 @@ int bench_command(int argc, char** argv) {
       if (!out) throw std::runtime_error("cannot write " + cl.get("out"));
     };
     std::mt19937 rng(7);
-    const BenchSetup setup{*rt, n_prompt, n_gen, policy, weight_bytes, copy_gbs, rng};
+    const std::optional<PolicySpec> request_policy =
+        policy.empty() ? std::nullopt : std::optional<PolicySpec>(parse_policy_spec(policy));
+    const BenchSetup setup{*rt, n_prompt, n_gen, request_policy, weight_bytes, copy_gbs, rng};
     if (!contexts.empty()) {
       report["context"] = "synthetic: the first context - prompt_tokens entries of every sequence hold random keys "
                           "and values written through the backend; the last prompt_tokens are prefilled";

@@ -216,7 +216,7 @@ TEST(KvQuantizationEngine, PerStepEvictionOnAQuantizedCache) {
   for (size_t i = 0; i < policies.size(); ++i) {
     sinks.push_back(std::make_shared<RecordingSink>());
     GenerationRequest r = request(*rt, texts[i], 72, sinks.back());
-    r.kv_policy = policies[i];
+    r.kv_policy = parse_policy_spec(policies[i]);
     r.sampling.ignore_eos = true;
     engine.submit(std::move(r));
   }

@@ -32,7 +32,7 @@ StepPlan full_plan() {
   a.seq = 42;
   a.sampling = full_sampling();
   a.seed = 987654321987ULL;
-  a.kv_policy = "snapkv";
+  a.kv_policy = PolicySpec{"snapkv", {{"budget", "20%"}, {"window", "8"}}};
   a.prompt_len = 300;
   PlannedSequence b;
   b.seq = -7;
@@ -40,7 +40,7 @@ StepPlan full_plan() {
   b.sampling.temperature = 0.0f;
   b.sampling.n_logprobs = -1;
   b.seed = 0;
-  b.kv_policy = "";
+  b.kv_policy = std::nullopt;
   b.prompt_len = 1;
   p.added = {a, b};
   p.preempted = {3, int64_t(1) << 40};

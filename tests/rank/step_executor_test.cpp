@@ -49,7 +49,7 @@ struct Bed {
   std::vector<int32_t> generate(int64_t seq, const SamplingRule& rule, uint64_t seed, int n_tokens, int chunk) {
     StepPlan add;
     add.step = ++step;
-    add.added.push_back(PlannedSequence{seq, rule, seed, "", int32_t(kPrompt.size())});
+    add.added.push_back(PlannedSequence{seq, rule, seed, std::nullopt, int32_t(kPrompt.size())});
     executor.execute(add);
     return prefill_and_decode(seq, kPrompt, n_tokens, chunk);
   }
@@ -176,7 +176,7 @@ TEST(StepExecutor, RefusesPoliciesWhoseNeedsTheSequenceCannotMeet) {
   auto start = [&](const std::string& policy) {
     StepPlan p;
     p.step = ++bed.step;
-    p.added.push_back(PlannedSequence{5, greedy(), 0, policy, int32_t(kPrompt.size())});
+    p.added.push_back(PlannedSequence{5, greedy(), 0, parse_policy_spec(policy), int32_t(kPrompt.size())});
     p.work.push_back(PlannedWork{5, 0, kPrompt, true, int32_t(kPrompt.size())});
     try {
       bed.executor.execute(p);

@@ -94,7 +94,7 @@ TEST(OpenAiProtocol, ParsesACompletionWithDefaults) {
   EXPECT_EQ(p.request.n, 1);
   EXPECT_EQ(p.request.sampling.n_logprobs, -1);
   EXPECT_FLOAT_EQ(p.request.sampling.temperature, 1.0f);
-  EXPECT_TRUE(p.request.kv_policy.empty());
+  EXPECT_FALSE(p.request.kv_policy.has_value());
 }
 
 TEST(OpenAiProtocol, ParsesEverySamplingField) {
@@ -322,12 +322,27 @@ TEST(OpenAiProtocol, StreamOptionsAndEcho) {
 }
 
 TEST(OpenAiProtocol, KvCompressionExtension) {
-  EXPECT_EQ(parse(with(kCompletion, {{"kv_compression", {{"policy", "full"}}}})).request.kv_policy, "full");
+  EXPECT_EQ(parse(with(kCompletion, {{"kv_compression", {{"policy", "full"}}}})).request.kv_policy,
+            (PolicySpec{"full", {}}));
   expect_bad(with(kCompletion, {{"kv_compression", {{"policy", "snapkv"}}}}), "kv_compression.policy");
   expect_bad(with(kCompletion, {{"kv_compression", json::object()}}), "kv_compression.policy");
   expect_bad(with(kCompletion, {{"kv_compression", {{"policy", 1}}}}), "kv_compression.policy");
   expect_bad(with(kCompletion, {{"kv_compression", "full"}}), "kv_compression");
   expect_bad_chat(with(kChat, {{"kv_compression", {{"policy", "h2o"}}}}), "kv_compression.policy");
+
+  // Parameters arrive in the spec the ranks receive, as text; a bad one is named.
+  ProtocolLimits limits = test_limits();
+  limits.kv_policies.push_back("snapkv");
+  const json body = with(kCompletion, {{"kv_compression", {{"policy", "snapkv"}, {"budget", 64}, {"window", 8}}}});
+  EXPECT_EQ(parse_completion_request(body.dump(), ApiDialect::completions, limits).request.kv_policy,
+            (PolicySpec{"snapkv", {{"budget", "64"}, {"window", "8"}}}));
+  try {
+    parse_completion_request(with(kCompletion, {{"kv_compression", {{"policy", "snapkv"}, {"budget", -3}}}}).dump(),
+                             ApiDialect::completions, limits);
+    ADD_FAILURE() << "a negative budget was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "kv_compression.budget");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
