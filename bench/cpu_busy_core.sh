@@ -28,16 +28,7 @@ done
 
 log() { printf '[busy-core] %s\n' "$*" >&2; }
 
-# The binary of the commit before, built once.
-before_bin=build-before/build/strata
-if [ ! -x "$before_bin" ]; then
-  log "building $BEFORE in build-before/ (once)"
-  [ -d build-before ] || git worktree add --detach build-before "$BEFORE" >/dev/null
-  ln -sfn "$ROOT/models" build-before/models
-  cmake -S build-before -B build-before/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=OFF \
-    -DSTRATA_TESTS=OFF >/dev/null
-  cmake --build build-before/build -j "$(nproc)" --target strata >/dev/null
-fi
+before_bin=$(bench/build_commit.sh "$BEFORE" build-before)
 
 busy_pid=""
 stop_busy() {

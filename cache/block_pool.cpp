@@ -35,6 +35,7 @@ BlockPool::BlockPool(Backend& backend, KvBlockLayout layout, int64_t n_slots)
   free_.reserve(size_t(n_slots));
   for (int64_t b = n_slots - 1; b >= 0; --b) free_.push_back(int32_t(b));
   is_free_.assign(size_t(n_slots), true);
+  holders_.assign(size_t(n_slots * (1 + per_slot_)), 0);
   slab_used_.assign(size_t(n_slots), 0);
   slab_bits_.assign(size_t(n_slots), 0);
   slabs_by_free_.resize(size_t(std::max(per_slot_, 1)));
@@ -60,6 +61,7 @@ int32_t BlockPool::allocate(bool use_reserve) {
   const int32_t b = free_.back();
   free_.pop_back();
   is_free_[size_t(b)] = false;
+  holders_[size_t(b)] = 1;
   return b;
 }
 
@@ -103,7 +105,9 @@ int32_t BlockPool::allocate_packed() {
   set_slab_free_count(slot, per_slot_ - used, per_slot_ - used - 1);
   slab_bits_[size_t(slot)] |= 1u << sub;
   slab_used_[size_t(slot)] = uint8_t(used + 1);
-  return int32_t(n_slots_ + int64_t(slot) * per_slot_ + sub);
+  const int32_t block = int32_t(n_slots_ + int64_t(slot) * per_slot_ + sub);
+  holders_[size_t(block)] = 1;
+  return block;
 }
 
 int32_t BlockPool::slot_of(int32_t block) const {
@@ -113,8 +117,21 @@ int32_t BlockPool::slot_of(int32_t block) const {
   return block < n_slots_ ? block : int32_t((block - n_slots_) / per_slot_);
 }
 
+void BlockPool::share(int32_t block) {
+  slot_of(block);  // checks the id
+  uint16_t& n = holders_[size_t(block)];
+  if (n == 0) throw std::logic_error("block pool: block " + std::to_string(block) + " shared while free");
+  if (n == UINT16_MAX) throw std::runtime_error("block pool: block " + std::to_string(block) + " has too many holders");
+  ++n;
+}
+
 void BlockPool::release(int32_t block) {
   const int32_t slot = slot_of(block);
+  if (holders_[size_t(block)] > 1) {
+    --holders_[size_t(block)];
+    return;
+  }
+  holders_[size_t(block)] = 0;
   if (block < n_slots_) {
     if (is_free_[size_t(block)] || slab_used_[size_t(block)] != 0) {
       throw std::logic_error("block pool: block " + std::to_string(block) + " released twice");

@@ -62,7 +62,10 @@ class BlockPool {
   void set_key_rope(const RopeParams& rope, int n_positions);
   bool has_key_rope() const { return key_rope_.n_positions > 0; }
 
-  // Any kind.
+  // Any kind. A block may be in several block tables at once (the prefix cache shares a prompt's blocks):
+  // share() adds a holder, release() removes one, and the block returns to the pool with its last holder.
+  void share(int32_t block);
+  int holders(int32_t block) const { return holders_.at(size_t(block)); }
   void release(int32_t block);
 
   const KvBlockLayout& layout() const { return layout_; }
@@ -82,6 +85,7 @@ class BlockPool {
   Tensor storage_;
   std::vector<int32_t> free_;      // free slots, a stack: the most recently freed is reused first (warm in cache)
   std::vector<bool> is_free_;      // catches a block released twice, which would later be handed out twice
+  std::vector<uint16_t> holders_;  // per block id, both kinds: 0 while free
   std::vector<uint8_t> slab_used_;  // per slot: quantized blocks in use (0 for free and full-precision slots)
   std::vector<uint32_t> slab_bits_;  // per slot: which of them
   std::vector<std::set<int32_t>> slabs_by_free_;  // [n] = slabs with n free quantized blocks, 1 <= n < per_slot

@@ -89,6 +89,25 @@ TEST(BlockPool, ReleasedBlocksComeBack) {
   EXPECT_EQ(again, (std::set<int32_t>{a, b, c}));
 }
 
+TEST(BlockPool, ASharedBlockReturnsWithItsLastHolder) {
+  auto be = make_cpu_backend();
+  BlockPool pool(*be, small_layout(), 2);
+  const int32_t a = pool.allocate();
+  EXPECT_EQ(pool.holders(a), 1);
+  pool.share(a);
+  pool.share(a);
+  EXPECT_EQ(pool.holders(a), 3);
+  pool.release(a);
+  pool.release(a);
+  EXPECT_EQ(pool.n_free(), 1);  // one holder left
+  pool.release(a);
+  EXPECT_EQ(pool.n_free(), 2);
+  EXPECT_EQ(pool.holders(a), 0);
+  EXPECT_THROW(pool.share(a), std::logic_error);    // free
+  EXPECT_THROW(pool.release(a), std::logic_error);  // released once more than held
+  EXPECT_THROW(pool.share(7), std::logic_error);    // unknown
+}
+
 TEST(BlockPool, ReleasingAnUnknownBlockThrows) {
   auto be = make_cpu_backend();
   BlockPool pool(*be, small_layout(), 4);

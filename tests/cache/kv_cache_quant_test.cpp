@@ -91,6 +91,19 @@ TEST(QuantizedBlockPool, OnlyQuantizedBlocksMayTakeTheReserve) {
   EXPECT_EQ(pool.n_free(), 1);
 }
 
+TEST(QuantizedBlockPool, ASharedQuantizedBlockKeepsItsSlab) {
+  auto be = make_cpu_backend();
+  BlockPool pool(*be, quant_layout(KvQuant::int8), 2);
+  const int32_t q = pool.allocate_quantized();
+  pool.share(q);
+  pool.release(q);
+  EXPECT_EQ(pool.slab_used(pool.slot_of(q)), 1);  // still held once
+  pool.release(q);
+  EXPECT_EQ(pool.slab_used(pool.slot_of(q)), 0);
+  EXPECT_EQ(pool.n_free(), 1);  // both slots free, one of them the reserve
+  EXPECT_THROW(pool.release(q), std::logic_error);
+}
+
 TEST(QuantizedBlockPool, FullPrecisionPoolsHaveNoQuantizedBlocksAndNoReserve) {
   auto be = make_cpu_backend();
   BlockPool pool(*be, quant_layout(KvQuant::none), 3);
