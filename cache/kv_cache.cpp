@@ -15,6 +15,9 @@ KvCache::KvCache(BlockPool& pool, int layer_begin, int layer_end)
 
 KvCache::~KvCache() {
   while (!seqs_.empty()) release(seqs_.begin()->first);
+  for (const auto& [hash, blocks] : prefix_blocks_) {
+    for (int32_t b : blocks) pool_.release(b);
+  }
 }
 
 static int64_t blocks_for(int64_t entries, int block_size) { return (entries + block_size - 1) / block_size; }
@@ -54,7 +57,10 @@ int64_t KvCache::blocks_held(SeqId seq) const {
   int64_t total = 0;
   std::unordered_map<int32_t, int> per_slab;  // quantized blocks of seq in each slab
   for (const LayerKv& l : it->second) {
-    total += full_blocks(l) - l.n_paired;
+    for (size_t i = size_t(l.n_quantized_blocks + l.n_coded_blocks); i < l.block_table.size(); ++i) {
+      const int32_t b = l.block_table[i];
+      total += !pod_is_paired(b) && pool_.holders(b) == 1 ? 1 : 0;  // a shared block stays for its other holders
+    }
     for (int i = 0; i < l.n_quantized_blocks + l.n_coded_blocks; ++i) {
       ++per_slab[pool_.slot_of(l.block_table[size_t(i)])];
     }
@@ -183,6 +189,7 @@ void KvCache::retain(SeqId seq, int global_layer, std::span<const std::vector<in
     kv.block_table.push_back(pool_.allocate(/*use_reserve=*/true));
     account(l, {0, 1, 0, 0});
   }
+  own_blocks(kv, size_t(kept_quantized + full_need));  // the blocks the compaction writes
   if (kept_per_head.size() == 1) {
     pool_.backend().kv_compact(kv.block_table, kept_per_head[0], pool_.view(), -1);
   } else {
@@ -208,7 +215,8 @@ int64_t KvCache::merge(SeqId seq, int global_layer, std::span<const KvMerges> pe
     throw std::logic_error("kv cache: merges for " + std::to_string(per_head.size()) + " KV heads, the layer has " +
                            std::to_string(pool_.layout().n_kv_heads));
   }
-  const LayerKv& kv = layer(seq, global_layer);
+  LayerKv& kv = layer_mut(seq, global_layer);
+  own_blocks(kv, kv.block_table.size());
   int64_t merged = 0;
   for (size_t h = 0; h < per_head.size(); ++h) {
     pool_.backend().kv_merge(kv.block_table, per_head[h], pool_view(), int(h));
@@ -246,6 +254,7 @@ int KvCache::seal(SeqId seq, int global_layer) {
 
 int KvCache::pair_key_free_blocks(SeqId seq, int global_layer, int entry_begin, int entry_end) {
   LayerKv& kv = layer_mut(seq, global_layer);
+  own_blocks(kv, kv.block_table.size());
   const int bs = block_size();
   std::vector<int32_t> first, second;
   std::vector<size_t> at;
@@ -285,6 +294,78 @@ void KvCache::release(SeqId seq) {
     if (kv.codebook) release_codebook(kv, l);
   }
   seqs_.erase(it);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Prefix caching
+
+bool KvCache::can_publish(SeqId seq, int index) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || index < 0) return false;
+  for (const LayerKv& kv : it->second) {
+    const bool original = kv.n_entries == kv.n_appended && kv.n_coded_blocks == 0 && !kv.codebook && kv.n_paired == 0;
+    if (!original || index < kv.n_quantized_blocks || int64_t(index + 1) * block_size() > kv.n_entries) return false;
+  }
+  return true;
+}
+
+void KvCache::publish(SeqId seq, int index, uint64_t hash) {
+  if (!can_publish(seq, index)) {
+    throw std::logic_error("kv cache: block " + std::to_string(index) + " of sequence " + std::to_string(seq) +
+                           " no longer holds its prompt's entries as they were written");
+  }
+  if (is_cached(hash)) throw std::logic_error("kv cache: a prefix block published twice");
+  std::vector<int32_t> blocks;
+  for (const LayerKv& kv : seqs_.at(seq)) {
+    const int32_t b = kv.block_table[size_t(index)];
+    pool_.share(b);
+    blocks.push_back(b);
+  }
+  prefix_blocks_.emplace(hash, std::move(blocks));
+}
+
+void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes) {
+  if (contains(seq)) throw std::logic_error("kv cache: sequence " + std::to_string(seq) + " already holds entries");
+  std::vector<LayerKv> layers(static_cast<size_t>(n_layers()));
+  for (uint64_t hash : hashes) {
+    auto it = prefix_blocks_.find(hash);
+    if (it == prefix_blocks_.end()) throw std::logic_error("kv cache: a prefix block that is not cached");
+    for (size_t l = 0; l < layers.size(); ++l) layers[l].block_table.push_back(it->second[l]);
+  }
+  const int32_t n_entries = int32_t(hashes.size()) * block_size();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    LayerKv& kv = layers[l];
+    for (int32_t b : kv.block_table) pool_.share(b);
+    kv.n_entries = kv.n_appended = n_entries;
+    const int64_t n_blocks = int64_t(kv.block_table.size());
+    account(int(l), {n_entries, n_blocks, 0, n_blocks});
+  }
+  seqs_.emplace(seq, std::move(layers));
+}
+
+void KvCache::evict(std::span<const uint64_t> hashes) {
+  for (uint64_t hash : hashes) {
+    auto it = prefix_blocks_.find(hash);
+    if (it == prefix_blocks_.end()) throw std::logic_error("kv cache: evicting a prefix block that is not cached");
+    for (int32_t b : it->second) pool_.release(b);
+    prefix_blocks_.erase(it);
+  }
+}
+
+// A block is copied by a compaction over the table {copy, original} that moves every entry of the second block
+// to the first. Only full-precision blocks are ever shared (published blocks are), so the copy is exact.
+void KvCache::own_blocks(LayerKv& kv, size_t n_blocks) {
+  std::vector<int32_t> entries(static_cast<size_t>(block_size()));
+  for (size_t i = 0; i < entries.size(); ++i) entries[i] = int32_t(entries.size() + i);
+  for (size_t i = 0; i < std::min(n_blocks, kv.block_table.size()); ++i) {
+    const int32_t b = kv.block_table[i];
+    if (pod_is_paired(b) || pool_.holders(b) <= 1) continue;
+    const int32_t copy = pool_.allocate();
+    const int32_t pair[2] = {copy, b};
+    pool_.backend().kv_compact(pair, entries, pool_.view(), -1);
+    pool_.release(b);
+    kv.block_table[i] = copy;
+  }
 }
 
 }  // namespace strata

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/block_pool.h"
@@ -127,6 +128,22 @@ class KvCache {
   int pair_key_free_blocks(SeqId seq, int global_layer, int entry_begin, int entry_end);
   void release(SeqId seq);
 
+  // Prefix caching (leader/prefix_index.h names the blocks by hash). A published block of a sequence (block
+  // `index` of every layer: entries [index * block_size, (index + 1) * block_size)) stays in the cache under its
+  // hash after the sequence is gone, until evicted; a new sequence may start from cached blocks. Every holder
+  // reads them; an operation that would write into a block that has other holders copies it first, so a policy
+  // that evicts, merges, pairs or codes entries changes only its own sequence's copy.
+  // Whether every layer's block `index` of seq still holds its original entries at full precision (nothing
+  // compacted, merged, paired, coded or sealed there).
+  bool can_publish(SeqId seq, int index) const;
+  void publish(SeqId seq, int index, uint64_t hash);
+  bool is_cached(uint64_t hash) const { return prefix_blocks_.count(hash) != 0; }
+  int64_t n_cached_blocks() const { return int64_t(prefix_blocks_.size()); }  // per layer
+  // A new sequence whose layers start with the cached blocks `hashes` (a chain, in order).
+  void start_from_prefix(SeqId seq, std::span<const uint64_t> hashes);
+  // The cache lets go of these blocks; each returns to the pool once no sequence holds it.
+  void evict(std::span<const uint64_t> hashes);
+
  private:
   LayerKv& layer_mut(SeqId seq, int global_layer);
   struct LayerCounts {
@@ -146,12 +163,16 @@ class KvCache {
   // PoD: a pair of key-free blocks holds the values of 2 * block_size entries whose keys are gone.
   int64_t shared_key_entries(const LayerKv& kv) const { return 2LL * kv.n_paired * block_size(); }
   void account(int local_layer, const LayerCounts& delta);
+  // Copy-on-write: the first n_blocks of the layer's table become blocks of its own (full-precision copies of
+  // those that had other holders).
+  void own_blocks(LayerKv& kv, size_t n_blocks);
 
   BlockPool& pool_;
   int layer_begin_;
   int layer_end_;
   std::map<SeqId, std::vector<LayerKv>> seqs_;
   std::vector<LayerCounts> counts_;  // per local layer
+  std::unordered_map<uint64_t, std::vector<int32_t>> prefix_blocks_;  // hash -> the block of each local layer
 };
 
 }  // namespace strata
