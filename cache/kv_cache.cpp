@@ -30,13 +30,6 @@ static int64_t full_blocks(const LayerKv& kv) {
   return int64_t(kv.block_table.size()) - kv.n_quantized_blocks - kv.n_coded_blocks;
 }
 
-int64_t LayerCodebook::size() const {
-  int64_t n = 0;
-  for (const auto& c : keys) n += int64_t(c.size());
-  for (const auto& c : values) n += int64_t(c.size());
-  return n;
-}
-
 int64_t KvCache::blocks_to_append(SeqId seq, int n_new) const {
   auto it = seqs_.find(seq);
   int64_t total = 0;
@@ -370,8 +363,7 @@ void KvCache::own_blocks(LayerKv& kv, size_t n_blocks) {
 
 }  // namespace strata
 
-// SpindleKV storage (docs/compression.md "SpindleKV"). No collective: codebooks are per (sequence, layer, KV head)
-// of this rank, so tensor-parallel ranks build theirs alone (spec section 11).
+// SpindleKV storage (docs/compression.md "SpindleKV"); the codebooks' planning and encoding: cache/layer_codebook.h.
 namespace strata {
 
 int32_t KvCache::next_codebook_vector(LayerCodebook& cb, int l) {
@@ -395,6 +387,13 @@ void KvCache::release_codebook(LayerKv& kv, int l) {
   kv.codebook.reset();
 }
 
+void KvCache::swap_in_coded_block(LayerKv& kv, int l, size_t group, int32_t coded_block) {
+  pool_.release(kv.block_table[group]);
+  kv.block_table[group] = coded_block;
+  ++kv.n_coded_blocks;
+  account(l, {0, -1, 0, 0});
+}
+
 bool KvCache::replace_with_codebook(SeqId seq, int global_layer, std::span<const std::vector<int32_t>> positions,
                                     float key_threshold, float value_threshold) {
   if (pool_.quantized()) {
@@ -406,37 +405,20 @@ bool KvCache::replace_with_codebook(SeqId seq, int global_layer, std::span<const
     throw std::logic_error("kv cache: codebook replacement of a layer that is not all full precision");
   }
   const int n_heads = pool_.layout().n_kv_heads, n = kv.n_entries, bs = block_size();
-  if (positions.empty() || (positions.size() != 1 && int(positions.size()) != n_heads)) {
-    throw std::invalid_argument("kv cache: codebook positions: one list, or one per KV head");
-  }
-  for (const auto& p : positions) {
-    if (int(p.size()) != n) throw std::invalid_argument("kv cache: codebook positions: one per entry of the layer");
-  }
+  check_codebook_positions(positions, n_heads, n);
   if (n == 0) return false;
   Backend& backend = pool_.backend();
   const KvPoolView view = pool_.view();
-  auto positions_of = [&](int h) -> const std::vector<int32_t>& { return positions[positions.size() == 1 ? 0 : size_t(h)]; };
-
-  // Algorithm 1 per KV head, keys and values apart: host indices only.
-  std::vector<std::vector<int32_t>> k_assign(n_heads), k_centres(n_heads), v_assign(n_heads), v_centres(n_heads);
-  int64_t n_vectors = 0;
-  for (int h = 0; h < n_heads; ++h) {
-    k_assign[h].resize(size_t(n));
-    k_centres[h].resize(size_t(n));
-    v_assign[h].resize(size_t(n));
-    v_centres[h].resize(size_t(n));
-    k_centres[h].resize(size_t(backend.kv_codebook_build(kv.block_table, h, KvPart::key, positions_of(h),
-                                                         key_threshold, view, k_assign[h], k_centres[h])));
-    v_centres[h].resize(size_t(backend.kv_codebook_build(kv.block_table, h, KvPart::value, positions_of(h),
-                                                         value_threshold, view, v_assign[h], v_centres[h])));
-    n_vectors += int64_t(k_centres[h].size() + v_centres[h].size());
-  }
+  const std::vector<HeadCodebookPlan> plans =
+      plan_codebooks(backend, view, kv.block_table, positions, n, key_threshold, value_threshold);
   // Room for the pages and the coded blocks (fresh slabs at worst) before the groups' blocks are given back.
   const int64_t per_page = pool_.layout().vectors_per_slot();
   const int64_t n_groups = (n + bs - 1) / bs;
   const int per_slab = pool_.layout().coded_per_slot();
   if (per_slab < 1) throw std::invalid_argument("kv cache: KV blocks too small to hold coded blocks");
-  if (!pool_.can_allocate((n_vectors + per_page - 1) / per_page + (n_groups + per_slab - 1) / per_slab)) return false;
+  if (!pool_.can_allocate((codebook_vectors(plans) + per_page - 1) / per_page + (n_groups + per_slab - 1) / per_slab)) {
+    return false;
+  }
 
   const int l = global_layer - layer_begin_;
   LayerCodebook cb;
@@ -449,36 +431,16 @@ bool KvCache::replace_with_codebook(SeqId seq, int global_layer, std::span<const
   account(l, {0, 0, 0, 0, n_groups, 0, 0});
   const int full_groups = n / bs;
   for (int h = 0; h < n_heads; ++h) {
-    KvCodebookEncoding e;
-    e.head = h;
-    e.positions = positions_of(h);
-    for (int32_t centre : k_centres[h]) {
-      cb.keys[h].push_back(next_codebook_vector(cb, l));
-      e.new_k_entries.push_back(centre);
-      e.new_k_vectors.push_back(cb.keys[h].back());
-    }
-    for (int32_t centre : v_centres[h]) {
-      cb.values[h].push_back(next_codebook_vector(cb, l));
-      e.new_v_entries.push_back(centre);
-      e.new_v_vectors.push_back(cb.values[h].back());
-    }
-    for (int i = 0; i < n; ++i) {
-      e.k_vectors.push_back(cb.keys[h][size_t(k_assign[h][size_t(i)])]);
-      e.v_vectors.push_back(cb.values[h][size_t(v_assign[h][size_t(i)])]);
-    }
+    KvCodebookEncoding e = head_encoding(plans[size_t(h)], h, head_positions(positions, h), cb,
+                                         [&] { return next_codebook_vector(cb, l); });
     e.coded_blocks = coded;
     e.write_back_from = full_groups * bs;
     backend.kv_codebook_encode(kv.block_table, e, view);
   }
   // Full groups now live in their coded blocks; the partial one keeps its block (holding reconstructions).
-  for (int g = 0; g < full_groups; ++g) {
-    pool_.release(kv.block_table[size_t(g)]);
-    kv.block_table[size_t(g)] = coded[size_t(g)];
-  }
-  kv.n_coded_blocks = full_groups;
+  for (int g = 0; g < full_groups; ++g) swap_in_coded_block(kv, l, size_t(g), coded[size_t(g)]);
   cb.open_block = full_groups < n_groups ? coded[size_t(full_groups)] : -1;
   cb.n_coded = n;
-  account(l, {0, -int64_t(full_groups), 0, 0});
   kv.codebook = std::move(cb);
   return true;
 }
@@ -528,13 +490,9 @@ void KvCache::code_appended(SeqId seq, int global_layer, int last_position) {
       backend.kv_codebook_encode(kv.block_table, e, view);
     }
     ++cb.n_coded;
-    if (cb.n_coded % bs == 0) {  // the group is full: its coded block replaces the full-precision one
-      const size_t g = size_t(cb.n_coded / bs - 1);
-      pool_.release(kv.block_table[g]);
-      kv.block_table[g] = cb.open_block;
+    if (cb.n_coded % bs == 0) {  // the group is full
+      swap_in_coded_block(kv, l, size_t(cb.n_coded / bs - 1), cb.open_block);
       cb.open_block = -1;
-      ++kv.n_coded_blocks;
-      account(l, {0, -1, 0, 0});
     }
   }
 }

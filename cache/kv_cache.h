@@ -21,23 +21,11 @@
 #include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/layer_codebook.h"
 
 namespace strata {
 
 using SeqId = int64_t;
-
-// A layer's codebooks (SpindleKV): per KV head one for keys (before RoPE) and one for values.
-struct LayerCodebook {
-  float key_threshold = 0.0f;   // a new key joins the closest entry when their cosine exceeds this
-  float value_threshold = 0.0f;
-  std::vector<std::vector<int32_t>> keys, values;  // [n_kv_heads]: vector ids of the codebook's entries
-  std::vector<int32_t> pages;   // full-precision slots holding the vectors, filled in order
-  int32_t n_vectors = 0;        // vectors written into pages
-  int32_t n_coded = 0;          // entries [0, n_coded) are coded
-  int32_t open_block = -1;      // the coded block of the partial group, or -1
-
-  int64_t size() const;         // codebook vectors, every head, keys and values
-};
 
 struct LayerKv {
   std::vector<int32_t> block_table;  // blocks in entry order
@@ -160,6 +148,8 @@ class KvCache {
   // has no slot for it.
   int32_t next_codebook_vector(LayerCodebook& codebook, int local_layer);
   void release_codebook(LayerKv& kv, int local_layer);
+  // A full group's coded block replaces its full-precision block, which goes back to the pool.
+  void swap_in_coded_block(LayerKv& kv, int local_layer, size_t group, int32_t coded_block);
   // PoD: a pair of key-free blocks holds the values of 2 * block_size entries whose keys are gone.
   int64_t shared_key_entries(const LayerKv& kv) const { return 2LL * kv.n_paired * block_size(); }
   void account(int local_layer, const LayerCounts& delta);

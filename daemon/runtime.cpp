@@ -130,86 +130,92 @@ ShardSpec shard_of(const ServerConfig& config, const RankGrid& grid, const Model
   return shard;
 }
 
-std::unique_ptr<RankRuntime> make_runtime(const ServerConfig& config, const RankWorld* world) {
-  auto rt = std::make_unique<RankRuntime>();
-  const ServerConfig::Model& m = config.model;
-  if (m.path.empty()) throw ConfigError(config.file + ": model.path: missing (a .gguf file, a directory or preset:NAME)");
-  const RankGrid grid = world ? world->grid() : RankGrid{};
-  auto shard = [&](const ModelConfig& mc) { return shard_of(config, grid, mc); };
-  namespace fs = std::filesystem;
-  // engine.threads: the CPU backend's compute threads (0: every core this process may run on).
-  cpu::set_compute_threads(config.engine.threads);
-  // Before the weights are read: a backend that cannot run (no GPU, a policy it lacks) fails in a second, not
-  // after minutes of loading.
-  rt->backend = make_backend(config);
-  const WeightDtype weight_dtype = parse_weight_dtype(m.weight_dtype);  // checked when the config was read
+namespace {
 
+// Reads model.path into rt: this rank's shard of the weights and, where the model has them, its tokenizer and chat
+// template, and the name it is served under.
+void load_model(const ServerConfig& config, const RankGrid& grid, RankRuntime& rt) {
+  namespace fs = std::filesystem;
+  const ServerConfig::Model& m = config.model;
+  auto shard = [&](const ModelConfig& mc) { return shard_of(config, grid, mc); };
+  const WeightDtype weight_dtype = parse_weight_dtype(m.weight_dtype);  // checked when the config was read
   if (m.path.rfind(kPresetPrefix, 0) == 0) {
     const ModelConfig mc = preset_config(m.path.substr(kPresetPrefix.size()));
-    rt->weights = make_dummy_weights(mc, shard(mc), /*seed=*/1234, weight_dtype);
-    rt->model_name = m.name.empty() ? m.path.substr(kPresetPrefix.size()) : m.name;
+    rt.weights = make_dummy_weights(mc, shard(mc), /*seed=*/1234, weight_dtype);
+    rt.model_name = m.name.empty() ? m.path.substr(kPresetPrefix.size()) : m.name;
   } else if (fs::is_directory(m.path)) {
     const ModelConfig mc = config_from_hf_json((fs::path(m.path) / "config.json").string());
-    rt->weights = load_safetensors_weights(m.path, shard(mc), weight_dtype);
+    rt.weights = load_safetensors_weights(m.path, shard(mc), weight_dtype);
     const std::string tokenizer_json = (fs::path(m.path) / "tokenizer.json").string();
-    if (fs::exists(tokenizer_json)) rt->tokenizer = Tokenizer::from_hf_json(tokenizer_json);
-    rt->chat_template = choose_template(m, "");
-    rt->model_name = m.name.empty() ? fs::path(m.path).filename().string() : m.name;
+    if (fs::exists(tokenizer_json)) rt.tokenizer = Tokenizer::from_hf_json(tokenizer_json);
+    rt.chat_template = choose_template(m, "");
+    rt.model_name = m.name.empty() ? fs::path(m.path).filename().string() : m.name;
   } else {
     if (!fs::exists(m.path)) {
       throw ConfigError(config.file + ": model.path: " + m.path + " does not exist (tools/setup.sh fetches the default model)");
     }
-    rt->gguf = GgufFile::open(m.path);
-    rt->weights = load_gguf_weights(rt->gguf, shard(config_from_gguf(*rt->gguf)), weight_dtype);
-    rt->tokenizer = Tokenizer::from_gguf(*rt->gguf);
-    rt->chat_template = choose_template(m, rt->gguf->get_string("tokenizer.chat_template").value_or(""));
-    rt->model_name = m.name.empty() ? fs::path(m.path).stem().string() : m.name;
+    rt.gguf = GgufFile::open(m.path);
+    rt.weights = load_gguf_weights(rt.gguf, shard(config_from_gguf(*rt.gguf)), weight_dtype);
+    rt.tokenizer = Tokenizer::from_gguf(*rt.gguf);
+    rt.chat_template = choose_template(m, rt.gguf->get_string("tokenizer.chat_template").value_or(""));
+    rt.model_name = m.name.empty() ? fs::path(m.path).stem().string() : m.name;
   }
+}
 
-  const ShardSpec& sh = rt->weights.shard;
-  const int n_layers_local = sh.layer_end - sh.layer_begin;
+// The model over the loaded weights, with the device communicators of a distributed CUDA rank.
+void make_model(const ServerConfig& config, const RankWorld* world, const RankGrid& grid, RankRuntime& rt) {
   ShardComms comms{world ? world->tp() : nullptr, world ? world->pp() : nullptr};
   if (world && world->distributed() && config.engine.backend == "cuda") {
-    std::tie(rt->tp_device, rt->pp_device) = make_device_comms(*world, *rt->backend);
-    comms.tp_device = rt->tp_device.get();
-    comms.pp_device = rt->pp_device.get();
+    std::tie(rt.tp_device, rt.pp_device) = make_device_comms(*world, *rt.backend);
+    comms.tp_device = rt.tp_device.get();
+    comms.pp_device = rt.pp_device.get();
   }
-  rt->model = std::make_unique<LlamaModel>(*rt->backend, rt->weights, comms);
+  rt.model = std::make_unique<LlamaModel>(*rt.backend, rt.weights, comms);
   // The backend holds its own copies of what it repacked (or uploaded to the GPU): the mapping's pages need not stay
   // in this process's memory. What is still read from the file (F32 norms, Q4_K and Q6_K blocks used in place)
   // comes back on first use.
-  if (rt->gguf) rt->gguf->release_pages();
+  if (rt.gguf) rt.gguf->release_pages();
   // Pipeline micro-batches: by default one per stage, so that every stage has work once the pipeline is full.
   if (grid.pp > 1) {
-    rt->model->set_micro_batches(config.parallel.micro_batches > 0 ? config.parallel.micro_batches : grid.pp);
+    rt.model->set_micro_batches(config.parallel.micro_batches > 0 ? config.parallel.micro_batches : grid.pp);
   }
-  const KvBlockLayout layout = kv_pool_layout(config, *rt->model);
+}
+
+// The KV block pool of kv_cache.memory_mib and the cache of this rank's layers over it.
+void make_kv_cache(const ServerConfig& config, RankRuntime& rt) {
+  const ShardSpec& sh = rt.weights.shard;
+  const KvBlockLayout layout = kv_pool_layout(config, *rt.model);
   const int64_t n_blocks = BlockPool::blocks_for_memory(layout, config.kv_cache.memory_mib << 20);
   // A quantized pool keeps one block in reserve for sealing (cache/block_pool.h).
-  if (n_blocks < n_layers_local + (layout.quant == KvQuant::none ? 0 : 1)) {
+  if (n_blocks < sh.layer_end - sh.layer_begin + (layout.quant == KvQuant::none ? 0 : 1)) {
     throw ConfigError(config.file + ": kv_cache.memory_mib: " + std::to_string(config.kv_cache.memory_mib) +
                       " MiB does not hold one block per layer (" + std::to_string(layout.block_bytes()) +
                       " bytes each)");
   }
-  rt->pool = std::make_unique<BlockPool>(*rt->backend, layout, n_blocks);
-  rt->cache = std::make_unique<KvCache>(*rt->pool, sh.layer_begin, sh.layer_end);
+  rt.pool = std::make_unique<BlockPool>(*rt.backend, layout, n_blocks);
+  rt.cache = std::make_unique<KvCache>(*rt.pool, sh.layer_begin, sh.layer_end);
+}
+
+// The step executor with kv_cache's compression policy (and POD's layer blocks), and the collectives and step
+// exchange of a distributed rank.
+void make_executor(const ServerConfig& config, const RankWorld* world, RankRuntime& rt) {
   CompressionConfig compression;
   compression.policy = parse_policy_spec(config.kv_cache.policy);
   compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
   if (world && world->distributed()) {
-    rt->collectives = std::make_unique<CommPolicyCollectives>(world->tp(), world->pp(), rt->weights.config.n_layers);
-    rt->exchange = std::make_unique<StepExchange>(*world->world());
+    rt.collectives = std::make_unique<CommPolicyCollectives>(world->tp(), world->pp(), rt.weights.config.n_layers);
+    rt.exchange = std::make_unique<StepExchange>(*world->world());
   }
-  rt->executor = std::make_unique<StepExecutor>(*rt->model, *rt->cache, std::move(compression), rt->model_name,
-                                                rt->collectives.get());
+  rt.executor = std::make_unique<StepExecutor>(*rt.model, *rt.cache, std::move(compression), rt.model_name,
+                                               rt.collectives.get());
   if (!config.kv_cache.pod_blocks.empty()) {
     // Read and checked on every rank against the whole model and the configured stages (cache/pod_blocks.h).
     const std::string where = config.file + ": kv_cache.pod_blocks: ";
     try {
       PodBlocks blocks = read_pod_blocks(config.kv_cache.pod_blocks);
-      check_pod_blocks(blocks, config.kv_cache.pod_blocks, rt->model_name, rt->weights.config.n_layers,
-                       rt->weights.config.n_kv_heads, config.parallel.pp);
-      rt->executor->set_pod_blocks(std::move(blocks));
+      check_pod_blocks(blocks, config.kv_cache.pod_blocks, rt.model_name, rt.weights.config.n_layers,
+                       rt.weights.config.n_kv_heads, config.parallel.pp);
+      rt.executor->set_pod_blocks(std::move(blocks));
     } catch (const std::runtime_error& e) {
       throw ConfigError(where + e.what());
     }
@@ -220,14 +226,42 @@ std::unique_ptr<RankRuntime> make_runtime(const ServerConfig& config, const Rank
   if (config.kv_cache.policy.rfind("pod", 0) == 0 && config.kv_cache.dtype != "f32") {
     throw ConfigError(config.file + ": kv_cache.dtype: policy pod needs f32 (its key-free blocks are not quantized)");
   }
-  std::cerr << "strata: " << (grid.world_size() > 1 ? grid.describe(grid.rank) + ": " : "") << rt->model_name
-            << ": layers [" << sh.layer_begin << ", " << sh.layer_end << ") of " << rt->weights.config.n_layers
+}
+
+// One line on stderr: what this rank serves, and with what KV pool and backend.
+void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRuntime& rt) {
+  const ShardSpec& sh = rt.weights.shard;
+  const KvBlockLayout& layout = rt.pool->layout();
+  const int64_t n_blocks = BlockPool::blocks_for_memory(layout, config.kv_cache.memory_mib << 20);  // reserve included
+  std::cerr << "strata: " << (grid.world_size() > 1 ? grid.describe(grid.rank) + ": " : "") << rt.model_name
+            << ": layers [" << sh.layer_begin << ", " << sh.layer_end << ") of " << rt.weights.config.n_layers
             << (sh.tp_size > 1 ? ", tensor slice " + std::to_string(sh.tp_rank + 1) + "/" + std::to_string(sh.tp_size)
                                : std::string())
             << ", KV pool of " << n_blocks << " blocks x " << layout.block_size << " tokens ("
-            << (config.kv_cache.memory_mib) << " MiB: room for " << (n_blocks * layout.block_size / n_layers_local)
+            << (config.kv_cache.memory_mib) << " MiB: room for "
+            << (n_blocks * layout.block_size / (sh.layer_end - sh.layer_begin))
             << " tokens in all layers at f32), KV dtype " << config.kv_cache.dtype << ", backend "
-            << rt->backend->name() << "\n";
+            << rt.backend->name() << "\n";
+}
+
+}  // namespace
+
+std::unique_ptr<RankRuntime> make_runtime(const ServerConfig& config, const RankWorld* world) {
+  auto rt = std::make_unique<RankRuntime>();
+  if (config.model.path.empty()) {
+    throw ConfigError(config.file + ": model.path: missing (a .gguf file, a directory or preset:NAME)");
+  }
+  const RankGrid grid = world ? world->grid() : RankGrid{};
+  // engine.threads: the CPU backend's compute threads (0: every core this process may run on).
+  cpu::set_compute_threads(config.engine.threads);
+  // Before the weights are read: a backend that cannot run (no GPU, a policy it lacks) fails in a second, not
+  // after minutes of loading.
+  rt->backend = make_backend(config);
+  load_model(config, grid, *rt);
+  make_model(config, world, grid, *rt);
+  make_kv_cache(config, *rt);
+  make_executor(config, world, *rt);
+  log_runtime(config, grid, *rt);
   return rt;
 }
 

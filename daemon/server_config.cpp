@@ -51,6 +51,8 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
+// The setter of every configuration key.
+// Long: a table with one entry per key, in the order of the configuration file's sections.
 const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table = {
       {"model.path", [](ServerConfig& c, const std::string& t, const std::string&) { c.model.path = t; }},

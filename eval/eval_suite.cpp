@@ -76,44 +76,61 @@ std::vector<EvalCase> EvalSuite::cases() const {
   return out;
 }
 
-namespace {
-
-// Which task and case a job belongs to.
-struct JobTag {
-  enum Kind { perplexity, passkey, agreement } kind;
-  size_t index;  // into that task's cases
-};
-
-}  // namespace
-
-EvalCaseResult EvalSuite::run(const EvalCase& c, RankRuntime& runtime, const std::function<void(size_t, size_t)>& progress) {
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<EvalJob> jobs;
-  std::vector<JobTag> tags;
-  auto add = [&](EvalJob job, JobTag tag) {
-    job.policy = case_spec(c, int(job.prompt.size()));
-    jobs.push_back(std::move(job));
-    tags.push_back(tag);
+// One case's jobs, each with the task case it scores.
+struct EvalSuite::CaseJobs {
+  // Which task and case a job belongs to.
+  struct Tag {
+    enum Kind { perplexity, passkey, agreement } kind;
+    size_t index;  // into that task's cases
   };
 
-  std::vector<PerplexityCase> ppl_cases;
+  std::vector<EvalJob> jobs;
+  std::vector<Tag> tags;  // per job
+  std::vector<PerplexityCase> perplexity;
+  std::vector<PasskeyCase> passkey;
+  std::vector<std::string> keys;  // per passkey case: the key its prompt hides
+  std::vector<AgreementCase> agreement;
+
+  // Longest first, so that a batch holds jobs of similar lengths and none waits long for another.
+  void sort_longest_first() {
+    std::vector<size_t> order(jobs.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return jobs[a].prompt.size() > jobs[b].prompt.size();
+    });
+    std::vector<EvalJob> sorted_jobs;
+    std::vector<Tag> sorted_tags;
+    for (size_t i : order) {
+      sorted_jobs.push_back(std::move(jobs[i]));
+      sorted_tags.push_back(tags[i]);
+    }
+    jobs = std::move(sorted_jobs);
+    tags = std::move(sorted_tags);
+  }
+};
+
+EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
+  CaseJobs j;
+  auto add = [&](EvalJob job, CaseJobs::Tag tag) {
+    job.policy = case_spec(c, int(job.prompt.size()));
+    j.jobs.push_back(std::move(job));
+    j.tags.push_back(tag);
+  };
   for (size_t d = 0; d < documents_.size(); ++d) {
     for (int prefix : settings_.perplexity_prefixes) {
-      ppl_cases.push_back({settings_.documents[d], prefix, settings_.perplexity_tokens});
-      add(perplexity_job(documents_[d], ppl_cases.back(), ""), {JobTag::perplexity, ppl_cases.size() - 1});
+      j.perplexity.push_back({settings_.documents[d], prefix, settings_.perplexity_tokens});
+      add(perplexity_job(documents_[d], j.perplexity.back(), ""), {CaseJobs::Tag::perplexity, j.perplexity.size() - 1});
     }
   }
-  std::vector<PasskeyCase> key_cases;
-  std::vector<std::string> keys;
   for (int length : settings_.passkey_lengths) {
     for (double depth : settings_.passkey_depths) {
-      key_cases.push_back({length, depth});
-      keys.emplace_back();
+      j.passkey.push_back({length, depth});
+      j.keys.emplace_back();
       const uint64_t seed = settings_.seed * 1000003u + uint64_t(length) * 131u + uint64_t(depth * 100.0);
-      add(passkey_job(tokenizer_, chat_, key_cases.back(), seed, "", &keys.back()), {JobTag::passkey, key_cases.size() - 1});
+      add(passkey_job(tokenizer_, chat_, j.passkey.back(), seed, "", &j.keys.back()),
+          {CaseJobs::Tag::passkey, j.passkey.size() - 1});
     }
   }
-  std::vector<AgreementCase> agree_cases;
   for (size_t d = 0; d < documents_.size(); ++d) {
     const std::vector<int32_t>& doc = documents_[d];
     const int context = settings_.agreement_context;
@@ -121,57 +138,67 @@ EvalCaseResult EvalSuite::run(const EvalCase& c, RankRuntime& runtime, const std
     for (int i = 0; i < settings_.agreement_prompts; ++i) {
       const size_t offset = (size_t(i) * 997u) % (doc.size() - size_t(context));  // a different passage each
       const std::vector<int32_t> passage(doc.begin() + long(offset), doc.begin() + long(offset) + context);
-      agree_cases.push_back({int(agree_cases.size()), context});
+      j.agreement.push_back({int(j.agreement.size()), context});
       add(agreement_job(tokenizer_, chat_, passage, instructions_[size_t(i)], settings_.agreement_tokens, ""),
-          {JobTag::agreement, agree_cases.size() - 1});
+          {CaseJobs::Tag::agreement, j.agreement.size() - 1});
     }
   }
+  return j;
+}
 
-  // Longest first, so that a batch holds jobs of similar lengths and none waits long for another.
-  std::vector<size_t> order(jobs.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return jobs[a].prompt.size() > jobs[b].prompt.size();
-  });
-  std::vector<EvalJob> sorted;
-  for (size_t i : order) sorted.push_back(std::move(jobs[i]));
-  EvalRunner(runtime, settings_.runner).run(sorted, progress);
+namespace {
 
+// Adds what a job's cache held, per layer, to mem; the longest prompt's entries are kept whole.
+void add_memory(EvalMemory& mem, const EvalJob& job) {
+  mem.bytes.resize(job.layers.size());
+  mem.uncompressed_bytes.resize(job.layers.size());
+  for (size_t l = 0; l < job.layers.size(); ++l) {
+    mem.bytes[l] += job.layers[l].bytes;
+    mem.uncompressed_bytes[l] += job.layers[l].uncompressed_bytes;
+  }
+  if (int(job.prompt.size()) > mem.longest_prompt) {
+    mem.longest_prompt = int(job.prompt.size());
+    mem.longest_entries.clear();
+    for (const LayerHeld& l : job.layers) mem.longest_entries.push_back(l.entries);
+  }
+}
+
+}  // namespace
+
+EvalCaseResult EvalSuite::score(const EvalCase& c, const CaseJobs& jobs) {
   EvalCaseResult result;
   result.c = c;
-  result.perplexity.resize(ppl_cases.size());
-  result.passkey.resize(key_cases.size());
-  result.agreement.resize(agree_cases.size());
-  if (c.policy == "full") reference_answers_.assign(agree_cases.size(), {});
-  if (reference_answers_.size() != agree_cases.size()) throw std::logic_error("eval: full must run first");
-  EvalMemory& mem = result.memory;
-  for (size_t k = 0; k < sorted.size(); ++k) {
-    const EvalJob& job = sorted[k];
-    const JobTag& tag = tags[order[k]];
+  result.perplexity.resize(jobs.perplexity.size());
+  result.passkey.resize(jobs.passkey.size());
+  result.agreement.resize(jobs.agreement.size());
+  if (c.policy == "full") reference_answers_.assign(jobs.agreement.size(), {});
+  if (reference_answers_.size() != jobs.agreement.size()) throw std::logic_error("eval: full must run first");
+  for (size_t k = 0; k < jobs.jobs.size(); ++k) {
+    const EvalJob& job = jobs.jobs[k];
+    const CaseJobs::Tag& tag = jobs.tags[k];
     switch (tag.kind) {
-      case JobTag::perplexity:
-        result.perplexity[tag.index] = score_perplexity(ppl_cases[tag.index], job);
+      case CaseJobs::Tag::perplexity:
+        result.perplexity[tag.index] = score_perplexity(jobs.perplexity[tag.index], job);
         break;
-      case JobTag::passkey:
-        result.passkey[tag.index] = score_passkey(tokenizer_, key_cases[tag.index], keys[tag.index], job);
+      case CaseJobs::Tag::passkey:
+        result.passkey[tag.index] = score_passkey(tokenizer_, jobs.passkey[tag.index], jobs.keys[tag.index], job);
         break;
-      case JobTag::agreement:
+      case CaseJobs::Tag::agreement:
         if (c.policy == "full") reference_answers_[tag.index] = job.generated;
-        result.agreement[tag.index] = score_agreement(agree_cases[tag.index], reference_answers_[tag.index], job);
+        result.agreement[tag.index] = score_agreement(jobs.agreement[tag.index], reference_answers_[tag.index], job);
         break;
     }
-    mem.bytes.resize(job.layers.size());
-    mem.uncompressed_bytes.resize(job.layers.size());
-    for (size_t l = 0; l < job.layers.size(); ++l) {
-      mem.bytes[l] += job.layers[l].bytes;
-      mem.uncompressed_bytes[l] += job.layers[l].uncompressed_bytes;
-    }
-    if (int(job.prompt.size()) > mem.longest_prompt) {
-      mem.longest_prompt = int(job.prompt.size());
-      mem.longest_entries.clear();
-      for (const LayerHeld& l : job.layers) mem.longest_entries.push_back(l.entries);
-    }
+    add_memory(result.memory, job);
   }
+  return result;
+}
+
+EvalCaseResult EvalSuite::run(const EvalCase& c, RankRuntime& runtime, const std::function<void(size_t, size_t)>& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  CaseJobs jobs = jobs_for(c);
+  jobs.sort_longest_first();
+  EvalRunner(runtime, settings_.runner).run(jobs.jobs, progress);
+  EvalCaseResult result = score(c, jobs);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -71,6 +71,12 @@ class EvalSuite {
   const EvalSettings& settings() const { return settings_; }
 
  private:
+  struct CaseJobs;
+  // The jobs of one case: one per perplexity, passkey and agreement case of the settings.
+  CaseJobs jobs_for(const EvalCase& c) const;
+  // Scores the jobs run for c and sums the memory they held.
+  EvalCaseResult score(const EvalCase& c, const CaseJobs& jobs);
+
   EvalSettings settings_;
   const Tokenizer& tokenizer_;
   const ChatTemplate& chat_;

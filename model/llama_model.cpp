@@ -133,6 +133,54 @@ void LlamaModel::forward(std::span<const BatchSequence> batch, KvCache& cache, s
   if (!weights_.shard.has_output) wait_sends();
 }
 
+namespace {
+
+// Layer l's attention sequences of the batch (global_layer of the model): each sequence's rows, the entries before
+// them and its block table, and where it asks for them the column sums of its attention statistics.
+void attention_sequences(std::span<const BatchSequence> batch, const KvCache& cache, int global_layer, int l,
+                         std::vector<AttentionSequence>& seqs) {
+  int row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const LayerKv& kv = cache.layer(batch[i].seq, global_layer);
+    const int n_q = int(batch[i].tokens.size());
+    seqs[i] = AttentionSequence{row, n_q, kv.n_entries - n_q, kv.block_table};
+    if (AttentionStats* st = batch[i].stats; st && st->rows_from[size_t(l)] >= 0) {
+      if (kv.n_entries > st->stride) throw std::logic_error("attention statistics: stride below the entries held");
+      seqs[i].column_sums = st->sums[size_t(l)].data();
+      seqs[i].sums_stride = st->stride;
+      seqs[i].stats_row_begin = std::max(0, st->rows_from[size_t(l)] - batch[i].start_pos);
+    }
+    row += n_q;
+  }
+}
+
+// The rows of a micro-batch that go through the output head, by what their sequences ask for.
+struct HeadRows {
+  std::vector<int64_t> logit_rows;    // LogitsMode::all and last
+  std::vector<int64_t> sampled_rows;  // LogitsMode::sample, with their sampling
+  std::vector<RowSampling> sampling;
+};
+
+HeadRows head_rows(std::span<const BatchSequence> batch) {
+  HeadRows h;
+  int64_t row = 0;
+  for (const BatchSequence& s : batch) {
+    const int64_t n = int64_t(s.tokens.size());
+    if (s.logits == LogitsMode::all) {
+      for (int64_t i = 0; i < n; ++i) h.logit_rows.push_back(row + i);
+    } else if (s.logits == LogitsMode::last) {
+      h.logit_rows.push_back(row + n - 1);
+    } else if (s.logits == LogitsMode::sample) {
+      h.sampled_rows.push_back(row + n - 1);
+      h.sampling.push_back(*s.sampling);
+    }
+    row += n;
+  }
+  return h;
+}
+
+}  // namespace
+
 // One micro-batch through this stage: its tokens go into the cache, its hidden states come from the embedding or
 // the previous stage, and leave for the next stage (from `sent`, which stays untouched until forward() ends) or
 // through the output head, whose rows are appended to `logits` and `samples`.
@@ -182,20 +230,7 @@ void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::
 
   std::vector<AttentionSequence> seqs(batch.size());
   for (int l = 0; l < int(layers_.size()); ++l) {
-    const int global_layer = weights_.shard.layer_begin + l;
-    int row = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const LayerKv& kv = cache.layer(batch[i].seq, global_layer);
-      const int n_q = int(batch[i].tokens.size());
-      seqs[i] = AttentionSequence{row, n_q, kv.n_entries - n_q, kv.block_table};
-      if (AttentionStats* st = batch[i].stats; st && st->rows_from[size_t(l)] >= 0) {
-        if (kv.n_entries > st->stride) throw std::logic_error("attention statistics: stride below the entries held");
-        seqs[i].column_sums = st->sums[size_t(l)].data();
-        seqs[i].sums_stride = st->stride;
-        seqs[i].stats_row_begin = std::max(0, st->rows_from[size_t(l)] - batch[i].start_pos);
-      }
-      row += n_q;
-    }
+    attention_sequences(batch, cache, weights_.shard.layer_begin + l, l, seqs);
     run_layer(l, batch, cache, seqs, positions);
   }
 
@@ -204,23 +239,9 @@ void LlamaModel::forward_micro_batch(std::span<const BatchSequence> batch, std::
     return;
   }
   // Output head for the rows that need logits only.
-  std::vector<int64_t> rows, sampled_rows;
-  std::vector<RowSampling> sampling;
-  int64_t row = 0;
-  for (const BatchSequence& s : batch) {
-    const int64_t n = int64_t(s.tokens.size());
-    if (s.logits == LogitsMode::all) {
-      for (int64_t i = 0; i < n; ++i) rows.push_back(row + i);
-    } else if (s.logits == LogitsMode::last) {
-      rows.push_back(row + n - 1);
-    } else if (s.logits == LogitsMode::sample) {
-      sampled_rows.push_back(row + n - 1);
-      sampling.push_back(*s.sampling);
-    }
-    row += n;
-  }
-  output_head(x, rows, logits);
-  output_samples(x, sampled_rows, sampling, samples);
+  const HeadRows head = head_rows(batch);
+  output_head(x, head.logit_rows, logits);
+  output_samples(x, head.sampled_rows, head.sampling, samples);
 }
 
 // Chunks of rows bound the [rows, vocab] scratch when every position wants logits (evaluation, tests).

@@ -43,94 +43,156 @@ void validate_config(const ModelConfig& c, const std::string& origin) {
 
 }  // namespace
 
-ModelConfig config_from_gguf(const GgufFile& file) {
-  const std::string& path = file.path();
-  auto missing = [&](const std::string& key) -> GgufError {
-    return GgufError(path + ": missing metadata key '" + key + "'");
-  };
-  const std::string arch = file.get_string("general.architecture").value_or("");
-  if (arch.empty()) throw missing("general.architecture");
-  // Other GGUF architectures (qwen2, phi3, ...) use NEOX RoPE without the Q/K permutation: not this loader.
-  if (arch != "llama") {
-    throw GgufError(path + ": general.architecture is '" + arch + "'; only 'llama' is supported");
+namespace {
+
+// The metadata keys of one GGUF architecture ("llama." + suffix), read as the config needs them.
+class GgufArchitectureKeys {
+ public:
+  GgufArchitectureKeys(const GgufFile& file, const std::string& arch) : file_(file), prefix_(arch + ".") {}
+
+  std::string key(const std::string& suffix) const { return prefix_ + suffix; }
+  GgufError missing(const std::string& key) const {
+    return GgufError(file_.path() + ": missing metadata key '" + key + "'");
   }
-  const std::string prefix = arch + ".";
-  auto optional_int = [&](const std::string& suffix) -> std::optional<int> {
-    const std::string key = prefix + suffix;
-    std::optional<int64_t> v = file.get_int(key);
+  std::optional<int> optional_int(const std::string& suffix) const {
+    std::optional<int64_t> v = file_.get_int(key(suffix));
     if (!v) return std::nullopt;
-    return positive_int(*v, key, path);
-  };
-  auto required_int = [&](const std::string& suffix) -> int {
+    return positive_int(*v, key(suffix), file_.path());
+  }
+  int required_int(const std::string& suffix) const {
     std::optional<int> v = optional_int(suffix);
-    if (!v) throw missing(prefix + suffix);
+    if (!v) throw missing(key(suffix));
     return *v;
-  };
-  auto required_float = [&](const std::string& suffix) -> float {
-    std::optional<double> v = file.get_float(prefix + suffix);
-    if (!v) throw missing(prefix + suffix);
+  }
+  float required_float(const std::string& suffix) const {
+    std::optional<double> v = file_.get_float(key(suffix));
+    if (!v) throw missing(key(suffix));
     return static_cast<float>(*v);
-  };
+  }
 
-  ModelConfig c;
-  c.architecture = arch;
-  c.name = file.get_string("general.name").value_or(std::filesystem::path(path).stem().string());
-  c.n_layers = required_int("block_count");
-  c.d_model = required_int("embedding_length");
-  c.d_ff = required_int("feed_forward_length");
-  c.n_heads = required_int("attention.head_count");
-  c.n_kv_heads = optional_int("attention.head_count_kv").value_or(c.n_heads);
-  c.max_context = required_int("context_length");
-  c.rms_eps = required_float("attention.layer_norm_rms_epsilon");
-  c.rope_theta = static_cast<float>(file.get_float(prefix + "rope.freq_base").value_or(10000.0));
-  c.rope_style = RopeStyle::interleaved;
+ private:
+  const GgufFile& file_;
+  std::string prefix_;
+};
 
-  if (std::optional<int> key_length = optional_int("attention.key_length")) {
-    c.head_dim = *key_length;
+// The head dimension; throws unless values, keys and RoPE all use it whole, without scaling or frequency factors.
+int gguf_head_dim(const GgufFile& file, const GgufArchitectureKeys& keys, const ModelConfig& c) {
+  const std::string& path = file.path();
+  int head_dim = 0;
+  if (std::optional<int> key_length = keys.optional_int("attention.key_length")) {
+    head_dim = *key_length;
   } else {
     if (c.d_model % c.n_heads != 0) {
-      throw GgufError(path + ": " + prefix + "embedding_length " + std::to_string(c.d_model) +
-                      " is not a multiple of the head count and " + prefix + "attention.key_length is absent");
+      throw GgufError(path + ": " + keys.key("embedding_length") + " " + std::to_string(c.d_model) +
+                      " is not a multiple of the head count and " + keys.key("attention.key_length") + " is absent");
     }
-    c.head_dim = c.d_model / c.n_heads;
+    head_dim = c.d_model / c.n_heads;
   }
-  std::optional<int> value_length = optional_int("attention.value_length");
-  if (value_length && *value_length != c.head_dim) {
-    throw GgufError(path + ": " + prefix + "attention.value_length " + std::to_string(*value_length) +
-                    " differs from the key length " + std::to_string(c.head_dim) + ": not supported");
+  std::optional<int> value_length = keys.optional_int("attention.value_length");
+  if (value_length && *value_length != head_dim) {
+    throw GgufError(path + ": " + keys.key("attention.value_length") + " " + std::to_string(*value_length) +
+                    " differs from the key length " + std::to_string(head_dim) + ": not supported");
   }
-  std::optional<int> rope_dims = optional_int("rope.dimension_count");
-  if (rope_dims && *rope_dims != c.head_dim) {
-    throw GgufError(path + ": " + prefix + "rope.dimension_count " + std::to_string(*rope_dims) +
-                    " differs from the head dimension " + std::to_string(c.head_dim) +
+  std::optional<int> rope_dims = keys.optional_int("rope.dimension_count");
+  if (rope_dims && *rope_dims != head_dim) {
+    throw GgufError(path + ": " + keys.key("rope.dimension_count") + " " + std::to_string(*rope_dims) +
+                    " differs from the head dimension " + std::to_string(head_dim) +
                     ": partial RoPE is not supported");
   }
-  std::optional<std::string> scaling = file.get_string(prefix + "rope.scaling.type");
+  std::optional<std::string> scaling = file.get_string(keys.key("rope.scaling.type"));
   if (scaling && *scaling != "none") {
-    throw GgufError(path + ": " + prefix + "rope.scaling.type '" + *scaling + "' is not supported");
+    throw GgufError(path + ": " + keys.key("rope.scaling.type") + " '" + *scaling + "' is not supported");
   }
   if (file.find_tensor("rope_freqs.weight") != nullptr) {
     throw GgufError(path + ": tensor 'rope_freqs.weight' (Llama 3.1 RoPE frequency factors) is not supported");
   }
+  return head_dim;
+}
 
-  if (std::optional<int> vocab = optional_int("vocab_size")) {
-    c.vocab_size = *vocab;
-  } else if (const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
-             tokens != nullptr && tokens->type == GgufValueType::array && tokens->array_count > 0) {
-    c.vocab_size = positive_int(static_cast<int64_t>(tokens->array_count), "tokenizer.ggml.tokens (length)", path);
-  } else if (const GgufTensorInfo* embd = file.find_tensor("token_embd.weight"); embd && embd->shape.size() == 2) {
-    c.vocab_size = positive_int(embd->shape[1], "token_embd.weight ne[1]", path);
-  } else {
-    throw GgufError(path + ": cannot tell the vocabulary size: no " + prefix +
-                    "vocab_size, tokenizer.ggml.tokens or token_embd.weight");
+// The vocabulary size: the metadata key, else the tokenizer's token count, else the embedding's rows.
+int gguf_vocab_size(const GgufFile& file, const GgufArchitectureKeys& keys) {
+  const std::string& path = file.path();
+  if (std::optional<int> vocab = keys.optional_int("vocab_size")) return *vocab;
+  if (const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
+      tokens != nullptr && tokens->type == GgufValueType::array && tokens->array_count > 0) {
+    return positive_int(static_cast<int64_t>(tokens->array_count), "tokenizer.ggml.tokens (length)", path);
   }
+  if (const GgufTensorInfo* embd = file.find_tensor("token_embd.weight"); embd && embd->shape.size() == 2) {
+    return positive_int(embd->shape[1], "token_embd.weight ne[1]", path);
+  }
+  throw GgufError(path + ": cannot tell the vocabulary size: no " + keys.key("vocab_size") +
+                  ", tokenizer.ggml.tokens or token_embd.weight");
+}
+
+}  // namespace
+
+ModelConfig config_from_gguf(const GgufFile& file) {
+  const std::string& path = file.path();
+  const std::string arch = file.get_string("general.architecture").value_or("");
+  if (arch.empty()) throw GgufError(path + ": missing metadata key 'general.architecture'");
+  // Other GGUF architectures (qwen2, phi3, ...) use NEOX RoPE without the Q/K permutation: not this loader.
+  if (arch != "llama") {
+    throw GgufError(path + ": general.architecture is '" + arch + "'; only 'llama' is supported");
+  }
+  const GgufArchitectureKeys keys(file, arch);
+  ModelConfig c;
+  c.architecture = arch;
+  c.name = file.get_string("general.name").value_or(std::filesystem::path(path).stem().string());
+  c.n_layers = keys.required_int("block_count");
+  c.d_model = keys.required_int("embedding_length");
+  c.d_ff = keys.required_int("feed_forward_length");
+  c.n_heads = keys.required_int("attention.head_count");
+  c.n_kv_heads = keys.optional_int("attention.head_count_kv").value_or(c.n_heads);
+  c.max_context = keys.required_int("context_length");
+  c.rms_eps = keys.required_float("attention.layer_norm_rms_epsilon");
+  c.rope_theta = static_cast<float>(file.get_float(keys.key("rope.freq_base")).value_or(10000.0));
+  c.rope_style = RopeStyle::interleaved;
+  c.head_dim = gguf_head_dim(file, keys, c);
+  c.vocab_size = gguf_vocab_size(file, keys);
   c.tied_embeddings = file.find_tensor("output.weight") == nullptr;
   validate_config(c, path);
   return c;
 }
 
-ModelConfig config_from_hf_json(const std::string& config_json_path) {
-  const std::string& path = config_json_path;
+namespace {
+
+// The keys of a Hugging Face config.json, read as the config needs them; errors name the file and the key.
+class HfConfigKeys {
+ public:
+  explicit HfConfigKeys(std::string path) : path_(std::move(path)) {}
+
+  std::runtime_error fail(const std::string& key, const std::string& what) const {
+    return std::runtime_error(path_ + ": key '" + key + "' " + what);
+  }
+  // JSON null counts as absent (config.json writes "head_dim": null, "rope_scaling": null).
+  static bool present(const nlohmann::json& obj, const std::string& key) {
+    return obj.contains(key) && !obj[key].is_null();
+  }
+  // shown: the key as errors name it (nested keys with their parent).
+  std::optional<int> int_in(const nlohmann::json& obj, const std::string& key, const std::string& shown) const {
+    if (!present(obj, key)) return std::nullopt;
+    const auto& v = obj[key];
+    if (!v.is_number_integer()) throw fail(shown, "must be an integer");
+    const int64_t x = v.get<int64_t>();
+    if (x <= 0 || x > INT_MAX) throw fail(shown, "= " + std::to_string(x) + " is out of range");
+    return static_cast<int>(x);
+  }
+  std::optional<float> float_in(const nlohmann::json& obj, const std::string& key, const std::string& shown) const {
+    if (!present(obj, key)) return std::nullopt;
+    if (!obj[key].is_number()) throw fail(shown, "must be a number");
+    return obj[key].get<float>();
+  }
+  int required_int(const nlohmann::json& obj, const std::string& key) const {
+    std::optional<int> v = int_in(obj, key, key);
+    if (!v) throw fail(key, "is missing");
+    return *v;
+  }
+
+ private:
+  std::string path_;
+};
+
+nlohmann::json read_json_object(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open " + path);
   nlohmann::json j;
@@ -140,85 +202,71 @@ ModelConfig config_from_hf_json(const std::string& config_json_path) {
     throw std::runtime_error(path + ": invalid JSON: " + e.what());
   }
   if (!j.is_object()) throw std::runtime_error(path + ": expected a JSON object");
-  auto fail = [&](const std::string& key, const std::string& what) -> std::runtime_error {
-    return std::runtime_error(path + ": key '" + key + "' " + what);
-  };
-  // JSON null counts as absent (config.json writes "head_dim": null, "rope_scaling": null).
-  auto present = [](const nlohmann::json& obj, const std::string& key) {
-    return obj.contains(key) && !obj[key].is_null();
-  };
-  auto int_in = [&](const nlohmann::json& obj, const std::string& key, const std::string& shown) -> std::optional<int> {
-    if (!present(obj, key)) return std::nullopt;
-    const auto& v = obj[key];
-    if (!v.is_number_integer()) throw fail(shown, "must be an integer");
-    const int64_t x = v.get<int64_t>();
-    if (x <= 0 || x > INT_MAX) throw fail(shown, "= " + std::to_string(x) + " is out of range");
-    return static_cast<int>(x);
-  };
-  auto float_in = [&](const nlohmann::json& obj, const std::string& key,
-                      const std::string& shown) -> std::optional<float> {
-    if (!present(obj, key)) return std::nullopt;
-    if (!obj[key].is_number()) throw fail(shown, "must be a number");
-    return obj[key].get<float>();
-  };
-  auto required_int = [&](const std::string& key) {
-    std::optional<int> v = int_in(j, key, key);
-    if (!v) throw fail(key, "is missing");
+  return j;
+}
+
+// rope_scaling of config.json: Llama 3's frequency scaling, or none ("default").
+RopeScaling hf_rope_scaling(const HfConfigKeys& keys, const nlohmann::json& rs) {
+  if (!rs.is_object()) throw keys.fail("rope_scaling", "must be an object or null");
+  const std::string type_key = rs.contains("rope_type") ? "rope_type" : "type";
+  const std::string type = rs.contains(type_key) && rs[type_key].is_string() ? rs[type_key].get<std::string>() : "";
+  RopeScaling scaling;
+  if (type == "default") return scaling;
+  if (type != "llama3") {
+    throw keys.fail("rope_scaling." + type_key, "is '" + type + "'; only 'llama3' (or 'default') is supported");
+  }
+  auto required = [&](const std::string& key) {
+    std::optional<float> v = keys.float_in(rs, key, "rope_scaling." + key);
+    if (!v) throw keys.fail("rope_scaling." + key, "is missing");
     return *v;
   };
+  scaling.factor = required("factor");
+  scaling.low_freq_factor = required("low_freq_factor");
+  scaling.high_freq_factor = required("high_freq_factor");
+  std::optional<int> original =
+      keys.int_in(rs, "original_max_position_embeddings", "rope_scaling.original_max_position_embeddings");
+  if (!original) throw keys.fail("rope_scaling.original_max_position_embeddings", "is missing");
+  scaling.original_context = *original;
+  return scaling;
+}
 
-  const std::string model_type = present(j, "model_type") && j["model_type"].is_string()
+}  // namespace
+
+ModelConfig config_from_hf_json(const std::string& config_json_path) {
+  const std::string& path = config_json_path;
+  const nlohmann::json j = read_json_object(path);
+  const HfConfigKeys keys(path);
+  const std::string model_type = keys.present(j, "model_type") && j["model_type"].is_string()
                                      ? j["model_type"].get<std::string>() : "";
   if (model_type != "llama" && model_type != "mistral") {
-    throw fail("model_type", "is '" + model_type + "'; expected 'llama' or 'mistral'");
+    throw keys.fail("model_type", "is '" + model_type + "'; expected 'llama' or 'mistral'");
   }
   ModelConfig c;
   c.architecture = "llama";
-  c.name = present(j, "_name_or_path") && j["_name_or_path"].is_string()
+  c.name = keys.present(j, "_name_or_path") && j["_name_or_path"].is_string()
                ? j["_name_or_path"].get<std::string>()
                : std::filesystem::path(path).parent_path().filename().string();
-  c.d_model = required_int("hidden_size");
-  c.n_layers = required_int("num_hidden_layers");
-  c.n_heads = required_int("num_attention_heads");
-  c.d_ff = required_int("intermediate_size");
-  c.vocab_size = required_int("vocab_size");
-  c.n_kv_heads = int_in(j, "num_key_value_heads", "num_key_value_heads").value_or(c.n_heads);
-  c.max_context = int_in(j, "max_position_embeddings", "max_position_embeddings").value_or(2048);
-  c.rms_eps = float_in(j, "rms_norm_eps", "rms_norm_eps").value_or(1e-6f);  // transformers' LlamaConfig defaults
-  c.rope_theta = float_in(j, "rope_theta", "rope_theta").value_or(10000.0f);
-  if (std::optional<int> head_dim = int_in(j, "head_dim", "head_dim")) {
+  c.d_model = keys.required_int(j, "hidden_size");
+  c.n_layers = keys.required_int(j, "num_hidden_layers");
+  c.n_heads = keys.required_int(j, "num_attention_heads");
+  c.d_ff = keys.required_int(j, "intermediate_size");
+  c.vocab_size = keys.required_int(j, "vocab_size");
+  c.n_kv_heads = keys.int_in(j, "num_key_value_heads", "num_key_value_heads").value_or(c.n_heads);
+  c.max_context = keys.int_in(j, "max_position_embeddings", "max_position_embeddings").value_or(2048);
+  c.rms_eps = keys.float_in(j, "rms_norm_eps", "rms_norm_eps").value_or(1e-6f);  // transformers' LlamaConfig defaults
+  c.rope_theta = keys.float_in(j, "rope_theta", "rope_theta").value_or(10000.0f);
+  if (std::optional<int> head_dim = keys.int_in(j, "head_dim", "head_dim")) {
     c.head_dim = *head_dim;
   } else {
-    if (c.d_model % c.n_heads != 0) throw fail("hidden_size", "is not a multiple of num_attention_heads");
+    if (c.d_model % c.n_heads != 0) throw keys.fail("hidden_size", "is not a multiple of num_attention_heads");
     c.head_dim = c.d_model / c.n_heads;
   }
-  if (present(j, "tie_word_embeddings")) {
-    if (!j["tie_word_embeddings"].is_boolean()) throw fail("tie_word_embeddings", "must be a bool");
+  if (keys.present(j, "tie_word_embeddings")) {
+    if (!j["tie_word_embeddings"].is_boolean()) throw keys.fail("tie_word_embeddings", "must be a bool");
     c.tied_embeddings = j["tie_word_embeddings"].get<bool>();
   }
   c.rope_style = RopeStyle::half_split;
-  if (present(j, "rope_scaling")) {
-    const auto& rs = j["rope_scaling"];
-    if (!rs.is_object()) throw fail("rope_scaling", "must be an object or null");
-    const std::string type_key = rs.contains("rope_type") ? "rope_type" : "type";
-    const std::string type = rs.contains(type_key) && rs[type_key].is_string() ? rs[type_key].get<std::string>() : "";
-    if (type == "llama3") {
-      auto required = [&](const std::string& key) {
-        std::optional<float> v = float_in(rs, key, "rope_scaling." + key);
-        if (!v) throw fail("rope_scaling." + key, "is missing");
-        return *v;
-      };
-      c.rope_scaling.factor = required("factor");
-      c.rope_scaling.low_freq_factor = required("low_freq_factor");
-      c.rope_scaling.high_freq_factor = required("high_freq_factor");
-      std::optional<int> original = int_in(rs, "original_max_position_embeddings",
-                                           "rope_scaling.original_max_position_embeddings");
-      if (!original) throw fail("rope_scaling.original_max_position_embeddings", "is missing");
-      c.rope_scaling.original_context = *original;
-    } else if (type != "default") {
-      throw fail("rope_scaling." + type_key, "is '" + type + "'; only 'llama3' (or 'default') is supported");
-    }
-  }
+  if (keys.present(j, "rope_scaling")) c.rope_scaling = hf_rope_scaling(keys, j["rope_scaling"]);
   validate_config(c, path);
   return c;
 }

@@ -165,118 +165,160 @@ void write_synthetic_entries(Backend& backend, const KvCache& cache, std::span<c
   backend.free(v);
 }
 
+// Why one batch size cannot run at n_context, if it cannot: the model's context or the KV pool is too small.
+std::optional<std::string> context_skip_reason(const RankRuntime& rt, int batch, int n_context, int n_gen) {
+  const int max_context = rt.weights.config.max_context;
+  if (n_context + n_gen > max_context) {
+    return "context + gen-tokens exceeds the model's context of " + std::to_string(max_context);
+  }
+  const int64_t blocks = batch * rt.cache->blocks_to_append(-1, n_context + n_gen);
+  if (blocks > rt.cache->pool().n_free()) {
+    return "needs " + std::to_string(blocks) + " KV blocks, the pool has " +
+           std::to_string(rt.cache->pool().n_free()) + " (kv_cache.memory_mib)";
+  }
+  return std::nullopt;
+}
+
+// The sequences of one measurement at a synthetic context, and the token each feeds its next step.
+struct ContextBatch {
+  std::vector<SeqId> seqs;
+  std::vector<int32_t> last;
+
+  void record(const StepResult& result) {
+    for (const SampledToken& t : result.sampled) {
+      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.sample.id;
+    }
+  }
+};
+
+// Adds `batch` greedy sequences of n_context prompt tokens to the executor; their ids are drawn from next_seq.
+ContextBatch add_sequences(const BenchSetup& setup, SeqId& next_seq, int batch, int n_context) {
+  StepPlan plan;
+  ContextBatch b;
+  for (int i = 0; i < batch; ++i) {
+    const SeqId seq = next_seq++;
+    b.seqs.push_back(seq);
+    SamplingRule greedy;
+    greedy.temperature = 0.0f;
+    plan.added.push_back(PlannedSequence{seq, greedy, uint64_t(seq), setup.policy, n_context});
+  }
+  setup.rt.executor->execute(plan);
+  b.last.assign(b.seqs.size(), 0);
+  return b;
+}
+
+// Gives every sequence its first n_synthetic entries, random, and starts its prefill after them.
+void write_synthetic_context(const BenchSetup& setup, std::span<const SeqId> seqs, int n_synthetic, int n_context) {
+  KvCache& cache = *setup.rt.cache;
+  for (SeqId seq : seqs) cache.append(seq, n_synthetic);
+  write_synthetic_entries(*setup.rt.backend, cache, seqs, n_synthetic, uint32_t(setup.rng()));
+  for (SeqId seq : seqs) setup.rt.executor->start_prefill_with_entries(seq, n_context);
+}
+
+// Prefills each sequence's real tail, prompts[i] at positions n_synthetic.., in chunks of every sequence, at most
+// max_batch_tokens per step and one chunk per sequence; the last chunk samples the first token.
+void prefill_tail(const BenchSetup& setup, ContextBatch& b, const std::vector<std::vector<int32_t>>& prompts,
+                  int n_synthetic, int max_batch_tokens) {
+  const int tail = int(prompts.front().size());
+  std::vector<int> done(b.seqs.size(), 0);
+  for (uint64_t step = 0; std::any_of(done.begin(), done.end(), [&](int d) { return d < tail; }); ++step) {
+    StepPlan p;
+    p.step = step;
+    int budget = max_batch_tokens;
+    for (size_t i = 0; i < b.seqs.size() && budget > 0; ++i) {
+      const int n = std::min(budget, tail - done[i]);
+      if (n <= 0) continue;
+      PlannedWork w;
+      w.seq = b.seqs[i];
+      w.start_pos = n_synthetic + done[i];
+      w.tokens.assign(prompts[i].begin() + done[i], prompts[i].begin() + done[i] + n);
+      w.sample = done[i] + n == tail;
+      w.prefill_len = n_synthetic + tail;
+      p.work.push_back(std::move(w));
+      done[i] += n;
+      budget -= n;
+    }
+    b.record(setup.rt.executor->execute(p));
+  }
+}
+
+// What the decode steps read from the KV cache and how long each took.
+struct DecodeSteps {
+  double kv_bytes = 0.0;
+  std::vector<double> seconds;  // sorted
+};
+
+// Decodes gen-tokens - 1 tokens of every sequence, one timed step per token.
+DecodeSteps decode_steps(const BenchSetup& setup, ContextBatch& b, int n_context) {
+  const KvCache& cache = *setup.rt.cache;
+  const KvBlockLayout& layout = cache.pool().layout();
+  DecodeSteps d;
+  for (int g = 1; g < setup.n_gen; ++g) {
+    StepPlan p;
+    for (size_t i = 0; i < b.seqs.size(); ++i) {
+      for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+        d.kv_bytes += double(kv_read_bytes(cache.layer(b.seqs[i], l), layout));
+      }
+      PlannedWork w;
+      w.seq = b.seqs[i];
+      w.start_pos = n_context + g - 1;
+      w.tokens = {b.last[i]};
+      w.sample = true;
+      p.work.push_back(std::move(w));
+    }
+    const Clock::time_point t0 = Clock::now();
+    b.record(setup.rt.executor->execute(p));
+    d.seconds.push_back(seconds(t0, Clock::now()));
+  }
+  std::sort(d.seconds.begin(), d.seconds.end());
+  return d;
+}
+
 // One batch size at one context length; seq ids are drawn from next_seq.
 nlohmann::json run_at_context(const BenchSetup& setup, int max_batch_tokens, SeqId& next_seq, int batch,
                               int n_context) {
-  const auto& [rt, n_prompt, n_gen, policy, weight_bytes, copy_gbs, rng] = setup;
-  const ModelConfig& mc = rt.weights.config;
-  KvCache& cache = *rt.cache;
-  const int tail = std::min(n_prompt, n_context);
+  const int tail = std::min(setup.n_prompt, n_context);
   const int n_synthetic = n_context - tail;
   nlohmann::json row = {{"batch", batch},
                         {"context", n_context},
                         {"context_kind", "synthetic"},
                         {"synthetic_entries", n_synthetic},
                         {"prefilled_tokens", tail}};
-  if (n_context + n_gen > mc.max_context) {
-    row["skipped"] = "context + gen-tokens exceeds the model's context of " + std::to_string(mc.max_context);
-    return row;
-  }
-  const int64_t blocks = batch * cache.blocks_to_append(-1, n_context + n_gen);
-  if (blocks > cache.pool().n_free()) {
-    row["skipped"] = "needs " + std::to_string(blocks) + " KV blocks, the pool has " +
-                     std::to_string(cache.pool().n_free()) + " (kv_cache.memory_mib)";
+  if (std::optional<std::string> reason = context_skip_reason(setup.rt, batch, n_context, setup.n_gen)) {
+    row["skipped"] = *reason;
     return row;
   }
 
-  StepExecutor& executor = *rt.executor;
-  StepPlan plan;
-  std::vector<SeqId> seqs;
-  for (int b = 0; b < batch; ++b) {
-    const SeqId seq = next_seq++;
-    seqs.push_back(seq);
-    SamplingRule greedy;
-    greedy.temperature = 0.0f;
-    plan.added.push_back(PlannedSequence{seq, greedy, uint64_t(seq), policy, n_context});
-  }
-  executor.execute(plan);
+  ContextBatch b = add_sequences(setup, next_seq, batch, n_context);
   const Clock::time_point write_start = Clock::now();
-  for (SeqId seq : seqs) cache.append(seq, n_synthetic);
-  write_synthetic_entries(*rt.backend, cache, seqs, n_synthetic, uint32_t(rng()));
-  for (SeqId seq : seqs) executor.start_prefill_with_entries(seq, n_context);
-
-  // The real tail: chunks of every sequence, at most max_batch_tokens per step, one chunk per sequence.
-  std::uniform_int_distribution<int> token(100, mc.vocab_size - 1);
-  std::vector<std::vector<int32_t>> prompts(seqs.size());
+  write_synthetic_context(setup, b.seqs, n_synthetic, n_context);
+  std::uniform_int_distribution<int> token(100, setup.rt.weights.config.vocab_size - 1);
+  std::vector<std::vector<int32_t>> prompts(b.seqs.size());
   for (auto& p : prompts) {
-    for (int i = 0; i < tail; ++i) p.push_back(token(rng));
+    for (int i = 0; i < tail; ++i) p.push_back(token(setup.rng));
   }
-  std::vector<int> done(seqs.size(), 0);
-  std::vector<int32_t> last(seqs.size(), 0);
   const Clock::time_point prefill_start = Clock::now();
-  for (uint64_t step = 0; std::any_of(done.begin(), done.end(), [&](int d) { return d < tail; }); ++step) {
-    StepPlan p;
-    p.step = step;
-    int budget = max_batch_tokens;
-    for (size_t i = 0; i < seqs.size() && budget > 0; ++i) {
-      const int n = std::min(budget, tail - done[i]);
-      if (n <= 0) continue;
-      PlannedWork w;
-      w.seq = seqs[i];
-      w.start_pos = n_synthetic + done[i];
-      w.tokens.assign(prompts[i].begin() + done[i], prompts[i].begin() + done[i] + n);
-      w.sample = done[i] + n == tail;
-      w.prefill_len = n_context;
-      p.work.push_back(std::move(w));
-      done[i] += n;
-      budget -= n;
-    }
-    for (const SampledToken& t : executor.execute(p).sampled) {
-      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.sample.id;
-    }
-  }
+  prefill_tail(setup, b, prompts, n_synthetic, max_batch_tokens);
   const Clock::time_point decode_start = Clock::now();
-
-  const KvBlockLayout& layout = cache.pool().layout();
-  double kv_bytes = 0.0;
-  std::vector<double> step_seconds;
-  for (int g = 1; g < n_gen; ++g) {
-    StepPlan p;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
-        kv_bytes += double(kv_read_bytes(cache.layer(seqs[i], l), layout));
-      }
-      PlannedWork w;
-      w.seq = seqs[i];
-      w.start_pos = n_context + g - 1;
-      w.tokens = {last[i]};
-      w.sample = true;
-      p.work.push_back(std::move(w));
-    }
-    const Clock::time_point t0 = Clock::now();
-    for (const SampledToken& t : executor.execute(p).sampled) {
-      last[size_t(std::find(seqs.begin(), seqs.end(), t.seq) - seqs.begin())] = t.sample.id;
-    }
-    step_seconds.push_back(seconds(t0, Clock::now()));
-  }
+  const DecodeSteps steps = decode_steps(setup, b, n_context);
   const Clock::time_point end = Clock::now();
   StepPlan finish;
-  finish.finished = seqs;
-  executor.execute(finish);
+  finish.finished = b.seqs;
+  setup.rt.executor->execute(finish);
 
   const double decode_s = seconds(decode_start, end), prefill_s = seconds(prefill_start, decode_start);
-  const int n_steps = n_gen - 1;
-  std::sort(step_seconds.begin(), step_seconds.end());
+  const int n_steps = setup.n_gen - 1;
   row["synthetic_write_seconds"] = seconds(write_start, prefill_start);
   row["prefill_seconds"] = prefill_s;
   row["prefill_tokens_per_second"] = batch * tail / prefill_s;
   row["decode_seconds"] = decode_s;
   row["decode_steps"] = n_steps;
   row["decode_tokens_per_second"] = batch * n_steps / decode_s;
-  row["step_seconds"] = {{"min", step_seconds.front()},
-                         {"median", step_seconds[step_seconds.size() / 2]},
-                         {"max", step_seconds.back()}};
-  row["bandwidth"] = bandwidth_account(weight_bytes, kv_bytes / n_steps, decode_s / n_steps, copy_gbs);
+  row["step_seconds"] = {{"min", steps.seconds.front()},
+                         {"median", steps.seconds[steps.seconds.size() / 2]},
+                         {"max", steps.seconds.back()}};
+  row["bandwidth"] =
+      bandwidth_account(setup.weight_bytes, steps.kv_bytes / n_steps, decode_s / n_steps, setup.copy_gbs);
   return row;
 }
 
@@ -340,6 +382,74 @@ nlohmann::json run_through_engine(const BenchSetup& setup, const Tokenizer& toke
   return row;
 }
 
+constexpr const char* kUsage =
+    "usage: strata bench --config FILE [--model PATH|preset:NAME] [--batch 1,8] [--prompt-tokens 128]\n"
+    "                   [--gen-tokens 32] [--policy SPEC] [--context N[,N...]]\n"
+    "                   [--copy-bandwidth-gbs X] [--out FILE.json] [--set section.key=value]...\n"
+    "  --context N: decode after N cache entries, the last --prompt-tokens of them prefilled and the\n"
+    "               others synthetic (random keys and values written through the backend)\n"
+    "  --copy-bandwidth-gbs X: the measured memory bandwidth; results report the fraction reached\n"
+    "  preset:llama-3-70b@layers=L: the 70B shapes with their first L layers\n";
+
+// What the command line asks to measure.
+struct BenchOptions {
+  int n_prompt = 0;
+  int n_gen = 0;
+  std::vector<int> batches;
+  std::vector<int> contexts;  // empty: prefill and decode through the engine
+  std::string policy;         // empty: the server's configuration
+  std::optional<double> copy_gbs;
+};
+
+BenchOptions parse_bench_options(const CommandLine& cl) {
+  BenchOptions o;
+  o.n_prompt = cl.get_int("prompt-tokens", 128);
+  o.n_gen = cl.get_int("gen-tokens", 32);
+  for (double b : cl.get_numbers("batch", "1,8")) o.batches.push_back(int(b));
+  for (double n : cl.get_numbers("context", "")) o.contexts.push_back(int(n));
+  o.policy = cl.get("policy", "");
+  if (!o.policy.empty()) validate_policy(parse_policy_spec(o.policy));
+  if (o.n_prompt < 1 || o.n_gen < 2) throw std::invalid_argument("--prompt-tokens must be >= 1 and --gen-tokens >= 2");
+  for (int b : o.batches) {
+    if (b < 1) throw std::invalid_argument("--batch: every size must be >= 1");
+  }
+  for (int n : o.contexts) {
+    if (n < 1) throw std::invalid_argument("--context: every length must be >= 1");
+  }
+  if (cl.has("copy-bandwidth-gbs")) {
+    o.copy_gbs = cl.get_double("copy-bandwidth-gbs", 0.0);
+    if (*o.copy_gbs <= 0.0) throw std::invalid_argument("--copy-bandwidth-gbs must be > 0");
+  }
+  return o;
+}
+
+// The report without results: the machine, the command and the configuration measured.
+nlohmann::json bench_report(const std::string& command, const ServerConfig& config, const RankRuntime& rt,
+                            const BenchOptions& o) {
+  const ModelConfig& mc = rt.weights.config;
+  nlohmann::json report = {
+      {"command", command},
+      {"machine", machine_json()},
+      {"backend", rt.backend->name()},
+      {"model", {{"path", config.model.path}, {"layers", mc.n_layers}, {"d_model", mc.d_model},
+                 {"heads", mc.n_heads}, {"kv_heads", mc.n_kv_heads}, {"vocab", mc.vocab_size}}},
+      {"prompt_tokens", o.n_prompt},
+      {"gen_tokens", o.n_gen},
+      {"max_batch_tokens", config.engine.max_batch_tokens},
+      {"kv_pool", {{"memory_mib", config.kv_cache.memory_mib}, {"blocks", rt.pool->n_total()},
+                   {"block_size", config.kv_cache.block_size}, {"dtype", config.kv_cache.dtype},
+                   {"entry_bytes_per_layer", rt.pool->layout().entry_bytes()}}},
+      {"weight_dtype", config.model.weight_dtype},
+      {"policy", o.policy.empty() ? config.kv_cache.policy : o.policy},
+      {"results", nlohmann::json::array()}};
+  if (o.copy_gbs) report["copy_bandwidth_gbs"] = *o.copy_gbs;
+  if (!o.contexts.empty()) {
+    report["context"] = "synthetic: the first context - prompt_tokens entries of every sequence hold random keys "
+                        "and values written through the backend; the last prompt_tokens are prefilled";
+  }
+  return report;
+}
+
 }  // namespace
 
 int bench_command(int argc, char** argv) {
@@ -349,65 +459,15 @@ int bench_command(int argc, char** argv) {
                     "copy-bandwidth-gbs"},
                    {"help"}, {"set"});
     if (cl.has("help")) {
-      std::cout << "usage: strata bench --config FILE [--model PATH|preset:NAME] [--batch 1,8] [--prompt-tokens 128]\n"
-                   "                   [--gen-tokens 32] [--policy SPEC] [--context N[,N...]]\n"
-                   "                   [--copy-bandwidth-gbs X] [--out FILE.json] [--set section.key=value]...\n"
-                   "  --context N: decode after N cache entries, the last --prompt-tokens of them prefilled and the\n"
-                   "               others synthetic (random keys and values written through the backend)\n"
-                   "  --copy-bandwidth-gbs X: the measured memory bandwidth; results report the fraction reached\n"
-                   "  preset:llama-3-70b@layers=L: the 70B shapes with their first L layers\n";
+      std::cout << kUsage;
       return 0;
     }
     ServerConfig config = load_command_config(cl);
     if (cl.has("model")) config.model.path = cl.get("model");
-    const int n_prompt = cl.get_int("prompt-tokens", 128);
-    const int n_gen = cl.get_int("gen-tokens", 32);
-    const std::vector<double> batch_sizes = cl.get_numbers("batch", "1,8");
-    const std::vector<int> batches(batch_sizes.begin(), batch_sizes.end());
-    const std::vector<double> context_sizes = cl.get_numbers("context", "");
-    const std::vector<int> contexts(context_sizes.begin(), context_sizes.end());
-    const std::string policy = cl.get("policy", "");
-    if (!policy.empty()) validate_policy(parse_policy_spec(policy));
-    if (n_prompt < 1 || n_gen < 2) throw std::invalid_argument("--prompt-tokens must be >= 1 and --gen-tokens >= 2");
-    for (int b : batches) {
-      if (b < 1) throw std::invalid_argument("--batch: every size must be >= 1");
-    }
-    for (int n : contexts) {
-      if (n < 1) throw std::invalid_argument("--context: every length must be >= 1");
-    }
-    std::optional<double> copy_gbs;
-    if (cl.has("copy-bandwidth-gbs")) {
-      copy_gbs = cl.get_double("copy-bandwidth-gbs", 0.0);
-      if (*copy_gbs <= 0.0) throw std::invalid_argument("--copy-bandwidth-gbs must be > 0");
-    }
+    const BenchOptions o = parse_bench_options(cl);
 
     std::unique_ptr<RankRuntime> rt = make_runtime(config);
-    const ModelConfig& mc = rt->weights.config;
-    // Without a tokenizer (dummy weights) nothing ends a sequence early; with one, EOS is ignored.
-    std::optional<Tokenizer> no_tokenizer_stand_in;
-    if (!rt->tokenizer) no_tokenizer_stand_in.emplace(stand_in_tokenizer(mc));
-    const Tokenizer& tokenizer = rt->tokenizer ? *rt->tokenizer : *no_tokenizer_stand_in;
-    const KvBlockLayout& layout = rt->pool->layout();
-    const int64_t weight_bytes = weight_bytes_per_step(rt->weights, *rt->backend);
-    const std::string effective_policy = policy.empty() ? config.kv_cache.policy : policy;
-
-    nlohmann::json report = {
-        {"command", command_text("bench", argc, argv)},
-        {"machine", machine_json()},
-        {"backend", rt->backend->name()},
-        {"model", {{"path", config.model.path}, {"layers", mc.n_layers}, {"d_model", mc.d_model},
-                   {"heads", mc.n_heads}, {"kv_heads", mc.n_kv_heads}, {"vocab", mc.vocab_size}}},
-        {"prompt_tokens", n_prompt},
-        {"gen_tokens", n_gen},
-        {"max_batch_tokens", config.engine.max_batch_tokens},
-        {"kv_pool", {{"memory_mib", config.kv_cache.memory_mib}, {"blocks", rt->pool->n_total()},
-                     {"block_size", config.kv_cache.block_size}, {"dtype", config.kv_cache.dtype},
-                     {"entry_bytes_per_layer", layout.entry_bytes()}}},
-        {"weight_dtype", config.model.weight_dtype},
-        {"policy", effective_policy},
-        {"results", nlohmann::json::array()}};
-    if (copy_gbs) report["copy_bandwidth_gbs"] = *copy_gbs;
-
+    nlohmann::json report = bench_report(command_text("bench", argc, argv), config, *rt, o);
     // Written after every result, so that a run stopped by a time limit leaves what it measured.
     auto add_result = [&](const nlohmann::json& row) {
       std::cout << row.dump() << std::endl;
@@ -419,22 +479,27 @@ int bench_command(int argc, char** argv) {
     };
     std::mt19937 rng(7);
     const std::optional<PolicySpec> request_policy =
-        policy.empty() ? std::nullopt : std::optional<PolicySpec>(parse_policy_spec(policy));
-    const BenchSetup setup{*rt, n_prompt, n_gen, request_policy, weight_bytes, copy_gbs, rng};
-    if (!contexts.empty()) {
-      report["context"] = "synthetic: the first context - prompt_tokens entries of every sequence hold random keys "
-                          "and values written through the backend; the last prompt_tokens are prefilled";
+        o.policy.empty() ? std::nullopt : std::optional<PolicySpec>(parse_policy_spec(o.policy));
+    const BenchSetup setup{*rt, o.n_prompt, o.n_gen, request_policy, weight_bytes_per_step(rt->weights, *rt->backend),
+                           o.copy_gbs, rng};
+    if (!o.contexts.empty()) {
       SeqId next_seq = 1;
-      for (int n_context : contexts) {
-        for (int batch : batches) {
+      for (int n_context : o.contexts) {
+        for (int batch : o.batches) {
           add_result(run_at_context(setup, config.engine.max_batch_tokens, next_seq, batch, n_context));
         }
       }
-    } else {
-      const bool kv_estimable = parse_policy_spec(effective_policy).name == "full" && layout.quant == KvQuant::none;
-      for (int batch : batches) {
-        add_result(run_through_engine(setup, tokenizer, engine_options(config), kv_estimable, batch));
-      }
+      return 0;
+    }
+    // Without a tokenizer (dummy weights) nothing ends a sequence early; with one, EOS is ignored.
+    std::optional<Tokenizer> no_tokenizer_stand_in;
+    if (!rt->tokenizer) no_tokenizer_stand_in.emplace(stand_in_tokenizer(rt->weights.config));
+    const Tokenizer& tokenizer = rt->tokenizer ? *rt->tokenizer : *no_tokenizer_stand_in;
+    const std::string effective_policy = o.policy.empty() ? config.kv_cache.policy : o.policy;
+    const bool kv_estimable =
+        parse_policy_spec(effective_policy).name == "full" && rt->pool->layout().quant == KvQuant::none;
+    for (int batch : o.batches) {
+      add_result(run_through_engine(setup, tokenizer, engine_options(config), kv_estimable, batch));
     }
     return 0;
   } catch (const std::exception& e) {

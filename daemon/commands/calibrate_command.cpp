@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -75,6 +76,66 @@ PodBlocks group_all(const std::vector<Matrix>& sim, double delta, const std::vec
   return b;
 }
 
+// The blocks of the highest δ that frees at least `target` of the KV memory, if one does. Candidates: every measured
+// similarity (a higher δ merges less).
+std::optional<PodBlocks> group_for_target_saving(const std::vector<Matrix>& sim, double target, const std::vector<int>& starts,
+                                  const std::string& model, bool per_layer) {
+  const int n_layers = int(sim[0].size()), n_kv_heads = int(sim.size());
+  std::set<double, std::greater<>> candidates;
+  for (const Matrix& m : sim) {
+    for (int a = 0; a < n_layers; ++a) {
+      for (int b = a + 1; b < n_layers; ++b) candidates.insert(m[size_t(a)][size_t(b)]);
+    }
+  }
+  for (double d : candidates) {
+    PodBlocks blocks = group_all(sim, d, starts, model, per_layer);
+    if (pod_asymptotic_saving(blocks, 0, n_kv_heads) >= target) return blocks;
+  }
+  return std::nullopt;
+}
+
+// The calibration text's tokens; at least samples x length of them.
+std::vector<int32_t> read_calibration_tokens(const std::string& path, const Tokenizer& tokenizer, int samples,
+                                             int length) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot read the calibration text");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<int32_t> ids = tokenizer.encode(text.str(), false);
+  if (int64_t(ids.size()) < int64_t(samples) * length) {
+    throw std::invalid_argument(path + ": " + std::to_string(ids.size()) + " tokens, fewer than --samples x --length");
+  }
+  return ids;
+}
+
+// sim[h][a][b]: the similarity of layers a and b for KV head h, averaged over `samples` consecutive pieces of
+// `length` tokens, their last `rows` rows and the head's query heads; 1 on the diagonal.
+std::vector<Matrix> measure_similarity(RankRuntime& rt, std::span<const int32_t> ids, int samples, int length,
+                                       int rows) {
+  const ModelConfig& mc = rt.weights.config;
+  std::vector<Matrix> sim(size_t(mc.n_kv_heads), Matrix(size_t(mc.n_layers), std::vector<double>(size_t(mc.n_layers), 0.0)));
+  for (int s = 0; s < samples; ++s) {
+    add_sample(rt, ids.subspan(size_t(s) * size_t(length), size_t(length)), rows, sim);
+    std::cerr << "calibrate: sample " << s + 1 << "/" << samples << " measured\n";
+  }
+  const double per_head_rows = double(samples) * rows * (mc.n_heads / mc.n_kv_heads);
+  for (Matrix& m : sim) {
+    for (int a = 0; a < mc.n_layers; ++a) {
+      for (int b = 0; b < mc.n_layers; ++b) m[size_t(a)][size_t(b)] = a == b ? 1.0 : m[size_t(a)][size_t(b)] / per_head_rows;
+    }
+  }
+  return sim;
+}
+
+// Adjacent-layer similarity per KV head on stderr, in percent, for the record.
+void print_adjacent_similarity(const std::vector<Matrix>& sim) {
+  for (size_t h = 0; h < sim.size(); ++h) {
+    std::cerr << "sim(l, l+1) head " << h << ":";
+    for (size_t l = 0; l + 1 < sim[h].size(); ++l) std::cerr << " " << int(sim[h][l][l + 1] * 100 + 0.5);
+    std::cerr << " (%)\n";
+  }
+}
+
 }  // namespace
 
 int calibrate_command(int argc, char** argv) {
@@ -110,60 +171,21 @@ int calibrate_command(int argc, char** argv) {
     }
     if (samples < 1 || rows < 1 || length <= rows) throw std::invalid_argument("--samples, --rows >= 1, --length > --rows");
 
-    std::ifstream in(cl.get("text"));
-    if (!in) throw std::runtime_error(cl.get("text") + ": cannot read the calibration text");
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::vector<int32_t> ids = rt->tokenizer->encode(text.str(), false);
-    if (int64_t(ids.size()) < int64_t(samples) * length) {
-      throw std::invalid_argument(cl.get("text") + ": " + std::to_string(ids.size()) + " tokens, fewer than --samples x --length");
-    }
+    const std::vector<int32_t> ids = read_calibration_tokens(cl.get("text"), *rt->tokenizer, samples, length);
+    const std::vector<Matrix> sim = measure_similarity(*rt, ids, samples, length, rows);
     const ModelConfig& mc = rt->weights.config;
-    std::vector<Matrix> sim(size_t(mc.n_kv_heads), Matrix(size_t(mc.n_layers), std::vector<double>(size_t(mc.n_layers), 0.0)));
-    for (int s = 0; s < samples; ++s) {
-      add_sample(*rt, std::span<const int32_t>(ids).subspan(size_t(s) * size_t(length), size_t(length)), rows, sim);
-      std::cerr << "calibrate: sample " << s + 1 << "/" << samples << " measured\n";
-    }
-    const double per_head_rows = double(samples) * rows * (mc.n_heads / mc.n_kv_heads);
-    for (Matrix& m : sim) {
-      for (int a = 0; a < mc.n_layers; ++a) {
-        for (int b = 0; b < mc.n_layers; ++b) m[size_t(a)][size_t(b)] = a == b ? 1.0 : m[size_t(a)][size_t(b)] / per_head_rows;
-      }
-    }
     const std::vector<int> starts = stage_starts(mc.n_layers, pp);
     const bool per_layer = granularity == "layer";
-    PodBlocks blocks;
-    if (cl.has("threshold")) {
-      blocks = group_all(sim, cl.get_double("threshold", 0.5), starts, rt->model_name, per_layer);
-    } else {
-      // Candidates: every measured similarity; the highest δ that reaches the target (a higher δ merges less).
-      const double target = cl.get_double("target-saving", 0.25);
-      std::set<double, std::greater<>> candidates;
-      for (const Matrix& m : sim) {
-        for (int a = 0; a < mc.n_layers; ++a) {
-          for (int b = a + 1; b < mc.n_layers; ++b) candidates.insert(m[size_t(a)][size_t(b)]);
-        }
-      }
-      bool found = false;
-      for (double d : candidates) {
-        blocks = group_all(sim, d, starts, rt->model_name, per_layer);
-        if (pod_asymptotic_saving(blocks, 0, mc.n_kv_heads) >= target) {
-          found = true;
-          break;
-        }
-      }
-      if (!found) throw std::runtime_error("--target-saving " + cl.get("target-saving") + " is out of reach");
-    }
-    write_pod_blocks(cl.get("out"), blocks);
-    std::cerr << format_pod_blocks(blocks) << "calibrate: asymptotic KV saving "
-              << pod_asymptotic_saving(blocks, 0, mc.n_kv_heads) << " (layers whose every KV head follows free their "
+    const std::optional<PodBlocks> blocks =
+        cl.has("threshold")
+            ? group_all(sim, cl.get_double("threshold", 0.5), starts, rt->model_name, per_layer)
+            : group_for_target_saving(sim, cl.get_double("target-saving", 0.25), starts, rt->model_name, per_layer);
+    if (!blocks) throw std::runtime_error("--target-saving " + cl.get("target-saving") + " is out of reach");
+    write_pod_blocks(cl.get("out"), *blocks);
+    std::cerr << format_pod_blocks(*blocks) << "calibrate: asymptotic KV saving "
+              << pod_asymptotic_saving(*blocks, 0, mc.n_kv_heads) << " (layers whose every KV head follows free their "
               << "distant keys); wrote " << cl.get("out") << "\n";
-    // Adjacent-layer similarity per KV head, for the record.
-    for (int h = 0; h < mc.n_kv_heads; ++h) {
-      std::cerr << "sim(l, l+1) head " << h << ":";
-      for (int l = 0; l + 1 < mc.n_layers; ++l) std::cerr << " " << int(sim[size_t(h)][size_t(l)][size_t(l + 1)] * 100 + 0.5);
-      std::cerr << " (%)\n";
-    }
+    print_adjacent_similarity(sim);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "strata calibrate: " << e.what() << std::endl;

@@ -58,6 +58,53 @@ constexpr std::chrono::milliseconds kStopGrace{500};
 // What the HTTP sessions get to write the requests' error responses before the server stops.
 constexpr std::chrono::milliseconds kDrain{200};
 
+// A rank other than the leader: executes its shard of every step the leader sends, until the leader ends it.
+void serve_as_worker(const ServerConfig& config, RankWorld& world) {
+  // The leader's shutdown plan ends this rank (or its silence, or mpirun): a signal forwarded by mpirun must
+  // not end it first, while the leader may still be sending it a step.
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
+  std::unique_ptr<RankRuntime> rt = make_runtime(config, &world);
+  run_worker(world.grid(), *rt->exchange, *rt->executor, *rt->cache,
+             [&](const std::string& message) { world.abort(message); });
+}
+
+ServerOptions server_options(const ServerConfig& config, const RankRuntime& rt) {
+  ServerOptions options;
+  options.host = config.server.host;
+  options.port = uint16_t(config.server.port);
+  options.threads = config.server.threads;
+  options.max_body_bytes = size_t(config.server.max_body_bytes);
+  options.model_name = rt.model_name;
+  options.max_context = rt.weights.config.max_context;
+  options.max_n = config.server.max_n;
+  options.kv_policies = request_policy_names(config);
+  return options;
+}
+
+// The leader's shutdown: the engine fails what is in flight, the sessions then write those errors before the
+// server stops, and the other ranks are told to stop (or, after a rank failure, the world is ended).
+void shut_down(RankWorld& world, Engine& engine, HttpServer& server, StepDispatcher& ranks,
+               const std::string& failure) {
+  std::jthread interrupter([&](std::stop_token stop) {
+    std::mutex m;
+    std::condition_variable_any cv;
+    std::unique_lock lock(m);
+    cv.wait_for(lock, stop, kStopGrace, [] { return false; });
+    if (!stop.stop_requested()) world.interrupt();
+  });
+  engine.stop();
+  interrupter.request_stop();
+  std::this_thread::sleep_for(kDrain);
+  server.stop();
+  if (!failure.empty()) world.abort("strata serve: " + failure + "; ending the world");
+  try {
+    ranks.shutdown();
+  } catch (const RankFailure& e) {
+    world.abort(std::string("strata serve: the other ranks could not be told to stop: ") + e.what());
+  }
+}
+
 }  // namespace
 
 int serve_command(int argc, char** argv) {
@@ -75,13 +122,7 @@ int serve_command(int argc, char** argv) {
     if (cl.has("pp")) apply_config_override(config, "parallel.pp=" + cl.get("pp"));
     world = std::make_unique<RankWorld>(config);
     if (!world->grid().is_leader()) {
-      // The leader's shutdown plan ends this rank (or its silence, or mpirun): a signal forwarded by mpirun must
-      // not end it first, while the leader may still be sending it a step.
-      std::signal(SIGINT, SIG_IGN);
-      std::signal(SIGTERM, SIG_IGN);
-      std::unique_ptr<RankRuntime> rt = make_runtime(config, world.get());
-      run_worker(world->grid(), *rt->exchange, *rt->executor, *rt->cache,
-                 [&](const std::string& message) { world->abort(message); });
+      serve_as_worker(config, *world);
       return 0;
     }
 
@@ -102,17 +143,7 @@ int serve_command(int argc, char** argv) {
     };
     Engine engine(*ranks, *rt->tokenizer, rt->weights.config, metrics, std::move(engine_settings));
     engine.start();
-
-    ServerOptions options;
-    options.host = config.server.host;
-    options.port = uint16_t(config.server.port);
-    options.threads = config.server.threads;
-    options.max_body_bytes = size_t(config.server.max_body_bytes);
-    options.model_name = rt->model_name;
-    options.max_context = rt->weights.config.max_context;
-    options.max_n = config.server.max_n;
-    options.kv_policies = request_policy_names(config);
-    HttpServer server(options, engine, *rt->tokenizer, *rt->chat_template);
+    HttpServer server(server_options(config, *rt), engine, *rt->tokenizer, *rt->chat_template);
     server.start();
     std::cerr << "strata: serving " << rt->model_name << " on http://" << config.server.host << ":" << server.port()
               << std::endl;
@@ -129,24 +160,7 @@ int serve_command(int argc, char** argv) {
                 << (world->distributed() ? " (mpirun also signals every rank when one dies, and names it)" : "")
                 << std::endl;
     }
-    // The engine fails what is in flight; the sessions then write those errors before the server stops.
-    std::jthread interrupter([&](std::stop_token stop) {
-      std::mutex m;
-      std::condition_variable_any cv;
-      std::unique_lock lock(m);
-      cv.wait_for(lock, stop, kStopGrace, [] { return false; });
-      if (!stop.stop_requested()) world->interrupt();
-    });
-    engine.stop();
-    interrupter.request_stop();
-    std::this_thread::sleep_for(kDrain);
-    server.stop();
-    if (!failure.empty()) world->abort("strata serve: " + failure + "; ending the world");
-    try {
-      ranks->shutdown();
-    } catch (const RankFailure& e) {
-      world->abort(std::string("strata serve: the other ranks could not be told to stop: ") + e.what());
-    }
+    shut_down(*world, engine, server, *ranks, failure);
     return 0;
   } catch (const std::exception& e) {
     // With other ranks waiting on this one, an error here must end them too.

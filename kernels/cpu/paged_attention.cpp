@@ -275,6 +275,107 @@ void softmax(float* s, int n) {
   for (int e = 0; e < n; ++e) s[e] *= inv_sum;
 }
 
+// The query items of a step: per sequence, a KV head's group of heads, in parts of at most kTileRows, and rows in
+// parts of as many as fit beside them (a sequence that takes column sums keeps its rows in one item).
+std::vector<QueryItem> query_items(std::span<const AttentionSequence> seqs, int n_heads, int group) {
+  const int item_heads = std::min(group, kTileRows);
+  std::vector<QueryItem> items;
+  for (int s = 0; s < int(seqs.size()); ++s) {
+    for (int h0 = 0; h0 < n_heads; h0 += item_heads) {
+      const int h1 = std::min(h0 + item_heads, (h0 / group + 1) * group);
+      const int step = seqs[s].column_sums ? seqs[s].n_q : std::max(1, kTileRows / (h1 - h0));
+      for (int i = 0; i < seqs[s].n_q; i += step) items.push_back({s, h0, h1, i, std::min(i + step, seqs[s].n_q)});
+    }
+  }
+  return items;
+}
+
+// The full-precision keys of every sequence worth transposing (worth_transposing), transposed block by block in
+// parallel; an empty TransposedKeys for the others.
+std::vector<TransposedKeys> transposed_keys(std::span<const AttentionSequence> seqs, const KvPoolView& pool,
+                                            int group) {
+  const KvBlockLayout& L = pool.layout;
+  std::vector<TransposedKeys> transposed(seqs.size());
+  struct TransposeTask {
+    int seq, kv_head, block;
+  };
+  std::vector<TransposeTask> transpose_tasks;
+  for (int s = 0; s < int(seqs.size()); ++s) {
+    if (!worth_transposing(seqs[s], group)) continue;
+    TransposedKeys& t = transposed[size_t(s)];
+    t.n_blocks = (seqs[s].n_ctx_before + seqs[s].n_q + L.block_size - 1) / L.block_size;
+    t.chunks = (L.block_size + kKeyChunk - 1) / kKeyChunk;
+    t.data.resize(size_t(L.n_kv_heads) * t.n_blocks * t.chunks * L.head_dim * kKeyChunk);
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      for (int b = 0; b < t.n_blocks; ++b) transpose_tasks.push_back({s, h, b});
+    }
+  }
+  parallel_for(int64_t(transpose_tasks.size()), 16, [&](int64_t begin, int64_t end) {
+    for (size_t i = size_t(begin); i < size_t(end); ++i) {
+      const TransposeTask& task = transpose_tasks[i];
+      const AttentionSequence& s = seqs[size_t(task.seq)];
+      const int32_t id = s.block_table[task.block];
+      if (pool.is_quantized(id) || pool.is_coded(id)) continue;
+      const int n = std::min(L.block_size, s.n_ctx_before + s.n_q - task.block * L.block_size);
+      TransposedKeys& t = transposed[size_t(task.seq)];
+      transpose_block(pool, id, task.kv_head, n, t.data.data() + t.offset(task.kv_head, task.block, 0, L.head_dim));
+    }
+  });
+  return transposed;
+}
+
+// The scores of a tile's query vectors (q_rows, `vectors` of them) against its first n_tile_keys keys, block by
+// block, each block in the fastest form it allows; row t of scores at t * n_tile_keys.
+void tile_scores(const float* const* q_rows, int vectors, const AttentionSequence& s, int n_tile_keys,
+                 const KvPoolView& pool, int kv_head, const TransposedKeys& keys_t, float scale, Workspace& ws,
+                 float* scores) {
+  const KvBlockLayout& L = pool.layout;
+  const int hd = L.head_dim;
+  const int64_t stride = n_tile_keys;
+  for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
+    const int32_t id = s.block_table[e0 / L.block_size];
+    const int n = std::min(L.block_size, n_tile_keys - e0);
+    if (e0 + L.block_size < n_tile_keys) {
+      prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/false);
+    }
+    if (pool.is_quantized(id) || pool.is_coded(id)) {
+      for (int t = 0; t < vectors; ++t) {
+        packed_block_scores(q_rows[t], pool, id, kv_head, n, scale, ws, scores + t * stride + e0);
+      }
+    } else if (keys_t.n_blocks > 0) {
+      for (int c0 = 0, c = 0; c0 < n; c0 += kKeyChunk, ++c) {
+        chunk_scores(q_rows, vectors, keys_t.data.data() + keys_t.offset(kv_head, e0 / L.block_size, c, hd), hd,
+                     std::min(kKeyChunk, n - c0), scale, stride, scores + e0 + c0);
+      }
+    } else {
+      for (int t = 0; t < vectors; ++t) {
+        row_scores(q_rows[t], pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, scale, scores + t * stride + e0);
+      }
+    }
+  }
+}
+
+// Query vector t of the tile: row r0 + t / heads, head head_begin + t % heads, whose scores are at p. Takes its
+// softmax over the keys its row sees, adds them to the head's column sums, and writes the weighted sum of values.
+void vector_output(const AttentionSequence& s, int row, int head, int kv_head, const KvPoolView& pool, float* p,
+                   int64_t q_row, Workspace& ws, float* out) {
+  const KvBlockLayout& L = pool.layout;
+  const int n_keys = s.n_ctx_before + row + 1;
+  softmax(p, n_keys);
+  float* sums = s.column_sums ? s.column_sums + int64_t(head) * s.sums_stride : nullptr;
+  if (sums && row >= s.stats_row_begin) {
+    for (int e = 0; e < n_keys; ++e) sums[e] += p[e];
+  }
+  float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(head) * L.head_dim;
+  std::fill(o, o + L.head_dim, 0.0f);
+  for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
+    if (e0 + L.block_size < n_keys) {
+      prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/true);
+    }
+    block_values(p + e0, pool, s.block_table[e0 / L.block_size], kv_head, std::min(L.block_size, n_keys - e0), ws, o);
+  }
+}
+
 }  // namespace
 
 // Work is split into tiles of up to kTileRows query vectors (rows x heads of one KV head). A tile's scores are
@@ -286,45 +387,8 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
   const int hd = L.head_dim;
   const int group = n_heads / L.n_kv_heads;
   const int64_t q_row = int64_t(n_heads) * hd;
-
-  // Heads per item: a KV head's group, in parts of at most kTileRows; rows per tile: as many as fit beside them.
-  const int item_heads = std::min(group, kTileRows);
-  std::vector<QueryItem> items;
-  for (int s = 0; s < int(seqs.size()); ++s) {
-    for (int h0 = 0; h0 < n_heads; h0 += item_heads) {
-      const int h1 = std::min(h0 + item_heads, (h0 / group + 1) * group);
-      const int step = seqs[s].column_sums ? seqs[s].n_q : std::max(1, kTileRows / (h1 - h0));
-      for (int i = 0; i < seqs[s].n_q; i += step) items.push_back({s, h0, h1, i, std::min(i + step, seqs[s].n_q)});
-    }
-  }
-
-  std::vector<TransposedKeys> transposed(seqs.size());
-  struct TransposeTask {
-    int seq, kv_head, block;
-  };
-  std::vector<TransposeTask> transpose_tasks;
-  for (int s = 0; s < int(seqs.size()); ++s) {
-    if (!worth_transposing(seqs[s], group)) continue;
-    TransposedKeys& t = transposed[size_t(s)];
-    t.n_blocks = (seqs[s].n_ctx_before + seqs[s].n_q + L.block_size - 1) / L.block_size;
-    t.chunks = (L.block_size + kKeyChunk - 1) / kKeyChunk;
-    t.data.resize(size_t(L.n_kv_heads) * t.n_blocks * t.chunks * hd * kKeyChunk);
-    for (int h = 0; h < L.n_kv_heads; ++h) {
-      for (int b = 0; b < t.n_blocks; ++b) transpose_tasks.push_back({s, h, b});
-    }
-  }
-
-  parallel_for(int64_t(transpose_tasks.size()), 16, [&](int64_t begin, int64_t end) {
-    for (size_t i = size_t(begin); i < size_t(end); ++i) {
-      const TransposeTask& task = transpose_tasks[i];
-      const AttentionSequence& s = seqs[size_t(task.seq)];
-      const int32_t id = s.block_table[task.block];
-      if (pool.is_quantized(id) || pool.is_coded(id)) continue;
-      const int n = std::min(L.block_size, s.n_ctx_before + s.n_q - task.block * L.block_size);
-      TransposedKeys& t = transposed[size_t(task.seq)];
-      transpose_block(pool, id, task.kv_head, n, t.data.data() + t.offset(task.kv_head, task.block, 0, hd));
-    }
-  });
+  const std::vector<QueryItem> items = query_items(seqs, n_heads, group);
+  const std::vector<TransposedKeys> transposed = transposed_keys(seqs, pool, group);
 
   // Items of a few query rows each (a decode step has one per head): small chunks, so that both cores get work.
   const int64_t grain = std::clamp<int64_t>(int64_t(items.size()) / (8 * compute_pool().size()), 1, 4);
@@ -337,7 +401,6 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
       const AttentionSequence& s = seqs[item.seq];
       const int heads = item.head_end - item.head_begin;
       const int kv_head = item.head_begin / group;
-      const TransposedKeys& keys_t = transposed[size_t(item.seq)];
       const int tile_rows = std::max(1, kTileRows / heads);
       for (int r0 = item.row_begin; r0 < item.row_end; r0 += tile_rows) {
         // The tile's query vectors, row by row, each row's heads in order: vector t is row r0 + t / heads, head
@@ -346,53 +409,15 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
         const int n_tile_keys = s.n_ctx_before + r0 + rows;  // keys the tile's last row sees
         const int64_t stride = n_tile_keys;
         if (ws.scores.size() < size_t(vectors * stride)) ws.scores.resize(size_t(vectors * stride));
-        float* scores = ws.scores.data();
         const float* q_rows[kTileRows];
         for (int t = 0; t < vectors; ++t) {
           q_rows[t] = q + int64_t(s.q_begin + r0 + t / heads) * q_row + int64_t(item.head_begin + t % heads) * hd;
         }
-
-        for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
-          const int32_t id = s.block_table[e0 / L.block_size];
-          const int n = std::min(L.block_size, n_tile_keys - e0);
-          if (e0 + L.block_size < n_tile_keys) {
-            prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/false);
-          }
-          if (pool.is_quantized(id) || pool.is_coded(id)) {
-            for (int t = 0; t < vectors; ++t) {
-              packed_block_scores(q_rows[t], pool, id, kv_head, n, scale, ws, scores + t * stride + e0);
-            }
-          } else if (keys_t.n_blocks > 0) {
-            for (int c0 = 0, c = 0; c0 < n; c0 += kKeyChunk, ++c) {
-              chunk_scores(q_rows, vectors, keys_t.data.data() + keys_t.offset(kv_head, e0 / L.block_size, c, hd), hd,
-                           std::min(kKeyChunk, n - c0), scale, stride, scores + e0 + c0);
-            }
-          } else {
-            for (int t = 0; t < vectors; ++t) {
-              row_scores(q_rows[t], pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, scale,
-                         scores + t * stride + e0);
-            }
-          }
-        }
-
+        tile_scores(q_rows, vectors, s, n_tile_keys, pool, kv_head, transposed[size_t(item.seq)], scale, ws,
+                    ws.scores.data());
         for (int t = 0; t < vectors; ++t) {
-          const int row = r0 + t / heads, head = item.head_begin + t % heads;
-          const int n_keys = s.n_ctx_before + row + 1;
-          float* p = scores + t * stride;
-          softmax(p, n_keys);
-          float* sums = s.column_sums ? s.column_sums + int64_t(head) * s.sums_stride : nullptr;
-          if (sums && row >= s.stats_row_begin) {
-            for (int e = 0; e < n_keys; ++e) sums[e] += p[e];
-          }
-          float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(head) * hd;
-          std::fill(o, o + hd, 0.0f);
-          for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
-            if (e0 + L.block_size < n_keys) {
-              prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/true);
-            }
-            block_values(p + e0, pool, s.block_table[e0 / L.block_size], kv_head, std::min(L.block_size, n_keys - e0),
-                         ws, o);
-          }
+          vector_output(s, r0 + t / heads, item.head_begin + t % heads, kv_head, pool, ws.scores.data() + t * stride,
+                        q_row, ws, out);
         }
       }
     }

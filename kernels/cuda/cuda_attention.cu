@@ -303,6 +303,8 @@ constexpr size_t prefill_shared_bytes(int d) {
 
 // Block (tile, query head h): rows [begin, begin + kTileRows) of one sequence (row i attends to entries
 // [0, n_ctx_before + i]), written to out and their final (m, l) to row_m/row_l.
+// Long: one flash-attention tile loop; its phases share the shared-memory tiles, the per-row softmax state in
+// registers and the barriers between them, which device functions would only pass around.
 template <int C>
 __global__ void __launch_bounds__(kThreads) prefill_kernel(const float* q, const SeqDesc* seqs, const TileItem* tiles,
                                                            const int64_t* blocks, const uint8_t* pool, KvGeometry g,
@@ -517,6 +519,68 @@ std::vector<int64_t> resolve_tables(std::span<const AttentionSequence> seqs, con
   return blocks;
 }
 
+// The work lists of one call: decode splits, prefill row tiles, column-sum entry tiles, and where each sequence's
+// column sums go in the device buffer.
+struct AttentionWork {
+  std::vector<DecodeItem> decode_items;
+  std::vector<DecodeSeq> decode_seqs;
+  std::vector<TileItem> prefill_tiles, sum_tiles;
+  std::vector<int64_t> sums_offset;  // per sequence, in floats
+  std::vector<int32_t> stats_begin;  // per sequence: its first row that adds to the column sums
+  int64_t sums_floats = 0;
+};
+
+AttentionWork attention_work(const CudaContext& ctx, std::span<const AttentionSequence> seqs, int n_kv_heads,
+                             int n_heads, int head_chunks) {
+  AttentionWork w;
+  w.sums_offset.assign(seqs.size(), 0);
+  w.stats_begin.assign(seqs.size(), 0);
+  int n_decode = 0;
+  for (const AttentionSequence& s : seqs) n_decode += s.n_q == 1;
+  // Enough splits for a few blocks per multiprocessor over the whole call, never under kMinSplitKeys entries.
+  const int target_blocks = 4 * ctx.multiprocessors();
+  const int splits_wanted = std::max(1, target_blocks / std::max(1, n_decode * n_kv_heads * head_chunks));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const AttentionSequence& s = seqs[i];
+    const int n_keys = s.n_ctx_before + s.n_q;
+    if (s.n_q == 1) {
+      const int splits = std::clamp((n_keys + kMinSplitKeys - 1) / kMinSplitKeys, 1, splits_wanted);
+      const int chunk = (n_keys + splits - 1) / splits;
+      w.decode_seqs.push_back(DecodeSeq{int32_t(i), int32_t(w.decode_items.size()), 0, 0});
+      for (int b = 0; b < n_keys; b += chunk) {
+        w.decode_items.push_back(DecodeItem{int32_t(i), b, std::min(n_keys, b + chunk), 0});
+      }
+      w.decode_seqs.back().n_items = int32_t(w.decode_items.size()) - w.decode_seqs.back().first_item;
+    } else {
+      for (int r = 0; r < s.n_q; r += kTileRows) w.prefill_tiles.push_back(TileItem{int32_t(i), r});
+    }
+    if (s.column_sums != nullptr && s.stats_row_begin < s.n_q) {
+      require(s.sums_stride >= n_keys, "paged_attention: column_sums stride " + std::to_string(s.sums_stride) +
+                                           " is below the sequence's " + std::to_string(n_keys) + " entries");
+      w.sums_offset[i] = w.sums_floats;
+      w.stats_begin[i] = std::max(0, s.stats_row_begin);
+      w.sums_floats += int64_t(n_heads) * n_keys;
+      for (int e = 0; e < n_keys; e += kTileKeys) w.sum_tiles.push_back(TileItem{int32_t(i), e});
+    }
+  }
+  return w;
+}
+
+// Adds the column sums computed on the device (sums, downloaded) to the sequences' host statistics.
+void add_column_sums(std::span<const AttentionSequence> seqs, const std::vector<float>& sums,
+                     const std::vector<int64_t>& sums_offset, int n_heads) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const AttentionSequence& s = seqs[i];
+    if (s.column_sums == nullptr || s.stats_row_begin >= s.n_q) continue;
+    const int n_keys = s.n_ctx_before + s.n_q;
+    for (int h = 0; h < n_heads; ++h) {
+      const float* src = sums.data() + sums_offset[i] + int64_t(h) * n_keys;
+      float* dst = s.column_sums + int64_t(h) * s.sums_stride;
+      for (int e = 0; e < n_keys; ++e) dst[e] += src[e];
+    }
+  }
+}
+
 }  // namespace
 
 void kv_write(CudaContext& ctx, const Tensor& k, const Tensor& v, std::span<const AttentionSequence> seqs,
@@ -569,41 +633,12 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
   std::vector<SeqDesc> descs;
   const std::vector<int64_t> blocks = resolve_tables(seqs, pool, descs, "paged_attention");
 
-  // Work lists: decode splits, prefill row tiles, column-sum entry tiles.
-  std::vector<DecodeItem> decode_items;
-  std::vector<DecodeSeq> decode_seqs;
-  std::vector<TileItem> prefill_tiles, sum_tiles;
-  std::vector<int64_t> sums_offset(seqs.size(), 0);
-  std::vector<int32_t> stats_begin(seqs.size(), 0);
-  int n_decode = 0;
-  for (const AttentionSequence& s : seqs) n_decode += s.n_q == 1;
-  // Enough splits for a few blocks per multiprocessor over the whole call, never under kMinSplitKeys entries.
-  const int target_blocks = 4 * ctx.multiprocessors();
-  const int splits_wanted = std::max(1, target_blocks / std::max(1, n_decode * L.n_kv_heads * head_chunks));
-  int64_t sums_floats = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const AttentionSequence& s = seqs[i];
-    const int n_keys = s.n_ctx_before + s.n_q;
-    if (s.n_q == 1) {
-      const int splits = std::clamp((n_keys + kMinSplitKeys - 1) / kMinSplitKeys, 1, splits_wanted);
-      const int chunk = (n_keys + splits - 1) / splits;
-      decode_seqs.push_back(DecodeSeq{int32_t(i), int32_t(decode_items.size()), 0, 0});
-      for (int b = 0; b < n_keys; b += chunk) {
-        decode_items.push_back(DecodeItem{int32_t(i), b, std::min(n_keys, b + chunk), 0});
-      }
-      decode_seqs.back().n_items = int32_t(decode_items.size()) - decode_seqs.back().first_item;
-    } else {
-      for (int r = 0; r < s.n_q; r += kTileRows) prefill_tiles.push_back(TileItem{int32_t(i), r});
-    }
-    if (s.column_sums != nullptr && s.stats_row_begin < s.n_q) {
-      require(s.sums_stride >= n_keys, "paged_attention: column_sums stride " + std::to_string(s.sums_stride) +
-                                           " is below the sequence's " + std::to_string(n_keys) + " entries");
-      sums_offset[i] = sums_floats;
-      stats_begin[i] = std::max(0, s.stats_row_begin);
-      sums_floats += int64_t(n_heads) * n_keys;
-      for (int e = 0; e < n_keys; e += kTileKeys) sum_tiles.push_back(TileItem{int32_t(i), e});
-    }
-  }
+  const AttentionWork work = attention_work(ctx, seqs, L.n_kv_heads, n_heads, head_chunks);
+  const std::vector<DecodeItem>& decode_items = work.decode_items;
+  const std::vector<DecodeSeq>& decode_seqs = work.decode_seqs;
+  const std::vector<TileItem>& prefill_tiles = work.prefill_tiles;
+  const std::vector<TileItem>& sum_tiles = work.sum_tiles;
+  const int64_t sums_floats = work.sums_floats;
   if (n_rows == 0) return;
 
   const SeqDesc* descs_d = ctx.upload_structs<int32_t>(descs);
@@ -642,23 +677,14 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
     if (!sum_tiles.empty()) {
       auto* sums_d = static_cast<float*>(ctx.scratch(size_t(sums_floats) * sizeof(float)));
       column_sums_kernel<C><<<dim3(unsigned(sum_tiles.size()), unsigned(n_heads)), kThreads, 0, ctx.stream()>>>(
-          q.f32(), descs_d, ctx.upload_structs<int32_t>(sum_tiles), ctx.upload(std::span<const int64_t>(sums_offset)),
-          ctx.upload(std::span<const int32_t>(stats_begin)), blocks_d, pool_d, geo, rope, n_heads, group, scale,
+          q.f32(), descs_d, ctx.upload_structs<int32_t>(sum_tiles), ctx.upload(std::span<const int64_t>(work.sums_offset)),
+          ctx.upload(std::span<const int32_t>(work.stats_begin)), blocks_d, pool_d, geo, rope, n_heads, group, scale,
           row_m, row_l, sums_d);
       check_launch("column_sums_kernel");
       // The statistics are host memory: wait for them here (only in steps that collect statistics).
       std::vector<float> sums(static_cast<size_t>(sums_floats), 0.0f);
       ctx.download(sums_d, sums.data(), sums.size() * sizeof(float));
-      for (size_t i = 0; i < seqs.size(); ++i) {
-        const AttentionSequence& s = seqs[i];
-        if (s.column_sums == nullptr || s.stats_row_begin >= s.n_q) continue;
-        const int n_keys = s.n_ctx_before + s.n_q;
-        for (int h = 0; h < n_heads; ++h) {
-          const float* src = sums.data() + sums_offset[i] + int64_t(h) * n_keys;
-          float* dst = s.column_sums + int64_t(h) * s.sums_stride;
-          for (int e = 0; e < n_keys; ++e) dst[e] += src[e];
-        }
-      }
+      add_column_sums(seqs, sums, work.sums_offset, n_heads);
     }
   });
 }

@@ -189,6 +189,62 @@ void require_regions(const std::vector<int64_t>& regions, size_t table_begin, si
   }
 }
 
+// The device tables of one call: a work item per (sequence, query row), each sequence's rows and the regions of
+// its own blocks, and per (sequence, KV head) its distant queries and the key regions of its distant blocks. Checks
+// that every entry a row reads has the region it is read from.
+struct PodTables {
+  std::vector<int32_t> item_seq, item_row, seq_q_begin, seq_ctx_before, seq_table_begin, distant_table_begin;
+  std::vector<int64_t> own_keys, own_values, distant_keys, distant_queries;
+};
+
+PodTables pod_tables(std::span<const AttentionSequence> seqs, std::span<const PodDistant> distant,
+                     const KvPoolView& pool, const PodWindow& window, int64_t q_rows) {
+  const KvBlockLayout& L = pool.layout;
+  const int bs = L.block_size;
+  PodTables t;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const AttentionSequence& seq = seqs[s];
+    const PodDistant& dist = distant[s];
+    if (int(dist.key_tables.size()) != L.n_kv_heads || int(dist.queries.size()) != L.n_kv_heads) {
+      throw std::invalid_argument("pod attention: distant keys and queries for every KV head");
+    }
+    if (seq.q_begin < 0 || seq.n_q < 0 || seq.n_ctx_before < 0 || seq.q_begin + int64_t(seq.n_q) > q_rows) {
+      throw std::invalid_argument("pod attention: sequence " + std::to_string(s) + "'s rows are outside q");
+    }
+    const int n_ctx = seq.n_ctx_before + seq.n_q;
+    t.seq_q_begin.push_back(seq.q_begin);
+    t.seq_ctx_before.push_back(seq.n_ctx_before);
+    t.seq_table_begin.push_back(int32_t(t.own_keys.size()));
+    const size_t own_begin = t.own_keys.size();
+    for (int32_t id : seq.block_table) {
+      t.own_keys.push_back(key_region(pool, id));
+      t.own_values.push_back(value_region(pool, id));
+    }
+    // Own keys of the sinks and of the recent windows of all rows; values of every entry.
+    require_regions(t.own_keys, own_begin, seq.block_table.size(), 0, std::min(window.sinks, n_ctx), bs, "key");
+    if (window.recent > 0) {
+      require_regions(t.own_keys, own_begin, seq.block_table.size(), seq.n_ctx_before - window.recent + 1, n_ctx, bs,
+                      "key");
+    }
+    require_regions(t.own_values, own_begin, seq.block_table.size(), 0, n_ctx, bs, "value");
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      if (dist.queries[size_t(h)] == nullptr) throw std::invalid_argument("pod attention: no distant queries");
+      t.distant_table_begin.push_back(int32_t(t.distant_keys.size()));
+      t.distant_queries.push_back(int64_t(reinterpret_cast<intptr_t>(dist.queries[size_t(h)])));
+      const size_t begin = t.distant_keys.size();
+      for (int32_t id : dist.key_tables[size_t(h)]) t.distant_keys.push_back(key_region(pool, id));
+      // The last row's distant entries are the widest: [sinks, n_ctx - recent), within [0, n_ctx).
+      require_regions(t.distant_keys, begin, dist.key_tables[size_t(h)].size(), window.sinks,
+                      std::min(n_ctx - window.recent, n_ctx), bs, "distant key");
+    }
+    for (int i = 0; i < seq.n_q; ++i) {
+      t.item_seq.push_back(int32_t(s));
+      t.item_row.push_back(i);
+    }
+  }
+  return t;
+}
+
 }  // namespace
 
 void pod_attention(CudaContext& ctx, const Tensor& q, std::span<const AttentionSequence> seqs,
@@ -196,7 +252,7 @@ void pod_attention(CudaContext& ctx, const Tensor& q, std::span<const AttentionS
                    const PodWindow& window, Tensor& out) {
   require_bf16_pool(pool, "pod attention");
   const KvBlockLayout& L = pool.layout;
-  const int hd = L.head_dim, bs = L.block_size;
+  const int hd = L.head_dim;
   if (n_heads <= 0 || n_heads % L.n_kv_heads != 0) {
     throw std::invalid_argument("pod attention: " + std::to_string(n_heads) + " query heads for " +
                                 std::to_string(L.n_kv_heads) + " KV heads");
@@ -212,49 +268,8 @@ void pod_attention(CudaContext& ctx, const Tensor& q, std::span<const AttentionS
   }
   if (distant.size() != seqs.size()) throw std::invalid_argument("pod attention: one PodDistant per sequence");
 
-  std::vector<int32_t> item_seq, item_row, seq_q_begin, seq_ctx_before, seq_table_begin, distant_table_begin;
-  std::vector<int64_t> own_keys, own_values, distant_keys, distant_queries;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const AttentionSequence& seq = seqs[s];
-    const PodDistant& dist = distant[s];
-    if (int(dist.key_tables.size()) != L.n_kv_heads || int(dist.queries.size()) != L.n_kv_heads) {
-      throw std::invalid_argument("pod attention: distant keys and queries for every KV head");
-    }
-    if (seq.q_begin < 0 || seq.n_q < 0 || seq.n_ctx_before < 0 || seq.q_begin + int64_t(seq.n_q) > q.rows) {
-      throw std::invalid_argument("pod attention: sequence " + std::to_string(s) + "'s rows are outside q");
-    }
-    const int n_ctx = seq.n_ctx_before + seq.n_q;
-    seq_q_begin.push_back(seq.q_begin);
-    seq_ctx_before.push_back(seq.n_ctx_before);
-    seq_table_begin.push_back(int32_t(own_keys.size()));
-    const size_t own_begin = own_keys.size();
-    for (int32_t id : seq.block_table) {
-      own_keys.push_back(key_region(pool, id));
-      own_values.push_back(value_region(pool, id));
-    }
-    // Own keys of the sinks and of the recent windows of all rows; values of every entry.
-    require_regions(own_keys, own_begin, seq.block_table.size(), 0, std::min(window.sinks, n_ctx), bs, "key");
-    if (window.recent > 0) {
-      require_regions(own_keys, own_begin, seq.block_table.size(), seq.n_ctx_before - window.recent + 1, n_ctx, bs,
-                      "key");
-    }
-    require_regions(own_values, own_begin, seq.block_table.size(), 0, n_ctx, bs, "value");
-    for (int h = 0; h < L.n_kv_heads; ++h) {
-      if (dist.queries[size_t(h)] == nullptr) throw std::invalid_argument("pod attention: no distant queries");
-      distant_table_begin.push_back(int32_t(distant_keys.size()));
-      distant_queries.push_back(int64_t(reinterpret_cast<intptr_t>(dist.queries[size_t(h)])));
-      const size_t begin = distant_keys.size();
-      for (int32_t id : dist.key_tables[size_t(h)]) distant_keys.push_back(key_region(pool, id));
-      // The last row's distant entries are the widest: [sinks, n_ctx - recent), within [0, n_ctx).
-      require_regions(distant_keys, begin, dist.key_tables[size_t(h)].size(), window.sinks,
-                      std::min(n_ctx - window.recent, n_ctx), bs, "distant key");
-    }
-    for (int i = 0; i < seq.n_q; ++i) {
-      item_seq.push_back(int32_t(s));
-      item_row.push_back(i);
-    }
-  }
-  if (item_seq.empty()) return;
+  const PodTables t = pod_tables(seqs, distant, pool, window, q.rows);
+  if (t.item_seq.empty()) return;
 
   PodArgs a;
   a.q = static_cast<const float*>(q.data);
@@ -265,17 +280,17 @@ void pod_attention(CudaContext& ctx, const Tensor& q, std::span<const AttentionS
   a.scale = scale;
   a.sinks = window.sinks;
   a.recent = window.recent;
-  a.item_seq = ctx.upload(item_seq);
-  a.item_row = ctx.upload(item_row);
-  a.seq_q_begin = ctx.upload(seq_q_begin);
-  a.seq_ctx_before = ctx.upload(seq_ctx_before);
-  a.seq_table_begin = ctx.upload(seq_table_begin);
-  a.own_keys = ctx.upload(own_keys);
-  a.own_values = ctx.upload(own_values);
-  a.distant_table_begin = ctx.upload(distant_table_begin);
-  a.distant_keys = ctx.upload(distant_keys);
-  a.distant_queries = ctx.upload(distant_queries);
-  const dim3 grid{unsigned(item_seq.size()), unsigned(n_heads)};
+  a.item_seq = ctx.upload(t.item_seq);
+  a.item_row = ctx.upload(t.item_row);
+  a.seq_q_begin = ctx.upload(t.seq_q_begin);
+  a.seq_ctx_before = ctx.upload(t.seq_ctx_before);
+  a.seq_table_begin = ctx.upload(t.seq_table_begin);
+  a.own_keys = ctx.upload(t.own_keys);
+  a.own_values = ctx.upload(t.own_values);
+  a.distant_table_begin = ctx.upload(t.distant_table_begin);
+  a.distant_keys = ctx.upload(t.distant_keys);
+  a.distant_queries = ctx.upload(t.distant_queries);
+  const dim3 grid{unsigned(t.item_seq.size()), unsigned(n_heads)};
   pod_attention_rows<<<grid, kThreads, 0, ctx.stream()>>>(static_cast<const uint8_t*>(pool.base), a,
                                                            geometry_of(L));
   check_launch("pod attention (pod_attention_rows)");
