@@ -27,6 +27,8 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kYield = std::chrono::microseconds(200);
 
+constexpr uint64_t kClosed = 0xFFFFFFFFu;  // a chunk index past every job's last: claims nothing
+
 thread_local int tls_thread_index = 0;
 thread_local bool tls_in_chunk = false;
 
@@ -85,13 +87,17 @@ void ThreadPool::run(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
     return;
   }
   std::lock_guard<std::mutex> lock(submit_);
+  const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  // Close the old job's claims before its fields change: a thread that read the old job's last claim could
+  // otherwise pair it with the new job's chunk count, claim a chunk past the old job's end, and run (and count) a
+  // chunk of the new job twice. No claim of the new generation succeeds until it opens below.
+  claim_.store(uint64_t{gen} << 32 | kClosed, std::memory_order_release);
   fn_ = fn;
   ctx_ = ctx;
   n_ = n;
   grain_ = grain;
   n_chunks_.store(n_chunks, std::memory_order_relaxed);
   chunks_done_.store(0, std::memory_order_relaxed);
-  const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
   claim_.store(uint64_t{gen} << 32, std::memory_order_release);
   generation_.store(gen, std::memory_order_release);
   generation_.notify_all();

@@ -1,10 +1,14 @@
 // The CPU backend's compute threads (kernels/cpu/thread_pool.h): every index of a loop run exactly once, in chunks
 // no larger than asked, with more threads than cores, exceptions, nested loops, jobs from two threads at once,
-// many tiny jobs in a row (a lost wake-up or a stale job would hang or miscount here), and pools made and destroyed
+// many tiny jobs in a row (a lost wake-up or a stale job would hang or miscount here), jobs of alternating sizes
+// (a stale claim), and pools made and destroyed
 // before their threads have run.
 #include "kernels/cpu/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -97,6 +101,34 @@ TEST(ThreadPool, ManyTinyJobsInARow) {
     pool.parallel_for(4, 1, [&](int64_t begin, int64_t) { sum.fetch_add(begin + 1); });
   }
   EXPECT_EQ(sum.load(), 100000 * (1 + 2 + 3 + 4));
+}
+
+// Jobs that alternate between a few chunks and more: a thread that read the small job's last claim once took a
+// chunk of the next, larger job past that claim's index, so the chunk ran twice and the job's count overshot and
+// never ended. A watchdog turns such a hang into a failure.
+TEST(ThreadPool, AJobNeverRunsAChunkOfTheNextOne) {
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 600 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!done) {
+      std::fprintf(stderr, "ThreadPool.AJobNeverRunsAChunkOfTheNextOne: the pool hung\n");
+      std::_Exit(1);
+    }
+  });
+  ThreadPool pool(4);  // more threads than this machine's cores: late threads are the point
+  int64_t wrong = 0;
+  for (int job = 0; job < 2000000; ++job) {
+    const int64_t n = job % 2 == 0 ? 2 : 9;
+    std::atomic<int64_t> sum{0};
+    pool.parallel_for(n, 1, [&](int64_t begin, int64_t) {
+      for (int spin = 0; spin < 50; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);  // a little work
+      sum.fetch_add(begin + 1);
+    });
+    wrong += sum.load() != n * (n + 1) / 2 ? 1 : 0;
+  }
+  done = true;
+  watchdog.join();
+  EXPECT_EQ(wrong, 0) << "jobs with a chunk run twice or not at all";
 }
 
 // A pool destroyed right after its first job, or before any: its threads may not have started yet (the stop they
