@@ -1,7 +1,9 @@
 #pragma once
 // The ops behind every step of the model, with one implementation per device: the CPU (fp32 activations, the
 // reference; weights in fp32 with BLAS, or kept in their quantized blocks with integer kernels) and CUDA (bf16
-// storage, fp32 accumulation). Every op of a device backend is tested against its CPU twin (tests/kernels/).
+// storage, fp32 accumulation). Every op of the CUDA backend has a test file named like its kernel
+// (tests/kernels/cuda/), against a plain double-precision reference where one is short to write (attention,
+// matmul, the row-wise ops) and against its CPU twin otherwise.
 //
 // Shapes in the comments: T = tokens in the step, D = d_model, H = query heads, Hkv = KV heads, Dh = head dim.
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The CUDA backend: bf16 weights and KV blocks, fp32 activations, accumulation and softmax. Each method starts one
 // op of the context (kernels/cuda/cuda_context.h) and queues its kernels on the backend's one stream; only the
 // methods that return host data (copy_to_host, and the statistics and searches with host outputs) wait for it.
-// The model's ops are in kernels/cuda/cuda_ops.h, the KV-cache ops in kernels/cuda/cuda_kv_ops.h.
+// The ops themselves are kernels/cuda/cuda_ops.h's.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_bf16.h>
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_context.h"
-#include "kernels/cuda/cuda_kv_ops.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace strata {

@@ -1,7 +1,8 @@
 #pragma once
 // The CUDA backend (kernels/cuda/): bf16 weights and KV blocks, fp32 activations, accumulation and softmax, cuBLAS
-// for the GEMMs. Built when CMake finds nvcc (STRATA_CUDA); every op is tested against its CPU twin
-// (tests/kernels/cuda_*_test.cpp), and those tests skip themselves, with the reason, where no GPU is present.
+// for the GEMMs. Built when CMake finds nvcc (STRATA_CUDA); every op is tested against a reference, a plain double
+// one or its CPU twin (tests/kernels/cuda/, a file per op named like its kernel), and those tests skip themselves,
+// with the reason, where no GPU is present.
 #include <memory>
 #include <string>
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_kv_device.cuh"
-#include "kernels/cuda/cuda_kv_ops.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kv_device.cuh"
 
 namespace strata::cuda {
 namespace {

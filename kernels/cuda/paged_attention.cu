@@ -5,7 +5,7 @@
 // C[v_vector], the codebook vectors fp32; kernels/kv_block_layout.h). All arithmetic is fp32, the softmax online
 // (running max m, running sum l, output rescaled when m grows).
 //
-// Block ids are resolved on the host (cuda_kv_device.cuh): each table entry becomes the byte offset of its block
+// Block ids are resolved on the host (kv_device.cuh): each table entry becomes the byte offset of its block
 // from the pool's base, stored as `offset` for a full-precision block and `~offset` (negative) for a packed one.
 // A pool packs quantized blocks or coded blocks, never both, so a packed block is quantized in a quantized pool
 // (KvGeometry::bits != 0) and coded in a pool without quantization (bits == 0): kernels tell the three formats
@@ -14,7 +14,7 @@
 // A coded entry is read channel by channel like the other formats: channel c of a key takes the codebook vector
 // at both channels of c's RoPE pair and the cos and sin of the entry's position, all fp32 from global memory
 // (a codebook vector serves many entries and a table row every KV head, so L1 and L2 hold most of it). The
-// arithmetic is the CPU's, operation for operation (cuda_kv_device.cuh).
+// arithmetic is the CPU's, operation for operation (kv_device.cuh).
 //
 // Kernels (D = head_dim, C = D / 32 channels per lane; D is 64 or 128, a template parameter):
 // - kv_write_kernel: block (token) copies the token's K and V rows, all KV heads, into its slot (bf16).
@@ -42,8 +42,8 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_context.h"
-#include "kernels/cuda/cuda_kv_device.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kv_device.cuh"
 
 namespace strata::cuda {
 namespace {

@@ -4,7 +4,7 @@
 // bf16 full-precision blocks; unit vectors, codebook vectors and magnitudes are fp32.
 //
 // The results are the CPU's, bit for bit: every quantity repeats the CPU's operations in the CPU's order with
-// correctly rounded intrinsics and no fused multiply-adds (cuda_kv_device.cuh). A norm is the float of the square
+// correctly rounded intrinsics and no fused multiply-adds (kv_device.cuh). A norm is the float of the square
 // root of a double sum of squares in channel order, a cosine a float sum of products in channel order, each
 // summed by one thread. So the build's adjacency equals the CPU's byte for byte, and so does its codebook.
 //
@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_kv_device.cuh"
-#include "kernels/cuda/cuda_kv_ops.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kv_device.cuh"
 
 namespace strata::cuda {
 namespace {

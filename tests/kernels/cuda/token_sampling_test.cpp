@@ -1,4 +1,4 @@
-// The CUDA backend's sample_rows (kernels/cuda/cuda_sampling.cu) against the CPU backend's, which is the rule's
+// The CUDA backend's sample_rows (kernels/cuda/token_sampling.cu) against the CPU backend's, which is the rule's
 // reference (kernels/token_sampling.h), on rows of the model vocabularies' sizes. Without a GPU (or without a
 // CUDA build) every test reports itself skipped with the reason.
 //
@@ -116,7 +116,7 @@ bool draw_is_on_a_boundary(std::span<const float> x, const RowSampling& s, doubl
   return false;
 }
 
-class CudaSamplingTest : public ::testing::Test {
+class CudaTokenSampling : public ::testing::Test {
  protected:
   void SetUp() override {
     if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason();
@@ -164,7 +164,7 @@ void expect_logprobs_match(const RowSample& got, const RowSample& want, const st
 // Greedy rows: exactly the CPU's token. Maxima planted repeatedly across rows (so that threads, warps and the
 // block all meet equal values), -0 before +0 as the largest value, and a token lifted to the top by a negative
 // penalty, over rows of the model vocabularies' sizes.
-TEST_F(CudaSamplingTest, GreedyRowsMatchTheCpuWithTies) {
+TEST_F(CudaTokenSampling, GreedyRowsMatchTheCpuWithTies) {
   for (int64_t cols : {int64_t(1), int64_t(31), int64_t(49152), int64_t(128256)}) {
     Batch b;
     b.cols = cols;
@@ -194,7 +194,7 @@ TEST_F(CudaSamplingTest, GreedyRowsMatchTheCpuWithTies) {
 
 // Draws with penalties over temperatures, top_k, top_p and min_p and many uniform numbers; logprobs on some rows.
 // Logits are normal with a standard deviation of 3, a spread like a model's: from a few kept tokens to thousands.
-TEST_F(CudaSamplingTest, DrawsMatchTheCpuAwayFromBoundaries) {
+TEST_F(CudaTokenSampling, DrawsMatchTheCpuAwayFromBoundaries) {
   int compared = 0, on_a_boundary = 0;
   for (int64_t cols : {int64_t(1000), int64_t(49152), int64_t(128256)}) {
     std::normal_distribution<float> logit(0.0f, 3.0f);
@@ -247,7 +247,7 @@ TEST_F(CudaSamplingTest, DrawsMatchTheCpuAwayFromBoundaries) {
 // The corners of the rule: one column; top_k and n_logprobs beyond the vocabulary; min_p 1 (only the largest
 // logits stay); a temperature so low that every weight but the largest underflows to 0; top_p 0 (the first
 // token alone); uniform numbers at both ends.
-TEST_F(CudaSamplingTest, CornerCasesMatchTheCpu) {
+TEST_F(CudaTokenSampling, CornerCasesMatchTheCpu) {
   for (int64_t cols : {int64_t(1), int64_t(2), int64_t(1000)}) {
     Batch b;
     b.cols = cols;
@@ -298,7 +298,7 @@ TEST_F(CudaSamplingTest, CornerCasesMatchTheCpu) {
   EXPECT_EQ(s.cpu[1].id, 3);
 }
 
-TEST_F(CudaSamplingTest, RejectsBadShapes) {
+TEST_F(CudaTokenSampling, RejectsBadShapes) {
   Tensor logits = gpu->alloc(2, 10, DType::f32);
   std::vector<RowSampling> rows(2);
   std::vector<RowSample> out(2), too_few(1);

@@ -1,6 +1,7 @@
 #pragma once
-// What the CUDA KV-cache ops (kernels/cuda/cuda_kv_*.cu) share: the pool's geometry in a form kernels can read,
-// the host-side resolution of block ids to byte offsets, bf16 access and KIVI's per-group arithmetic.
+// What the CUDA KV-cache ops (kernels/cuda/kv_*.cu, pod_ops.cu, paged_attention.cu) share: the pool's geometry in
+// a form kernels can read, the host-side resolution of block ids to byte offsets, bf16 access and KIVI's per-group
+// arithmetic.
 //
 // Block ids are resolved on the host: every op turns its (host) block table into byte offsets from the pool's
 // base, checking each id on the way, and uploads the offsets. Kernels then never interpret ids, and the formulas

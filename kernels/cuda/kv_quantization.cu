@@ -1,12 +1,12 @@
 // KIVI group quantization of KV blocks on CUDA (kernels/kv_block_layout.h has the format; the CPU twin is
 // kernels/cpu/kv_quantization.cpp): the seal of bf16 staging blocks into quantized blocks (kv_quantize) and the
-// way back (kv_dequantize). fp32 arithmetic throughout; the per-group operations are cuda_kv_device.cuh's.
+// way back (kv_dequantize). fp32 arithmetic throughout; the per-group operations are kv_device.cuh's.
 // Work per block and KV head: 2 x 32 x head_dim bf16 elements read (written) and as many codes written (read).
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_kv_device.cuh"
-#include "kernels/cuda/cuda_kv_ops.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kv_device.cuh"
 
 namespace strata::cuda {
 namespace {

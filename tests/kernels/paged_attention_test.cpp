@@ -1,0 +1,192 @@
+// The CPU backend's paged attention (kernels/cpu/paged_attention.cpp) against the plain double-precision reference
+// that the CUDA twin is tested against too (tests/kernels/reference_attention.h), on random pools of every block
+// format: full precision, KIVI-quantized (sealed by the CPU's kv_quantize) and SpindleKV-coded, with GQA, column
+// sums, decode steps and prefill chunks long enough for the op's transposed-key tiles. So the reference is checked
+// here on every build, GPU or none.
+//
+// Bounds: the op's error is fp32 arithmetic (its order, the vectorised exp within 1.1e-7, the dequantization folded
+// into the dot products): outputs within 2e-5 + 1e-4 |want|, column sums within 1e-4 of the cell plus 1e-6 per
+// stats row, as the CUDA tests allow.
+#include "kernels/backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/kv_block_layout.h"
+#include "kernels/kv_codebook.h"
+#include "tests/kernels/reference_attention.h"
+
+namespace strata {
+namespace {
+
+// One sequence: its rows and earlier entries, how many of its leading blocks are quantized or coded (all before
+// its new rows, which are written to full-precision blocks), and from which row it collects column sums.
+struct SeqSpec {
+  int n_q;
+  int n_ctx_before;
+  int n_packed = 0;
+  int stats_from = -1;  // -1: no column sums
+};
+
+constexpr int kVectors = 48, kPositions = 1024;
+
+// An f32 pool in host memory for `specs`: full-precision slots of random entries, then the slots of the packed
+// blocks (quantized ones sealed from random slots of their own, or coded ones with random code rows), then
+// codebook vectors. The tables start with their packed blocks and continue in shuffled full-precision slots.
+struct RandomPool {
+  std::vector<float> memory;
+  std::vector<float> rope_table;
+  KvPoolView view;
+  std::vector<std::vector<int32_t>> tables;
+
+  RandomPool(const KvBlockLayout& layout, const std::vector<SeqSpec>& specs, const RopeParams& rope,
+             std::mt19937& rng) {
+    int n_full = 0, n_packed = 0;
+    for (const SeqSpec& s : specs) {
+      n_full += (s.n_ctx_before + s.n_q + layout.block_size - 1) / layout.block_size - s.n_packed;
+      n_packed += s.n_packed;
+    }
+    const bool quantized = layout.quant != KvQuant::none;
+    const int n_sources = quantized ? n_packed : 0;  // full slots sealed into the quantized blocks
+    const int packed_slots = (n_packed + layout.packed_per_slot() - 1) / layout.packed_per_slot();
+    const int first_vector_slot = n_full + n_sources + packed_slots;
+    const int vector_slots = int((kVectors + layout.vectors_per_slot() - 1) / layout.vectors_per_slot());
+    const int32_t n_slots = first_vector_slot + vector_slots;
+    memory.resize(size_t(n_slots * layout.elements_per_block()));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& x : memory) x = normal(rng);
+    view = KvPoolView{memory.data(), layout, n_slots, {}};
+    if (!quantized && n_packed > 0) {
+      rope_table.resize(size_t(kPositions) * layout.head_dim);
+      key_rope_table(layout.head_dim, rope, kPositions, rope_table.data());
+      view.key_rope = KvKeyRope{rope_table.data(), kPositions, rope.style};
+    }
+
+    std::vector<int32_t> packed(static_cast<size_t>(n_packed));
+    std::iota(packed.begin(), packed.end(), n_slots + (n_full + n_sources) * layout.packed_per_slot());
+    if (quantized) {
+      std::vector<int32_t> sources(packed.size());
+      std::iota(sources.begin(), sources.end(), n_full);
+      make_cpu_backend()->kv_quantize(sources, packed, view);
+    } else {
+      write_codes(packed, int32_t(first_vector_slot * layout.vectors_per_slot()), rng);
+    }
+    std::vector<int32_t> full(static_cast<size_t>(n_full));
+    std::iota(full.begin(), full.end(), 0);
+    std::shuffle(full.begin(), full.end(), rng);
+    auto next_packed = packed.begin();
+    auto next_full = full.begin();
+    for (const SeqSpec& s : specs) {
+      std::vector<int32_t> table(next_packed, next_packed + s.n_packed);
+      next_packed += s.n_packed;
+      const int n_blocks = (s.n_ctx_before + s.n_q + layout.block_size - 1) / layout.block_size;
+      table.insert(table.end(), next_full, next_full + (n_blocks - s.n_packed));
+      next_full += n_blocks - s.n_packed;
+      tables.push_back(std::move(table));
+    }
+  }
+
+  // Random unit codebook vectors from `first_vector` on, and code rows naming them with magnitudes around the
+  // norm of a full-precision entry (sqrt(head_dim)) at random positions.
+  void write_codes(const std::vector<int32_t>& coded, int32_t first_vector, std::mt19937& rng) {
+    const int hd = view.layout.head_dim;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int i = 0; i < kVectors; ++i) {
+      float* u = view.codebook_vector(first_vector + i);
+      double square_sum = 0.0;
+      for (int d = 0; d < hd; ++d) {
+        u[d] = normal(rng);
+        square_sum += double(u[d]) * u[d];
+      }
+      for (int d = 0; d < hd; ++d) u[d] = float(u[d] / std::sqrt(square_sum));
+    }
+    std::uniform_int_distribution<int32_t> vector(first_vector, first_vector + kVectors - 1);
+    std::uniform_int_distribution<int32_t> position(0, kPositions - 1);
+    std::uniform_real_distribution<float> magnitude(0.5f * std::sqrt(float(hd)), 1.5f * std::sqrt(float(hd)));
+    for (int32_t id : coded) {
+      KvCodeRow* rows = view.block_coded(id);
+      for (int i = 0; i < view.layout.n_kv_heads * view.layout.block_size; ++i) {
+        rows[i] = {vector(rng), magnitude(rng), vector(rng), magnitude(rng), position(rng)};
+      }
+    }
+  }
+};
+
+void expect_matches_reference(const KvBlockLayout& layout, int n_heads, const std::vector<SeqSpec>& specs,
+                              const RopeParams& rope, uint32_t seed, const std::string& what) {
+  std::mt19937 rng(seed);
+  const RandomPool pool(layout, specs, rope, rng);
+  std::vector<AttentionSequence> seqs;
+  std::vector<std::vector<float>> sums(specs.size());
+  int rows = 0;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    AttentionSequence a{rows, specs[s].n_q, specs[s].n_ctx_before, pool.tables[s]};
+    rows += specs[s].n_q;
+    if (specs[s].stats_from >= 0) {
+      a.sums_stride = specs[s].n_ctx_before + specs[s].n_q + 3;
+      sums[s].assign(size_t(n_heads * a.sums_stride), 0.25f);  // sums are added to what is there
+      a.column_sums = sums[s].data();
+      a.stats_row_begin = specs[s].stats_from;
+    }
+    seqs.push_back(a);
+  }
+  const int64_t width = int64_t(n_heads) * layout.head_dim;
+  std::vector<float> q(size_t(rows * width)), out(q.size());
+  std::uniform_real_distribution<float> uniform(-1.5f, 1.5f);
+  for (float& x : q) x = uniform(rng);
+  const float scale = 1.0f / std::sqrt(float(layout.head_dim));
+  const test::ReferenceAttention want = test::reference_paged_attention(q, seqs, pool.view, n_heads, scale);
+  Tensor out_tensor{out.data(), DType::f32, rows, width};
+  make_cpu_backend()->paged_attention(Tensor{q.data(), DType::f32, rows, width}, seqs, pool.view, n_heads, scale,
+                                      out_tensor);
+
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_NEAR(out[i], want.out[i], 2e-5 + 1e-4 * std::fabs(want.out[i])) << what << ": output element " << i;
+  }
+  for (size_t s = 0; s < specs.size(); ++s) {
+    if (specs[s].stats_from < 0) continue;
+    const double rows_tolerance = 1e-6 * std::max(1, specs[s].n_q - specs[s].stats_from);
+    for (size_t c = 0; c < sums[s].size(); ++c) {
+      const double cell = 0.25 + want.column_sums[s][c];
+      ASSERT_NEAR(sums[s][c], cell, rows_tolerance + 1e-4 * cell) << what << ": sequence " << s << " cell " << c;
+    }
+  }
+}
+
+// Decode steps short and long, prefill chunks from the start and after earlier entries; column sums on a decode
+// and on a chunk.
+const std::vector<SeqSpec> kFullPrecision = {{1, 0, 0, 0}, {1, 150}, {40, 0, 0, 10}, {23, 37}, {1, 70, 0, 0}};
+
+TEST(CpuPagedAttention, FullPrecisionBlocksMatchTheDoubleReference) {
+  const RopeParams none{};
+  expect_matches_reference(KvBlockLayout{3, 64, 16}, 9, kFullPrecision, none, 1, "GQA 9/3, head_dim 64");
+  expect_matches_reference(KvBlockLayout{4, 32, 5}, 4, kFullPrecision, none, 2, "MHA 4/4, blocks of 5");
+  expect_matches_reference(KvBlockLayout{1, 80, 16}, 6, kFullPrecision, none, 3, "MQA 6/1, head_dim 80");
+}
+
+TEST(CpuPagedAttention, QuantizedBlocksMatchTheDoubleReference) {
+  // Groups of 32 before each sequence's new rows, then full-precision blocks.
+  const std::vector<SeqSpec> specs = {{1, 100, 3, 0}, {1, 64, 2}, {30, 70, 2, 5}, {6, 32, 1}};
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4}) {
+    const KvBlockLayout layout{2, 64, kKvQuantGroup, DType::f32, quant};
+    expect_matches_reference(layout, 8, specs, RopeParams{}, 4, quant == KvQuant::int8 ? "int8" : "int4");
+  }
+}
+
+TEST(CpuPagedAttention, CodedBlocksMatchTheDoubleReference) {
+  const std::vector<SeqSpec> specs = {{1, 300, 18, 0}, {1, 40, 1}, {30, 70, 3, 5}, {6, 33, 2}};
+  const RopeParams interleaved{RopeStyle::interleaved, 100000.0f, {}};
+  const RopeParams llama31{RopeStyle::half_split, 500000.0f, RopeScaling{8.0f, 1.0f, 4.0f, 8192}};
+  expect_matches_reference(KvBlockLayout{3, 64, 16}, 9, specs, interleaved, 5, "coded, interleaved RoPE");
+  expect_matches_reference(KvBlockLayout{2, 128, 16}, 8, specs, llama31, 6, "coded, neox RoPE, Llama 3.1 scaling");
+}
+
+}  // namespace
+}  // namespace strata
