@@ -31,12 +31,30 @@ struct PlannedWork {
                             // tokens when a preempted sequence is recomputed); 0: a decode step
 };
 
+// Prefix caching (leader/prefix_index.h): a cached block is named by its hash, and every rank of a stage holds
+// it as one KV block per local layer (cache/kv_cache.h).
+struct PrefixStart {
+  int64_t seq = 0;
+  std::vector<uint64_t> blocks;  // the cached blocks its KV starts with, a chain in order
+  int32_t prefill_len = 0;       // the prefill whose first chunk follows them
+  bool operator==(const PrefixStart&) const = default;
+};
+struct PrefixPublish {
+  int64_t seq = 0;
+  int32_t index = 0;  // the sequence's block: entries [index * block_size, (index + 1) * block_size)
+  uint64_t hash = 0;
+  bool operator==(const PrefixPublish&) const = default;
+};
+
 struct StepPlan {
   uint64_t step = 0;
+  std::vector<uint64_t> prefix_evicted;  // first of all: cached blocks the ranks let go of
   std::vector<PlannedSequence> added;
   std::vector<int64_t> preempted;  // give back their KV blocks; they come back later as new work from position 0
   std::vector<int64_t> finished;   // give back their KV blocks and forget their sampling state
+  std::vector<PrefixStart> prefix_started;      // then: sequences whose KV starts with cached blocks
   std::vector<PlannedWork> work;
+  std::vector<PrefixPublish> prefix_published;  // after the forward pass, before the policies' hooks
   bool report_detail = false;  // every rank adds its sequences' policy detail to its report (/v1/kv_state asked)
   bool shutdown = false;
 };

@@ -25,6 +25,8 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
   }
   if (batch.empty()) return StepResult{plan.step, {}};
   model_.forward(batch, cache_, logits_, samples_);
+  // Published as written: the hooks below may compact or seal them (the cache then copies or keeps the original).
+  for (const PrefixPublish& p : plan.prefix_published) cache_.publish(p.seq, p.index, p.hash);
   StepResult result = collect_tokens(plan, batch);
   for (const PlannedWork& w : plan.work) state_of(w.seq).compression.after_step(w);
   return result;
@@ -33,6 +35,7 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
 // A preempted sequence keeps its sampling state: when it is recomputed it must draw what it would have drawn. Its
 // policies start again with the recompute's prefill.
 void StepExecutor::update_sequences(const StepPlan& plan) {
+  cache_.evict(plan.prefix_evicted);
   for (const PlannedSequence& a : plan.added) {
     seqs_.erase(a.seq);
     seqs_.emplace(a.seq, SequenceState{SequenceSampler(a.sampling, a.seed),
@@ -45,6 +48,12 @@ void StepExecutor::update_sequences(const StepPlan& plan) {
   for (SeqId seq : plan.finished) {
     cache_.release(seq);
     seqs_.erase(seq);
+  }
+  // A prefill that starts after cached blocks starts its policies here: its first chunk is not at position 0.
+  for (const PrefixStart& s : plan.prefix_started) {
+    SequenceState& state = state_of(s.seq);
+    cache_.start_from_prefix(s.seq, s.blocks);
+    state.compression.start_prefill(s.prefill_len);
   }
 }
 

@@ -58,6 +58,9 @@ StepPlan full_plan() {
   w2.sample = true;
   w2.prefill_len = 0;
   p.work = {w1, w2};
+  p.prefix_evicted = {1, ~uint64_t(0)};
+  p.prefix_started = {PrefixStart{42, {0xfeedULL, 7}, 300}, PrefixStart{9, {}, 0}};
+  p.prefix_published = {PrefixPublish{42, 2, 0x123456789abcdef0ULL}};
   return p;
 }
 
@@ -86,6 +89,9 @@ void expect_plan_eq(const StepPlan& a, const StepPlan& b) {
   }
   EXPECT_EQ(a.preempted, b.preempted);
   EXPECT_EQ(a.finished, b.finished);
+  EXPECT_EQ(a.prefix_evicted, b.prefix_evicted);
+  EXPECT_TRUE(a.prefix_started == b.prefix_started);
+  EXPECT_TRUE(a.prefix_published == b.prefix_published);
   ASSERT_EQ(a.work.size(), b.work.size());
   for (size_t i = 0; i < a.work.size(); ++i) {
     SCOPED_TRACE("work " + std::to_string(i));

@@ -6,7 +6,8 @@
 //   - a layer's policy is applied (SnapKV holds its budget), its counters are reported once, and its detail names
 //     the spec in effect;
 //   - policies whose declared needs the sequence cannot meet are refused with the key to set;
-//   - work for a sequence no plan added is a logic error naming it.
+//   - work for a sequence no plan added is a logic error naming it;
+//   - sequences started from a published prefix block generate what a full prefill gives.
 #include "rank/step_executor.h"
 
 #include <algorithm>
@@ -169,6 +170,48 @@ TEST(StepExecutor, AppliesTheLayersPolicyAndReportsItOnce) {
   }
   for (const LayerCompressionCounters& c : bed.executor.take_counters()) EXPECT_EQ(c.evicted_tokens, 0);
   bed.finish(1);
+}
+
+// Prefix caching: the prompt's first block is published as it is prefilled; sequences that start from it generate
+// what a full prefill gives, with `full` and with SnapKV (its observation window lies after the block), SnapKV's
+// compaction changes only its own copy, and once every sequence has finished and the block is evicted the pool is
+// whole again.
+TEST(StepExecutor, SequencesStartedFromAPublishedBlockGenerateTheSame) {
+  Bed bed;
+  const int64_t free_before = bed.m.pool->n_free();
+  const int bs = bed.cache.block_size(), n = int(kPrompt.size());
+  ASSERT_GT(n, bs) << "the prompt needs a full block";
+  const std::vector<uint64_t> chain = {0xabcULL};
+  // Six greedy tokens of seq: its prompt from `start` in one chunk (after the cached block when start > 0).
+  auto run = [&](int64_t seq, int start, std::optional<PolicySpec> policy, bool publish) {
+    StepPlan p;
+    p.step = ++bed.step;
+    p.added.push_back(PlannedSequence{seq, greedy(), 0, std::move(policy), n});
+    if (start > 0) p.prefix_started.push_back(PrefixStart{seq, chain, n});
+    p.work.push_back(PlannedWork{seq, start, {kPrompt.begin() + start, kPrompt.end()}, true, n});
+    if (publish) p.prefix_published.push_back(PrefixPublish{seq, 0, chain[0]});
+    std::vector<int32_t> out = {bed.executor.execute(p).sampled.at(0).sample.id};
+    while (out.size() < 6) {
+      StepPlan d;
+      d.step = ++bed.step;
+      d.work.push_back(PlannedWork{seq, n + int(out.size()) - 1, {out.back()}, true, 0});
+      out.push_back(bed.executor.execute(d).sampled.at(0).sample.id);
+    }
+    bed.finish(seq);
+    return out;
+  };
+  const std::vector<int32_t> expected = run(1, 0, std::nullopt, /*publish=*/true);
+  ASSERT_TRUE(bed.cache.is_cached(chain[0]));
+  EXPECT_EQ(run(2, bs, std::nullopt, false), expected);
+  const PolicySpec snapkv = parse_policy_spec("snapkv:budget=8,window=4");
+  EXPECT_EQ(run(3, bs, snapkv, false), run(4, 0, snapkv, false));
+  EXPECT_EQ(run(5, bs, std::nullopt, false), expected) << "SnapKV compacted a copy, not the cached block";
+  EXPECT_EQ(bed.m.pool->n_free(), free_before - bed.cache.n_layers()) << "only the cached block is held";
+  StepPlan evict;
+  evict.step = ++bed.step;
+  evict.prefix_evicted = chain;
+  bed.executor.execute(evict);
+  EXPECT_EQ(bed.m.pool->n_free(), free_before);
 }
 
 TEST(StepExecutor, RefusesPoliciesWhoseNeedsTheSequenceCannotMeet) {
