@@ -1,0 +1,24 @@
+#include "cache/prefix_reuse.h"
+
+#include <algorithm>
+#include <memory>
+
+namespace strata {
+
+PrefixReuse prefix_reuse(const CompressionConfig& config, const std::optional<PolicySpec>& request,
+                         PolicyContext context, int prompt_len) {
+  PrefixReuse reuse;
+  reuse.max_cached_tokens = std::max(0, prompt_len - 1);
+  LayerState start;
+  start.prompt_len = prompt_len;
+  for (int l = 0; l < context.n_layers_total; ++l) {
+    context.global_layer = l;
+    const std::unique_ptr<CompressionPolicy> policy = make_policy(request ? *request : config.for_layer(l), context);
+    if (policy->traits().shared_keys) return PrefixReuse{0, false};
+    const int from = policy->needs(start).prefill_rows_from;
+    if (from >= 0) reuse.max_cached_tokens = std::min(reuse.max_cached_tokens, from);
+  }
+  return reuse;
+}
+
+}  // namespace strata

@@ -1,0 +1,26 @@
+#pragma once
+// What prefix caching may do for one sequence under its compression policies (the leader asks before it looks
+// for cached blocks; docs/decisions.md [prefix-cache]):
+//   - a policy that sums prompt rows' attention (SnapKV's observation window, H2O's accumulated scores) needs those
+//     rows computed, so the cached part ends before the first of them;
+//   - the prompt's last token is always computed: its logits give the first token;
+//   - a policy that shares keys across layers during the prefill (PoD) changes the KV that later layers compute,
+//     so its sequences neither start from cached blocks nor publish theirs.
+#include <optional>
+
+#include "cache/compression_config.h"
+#include "cache/compression_policy.h"
+#include "cache/policy_spec.h"
+
+namespace strata {
+
+struct PrefixReuse {
+  int max_cached_tokens = 0;  // the leading prompt tokens whose KV may come from cached blocks
+  bool may_publish = true;    // its prompt blocks hold the KV a `full` prefill writes
+};
+
+// context: any layer's (its global_layer is replaced); request: the request's policy, or the configuration's.
+PrefixReuse prefix_reuse(const CompressionConfig& config, const std::optional<PolicySpec>& request,
+                         PolicyContext context, int prompt_len);
+
+}  // namespace strata
