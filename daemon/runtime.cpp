@@ -199,9 +199,7 @@ void make_kv_cache(const ServerConfig& config, RankRuntime& rt) {
 // The step executor with kv_cache's compression policy (and POD's layer blocks), and the collectives and step
 // exchange of a distributed rank.
 void make_executor(const ServerConfig& config, const RankWorld* world, RankRuntime& rt) {
-  CompressionConfig compression;
-  compression.policy = parse_policy_spec(config.kv_cache.policy);
-  compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
+  CompressionConfig compression = compression_config(config);
   if (world && world->distributed()) {
     rt.collectives = std::make_unique<CommPolicyCollectives>(world->tp(), world->pp(), rt.weights.config.n_layers);
     rt.exchange = std::make_unique<StepExchange>(*world->world());
@@ -276,11 +274,30 @@ Tokenizer stand_in_tokenizer(const ModelConfig& config) {
   return Tokenizer(std::move(data));
 }
 
-EngineOptions engine_options(const ServerConfig& config) {
+CompressionConfig compression_config(const ServerConfig& config) {
+  CompressionConfig compression;
+  compression.policy = parse_policy_spec(config.kv_cache.policy);
+  compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
+  return compression;
+}
+
+EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt) {
   EngineOptions o;
   o.limits.max_running = config.engine.max_running;
   o.limits.max_batch_tokens = config.engine.max_batch_tokens;
   o.max_waiting = config.engine.max_waiting;
+  if (config.kv_cache.prefix_caching) {
+    PrefixCacheSettings prefix;
+    // The KV of a token depends on the model, its weights' format and the pool's (a quantized pool's prefill reads
+    // quantized entries of earlier chunks), besides the tokens before it.
+    prefix.salt = std::hash<std::string>{}(config.model.path + "|" + config.model.weight_dtype + "|" +
+                                           config.kv_cache.dtype + "|" + config.engine.backend);
+    prefix.compression = compression_config(config);
+    const ModelConfig& mc = rt.weights.config;
+    prefix.policy_context = PolicyContext{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name, nullptr};
+    prefix.policy_context.collectives = &single_rank_collectives();
+    o.prefix_cache = std::move(prefix);
+  }
   return o;
 }
 

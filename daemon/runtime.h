@@ -25,6 +25,9 @@ std::unique_ptr<StepDispatcher> make_dispatcher(RankRuntime& rt, const RankWorld
 Tokenizer stand_in_tokenizer(const ModelConfig& config);
 
 // The engine's settings from the configuration.
-EngineOptions engine_options(const ServerConfig& config);
+// The server's compression policies (kv_cache.policy, kv_cache.layer_overrides).
+CompressionConfig compression_config(const ServerConfig& config);
+// The engine's settings from the configuration; rt: the leader's runtime (the model's shape, for prefix caching).
+EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt);
 
 }  // namespace strata

@@ -140,6 +140,10 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"kv_cache.pod_blocks",
        [](ServerConfig& c, const std::string& t, const std::string&) { c.kv_cache.pod_blocks = t; }},
+      {"kv_cache.prefix_caching",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.kv_cache.prefix_caching = parse_choice(t, w, {"on", "off"}) == "on";
+       }},
       {"parallel.tp",
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.parallel.tp = int(parse_int(t, w, 1, 1024)); }},
       {"parallel.pp",

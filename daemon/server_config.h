@@ -50,6 +50,7 @@ struct ServerConfig {
     std::string layer_overrides;            // "0-1=full;28-29=snapkv:budget=256"
     std::string request_policies = "all";   // policies a request may choose ("all", "none", or a list)
     std::string pod_blocks;                 // PoD's layer blocks (strata calibrate); needed by policy pod
+    bool prefix_caching = true;             // on | off: reuse the KV of prompt prefixes computed before
   } kv_cache;
 
   struct Parallel {

@@ -54,6 +54,7 @@ Engine::Engine(std::unique_ptr<StepDispatcher> own_ranks, StepDispatcher* ranks,
   const PipelineKv kv = ranks_.pipeline_kv();
   for (int s = 0; s < kv.n_stages(); ++s) stages_.push_back({kv.n_layers(s), kv.n_total(s)});
   block_size_ = kv.block_size();
+  if (options_.prefix_cache) prefix_.emplace(block_size_, *options_.prefix_cache);
   publish_metrics();
   kv_state_json_ = render_kv_state_now();
 }
@@ -216,13 +217,10 @@ void Engine::step() {
     const Sequence& s = *seqs_.at(id);
     running.push_back({id, int(s.tokens.size()), s.n_cached});
   }
-  std::deque<SchedulerSequence> waiting;
-  for (int64_t id : waiting_) {
-    const Sequence& s = *seqs_.at(id);
-    waiting.push_back({id, int(s.tokens.size()), s.n_cached});
-  }
-  const Schedule schedule = schedule_step(running, waiting, to_release_, ranks_.pipeline_kv(), options_.limits);
+  const std::deque<SchedulerSequence> waiting = waiting_for_schedule();
+  const Schedule schedule = schedule_step(running, waiting, to_release_, kv_for_schedule(), options_.limits);
   StepPlan plan = plan_step(schedule);
+  if (prefix_) evict_for(plan, schedule);
   uint64_t kv_state_asked = 0;
   {
     std::lock_guard lock(mutex_);
@@ -250,6 +248,7 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
   for (int64_t id : schedule.preempted) {
     Sequence& s = *seqs_.at(id);
     s.n_cached = 0;
+    if (prefix_) prefix_->release(id);
     std::erase(running_, id);
     waiting_.push_front(id);
     plan.preempted.push_back(id);
@@ -265,6 +264,12 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
       plan.added.push_back(PlannedSequence{id, r.sampling, s.seed, r.kv_policy, s.n_prompt});
       s.known_to_ranks = true;
     }
+    if (prefix_) prefix_->start(plan, id, s.prefill_len);
+    if (s.n_generated == 0) {
+      Usage& usage = s.req->usage;
+      usage.cached_prompt_tokens = std::max(usage.cached_prompt_tokens, s.n_cached);
+      metrics_.add_prefix_cache_lookup(s.n_prompt, s.n_cached);
+    }
   }
   plan.finished.swap(to_release_);
   for (const ScheduledChunk& c : schedule.chunks) {
@@ -275,9 +280,44 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
     w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
     w.sample = c.start + c.n == int(s.tokens.size());
     w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
+    if (prefix_ && w.prefill_len > 0) prefix_->publish(plan, c.id, s.tokens, c.start + c.n, s.prefill_len);
     plan.work.push_back(std::move(w));
   }
   return plan;
+}
+
+std::deque<SchedulerSequence> Engine::waiting_for_schedule() {
+  std::deque<SchedulerSequence> waiting;
+  for (int64_t id : waiting_) {
+    Sequence& s = *seqs_.at(id);
+    if (prefix_) s.n_cached = prefix_->pin(id, s.tokens, int(s.tokens.size()), s.req->request.kv_policy);
+    waiting.push_back({id, int(s.tokens.size()), s.n_cached});
+  }
+  return waiting;
+}
+
+PipelineKv Engine::kv_for_schedule() const {
+  PipelineKv kv = ranks_.pipeline_kv();
+  if (prefix_) {
+    for (int s = 0; s < kv.n_stages(); ++s) kv.add_free(s, prefix_->n_evictable() * kv.n_layers(s));
+  }
+  return kv;
+}
+
+// Each cached block that goes frees one block per layer of every stage; the step needs, on each stage, the blocks
+// its chunks append beyond what is free once the finished and preempted sequences have given theirs back.
+void Engine::evict_for(StepPlan& plan, const Schedule& schedule) {
+  const PipelineKv kv = ranks_.pipeline_kv();
+  int64_t n_evict = 0;
+  for (int stage = 0; stage < kv.n_stages(); ++stage) {
+    int64_t need = -kv.n_free(stage);
+    for (const ScheduledChunk& c : schedule.chunks) need += kv.blocks_to_append(stage, c.id, c.n);
+    for (int64_t id : plan.finished) need -= kv.blocks_held(stage, id);
+    for (int64_t id : plan.preempted) need -= kv.blocks_held(stage, id);
+    const int64_t per_block = kv.n_layers(stage);
+    if (need > 0) n_evict = std::max(n_evict, (need + per_block - 1) / per_block);
+  }
+  if (n_evict > 0) prefix_->evict(plan, n_evict);
 }
 
 // The sequences waiting for admission, for submit()'s bound.
@@ -371,6 +411,7 @@ void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {
   std::erase(running_, id);
   std::erase(waiting_, id);
   if (seq.known_to_ranks) to_release_.push_back(id);
+  if (prefix_) prefix_->release(id);
   seqs_.erase(id);  // `seq` is gone from here on
 
   if (--req->n_unfinished == 0) {
@@ -417,6 +458,7 @@ void Engine::fail_all(const std::string& message, bool release) {
 // Every rank's report of the last step: per-layer gauges for each (layer, pp_stage, tp_rank); the pool totals from
 // the first tensor rank of each stage (its TP peers hold the same block counts).
 void Engine::publish_metrics() {
+  if (prefix_) metrics_.set_prefix_cache_blocks(prefix_->n_cached());
   const RankGrid& grid = ranks_.grid();
   const std::vector<RankReport>& reports = ranks_.reports();
   for (const RankReport& r : reports) {
@@ -444,7 +486,7 @@ std::string Engine::render_kv_state_now() const {
     const GenerationRequest& r = seq->req->request;
     sequences.push_back({id, r.id, seq->choice, r.kv_policy ? to_string(*r.kv_policy) : "", seq->n_prompt, seq->n_generated, seq->n_cached});
   }
-  return render_kv_state(ranks_.grid(), ranks_.reports(), sequences);
+  return render_kv_state(ranks_.grid(), ranks_.reports(), sequences, prefix_ ? prefix_->n_cached() : 0);
 }
 
 void Engine::serve_kv_state(const StepPlan& plan, uint64_t asked) {

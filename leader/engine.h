@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "leader/generation.h"
 #include "leader/kv_state_view.h"
 #include "leader/metrics.h"
+#include "leader/prefix_cache.h"
 #include "leader/scheduler.h"
 #include "leader/step_dispatcher.h"
 #include "model/model_config.h"
@@ -34,6 +36,7 @@ struct EngineOptions {
   // Called on the engine thread, after the requests in flight have been failed, when a rank of the world failed
   // or stopped answering (parallel/comm.h RankFailure): the world cannot go on and should be ended.
   std::function<void(const std::string& message)> on_rank_failure;
+  std::optional<PrefixCacheSettings> prefix_cache;  // kv_cache.prefix_caching; none: off
 };
 
 class Engine final : public GenerationService {
@@ -82,6 +85,12 @@ class Engine final : public GenerationService {
   void count_queued();
   void count_compression();
   void account_chunks(const Schedule& schedule);
+  // Prefix caching: the waiting sequences as the scheduler sees them, with the cached blocks each starts from
+  // pinned; the pool as the scheduler sees it, cached blocks that nobody uses counted as free; and the evictions
+  // that make the step's blocks really free before it runs.
+  std::deque<SchedulerSequence> waiting_for_schedule();
+  PipelineKv kv_for_schedule() const;
+  void evict_for(StepPlan& plan, const Schedule& schedule);
   void on_token(Sequence& seq, const SampledToken& sampled);
   void finish(Sequence& seq, const std::string& reason, bool notify);
   // release: have the ranks free the failed sequences' KV (not when the world is broken).
@@ -129,6 +138,7 @@ class Engine final : public GenerationService {
   std::vector<int64_t> running_;   // admission order
   std::deque<int64_t> waiting_;    // arrival order (preempted sequences go back to the front)
   std::vector<int64_t> to_release_;  // finished since the last plan: the ranks free them in the next one
+  std::optional<PrefixCache> prefix_;  // prefix caching, when on
 };
 
 }  // namespace strata

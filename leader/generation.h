@@ -38,6 +38,7 @@ struct ChoiceFinished {
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_prompt_tokens = 0;  // of the prompt tokens, those whose KV came from the prefix cache
 };
 
 // All choices ended; nothing more will come.

@@ -41,10 +41,10 @@ void add_layers(json& out, const RankReport& stage, int64_t seq) {
 }  // namespace
 
 std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>& reports,
-                            const std::vector<KvStateSequence>& sequences) {
+                            const std::vector<KvStateSequence>& sequences, int64_t prefix_cached_blocks) {
   std::vector<const RankReport*> stages;
   for (int st = 0; st < grid.pp; ++st) stages.push_back(&reports.at(size_t(grid.rank_of(st, 0))));
-  int64_t held = 0, blocks_free = 0, blocks_total = 0;
+  int64_t held = 0, blocks_free = 0, blocks_total = 0, blocks_cached = 0;
   json layers = json::array();
   for (const RankReport* r : stages) {
     for (size_t i = 0; i < r->layers.size(); ++i) {
@@ -57,6 +57,7 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
     }
     blocks_free += r->blocks_free;
     blocks_total += r->blocks_total;
+    blocks_cached += prefix_cached_blocks * int64_t(r->layers.size());
   }
   json ranks = json::array();
   for (const RankReport& r : reports) {
@@ -80,7 +81,8 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
                       {"tp", grid.tp},                {"pp", grid.pp},
                       {"block_size", stages[0]->block_size},
                       {"blocks_total", blocks_total}, {"blocks_free", blocks_free},
-                      {"blocks_held", held},          {"block_bytes", stages[0]->block_bytes},
+                      {"blocks_held", held},          {"blocks_cached", blocks_cached},
+                      {"block_bytes", stages[0]->block_bytes},
                       {"layers", layers},             {"ranks", ranks},
                       {"sequences", seqs}};
   return state.dump();

@@ -23,8 +23,9 @@ struct KvStateSequence {
   int cached_tokens = 0;
 };
 
-// reports: every rank's, by world rank. Sequences the reports do not describe get no layers.
+// reports: every rank's, by world rank. Sequences the reports do not describe get no layers. prefix_cached_blocks:
+// the prompt blocks the prefix cache keeps (each one block in every layer), shown as "blocks_cached".
 std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>& reports,
-                            const std::vector<KvStateSequence>& sequences);
+                            const std::vector<KvStateSequence>& sequences, int64_t prefix_cached_blocks);
 
 }  // namespace strata

@@ -87,6 +87,12 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
       prompt_tokens_(counter(*registry_, "strata_prompt_tokens_total", "Prompt tokens processed.")),
       generation_tokens_(counter(*registry_, "strata_generation_tokens_total", "Tokens generated.")),
       preemptions_(counter(*registry_, "strata_preemptions_total", "Requests preempted to free KV-cache blocks.")),
+      prefix_cache_queries_(counter(*registry_, "strata_prefix_cache_queries_total",
+                                    "Prompt tokens looked up in the prefix cache.")),
+      prefix_cache_hits_(counter(*registry_, "strata_prefix_cache_hits_total",
+                                 "Prompt tokens whose KV came from the prefix cache.")),
+      prefix_cache_blocks_(gauge(*registry_, "strata_prefix_cache_blocks",
+                                 "Cached prompt blocks (each one KV block in every layer of every stage).")),
       requests_(counter_family(*registry_, "strata_requests_total", "Requests finished, by finish reason.")),
       request_errors_(counter_family(*registry_, "strata_request_errors_total", "Requests failed, by HTTP status.")),
       time_to_first_token_(histogram(*registry_, "strata_time_to_first_token_seconds",
@@ -183,6 +189,13 @@ void ServerMetrics::add_prompt_tokens(int64_t n) { prompt_tokens_.Increment(stat
 void ServerMetrics::add_generation_tokens(int64_t n) { generation_tokens_.Increment(static_cast<double>(n)); }
 
 void ServerMetrics::add_preemption() { preemptions_.Increment(); }
+
+void ServerMetrics::add_prefix_cache_lookup(int64_t n_prompt, int64_t n_cached) {
+  prefix_cache_queries_.Increment(static_cast<double>(n_prompt));
+  prefix_cache_hits_.Increment(static_cast<double>(n_cached));
+}
+
+void ServerMetrics::set_prefix_cache_blocks(int64_t n_blocks) { prefix_cache_blocks_.Set(static_cast<double>(n_blocks)); }
 
 void ServerMetrics::add_finished_request(const std::string& finish_reason) {
   requests_.Add({{"finish_reason", finish_reason}}).Increment();

@@ -45,6 +45,10 @@ class ServerMetrics {
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
   void add_preemption();
+  // Prefix caching: a sequence admitted with n_prompt tokens of which n_cached came from cached blocks; the
+  // blocks cached now (each one KV block in every layer of every stage).
+  void add_prefix_cache_lookup(int64_t n_prompt, int64_t n_cached);
+  void set_prefix_cache_blocks(int64_t n_blocks);
   // finish_reason: "stop", "length" or "abort" (the client went away); all three exist from the start at 0.
   void add_finished_request(const std::string& finish_reason);
   void add_request_error(int http_status);
@@ -95,6 +99,9 @@ class ServerMetrics {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generation_tokens_;
   prometheus::Counter& preemptions_;
+  prometheus::Counter& prefix_cache_queries_;
+  prometheus::Counter& prefix_cache_hits_;
+  prometheus::Gauge& prefix_cache_blocks_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& request_errors_;
 

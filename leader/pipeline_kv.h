@@ -23,6 +23,8 @@ class PipelineKv {
   int n_layers(int stage) const { return int(stages_.at(size_t(stage)).layers.size()); }
   int64_t n_free(int stage) const { return stages_.at(size_t(stage)).blocks_free; }
   int64_t n_total(int stage) const { return stages_.at(size_t(stage)).blocks_total; }
+  // Counts n more blocks free on `stage` (cached blocks that could be evicted, for the scheduler).
+  void add_free(int stage, int64_t n) { stages_.at(size_t(stage)).blocks_free += n; }
   // New blocks that appending n_new entries to every layer of seq would take on `stage` (seq may be unknown: new),
   // as KvCache::blocks_to_append counts them.
   int64_t blocks_to_append(int stage, SeqId seq, int n_new) const;

@@ -416,7 +416,8 @@ json chat_logprobs_json(const std::vector<LogprobEntry>& entries) {
 json usage_json(const Usage& usage) {
   return {{"prompt_tokens", usage.prompt_tokens},
           {"completion_tokens", usage.completion_tokens},
-          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_prompt_tokens}}}};
 }
 
 json finish_reason_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }

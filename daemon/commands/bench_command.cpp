@@ -499,7 +499,7 @@ int bench_command(int argc, char** argv) {
     const bool kv_estimable =
         parse_policy_spec(effective_policy).name == "full" && rt->pool->layout().quant == KvQuant::none;
     for (int batch : o.batches) {
-      add_result(run_through_engine(setup, tokenizer, engine_options(config), kv_estimable, batch));
+      add_result(run_through_engine(setup, tokenizer, engine_options(config, *rt), kv_estimable, batch));
     }
     return 0;
   } catch (const std::exception& e) {

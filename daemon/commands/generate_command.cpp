@@ -138,7 +138,7 @@ int generate_command(int argc, char** argv) {
 
     std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
     ServerMetrics metrics(rt->weights.config.max_context);
-    Engine engine(*ranks, tokenizer, rt->weights.config, metrics, engine_options(config));
+    Engine engine(*ranks, tokenizer, rt->weights.config, metrics, engine_options(config, *rt));
     auto sink = std::make_shared<PrintingSink>(cl.has("json"), &engine);
     request.sink = sink;
     engine.submit(std::move(request));

@@ -131,7 +131,7 @@ int serve_command(int argc, char** argv) {
     if (!rt->tokenizer) throw ConfigError(config.file + ": model.path: a served model needs a tokenizer");
     std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
     ServerMetrics metrics(rt->weights.config.max_context);
-    EngineOptions engine_settings = engine_options(config);
+    EngineOptions engine_settings = engine_options(config, *rt);
     std::mutex failure_mutex;
     std::string rank_failure;
     engine_settings.on_rank_failure = [&](const std::string& message) {

@@ -317,7 +317,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",      "engine.backend",       "engine.device",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
-      "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "parallel.tp", "parallel.pp",
+      "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "kv_cache.prefix_caching", "parallel.tp", "parallel.pp",
       "parallel.timeout_s", "parallel.micro_batches",
   };
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
@@ -333,6 +333,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "kv_cache.dtype"        ? "int4"
                               : k == "engine.backend"        ? "cpu"
                               : k == "model.weight_dtype"    ? "q8_0"
+                              : k == "kv_cache.prefix_caching" ? "off"
                                                              : "16";
     EXPECT_NO_THROW(apply_config_override(c, k + "=" + value)) << k;
   }

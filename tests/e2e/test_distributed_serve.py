@@ -3,6 +3,8 @@
 - a TP=3 x PP=2 world answers greedy completions with the reference tokens (transformers' greedy continuation,
   tests/fixtures/reference), serves concurrent streams, and exports the per-layer KV gauges of all six ranks on the
   leader's /metrics with their pp_stage and tp_rank labels;
+- prefix caching in that world: a document's second question starts from the blocks its first one published on
+  every rank, and is answered with the tokens one process without the cache generates;
 - a rank that dies (SIGKILL) or stops answering (SIGSTOP) mid-request: the client gets an error, and every process
   of the world is gone within FAILURE_BOUND_S, with a message naming the rank.
 """
@@ -17,7 +19,7 @@ import openai
 import pytest
 import requests
 
-from distributed_world import CONFIG, COMMON_SETTINGS, command, world_env
+from distributed_world import CONFIG, COMMON_SETTINGS, command, generate, world_env
 from support import (check_greedy_against_reference, completion_logprob_ids, free_port, load_reference, metric,
                      metrics, wait_until_ready)
 from support import ROOT
@@ -105,6 +107,27 @@ def test_greedy_completion_matches_the_reference(world):
     ids = completion_logprob_ids(response.choices[0])
     assert len(ids) == 16
     check_greedy_against_reference(ids, reference, "TP=3 x PP=2 completions code_digits")
+
+
+def test_a_cached_prefix_in_a_world_answers_what_one_process_answers_without_it(world):
+    text = (ROOT / "tests" / "fixtures" / "texts" / "how_clocks_keep_time.txt").read_text(encoding="utf-8")
+    document = f"[world {time.time_ns()}]\n" + text[:900]
+    client = openai.OpenAI(base_url=f"{world.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    first = client.completions.create(model=model, prompt=document + "\nQuestion: what is a clock?\nAnswer:",
+                                      max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    question = document + "\nQuestion: why does a pendulum keep time?\nAnswer:"
+    second = client.completions.create(model=model, prompt=question, max_tokens=12, logprobs=1, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= 160, second.usage
+    got = completion_logprob_ids(second.choices[0])
+    alone = generate(1, 1, ["--prompt", question, "--max-tokens", "12"], ["kv_cache.prefix_caching=off"])
+    for step, (g, w) in enumerate(zip(got, alone)):
+        if g != w["token"]:
+            margin = w["top"][0][1] - w["top"][1][1]
+            assert margin < 1e-3, f"step {step}: token {g}, one process {w['token']} (margin {margin:.3g})"
+            break
+    assert got, "no tokens"
 
 
 def test_concurrent_streams_each_get_what_they_get_alone(world):

@@ -371,7 +371,10 @@ TEST_F(HttpServerTest, NonStreamingCompletion) {
   EXPECT_EQ(body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
   EXPECT_EQ(body["choices"][0]["text"], "Hello world");
   EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
-  EXPECT_EQ(body["usage"], json({{"prompt_tokens", 2}, {"completion_tokens", 2}, {"total_tokens", 4}}));
+  EXPECT_EQ(body["usage"], json({{"prompt_tokens", 2},
+                                 {"completion_tokens", 2},
+                                 {"total_tokens", 4},
+                                 {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
 
   auto requests = service_.requests();
   ASSERT_EQ(requests.size(), 1u);

@@ -488,7 +488,8 @@ TEST(CompletionCollector, BuildsATextCompletionWithLogprobs) {
                               "top_logprobs": [{"Hi": -0.5, "Yo": -1.25}, {" there": -0.25}],
                               "text_offset": [0, 2]},
                  "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})");
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+              "prompt_tokens_details": {"cached_tokens": 0}}})");
   EXPECT_EQ(json::parse(collector.body()), expected);
 }
 
@@ -499,7 +500,7 @@ TEST(CompletionCollector, BuildsAChatCompletionWithLogprobsAndRawBytes) {
   collector.add(ChoiceDelta{0, "A", {6}, {entry("A", 6, -std::numeric_limits<float>::infinity(), {})}});
   collector.add(ChoiceFinished{0, "stop"});
   collector.add(ChoiceFinished{1, "stop"});
-  collector.add(RequestFinished{Usage{3, 2}});
+  collector.add(RequestFinished{Usage{3, 2, 2}});
   json expected = json::parse(R"({
     "id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": "smol",
     "choices": [
@@ -511,7 +512,8 @@ TEST(CompletionCollector, BuildsAChatCompletionWithLogprobsAndRawBytes) {
                                  "top_logprobs": [{"token": "B", "logprob": -0.1, "bytes": [66]},
                                                   {"token": "\ufffd", "logprob": -3.0, "bytes": [226, 130]}]}]},
        "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})");
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+              "prompt_tokens_details": {"cached_tokens": 2}}})");
   EXPECT_EQ(json::parse(collector.body()), expected);
 }
 
@@ -563,7 +565,8 @@ TEST(StreamEncoder, TextCompletionChunks) {
     "choices": [{"index": 0, "text": "", "logprobs": null, "finish_reason": "stop"}], "usage": null})"));
   EXPECT_EQ(json::parse(events[3]), json::parse(R"({
     "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "smol", "choices": [],
-    "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}})"));
+    "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
+              "prompt_tokens_details": {"cached_tokens": 0}}})"));
   EXPECT_EQ(events[4], "[DONE]");
   EXPECT_TRUE(out.ends_with("data: [DONE]\n\n"));
 }

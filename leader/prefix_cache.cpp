@@ -1,0 +1,69 @@
+#include "leader/prefix_cache.h"
+
+#include <algorithm>
+
+namespace strata {
+
+PrefixCache::PrefixCache(int block_size, PrefixCacheSettings settings)
+    : block_size_(block_size), settings_(std::move(settings)), index_(block_size, settings_.salt) {}
+
+int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len,
+                     const std::optional<PolicySpec>& policy) {
+  SequenceUse& use = uses_[seq];
+  if (use.prefill_len != prefill_len) {
+    use.chain = index_.chain(tokens.first(size_t(prefill_len)));
+    use.reuse = prefix_reuse(settings_.compression, policy, settings_.policy_context, prefill_len);
+    use.prefill_len = prefill_len;
+  }
+  const int allowed = use.reuse.max_cached_tokens / block_size_;
+  const int hit = std::min(index_.cached_blocks(use.chain, tokens), allowed);
+  // Blocks published since the last call extend the pin; those pinned stay (the index keeps what is in use).
+  if (hit > use.n_started) {
+    const std::span<const uint64_t> more = std::span(use.chain).subspan(size_t(use.n_started), size_t(hit - use.n_started));
+    index_.acquire(more);
+    use.used.insert(use.used.end(), more.begin(), more.end());
+    use.n_started = hit;
+  }
+  return use.n_started * block_size_;
+}
+
+void PrefixCache::start(StepPlan& plan, SeqId seq, int prefill_len) {
+  auto it = uses_.find(seq);
+  if (it == uses_.end() || it->second.n_started == 0) return;
+  const SequenceUse& use = it->second;
+  plan.prefix_started.push_back(
+      PrefixStart{seq, {use.chain.begin(), use.chain.begin() + use.n_started}, int32_t(prefill_len)});
+}
+
+void PrefixCache::publish(StepPlan& plan, SeqId seq, std::span<const int32_t> tokens, int chunk_end,
+                          int prefill_len) {
+  auto it = uses_.find(seq);
+  if (it == uses_.end()) return;
+  SequenceUse& use = it->second;
+  if (!use.reuse.may_publish) return;
+  const int complete = std::min(chunk_end, prefill_len) / block_size_;
+  // A block that another sequence published first is not this sequence's: its later blocks were computed over
+  // its own copy, so they are not published either (a cached chain is always one computation).
+  for (int i = int(use.used.size()); use.publishing && i < complete; ++i) {
+    if (!index_.publish(use.chain, i, tokens)) {
+      use.publishing = false;
+      break;
+    }
+    plan.prefix_published.push_back(PrefixPublish{seq, int32_t(i), use.chain[size_t(i)]});
+    use.used.push_back(use.chain[size_t(i)]);
+  }
+}
+
+void PrefixCache::release(SeqId seq) {
+  auto it = uses_.find(seq);
+  if (it == uses_.end()) return;
+  index_.release(it->second.used);
+  uses_.erase(it);
+}
+
+void PrefixCache::evict(StepPlan& plan, int64_t n) {
+  const std::vector<uint64_t> gone = index_.evict(n);
+  plan.prefix_evicted.insert(plan.prefix_evicted.end(), gone.begin(), gone.end());
+}
+
+}  // namespace strata

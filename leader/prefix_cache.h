@@ -1,0 +1,66 @@
+#pragma once
+// Automatic prefix caching, the leader's side: which cached blocks each sequence starts from, which of its prompt
+// blocks it publishes, and which unused blocks go when the pool needs their memory, written into the step plan for
+// every rank to carry out (parallel/step_plan.h). The index of blocks is leader/prefix_index.h; what a sequence's
+// policies allow is cache/prefix_reuse.h.
+//
+// A sequence holds a use on every cached block it started from or published, from the step it is pinned
+// (waiting for admission) until it finishes or is preempted; blocks nobody uses stay cached until evicted.
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/compression_config.h"
+#include "cache/compression_policy.h"
+#include "cache/kv_cache.h"
+#include "cache/prefix_reuse.h"
+#include "leader/prefix_index.h"
+#include "parallel/step_plan.h"
+
+namespace strata {
+
+struct PrefixCacheSettings {
+  uint64_t salt = 0;              // whatever besides the tokens changes the KV: the model, the weights' and KV's types
+  CompressionConfig compression;  // the server's policies, for sequences whose request names none
+  PolicyContext policy_context;   // the model's shape and name, to ask the policies what they need
+};
+
+class PrefixCache {
+ public:
+  PrefixCache(int block_size, PrefixCacheSettings settings);
+
+  // A sequence waiting for admission with none of its KV on the ranks: the leading cached blocks of its tokens (as
+  // far as its policies allow) are pinned for it. Returns the tokens they hold, where its prefill will start.
+  int pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len, const std::optional<PolicySpec>& policy);
+  // The sequence was admitted: the ranks start its KV from its pinned blocks.
+  void start(StepPlan& plan, SeqId seq, int prefill_len);
+  // A prefill chunk of the sequence ends at `chunk_end`: the prompt blocks it completes are published.
+  void publish(StepPlan& plan, SeqId seq, std::span<const int32_t> tokens, int chunk_end, int prefill_len);
+  // The sequence finished or was preempted: its uses end.
+  void release(SeqId seq);
+
+  // Cached blocks no sequence uses (per layer of every stage): what evicting could give back.
+  int64_t n_evictable() const { return index_.n_unused(); }
+  // Evicts up to n unused blocks, least recently used first.
+  void evict(StepPlan& plan, int64_t n);
+  int64_t n_cached() const { return index_.size(); }
+
+ private:
+  struct SequenceUse {
+    std::vector<uint64_t> chain;   // hashes of the full blocks of its tokens
+    std::vector<uint64_t> used;    // the blocks it started from, then those it published
+    int n_started = 0;             // blocks it starts from
+    int prefill_len = 0;
+    PrefixReuse reuse;
+    bool publishing = true;        // false once a block of its was found already published by another sequence
+  };
+
+  int block_size_;
+  PrefixCacheSettings settings_;
+  PrefixIndex index_;
+  std::unordered_map<SeqId, SequenceUse> uses_;
+};
+
+}  // namespace strata

@@ -1,0 +1,121 @@
+// Prefix caching through the engine on the real SmolLM2 (leader/prefix_cache.h): requests that share a document
+// and ask different questions generate, with the cache on, exactly what they generate with it off, for `full` and
+// for SnapKV, on f32 and int4 pools; the later requests report their cached prompt tokens; when they are done every
+// block is in the pool or the cache; and a pool too small to keep the cache evicts it instead of refusing anyone.
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "daemon/runtime.h"
+#include "leader/engine.h"
+#include "leader/metrics.h"
+#include "tests/leader/recording_sink.h"
+#include "tests/test_paths.h"
+
+namespace strata {
+namespace {
+
+using test::RecordingSink;
+
+ServerConfig config_with(const std::string& dtype, const std::string& policy, int64_t memory_mib) {
+  ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
+  config.model.path = test::smollm2_gguf_path();
+  config.kv_cache.dtype = dtype;
+  config.kv_cache.block_size = 32;
+  config.kv_cache.memory_mib = memory_mib;
+  config.kv_cache.policy = policy;
+  return config;
+}
+
+std::string document() {
+  std::ifstream in(test::source_path("tests/fixtures/texts/how_clocks_keep_time.txt"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str().substr(0, 1200);
+}
+
+struct Outcome {
+  std::vector<std::vector<int32_t>> tokens;  // per request
+  std::vector<int> cached;                   // usage.prompt_tokens_details.cached_tokens per request
+  std::string metrics;
+};
+
+// The questions one after the other (each after the previous has finished), greedy, 12 tokens each.
+Outcome ask(const ServerConfig& config, bool prefix_caching) {
+  const std::unique_ptr<RankRuntime> rt = make_runtime(config);
+  ServerMetrics metrics(8192);
+  EngineOptions options = engine_options(config, *rt);
+  if (!prefix_caching) options.prefix_cache.reset();
+  Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
+  Outcome out;
+  for (const char* question : {" Question: what keeps a clock's time?", " Question: who built the first clock?",
+                               " Question: why do pendulums swing?"}) {
+    auto sink = std::make_shared<RecordingSink>();
+    GenerationRequest r;
+    r.id = "prefix";
+    r.prompt_ids = rt->tokenizer->encode(document() + question, false);
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = 12;
+    r.sink = sink;
+    engine.submit(std::move(r));
+    engine.run_until_idle();
+    EXPECT_TRUE(sink->finished) << sink->error;
+    out.tokens.push_back(sink->tokens[0]);
+    out.cached.push_back(sink->usage.cached_prompt_tokens);
+  }
+  const int64_t cached_slots = rt->cache->n_cached_blocks() * rt->cache->n_layers();
+  EXPECT_EQ(rt->pool->n_free() + cached_slots, rt->pool->n_total()) << "every block in the pool or the cache";
+  out.metrics = metrics.render();
+  return out;
+}
+
+void expect_same_with_and_without(const std::string& dtype, const std::string& policy) {
+  SCOPED_TRACE(dtype + ", " + policy);
+  const ServerConfig config = config_with(dtype, policy, 64);
+  const Outcome off = ask(config, false);
+  const Outcome on = ask(config, true);
+  EXPECT_EQ(on.tokens, off.tokens);
+  EXPECT_EQ(on.cached[0], 0);
+  EXPECT_GT(on.cached[1], 0) << "the second question finds the document cached";
+  EXPECT_EQ(on.cached[2], on.cached[1]);
+  EXPECT_EQ(off.cached, (std::vector<int>{0, 0, 0}));
+  EXPECT_NE(on.metrics.find("strata_prefix_cache_hits_total " + std::to_string(on.cached[1] + on.cached[2])),
+            std::string::npos)
+      << on.metrics;
+}
+
+TEST(PrefixCacheEngine, FullOnF32) { expect_same_with_and_without("f32", "full"); }
+TEST(PrefixCacheEngine, SnapKvOnF32) { expect_same_with_and_without("f32", "snapkv:budget=64,window=8"); }
+TEST(PrefixCacheEngine, FullOnInt4) { expect_same_with_and_without("int4", "full"); }
+
+// A pool that holds one request at a time (16 MiB: some 360 tokens of SmolLM2's KV, 46 KB a token): each new
+// document needs the blocks that cache the one before, which are evicted for it, and every request is served.
+TEST(PrefixCacheEngine, ACachedPrefixGivesWayWhenThePoolIsShort) {
+  const ServerConfig config = config_with("f32", "full", 16);
+  const std::unique_ptr<RankRuntime> rt = make_runtime(config);
+  ServerMetrics metrics(8192);
+  Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, engine_options(config, *rt));
+  for (int i = 0; i < 3; ++i) {
+    auto sink = std::make_shared<RecordingSink>();
+    GenerationRequest r;
+    r.id = "short";
+    r.prompt_ids = rt->tokenizer->encode(document().substr(size_t(i) * 100), false);
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = 8;
+    r.sink = sink;
+    engine.submit(std::move(r));
+    engine.run_until_idle();
+    EXPECT_TRUE(sink->finished) << "request " << i << ": " << sink->error;
+    EXPECT_EQ(sink->usage.cached_prompt_tokens, 0);
+  }
+  const int64_t cached_slots = rt->cache->n_cached_blocks() * rt->cache->n_layers();
+  EXPECT_EQ(rt->pool->n_free() + cached_slots, rt->pool->n_total());
+  EXPECT_LT(cached_slots, rt->pool->n_total()) << "the earlier documents were evicted";
+}
+
+}  // namespace
+}  // namespace strata
