@@ -1,7 +1,9 @@
 // Prefix caching through the engine on the real SmolLM2 (leader/prefix_cache.h): requests that share a document
-// and ask different questions generate, with the cache on, exactly what they generate with it off, for `full` and
-// for SnapKV, on f32 and int4 pools; the later requests report their cached prompt tokens; when they are done every
-// block is in the pool or the cache; and a pool too small to keep the cache evicts it instead of refusing anyone.
+// and ask different questions generate, with the cache on, exactly what they generate with it off, with `full`,
+// SnapKV, PyramidKV, SimLayerKV, rolling StreamingLLM and SpindleKV, on f32, int8 and int4 pools; the later requests
+// report their cached prompt tokens; H2O and D2O (which read every prompt row) and PoD take no hits and keep their
+// outputs; when the requests are done every block is in the pool or the cache; and a pool too small to keep the
+// cache evicts it instead of failing anyone.
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -91,6 +93,32 @@ void expect_same_with_and_without(const std::string& dtype, const std::string& p
 TEST(PrefixCacheEngine, FullOnF32) { expect_same_with_and_without("f32", "full"); }
 TEST(PrefixCacheEngine, SnapKvOnF32) { expect_same_with_and_without("f32", "snapkv:budget=64,window=8"); }
 TEST(PrefixCacheEngine, FullOnInt4) { expect_same_with_and_without("int4", "full"); }
+TEST(PrefixCacheEngine, SnapKvOnInt8) { expect_same_with_and_without("int8", "snapkv:budget=64,window=8"); }
+TEST(PrefixCacheEngine, PyramidKv) { expect_same_with_and_without("f32", "pyramidkv:budget=64,window=8"); }
+TEST(PrefixCacheEngine, SimLayerKv) { expect_same_with_and_without("f32", "simlayerkv:window=40,n_init=4,threshold=0"); }
+TEST(PrefixCacheEngine, RollingStreaming) { expect_same_with_and_without("f32", "streaming:budget=64,mode=rolling"); }
+TEST(PrefixCacheEngine, SpindleKv) { expect_same_with_and_without("f32", "spindlekv:ratio=0.3,window=8"); }
+
+// Policies that read every prompt row (H2O, D2O) take no hit, but publish; PoD neither takes nor publishes. Their
+// outputs stay what they are without the cache.
+void expect_no_hits(const std::string& policy, const std::string& pod_blocks = "") {
+  SCOPED_TRACE(policy);
+  ServerConfig config = config_with("f32", policy, 64);
+  config.kv_cache.pod_blocks = pod_blocks;
+  const Outcome off = ask(config, false);
+  const Outcome on = ask(config, true);
+  EXPECT_EQ(on.tokens, off.tokens);
+  EXPECT_EQ(on.cached, (std::vector<int>{0, 0, 0}));
+}
+
+TEST(PrefixCacheEngine, H2oAndD2oTakeNoHits) {
+  expect_no_hits("h2o:budget=64");
+  expect_no_hits("d2o");
+}
+
+TEST(PrefixCacheEngine, PodBypassesTheCache) {
+  expect_no_hits("pod", test::source_path("configs/smollm2-pod-blocks.txt"));
+}
 
 // A pool that holds one request at a time (16 MiB: some 360 tokens of SmolLM2's KV, 46 KB a token): each new
 // document needs the blocks that cache the one before, which are evicted for it, and every request is served.
