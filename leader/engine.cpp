@@ -484,7 +484,14 @@ std::string Engine::render_kv_state_now() const {
   std::vector<KvStateSequence> sequences;
   for (const auto& [id, seq] : seqs_) {
     const GenerationRequest& r = seq->req->request;
-    sequences.push_back({id, r.id, seq->choice, r.kv_policy ? to_string(*r.kv_policy) : "", seq->n_prompt, seq->n_generated, seq->n_cached});
+    KvStateSequence s{id, r.id, seq->choice, r.kv_policy ? to_string(*r.kv_policy) : "", seq->n_prompt,
+                      seq->n_generated, seq->n_cached};
+    if (prefix_) {
+      const PrefixCache::SequenceBlocks blocks = prefix_->blocks_of(id);
+      s.prefix_blocks_shared = blocks.started_from;
+      s.prefix_blocks_published = blocks.published;
+    }
+    sequences.push_back(std::move(s));
   }
   return render_kv_state(ranks_.grid(), ranks_.reports(), sequences, prefix_ ? prefix_->n_cached() : 0);
 }

@@ -75,6 +75,8 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
                     {"prompt_tokens", s.prompt_tokens},
                     {"generated_tokens", s.generated_tokens},
                     {"cached_tokens", s.cached_tokens},
+                    {"prefix_blocks_shared", s.prefix_blocks_shared},
+                    {"prefix_blocks_published", s.prefix_blocks_published},
                     {"layers", per_layer}});
   }
   const json state = {{"pp_stage", grid.stage()},     {"tp_rank", grid.tp_rank()},

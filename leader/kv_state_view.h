@@ -21,6 +21,8 @@ struct KvStateSequence {
   int prompt_tokens = 0;
   int generated_tokens = 0;
   int cached_tokens = 0;
+  int prefix_blocks_shared = 0;     // cached blocks its KV started from (shared with the cache and other sequences)
+  int prefix_blocks_published = 0;  // its own prompt blocks it published to the cache since
 };
 
 // reports: every rank's, by world rank. Sequences the reports do not describe get no layers. prefix_cached_blocks:

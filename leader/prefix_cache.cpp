@@ -61,6 +61,12 @@ void PrefixCache::release(SeqId seq) {
   uses_.erase(it);
 }
 
+PrefixCache::SequenceBlocks PrefixCache::blocks_of(SeqId seq) const {
+  auto it = uses_.find(seq);
+  if (it == uses_.end()) return {};
+  return {it->second.n_started, int(it->second.used.size()) - it->second.n_started};
+}
+
 void PrefixCache::evict(StepPlan& plan, int64_t n) {
   const std::vector<uint64_t> gone = index_.evict(n);
   plan.prefix_evicted.insert(plan.prefix_evicted.end(), gone.begin(), gone.end());

@@ -46,6 +46,12 @@ class PrefixCache {
   // Evicts up to n unused blocks, least recently used first.
   void evict(StepPlan& plan, int64_t n);
   int64_t n_cached() const { return index_.size(); }
+  // For /v1/kv_state: the cached blocks a sequence started from, and how many it published after them.
+  struct SequenceBlocks {
+    int started_from = 0;
+    int published = 0;
+  };
+  SequenceBlocks blocks_of(SeqId seq) const;
 
  private:
   struct SequenceUse {
