@@ -2,8 +2,8 @@
 // and ask different questions generate, with the cache on, exactly what they generate with it off, with `full`,
 // SnapKV, PyramidKV, SimLayerKV, rolling StreamingLLM and SpindleKV, on f32, int8 and int4 pools; the later requests
 // report their cached prompt tokens; H2O and D2O (which read every prompt row) and PoD take no hits and keep their
-// outputs; when the requests are done every block is in the pool or the cache; and a pool too small to keep the
-// cache evicts it instead of failing anyone.
+// outputs; when the requests are done every block is in the pool or the cache; a pool too small to keep the cache
+// evicts it instead of failing anyone; and sequences preempted and recomputed from cached blocks generate the same.
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -143,6 +143,48 @@ TEST(PrefixCacheEngine, ACachedPrefixGivesWayWhenThePoolIsShort) {
   const int64_t cached_slots = rt->cache->n_cached_blocks() * rt->cache->n_layers();
   EXPECT_EQ(rt->pool->n_free() + cached_slots, rt->pool->n_total());
   EXPECT_LT(cached_slots, rt->pool->n_total()) << "the earlier documents were evicted";
+}
+
+// Six requests on one document at once, in a pool that cannot hold them all: some are preempted and recomputed
+// (starting from cached blocks again), and each still generates what it generates with the cache off.
+TEST(PrefixCacheEngine, PreemptedSequencesComeBackToTheSameOutput) {
+  auto run = [](bool prefix_caching, int64_t* preemptions) {
+    const ServerConfig config = config_with("f32", "full", 24);
+    const std::unique_ptr<RankRuntime> rt = make_runtime(config);
+    ServerMetrics metrics(8192);
+    EngineOptions options = engine_options(config, *rt);
+    if (!prefix_caching) options.prefix_cache.reset();
+    Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (int i = 0; i < 6; ++i) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      GenerationRequest r;
+      r.id = "crowd";
+      r.prompt_ids = rt->tokenizer->encode(document().substr(0, 600) + " Question " + std::to_string(i) + ":", false);
+      r.sampling.temperature = 0.0f;
+      r.sampling.max_tokens = 48;
+      r.sampling.ignore_eos = true;
+      r.sink = sinks.back();
+      engine.submit(std::move(r));
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& s : sinks) {
+      EXPECT_TRUE(s->finished) << s->error;
+      out.push_back(s->tokens[0]);
+    }
+    const std::string text = metrics.render();
+    const std::string name = "\nstrata_preemptions_total ";
+    const size_t at = text.find(name);
+    *preemptions = at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size()));
+    return out;
+  };
+  int64_t preempted_off = 0, preempted_on = 0;
+  const auto off = run(false, &preempted_off);
+  const auto on = run(true, &preempted_on);
+  EXPECT_EQ(on, off);
+  EXPECT_GT(preempted_on, 0) << "the pool should have been too small for all six (measured: 3 preemptions)";
+  EXPECT_GT(preempted_off, 0);
 }
 
 }  // namespace
