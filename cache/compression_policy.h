@@ -102,6 +102,9 @@ struct PolicyTraits {
   // `shared_keys` (sinks and recent entries) with its own. Every layer of the sequence runs such a policy or
   // none, and the blocks come from kv_cache.pod_blocks.
   std::optional<PodWindow> shared_keys;
+  // It never evicts, merges or codes an entry (`full`): a sequence may keep sharing cached prefix blocks for its
+  // whole life. Any other policy may rewrite the blocks, so its sequence takes copies of them (cache/prefix_reuse.h).
+  bool keeps_every_entry = false;
 };
 
 class CompressionPolicy {

@@ -317,7 +317,7 @@ void KvCache::publish(SeqId seq, int index, uint64_t hash) {
   prefix_blocks_.emplace(hash, std::move(blocks));
 }
 
-void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes) {
+void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, bool copy) {
   if (contains(seq)) throw std::logic_error("kv cache: sequence " + std::to_string(seq) + " already holds entries");
   std::vector<LayerKv> layers(static_cast<size_t>(n_layers()));
   for (uint64_t hash : hashes) {
@@ -329,6 +329,7 @@ void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes) {
   for (size_t l = 0; l < layers.size(); ++l) {
     LayerKv& kv = layers[l];
     for (int32_t b : kv.block_table) pool_.share(b);
+    if (copy) own_blocks(kv, kv.block_table.size());
     kv.n_entries = kv.n_appended = n_entries;
     const int64_t n_blocks = int64_t(kv.block_table.size());
     account(int(l), {n_entries, n_blocks, 0, n_blocks});

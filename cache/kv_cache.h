@@ -127,8 +127,9 @@ class KvCache {
   void publish(SeqId seq, int index, uint64_t hash);
   bool is_cached(uint64_t hash) const { return prefix_blocks_.count(hash) != 0; }
   int64_t n_cached_blocks() const { return int64_t(prefix_blocks_.size()); }  // per layer
-  // A new sequence whose layers start with the cached blocks `hashes` (a chain, in order).
-  void start_from_prefix(SeqId seq, std::span<const uint64_t> hashes);
+  // A new sequence whose layers start with the cached blocks `hashes` (a chain, in order); with `copy`, with copies
+  // of them that are its own (one new block per cached block and layer: check the pool first).
+  void start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, bool copy = false);
   // The cache lets go of these blocks; each returns to the pool once no sequence holds it.
   void evict(std::span<const uint64_t> hashes);
 

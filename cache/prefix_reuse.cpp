@@ -15,6 +15,7 @@ PrefixReuse prefix_reuse(const CompressionConfig& config, const std::optional<Po
     context.global_layer = l;
     const std::unique_ptr<CompressionPolicy> policy = make_policy(request ? *request : config.for_layer(l), context);
     if (policy->traits().shared_keys) return PrefixReuse{0, false};
+    reuse.copies = reuse.copies || !policy->traits().keeps_every_entry;
     const int from = policy->needs(start).prefill_rows_from;
     if (from >= 0) reuse.max_cached_tokens = std::min(reuse.max_cached_tokens, from);
   }

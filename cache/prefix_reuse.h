@@ -4,6 +4,8 @@
 //   - a policy that sums prompt rows' attention (SnapKV's observation window, H2O's accumulated scores) needs those
 //     rows computed, so the cached part ends before the first of them;
 //   - the prompt's last token is always computed: its logits give the first token;
+//   - a policy that may rewrite entries gets copies of the cached blocks, so that its rewrites need no memory
+//     the scheduler has not counted;
 //   - a policy that shares keys across layers during the prefill (PoD) changes the KV that later layers compute,
 //     so its sequences neither start from cached blocks nor publish theirs.
 #include <optional>
@@ -17,6 +19,9 @@ namespace strata {
 struct PrefixReuse {
   int max_cached_tokens = 0;  // the leading prompt tokens whose KV may come from cached blocks
   bool may_publish = true;    // its prompt blocks hold the KV a `full` prefill writes
+  // Its policies may rewrite entries (evict, merge, code): it starts from copies of the cached blocks, which take
+  // pool blocks of their own, instead of sharing them.
+  bool copies = false;
 };
 
 // context: any layer's (its global_layer is replaced); request: the request's policy, or the configuration's.

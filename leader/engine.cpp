@@ -290,8 +290,12 @@ std::deque<SchedulerSequence> Engine::waiting_for_schedule() {
   std::deque<SchedulerSequence> waiting;
   for (int64_t id : waiting_) {
     Sequence& s = *seqs_.at(id);
-    if (prefix_) s.n_cached = prefix_->pin(id, s.tokens, int(s.tokens.size()), s.req->request.kv_policy);
-    waiting.push_back({id, int(s.tokens.size()), s.n_cached});
+    int n_copied = 0;
+    if (prefix_) {
+      s.n_cached = prefix_->pin(id, s.tokens, int(s.tokens.size()), s.req->request.kv_policy);
+      if (prefix_->copies(id)) n_copied = s.n_cached;
+    }
+    waiting.push_back({id, int(s.tokens.size()), s.n_cached, n_copied});
   }
   return waiting;
 }
@@ -305,13 +309,15 @@ PipelineKv Engine::kv_for_schedule() const {
 }
 
 // Each cached block that goes frees one block per layer of every stage; the step needs, on each stage, the blocks
-// its chunks append beyond what is free once the finished and preempted sequences have given theirs back.
+// its chunks append and the copies its new sequences take, beyond what is free once the finished and preempted
+// sequences have given theirs back.
 void Engine::evict_for(StepPlan& plan, const Schedule& schedule) {
   const PipelineKv kv = ranks_.pipeline_kv();
   int64_t n_evict = 0;
   for (int stage = 0; stage < kv.n_stages(); ++stage) {
     int64_t need = -kv.n_free(stage);
     for (const ScheduledChunk& c : schedule.chunks) need += kv.blocks_to_append(stage, c.id, c.n);
+    for (const PrefixStart& s : plan.prefix_started) need += s.copy ? int64_t(s.blocks.size()) * kv.n_layers(stage) : 0;
     for (int64_t id : plan.finished) need -= kv.blocks_held(stage, id);
     for (int64_t id : plan.preempted) need -= kv.blocks_held(stage, id);
     const int64_t per_block = kv.n_layers(stage);

@@ -27,12 +27,17 @@ int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len
   return use.n_started * block_size_;
 }
 
+bool PrefixCache::copies(SeqId seq) const {
+  auto it = uses_.find(seq);
+  return it != uses_.end() && it->second.reuse.copies;
+}
+
 void PrefixCache::start(StepPlan& plan, SeqId seq, int prefill_len) {
   auto it = uses_.find(seq);
   if (it == uses_.end() || it->second.n_started == 0) return;
   const SequenceUse& use = it->second;
-  plan.prefix_started.push_back(
-      PrefixStart{seq, {use.chain.begin(), use.chain.begin() + use.n_started}, int32_t(prefill_len)});
+  plan.prefix_started.push_back(PrefixStart{seq, {use.chain.begin(), use.chain.begin() + use.n_started},
+                                            int32_t(prefill_len), use.reuse.copies});
 }
 
 void PrefixCache::publish(StepPlan& plan, SeqId seq, std::span<const int32_t> tokens, int chunk_end,

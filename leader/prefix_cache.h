@@ -34,6 +34,9 @@ class PrefixCache {
   // A sequence waiting for admission with none of its KV on the ranks: the leading cached blocks of its tokens (as
   // far as its policies allow) are pinned for it. Returns the tokens they hold, where its prefill will start.
   int pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len, const std::optional<PolicySpec>& policy);
+  // Whether the sequence starts from copies of its pinned blocks (its policies may rewrite entries): they take
+  // pool blocks when it is admitted.
+  bool copies(SeqId seq) const;
   // The sequence was admitted: the ranks start its KV from its pinned blocks.
   void start(StepPlan& plan, SeqId seq, int prefill_len);
   // A prefill chunk of the sequence ends at `chunk_end`: the prompt blocks it completes are published.

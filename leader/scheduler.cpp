@@ -41,6 +41,11 @@ class StepBuilder {
     return true;
   }
 
+  // A new sequence takes blocks for n entries besides its chunk (copies of cached prefix blocks).
+  void take_blocks(SeqId id, int n) {
+    for (int st = 0; st < kv_.n_stages(); ++st) free_[size_t(st)] -= kv_.blocks_to_append(st, id, n);
+  }
+
   void add_chunk(const SchedulerSequence& s, int n) {
     for (int st = 0; st < kv_.n_stages(); ++st) free_[size_t(st)] -= kv_.blocks_to_append(st, s.id, n);
     budget_ -= n;
@@ -147,8 +152,11 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
   for (const SchedulerSequence& s : waiting) {
     if (n_running >= limits.max_running || step.budget() <= 0 || !step.out().preempted.empty() || stalled) break;
     const int remaining = s.n_tokens - s.n_cached;
-    if (!step.fits(s.id, remaining, n_running == 0 ? nothing : watermark)) break;
+    // Copied prefix blocks come whole (the cached part ends at a block boundary): they take as many blocks as
+    // appending their tokens would.
+    if (!step.fits(s.id, s.n_copied + remaining, n_running == 0 ? nothing : watermark)) break;
     step.out().admitted.push_back(s.id);
+    step.take_blocks(s.id, s.n_copied);
     step.add_chunk(s, std::min(remaining, step.budget()));
     ++n_running;
   }

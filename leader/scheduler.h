@@ -28,6 +28,7 @@ struct SchedulerSequence {
   SeqId id = 0;
   int n_tokens = 0;  // known tokens: prompt plus generated
   int n_cached = 0;  // tokens already in the KV cache
+  int n_copied = 0;  // a waiting sequence: of n_cached, tokens whose cached blocks it copies when admitted
 };
 
 struct ScheduledChunk {

@@ -83,6 +83,7 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
     w.put(s.seq);
     w.put(s.blocks);
     w.put(s.prefill_len);
+    w.put<uint8_t>(s.copy);
   }
   w.put<uint32_t>(uint32_t(plan.prefix_published.size()));
   for (const PrefixPublish& p : plan.prefix_published) {
@@ -121,12 +122,13 @@ StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
   plan.preempted = r.get_vector<int64_t>();
   plan.finished = r.get_vector<int64_t>();
   plan.prefix_evicted = r.get_vector<uint64_t>();
-  const uint32_t n_started = r.get_count(16);
+  const uint32_t n_started = r.get_count(17);
   for (uint32_t i = 0; i < n_started; ++i) {
     PrefixStart s;
     s.seq = r.get<int64_t>();
     s.blocks = r.get_vector<uint64_t>();
     s.prefill_len = r.get<int32_t>();
+    s.copy = r.get<uint8_t>() != 0;
     plan.prefix_started.push_back(std::move(s));
   }
   const uint32_t n_published = r.get_count(20);

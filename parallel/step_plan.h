@@ -37,6 +37,7 @@ struct PrefixStart {
   int64_t seq = 0;
   std::vector<uint64_t> blocks;  // the cached blocks its KV starts with, a chain in order
   int32_t prefill_len = 0;       // the prefill whose first chunk follows them
+  bool copy = false;             // its policies may rewrite entries: it takes copies instead of sharing them
   bool operator==(const PrefixStart&) const = default;
 };
 struct PrefixPublish {

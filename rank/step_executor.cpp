@@ -52,7 +52,7 @@ void StepExecutor::update_sequences(const StepPlan& plan) {
   // A prefill that starts after cached blocks starts its policies here: its first chunk is not at position 0.
   for (const PrefixStart& s : plan.prefix_started) {
     SequenceState& state = state_of(s.seq);
-    cache_.start_from_prefix(s.seq, s.blocks);
+    cache_.start_from_prefix(s.seq, s.blocks, s.copy);
     state.compression.start_prefill(s.prefill_len);
   }
 }

@@ -7,6 +7,11 @@ namespace {
 class FullPolicy final : public CompressionPolicy {
  public:
   std::string_view name() const override { return "full"; }
+  PolicyTraits traits() const override {
+    PolicyTraits t;
+    t.keeps_every_entry = true;
+    return t;
+  }
   PolicyNeeds needs(const LayerState&) const override { return {}; }
   std::optional<Selection> on_prefill_end(const LayerState&) override { return std::nullopt; }
   std::optional<Selection> on_decode_step(const LayerState&) override { return std::nullopt; }

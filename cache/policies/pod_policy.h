@@ -14,7 +14,7 @@ class PodPolicy final : public CompressionPolicy {
  public:
   explicit PodPolicy(PodWindow window) : window_(window) {}
   std::string_view name() const override { return "pod"; }
-  PolicyTraits traits() const override { return {.full_precision_pool = true, .shared_keys = window_}; }
+  PolicyTraits traits() const override { return {.full_precision_pool = true, .codes_entries = false, .shared_keys = window_, .keeps_every_entry = false}; }
   PolicyNeeds needs(const LayerState&) const override { return {}; }
   std::optional<Selection> on_prefill_end(const LayerState&) override { return std::nullopt; }
   std::optional<Selection> on_decode_step(const LayerState&) override { return std::nullopt; }

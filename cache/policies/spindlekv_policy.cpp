@@ -38,7 +38,7 @@ class SpindleKvPolicy final : public CompressionPolicy {
       : budget_(budget), causal_(causal_normalize), codebook_(std::move(codebook)), context_(context) {}
 
   std::string_view name() const override { return "spindlekv"; }
-  PolicyTraits traits() const override { return {.full_precision_pool = true, .codes_entries = true, .shared_keys = std::nullopt}; }
+  PolicyTraits traits() const override { return {.full_precision_pool = true, .codes_entries = true, .shared_keys = std::nullopt, .keeps_every_entry = false}; }
 
   PolicyNeeds needs(const LayerState& state) const override {
     PolicyNeeds needs;

@@ -59,6 +59,22 @@ TEST(KvCachePrefix, ANewSequenceStartsFromTheCachedEntries) {
   EXPECT_EQ(f.pool.n_free(), 16);
 }
 
+TEST(KvCachePrefix, ASequenceMayStartFromCopiesOfItsOwn) {
+  Published f;
+  f.cache.release(1);
+  const int64_t free_before = f.pool.n_free();
+  f.cache.start_from_prefix(2, f.chain, /*copy=*/true);
+  EXPECT_EQ(f.pool.n_free(), free_before - 4) << "two blocks in each of two layers";
+  EXPECT_EQ(f.cache.blocks_held(2), 4);
+  for (int l = 0; l < 2; ++l) {
+    expect_tags(f.cache, 2, l, iota_n(8));
+    for (int32_t b : f.cache.layer(2, l).block_table) EXPECT_EQ(f.pool.holders(b), 1);
+  }
+  f.cache.release(2);
+  f.cache.evict(f.chain);
+  EXPECT_EQ(f.pool.n_free(), 16);
+}
+
 TEST(KvCachePrefix, CompactionWritesIntoCopies) {
   Published f;
   f.cache.start_from_prefix(2, f.chain);

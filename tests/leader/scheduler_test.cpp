@@ -248,6 +248,22 @@ TEST(Scheduler, AdmitsInArrivalOrderWithoutSkipping) {
   EXPECT_EQ(chunks_of(t), (Chunks{{5, 0, 3}, {4, 0, 9}, {6, 0, 1}}));
 }
 
+// Prefix caching: a sequence that starts after 32 cached tokens prefills only the rest; when it copies them (its
+// policy may rewrite entries), the copies' 8 blocks must fit as well, and count against the sequences behind it.
+TEST(Scheduler, CachedPrefixesShortenThePrefillAndCopiesTakeBlocks) {
+  Bed bed(12);
+  const Schedule shared = schedule_step({}, {{1, 40, 32, 0}}, kNone, bed.kv(), limits(16, 1000));
+  EXPECT_EQ(chunks_of(shared), (Chunks{{1, 32, 8}}));
+  const Schedule copied = schedule_step({}, {{1, 40, 32, 32}, {2, 8, 0, 0}}, kNone, bed.kv(), limits(16, 1000));
+  EXPECT_EQ(copied.admitted, (Ids{1, 2}));  // 8 + 2 + 2 blocks of 12
+  EXPECT_EQ(chunks_of(copied), (Chunks{{1, 32, 8}, {2, 0, 8}}));
+  const Schedule full = schedule_step({}, {{1, 40, 32, 32}, {2, 12, 0, 0}}, kNone, bed.kv(), limits(16, 1000));
+  EXPECT_EQ(full.admitted, (Ids{1})) << "the second does not fit beside the copies";
+  Bed small(9);
+  const Schedule none = schedule_step({}, {{1, 40, 32, 32}}, kNone, small.kv(), limits(16, 1000));
+  EXPECT_TRUE(none.admitted.empty()) << "8 copied blocks and 2 for the rest do not fit in 9";
+}
+
 TEST(Scheduler, AdmissionStopsWhenTheBudgetIsSpent) {
   Bed bed(100);
   const std::deque<SchedulerSequence> waiting = {{1, 10, 0}, {2, 10, 0}, {3, 10, 0}};

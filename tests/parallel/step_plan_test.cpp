@@ -59,7 +59,7 @@ StepPlan full_plan() {
   w2.prefill_len = 0;
   p.work = {w1, w2};
   p.prefix_evicted = {1, ~uint64_t(0)};
-  p.prefix_started = {PrefixStart{42, {0xfeedULL, 7}, 300}, PrefixStart{9, {}, 0}};
+  p.prefix_started = {PrefixStart{42, {0xfeedULL, 7}, 300, true}, PrefixStart{9, {}, 0}};
   p.prefix_published = {PrefixPublish{42, 2, 0x123456789abcdef0ULL}};
   return p;
 }
