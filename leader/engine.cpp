@@ -220,7 +220,10 @@ void Engine::step() {
   const std::deque<SchedulerSequence> waiting = waiting_for_schedule();
   const Schedule schedule = schedule_step(running, waiting, to_release_, kv_for_schedule(), options_.limits);
   StepPlan plan = plan_step(schedule);
-  if (prefix_) evict_for(plan, schedule);
+  if (prefix_) {
+    evict_for(plan, schedule);
+    prefix_->plan_done();
+  }
   uint64_t kv_state_asked = 0;
   {
     std::lock_guard lock(mutex_);

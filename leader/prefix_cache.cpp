@@ -23,6 +23,7 @@ int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len
     index_.acquire(more);
     use.used.insert(use.used.end(), more.begin(), more.end());
     use.n_started = hit;
+    use.next_block = hit;
   }
   return use.n_started * block_size_;
 }
@@ -35,9 +36,14 @@ bool PrefixCache::copies(SeqId seq) const {
 void PrefixCache::start(StepPlan& plan, SeqId seq, int prefill_len) {
   auto it = uses_.find(seq);
   if (it == uses_.end() || it->second.n_started == 0) return;
-  const SequenceUse& use = it->second;
+  SequenceUse& use = it->second;
   plan.prefix_started.push_back(PrefixStart{seq, {use.chain.begin(), use.chain.begin() + use.n_started},
                                             int32_t(prefill_len), use.reuse.copies});
+  // Its copies are its own: the originals may go once this plan, which copies them, is planned (plan_done).
+  if (use.reuse.copies) {
+    copied_.insert(copied_.end(), use.used.begin(), use.used.end());
+    use.used.clear();
+  }
 }
 
 void PrefixCache::publish(StepPlan& plan, SeqId seq, std::span<const int32_t> tokens, int chunk_end,
@@ -49,14 +55,20 @@ void PrefixCache::publish(StepPlan& plan, SeqId seq, std::span<const int32_t> to
   const int complete = std::min(chunk_end, prefill_len) / block_size_;
   // A block that another sequence published first is not this sequence's: its later blocks were computed over
   // its own copy, so they are not published either (a cached chain is always one computation).
-  for (int i = int(use.used.size()); use.publishing && i < complete; ++i) {
+  for (int i = use.next_block; use.publishing && i < complete; ++i) {
     if (!index_.publish(use.chain, i, tokens)) {
       use.publishing = false;
       break;
     }
     plan.prefix_published.push_back(PrefixPublish{seq, int32_t(i), use.chain[size_t(i)]});
     use.used.push_back(use.chain[size_t(i)]);
+    use.next_block = i + 1;
   }
+}
+
+void PrefixCache::plan_done() {
+  index_.release(copied_);
+  copied_.clear();
 }
 
 void PrefixCache::release(SeqId seq) {
@@ -69,7 +81,8 @@ void PrefixCache::release(SeqId seq) {
 PrefixCache::SequenceBlocks PrefixCache::blocks_of(SeqId seq) const {
   auto it = uses_.find(seq);
   if (it == uses_.end()) return {};
-  return {it->second.n_started, int(it->second.used.size()) - it->second.n_started};
+  const SequenceUse& use = it->second;
+  return {use.reuse.copies ? 0 : use.n_started, use.next_block - use.n_started};
 }
 
 void PrefixCache::evict(StepPlan& plan, int64_t n) {

@@ -4,8 +4,9 @@
 // every rank to carry out (parallel/step_plan.h). The index of blocks is leader/prefix_index.h; what a sequence's
 // policies allow is cache/prefix_reuse.h.
 //
-// A sequence holds a use on every cached block it started from or published, from the step it is pinned
-// (waiting for admission) until it finishes or is preempted; blocks nobody uses stay cached until evicted.
+// A sequence holds a use on every cached block it shares or published, from the step it is pinned (waiting for
+// admission) until it finishes or is preempted; one that takes copies lets go of the originals once admitted.
+// Blocks nobody uses stay cached until evicted.
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -43,6 +44,9 @@ class PrefixCache {
   void publish(StepPlan& plan, SeqId seq, std::span<const int32_t> tokens, int chunk_end, int prefill_len);
   // The sequence finished or was preempted: its uses end.
   void release(SeqId seq);
+  // The step's plan is complete (evictions included): the blocks that its new sequences copied may be evicted
+  // from the next plan on.
+  void plan_done();
 
   // Cached blocks no sequence uses (per layer of every stage): what evicting could give back.
   int64_t n_evictable() const { return index_.n_unused(); }
@@ -59,8 +63,9 @@ class PrefixCache {
  private:
   struct SequenceUse {
     std::vector<uint64_t> chain;   // hashes of the full blocks of its tokens
-    std::vector<uint64_t> used;    // the blocks it started from, then those it published
-    int n_started = 0;             // blocks it starts from
+    std::vector<uint64_t> used;    // the cached blocks it holds a use on: those it shares, then those it published
+    int n_started = 0;             // blocks it starts from (shared, or copied)
+    int next_block = 0;            // the next of its blocks to publish
     int prefill_len = 0;
     PrefixReuse reuse;
     bool publishing = true;        // false once a block of its was found already published by another sequence
@@ -70,6 +75,7 @@ class PrefixCache {
   PrefixCacheSettings settings_;
   PrefixIndex index_;
   std::unordered_map<SeqId, SequenceUse> uses_;
+  std::vector<uint64_t> copied_;  // originals copied by this plan's new sequences, released by plan_done
 };
 
 }  // namespace strata
