@@ -65,7 +65,9 @@ done
 
 mkdir -p "$(dirname "$OUT")"
 .venv/bin/python - "$OUT" "$BEFORE" "$(git rev-parse --short HEAD)" "$SCRIPT_COMMAND" "${results[@]}" <<'EOF'
-import json, platform, statistics, subprocess, sys
+import json, statistics, sys
+sys.path.insert(0, "bench")
+from bench_support import machine
 out, before, head, script_command, *runs = sys.argv[1:]
 rows = []
 for run in runs:
@@ -85,13 +87,9 @@ for build in ("before", "after"):
     for batch in (1, 8):
         summary[f"{build} batch {batch}: busy / idle"] = (summary[f"{build} busy batch {batch}"] /
                                                           summary[f"{build} idle batch {batch}"])
-lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-machine = {"cpu": next((l.split(":", 1)[1].strip() for l in lscpu.splitlines() if l.startswith("Model name")), ""),
-           "cores": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
-           "kernel": platform.release()}
 json.dump({"what": "strata bench decode tokens/s, idle and with a busy process pinned to core 1 "
                    "(taskset -c 1 sh -c 'while :; do :; done')",
-           "before_commit": before, "after_commit": head, "machine": machine,
+           "before_commit": before, "after_commit": head, "machine": machine(),
            "command": script_command,
            "median": summary, "runs": rows}, open(out, "w"), indent=1)
 for k, v in summary.items():

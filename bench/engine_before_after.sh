@@ -48,7 +48,9 @@ done
 
 mkdir -p "$(dirname "$OUT")"
 .venv/bin/python - "$OUT" "$BEFORE" "$(git rev-parse --short HEAD)" "$SCRIPT_COMMAND" "${results[@]}" <<'PY'
-import json, platform, statistics, subprocess, sys
+import json, statistics, sys
+sys.path.insert(0, "bench")
+from bench_support import machine
 out, before, head, script_command, *runs = sys.argv[1:]
 rows = []
 for run in runs:
@@ -65,13 +67,9 @@ for phase in ("prefill", "decode"):
                 r[f"{phase}_tokens_per_second"] for r in rows if (r["build"], r["batch"]) == (build, batch))
         median[f"{phase} batch {batch}: after / before"] = (median[f"after {phase} batch {batch}"] /
                                                             median[f"before {phase} batch {batch}"])
-lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-machine = {"cpu": next((l.split(":", 1)[1].strip() for l in lscpu.splitlines() if l.startswith("Model name")), ""),
-           "cores": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
-           "kernel": platform.release()}
 json.dump({"what": "strata bench tokens/s (batch 1 and 8, 128 prompt tokens, 64 generated), medians over runs "
                    "that alternate which build goes first",
-           "before_commit": before, "after_commit": head, "machine": machine, "command": script_command,
+           "before_commit": before, "after_commit": head, "machine": machine(), "command": script_command,
            "median": median, "runs": rows}, open(out, "w"), indent=1)
 for k, v in median.items():
     print(f"{k:36s} {v:8.3f}")

@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,14 +23,10 @@ from pathlib import Path
 
 import requests
 
+from bench_support import free_port, wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_world(binary, config, pp, micro_batches, batch, port, log):
@@ -41,17 +36,8 @@ def start_world(binary, config, pp, micro_batches, batch, port, log):
            "--port", str(port), "--pp", str(pp), "--set", "engine.threads=1", "--set", "kv_cache.memory_mib=256",
            "--set", f"parallel.micro_batches={micro_batches}", "--set", f"engine.max_running={max(16, batch)}"]
     process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the world exited with {process.returncode}")
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return cmd, process
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the world did not come up within 180 s")
+    wait_healthy(process, port, 180)
+    return cmd, process
 
 
 def stream(base_url, n_tokens, times):

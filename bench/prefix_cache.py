@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from bench_support import free_port, machine, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 BINARY = ROOT / "build" / "strata"
@@ -41,25 +41,16 @@ def token_ids(text_name: str) -> list[int]:
     return json.loads(done.stdout)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(port: int, prefix_caching: str) -> tuple[subprocess.Popen, list[str]]:
     cmd = [str(BINARY), "serve", "--config", str(CONFIG), "--port", str(port),
            "--set", f"kv_cache.prefix_caching={prefix_caching}"]
     process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process, cmd
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("the server did not start")
+    try:
+        wait_healthy(process, port, 60)
+    except RuntimeError:
+        process.kill()
+        raise
+    return process, cmd
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
@@ -137,15 +128,10 @@ def main() -> int:
         ratios[f"{name}: wall off / on"] = off["wall_s"] / on["wall_s"]
     for k, v in ratios.items():
         print(f"{k:40s} {v:7.2f}")
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    machine = {"cpu": next((l.split(":", 1)[1].strip() for l in lscpu.splitlines() if l.startswith("Model name")),
-                           ""),
-               "cores": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
-               "kernel": platform.release()}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     report = {"what": "prefix caching on against off: one warm-up request, then concurrent streaming requests of a "
-                      "shared document followed by each one's question", "commit": commit, "machine": machine,
+                      "shared document followed by each one's question", "commit": commit, "machine": machine(),
               "command": "bench/prefix_cache.py " + " ".join(sys.argv[1:]),
               "requests": args.requests, "prefix_tokens": args.prefix_tokens,
               "question_tokens": args.question_tokens, "max_tokens": args.max_tokens,
