@@ -266,13 +266,12 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
       const GenerationRequest& r = s.req->request;
       plan.added.push_back(PlannedSequence{id, r.sampling, s.seed, r.kv_policy, s.n_prompt});
       s.known_to_ranks = true;
-    }
-    if (prefix_) prefix_->start(plan, id, s.prefill_len);
-    if (s.n_generated == 0) {
+      // Its prompt's lookup, once: a recompute after preemption is not a new query.
       Usage& usage = s.req->usage;
       usage.cached_prompt_tokens = std::max(usage.cached_prompt_tokens, s.n_cached);
       metrics_.add_prefix_cache_lookup(s.n_prompt, s.n_cached);
     }
+    if (prefix_) prefix_->start(plan, id, s.prefill_len);
   }
   plan.finished.swap(to_release_);
   for (const ScheduledChunk& c : schedule.chunks) {
