@@ -91,6 +91,7 @@ LayerUsage KvCache::layer_usage(int global_layer) const {
   u.bytes = c.full_blocks * pool_.layout().block_bytes() + c.quantized_blocks * pool_.quantized_block_bytes() +
             c.coded_blocks * pool_.coded_block_bytes() + c.codebook_pages * pool_.layout().block_bytes();
   u.uncompressed_bytes = c.uncompressed_blocks * pool_.layout().block_bytes();
+  u.cached_blocks = n_cached_blocks();
   return u;
 }
 

@@ -49,6 +49,9 @@ struct LayerUsage {
   int64_t shared_key_entries = 0;  // PoD: entries whose keys the layer no longer holds (its leader's are shared)
   int64_t bytes = 0;               // the memory the blocks really take: each kind at its own size
   int64_t uncompressed_bytes = 0;  // what the same sequences would take with `full` at full precision
+  // Prefix caching: the layer's blocks in the cache, used by sequences or not. A block a sequence shares counts in
+  // that sequence's blocks and bytes above too (each sequence as if it held it alone).
+  int64_t cached_blocks = 0;
 };
 
 class KvCache {

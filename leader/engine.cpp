@@ -476,6 +476,7 @@ void Engine::publish_metrics() {
       metrics_.set_layer_kv(layer, r.pp_stage, r.tp_rank, u.entries, u.bytes, u.uncompressed_bytes);
       metrics_.set_layer_codebook(layer, r.pp_stage, r.tp_rank, u.codebook_vectors);
       metrics_.set_layer_shared_keys(layer, r.pp_stage, r.tp_rank, u.shared_key_entries);
+      metrics_.set_layer_prefix_cached(layer, r.pp_stage, r.tp_rank, u.cached_blocks);
     }
   }
   int64_t blocks_free = 0, blocks_total = 0;
@@ -501,7 +502,7 @@ std::string Engine::render_kv_state_now() const {
     }
     sequences.push_back(std::move(s));
   }
-  return render_kv_state(ranks_.grid(), ranks_.reports(), sequences, prefix_ ? prefix_->n_cached() : 0);
+  return render_kv_state(ranks_.grid(), ranks_.reports(), sequences, prefix_ ? prefix_->n_cached() - prefix_->n_evictable() : 0);
 }
 
 void Engine::serve_kv_state(const StepPlan& plan, uint64_t asked) {

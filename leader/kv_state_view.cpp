@@ -41,7 +41,7 @@ void add_layers(json& out, const RankReport& stage, int64_t seq) {
 }  // namespace
 
 std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>& reports,
-                            const std::vector<KvStateSequence>& sequences, int64_t prefix_cached_blocks) {
+                            const std::vector<KvStateSequence>& sequences, int64_t prefix_blocks_in_use) {
   std::vector<const RankReport*> stages;
   for (int st = 0; st < grid.pp; ++st) stages.push_back(&reports.at(size_t(grid.rank_of(st, 0))));
   int64_t held = 0, blocks_free = 0, blocks_total = 0, blocks_cached = 0;
@@ -53,11 +53,12 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
                         {"blocks", u.blocks}, {"bytes", u.bytes}, {"uncompressed_bytes", u.uncompressed_bytes}});
       if (u.codebook_vectors) layers.back()["codebook_vectors"] = u.codebook_vectors;
       if (u.shared_key_entries) layers.back()["shared_keys"] = u.shared_key_entries;
+      if (u.cached_blocks) layers.back()["cached_blocks"] = u.cached_blocks;
       held += u.blocks;
+      blocks_cached += u.cached_blocks;
     }
     blocks_free += r->blocks_free;
     blocks_total += r->blocks_total;
-    blocks_cached += prefix_cached_blocks * int64_t(r->layers.size());
   }
   json ranks = json::array();
   for (const RankReport& r : reports) {
@@ -84,6 +85,7 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
                       {"block_size", stages[0]->block_size},
                       {"blocks_total", blocks_total}, {"blocks_free", blocks_free},
                       {"blocks_held", held},          {"blocks_cached", blocks_cached},
+                      {"prefix_blocks_in_use", prefix_blocks_in_use},
                       {"block_bytes", stages[0]->block_bytes},
                       {"layers", layers},             {"ranks", ranks},
                       {"sequences", seqs}};

@@ -25,9 +25,10 @@ struct KvStateSequence {
   int prefix_blocks_published = 0;  // its own prompt blocks it published to the cache since
 };
 
-// reports: every rank's, by world rank. Sequences the reports do not describe get no layers. prefix_cached_blocks:
-// the prompt blocks the prefix cache keeps (each one block in every layer), shown as "blocks_cached".
+// reports: every rank's, by world rank. Sequences the reports do not describe get no layers. "blocks_cached" is
+// what the ranks report (the blocks of every layer in the prefix cache); prefix_blocks_in_use: the cached prompt
+// blocks some sequence uses now, by the leader's index (each one block in every layer); 0 when nothing runs.
 std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>& reports,
-                            const std::vector<KvStateSequence>& sequences, int64_t prefix_cached_blocks);
+                            const std::vector<KvStateSequence>& sequences, int64_t prefix_blocks_in_use);
 
 }  // namespace strata

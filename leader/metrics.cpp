@@ -74,6 +74,8 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
                                               "SpindleKV codebook entries held by one layer (keys and values).")),
       kv_layer_shared_keys_(gauge_family(*registry_, "strata_kv_layer_shared_keys",
                                          "PoD: entries one layer holds without their keys (its block leader's are used).")),
+      kv_layer_prefix_cached_blocks_(gauge_family(*registry_, "strata_kv_layer_prefix_cached_blocks",
+                                                  "Prefix-cache blocks one layer holds, used by sequences or not.")),
       kv_saved_bytes_(gauge(*registry_, "strata_kv_saved_bytes",
                             "Uncompressed minus held KV-cache bytes, summed over all layers and ranks.")),
       kv_compression_ratio_(gauge(*registry_, "strata_kv_compression_ratio",
@@ -125,6 +127,7 @@ ServerMetrics::LayerKv& ServerMetrics::layer(int layer, int pp_stage, int tp_ran
     kv.merged_tokens = &kv_layer_merged_tokens_.Add(labels);
     kv.codebook_vectors = &kv_layer_codebook_vectors_.Add(labels);
     kv.shared_keys = &kv_layer_shared_keys_.Add(labels);
+    kv.prefix_cached_blocks = &kv_layer_prefix_cached_blocks_.Add(labels);
     labels["lazy"] = "true";
     kv.lazy = &kv_layer_lazy_decisions_.Add(labels);
     labels["lazy"] = "false";
@@ -170,6 +173,11 @@ void ServerMetrics::set_layer_codebook(int layer_index, int pp_stage, int tp_ran
 void ServerMetrics::set_layer_shared_keys(int layer_index, int pp_stage, int tp_rank, int64_t entries) {
   std::lock_guard lock(layers_mutex_);
   layer(layer_index, pp_stage, tp_rank).shared_keys->Set(static_cast<double>(entries));
+}
+
+void ServerMetrics::set_layer_prefix_cached(int layer_index, int pp_stage, int tp_rank, int64_t blocks) {
+  std::lock_guard lock(layers_mutex_);
+  layer(layer_index, pp_stage, tp_rank).prefix_cached_blocks->Set(static_cast<double>(blocks));
 }
 
 void ServerMetrics::set_kv_blocks(int64_t n_free, int64_t n_total, int block_size) {

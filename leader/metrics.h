@@ -40,6 +40,8 @@ class ServerMetrics {
   void set_layer_codebook(int layer, int pp_stage, int tp_rank, int64_t vectors);
   // PoD: the entries one layer holds without their own keys (it uses its block leader's), every sequence.
   void set_layer_shared_keys(int layer, int pp_stage, int tp_rank, int64_t entries);
+  // Prefix caching: the blocks of one layer in the cache, used or not.
+  void set_layer_prefix_cached(int layer, int pp_stage, int tp_rank, int64_t blocks);
   void set_requests(int n_running, int n_waiting);
 
   void add_prompt_tokens(int64_t n);
@@ -71,6 +73,7 @@ class ServerMetrics {
     prometheus::Counter* merged_tokens = nullptr;
     prometheus::Gauge* codebook_vectors = nullptr;
     prometheus::Gauge* shared_keys = nullptr;
+    prometheus::Gauge* prefix_cached_blocks = nullptr;
     int64_t bytes_held = 0;      // as last set
     int64_t bytes_uncompressed = 0;
   };
@@ -87,6 +90,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& kv_layer_merged_tokens_;
   prometheus::Family<prometheus::Gauge>& kv_layer_codebook_vectors_;
   prometheus::Family<prometheus::Gauge>& kv_layer_shared_keys_;
+  prometheus::Family<prometheus::Gauge>& kv_layer_prefix_cached_blocks_;
   prometheus::Gauge& kv_saved_bytes_;
   prometheus::Gauge& kv_compression_ratio_;
   prometheus::Gauge& kv_blocks_free_;

@@ -4,7 +4,8 @@
   tests/fixtures/reference), serves concurrent streams, and exports the per-layer KV gauges of all six ranks on the
   leader's /metrics with their pp_stage and tp_rank labels;
 - prefix caching in that world: a document's second question starts from the blocks its first one published on
-  every rank, and is answered with the tokens one process without the cache generates;
+  every rank, and is answered with the tokens one process without the cache generates, with `full` and with
+  PyramidKV (which starts from copies);
 - a rank that dies (SIGKILL) or stops answering (SIGSTOP) mid-request: the client gets an error, and every process
   of the world is gone within FAILURE_BOUND_S, with a message naming the rank.
 """
@@ -109,19 +110,26 @@ def test_greedy_completion_matches_the_reference(world):
     check_greedy_against_reference(ids, reference, "TP=3 x PP=2 completions code_digits")
 
 
-def test_a_cached_prefix_in_a_world_answers_what_one_process_answers_without_it(world):
+@pytest.mark.parametrize("policy", ["full", "pyramidkv:budget=96"])
+def test_a_cached_prefix_in_a_world_answers_what_one_process_answers_without_it(world, policy):
+    """With `full` the blocks are shared; PyramidKV rewrites its entries once the prompt is in, so its sequence
+    starts from copies of the cached blocks (cache/prefix_reuse.h) and must still answer as one process does."""
     text = (ROOT / "tests" / "fixtures" / "texts" / "how_clocks_keep_time.txt").read_text(encoding="utf-8")
     document = f"[world {time.time_ns()}]\n" + text[:900]
+    name, _, budget = policy.partition(":budget=")
+    extra = {"kv_compression": {"policy": name, "budget": int(budget)}} if budget else {}
     client = openai.OpenAI(base_url=f"{world.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
     model = client.models.list().data[0].id
     first = client.completions.create(model=model, prompt=document + "\nQuestion: what is a clock?\nAnswer:",
-                                      max_tokens=4, temperature=0)
+                                      max_tokens=4, temperature=0, extra_body=extra)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     question = document + "\nQuestion: why does a pendulum keep time?\nAnswer:"
-    second = client.completions.create(model=model, prompt=question, max_tokens=12, logprobs=1, temperature=0)
+    second = client.completions.create(model=model, prompt=question, max_tokens=12, logprobs=1, temperature=0,
+                                       extra_body=extra)
     assert second.usage.prompt_tokens_details.cached_tokens >= 160, second.usage
     got = completion_logprob_ids(second.choices[0])
-    alone = generate(1, 1, ["--prompt", question, "--max-tokens", "12"], ["kv_cache.prefix_caching=off"])
+    alone = generate(1, 1, ["--prompt", question, "--max-tokens", "12"],
+                     ["kv_cache.prefix_caching=off", f"kv_cache.policy={policy}"])
     for step, (g, w) in enumerate(zip(got, alone)):
         if g != w["token"]:
             margin = w["top"][0][1] - w["top"][1][1]

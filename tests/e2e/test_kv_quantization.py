@@ -3,16 +3,11 @@ server with an f32 cache and on one with int4 (the seed's headline configuration
 /metrics shows every layer at the bytes its blocks really take (sealed groups at the int4 block size, the rest
 at full precision: computed here from the documented block format), far below the f32 run, and /v1/kv_state
 agrees; afterwards every block is back in the pool."""
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
-
 import pytest
 import requests
 
-from support import MODEL, ROOT, free_port, metric, metrics, stop_process, tokenizer, wait_until_ready
+from serve_process import ServeProcess
+from support import ROOT, metric, metrics, tokenizer
 
 N_LAYERS = 30
 N_KV_HEADS, HEAD_DIM, GROUP = 3, 64, 32
@@ -25,43 +20,14 @@ PROMPT_TOKENS = 1000
 POLICY = {"policy": "simlayerkv", "window": 128, "n_init": 4}
 
 
-def strata_binary():
-    path = Path(os.environ.get("STRATA_BIN", "build/strata"))
-    return path if path.is_absolute() else ROOT / path
-
-
-class QuantServer:
-    """One `strata serve` with the given --set overrides, for this module."""
-
-    def __init__(self, overrides):
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_dir = Path(tempfile.mkdtemp(prefix="strata-e2e-quant-"))
-        self.log_path = self.log_dir / "serve.log"
-        args = [str(strata_binary()), "serve", "--config", str(ROOT / "configs" / "smollm2-cpu.yaml"),
-                "--port", str(self.port)]
-        for o in overrides:
-            args += ["--set", o]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-
-    def log_tail(self):
-        return self.log_path.read_bytes()[-8000:].decode("utf-8", errors="replace")
-
-    def stop(self):
-        stop_process(self.process, timeout_s=20)
-        shutil.rmtree(self.log_dir, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def servers():
-    if not strata_binary().exists() or not MODEL.exists():
-        pytest.fail("build/strata or the model is missing: run tools/setup.sh")
-    started = {dtype: QuantServer(["kv_cache.block_size=32", f"kv_cache.dtype={dtype}", "kv_cache.memory_mib=256"])
+    started = {dtype: ServeProcess(["kv_cache.block_size=32", f"kv_cache.dtype={dtype}", "kv_cache.memory_mib=256"],
+                                   f"strata serve ({dtype})")
                for dtype in ("f32", "int4")}
     try:
-        for dtype, s in started.items():
-            wait_until_ready(s.process, f"{s.base_url}/health", f"strata serve ({dtype})", 120, s.log_tail, 0.5)
+        for s in started.values():
+            s.wait_ready()
         yield started
     finally:
         for s in started.values():

@@ -5,27 +5,18 @@
   follow their block's leader holds its distant entries in paired blocks: /metrics shows, per layer, the bytes
   computed here from the documented pairing rule, leaders hold every block, and the blocks return;
 - a server started without the blocks rejects policy pod naming the key."""
-import os
-import shutil
-import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests
 
-from support import MODEL, ROOT, free_port, metric, metrics, stop_process, tokenizer, wait_until_ready
+from serve_process import ServeProcess
+from support import ROOT, metric, metrics, tokenizer
 
 N_LAYERS, BLOCK = 30, 16
 BLOCK_BYTES = 2 * 3 * BLOCK * 64 * 4  # K and V of 16 entries, 3 KV heads of 64, fp32
 BLOCKS_FILE = ROOT / "configs" / "smollm2-pod-blocks.txt"
 POD = {"policy": "pod", "sinks": 16, "recent": 128}
-
-
-def strata_binary():
-    path = Path(os.environ.get("STRATA_BIN", "build/strata"))
-    return path if path.is_absolute() else ROOT / path
 
 
 def followers():
@@ -43,22 +34,11 @@ def followers():
 
 @pytest.fixture(scope="module")
 def server():
-    if not strata_binary().exists() or not MODEL.exists():
-        pytest.fail("build/strata or the model is missing: run tools/setup.sh")
-    port = free_port()
-    log_dir = Path(tempfile.mkdtemp(prefix="strata-e2e-pod-"))
-    log_path = log_dir / "serve.log"
-    args = [str(strata_binary()), "serve", "--config", str(ROOT / "configs" / "smollm2-cpu.yaml"), "--port", str(port),
-            "--set", f"kv_cache.pod_blocks={BLOCKS_FILE}", "--set", "kv_cache.memory_mib=256"]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    tail = lambda: log_path.read_bytes()[-8000:].decode("utf-8", errors="replace")
+    process = ServeProcess([f"kv_cache.pod_blocks={BLOCKS_FILE}", "kv_cache.memory_mib=256"], "strata serve (pod)")
     try:
-        wait_until_ready(process, f"http://127.0.0.1:{port}/health", "strata serve (pod)", 120, tail, 0.5)
-        yield f"http://127.0.0.1:{port}"
+        yield process.wait_ready().base_url
     finally:
-        stop_process(process, timeout_s=20)
-        shutil.rmtree(log_dir, ignore_errors=True)
+        process.stop()
 
 
 def prompt_ids(n):

@@ -5,11 +5,17 @@
   the answer does not depend on how much of the prompt came from the cache (the engine tests compare with the cache
   off, tests/leader/prefix_cache_engine_test.cpp);
 - /v1/kv_state accounts for the cached blocks, and shows how many of them a running sequence shares;
-- chats share the blocks of the default system prompt."""
+- chats share the blocks of the default system prompt;
+- a burst of chats (one and two turns) and document questions, with `full` and with PyramidKV, answers what a
+  server with the cache off answers, and afterwards no cached block is in use and every block is free or cached."""
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 
+from serve_process import ServeProcess
 from support import ROOT, metric, metrics
 
 BLOCK_SIZE = 16
@@ -77,3 +83,75 @@ def test_chats_share_the_default_system_prompt(server, model_name):
     usage = chat(f"Name a colour, {uuid.uuid4().hex}.")
     # SmolLM2's default system prompt and the template around it fill at least one block.
     assert usage["prompt_tokens_details"]["cached_tokens"] >= BLOCK_SIZE, usage
+
+
+@pytest.fixture(scope="module")
+def uncached():
+    process = ServeProcess(["kv_cache.prefix_caching=off"], "strata serve (prefix caching off)")
+    try:
+        yield process.wait_ready()
+    finally:
+        process.stop()
+
+
+def burst_requests(tag):
+    """Chats with the default system prompt (a second turn repeats the first), and one document's questions."""
+    doc = f"[{tag}]\n" + document()[40:1000]
+    chats = [[{"role": "user", "content": "What is a lighthouse for?"}],
+             [{"role": "user", "content": "Name three colours."}],
+             [{"role": "user", "content": "Tell me about tides."},
+              {"role": "assistant", "content": "Tides are the rise and fall of the sea, caused by the Moon."},
+              {"role": "user", "content": "Why do they matter to sailors?"}]]
+    out = [("chat", {"messages": m}) for m in chats]
+    out += [("completion", {"prompt": doc + f"\nQuestion: {q}\nAnswer:"})
+            for q in ("what is the almanac about?", "which month is the coldest?", "who reads it?")]
+    return out
+
+
+def answer(base_url, model_name, kind, body, policy):
+    body = {"model": model_name, "max_tokens": 12, "temperature": 0, **body}
+    if policy:
+        body["kv_compression"] = policy
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    response = requests.post(base_url + path, json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    choice, usage = response.json()["choices"][0], response.json()["usage"]
+    return (choice["message"]["content"] if kind == "chat" else choice["text"]), usage
+
+
+def idle_state(base_url):
+    deadline = time.monotonic() + 30
+    while True:
+        state = requests.get(f"{base_url}/v1/kv_state", timeout=30).json()
+        if not state["sequences"] or time.monotonic() > deadline:
+            return state
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("policy", [None, {"policy": "pyramidkv", "budget": 64}])
+def test_a_burst_sharing_prefixes_answers_what_it_answers_without_the_cache(server, uncached, model_name, policy):
+    requests_ = burst_requests(uuid.uuid4().hex)
+
+    def run(base_url):
+        # The first of each kind alone (it publishes), then the rest at once.
+        first = [answer(base_url, model_name, *requests_[i], policy) for i in (0, 3)]
+        with ThreadPoolExecutor(len(requests_)) as pool:
+            rest = list(pool.map(lambda r: answer(base_url, model_name, *r, policy),
+                                 [r for i, r in enumerate(requests_) if i not in (0, 3)]))
+        return [first[0], *rest[:2], first[1], *rest[2:]]
+
+    cached = run(server.base_url)
+    plain = run(uncached.base_url)
+    assert [text for text, _ in cached] == [text for text, _ in plain]
+    assert all(usage["prompt_tokens_details"]["cached_tokens"] == 0 for _, usage in plain)
+    hits = [usage["prompt_tokens_details"]["cached_tokens"] for _, usage in cached]
+    # The chats share the system prompt's block; the questions all but the last partial block of the document.
+    assert all(h >= BLOCK_SIZE for h in hits[1:3]) and all(h >= 240 for h in hits[4:]), hits
+    state = idle_state(server.base_url)
+    assert not state["sequences"], state["sequences"]
+    assert state["prefix_blocks_in_use"] == 0
+    assert state["blocks_free"] + state["blocks_cached"] == state["blocks_total"]
+    samples = metrics(server.base_url)
+    per_layer = samples["strata_kv_layer_prefix_cached_blocks"]
+    assert len(per_layer) == 30 and set(per_layer.values()) == {metric(samples, "strata_prefix_cache_blocks")}
+    assert state["blocks_cached"] == 30 * metric(samples, "strata_prefix_cache_blocks")

@@ -28,6 +28,7 @@ EXPECTED_TYPES = {
     "strata_kv_layer_merged_tokens": "counter",
     "strata_kv_layer_codebook_vectors": "gauge",
     "strata_kv_layer_shared_keys": "gauge",
+    "strata_kv_layer_prefix_cached_blocks": "gauge",
     "strata_kv_blocks_free": "gauge",
     "strata_kv_blocks_total": "gauge",
     "strata_kv_block_size_tokens": "gauge",
