@@ -7,7 +7,8 @@
 - /v1/kv_state accounts for the cached blocks, and shows how many of them a running sequence shares;
 - chats share the blocks of the default system prompt;
 - a burst of chats (one and two turns) and document questions, with `full` and with PyramidKV, answers what a
-  server with the cache off answers, and afterwards no cached block is in use and every block is free or cached."""
+  server with the cache off answers, and afterwards no cached block is in use and every block is free or cached;
+- a pool too small for several documents evicts the older ones' cached blocks instead of preempting or failing."""
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -155,3 +156,27 @@ def test_a_burst_sharing_prefixes_answers_what_it_answers_without_the_cache(serv
     per_layer = samples["strata_kv_layer_prefix_cached_blocks"]
     assert len(per_layer) == 30 and set(per_layer.values()) == {metric(samples, "strata_prefix_cache_blocks")}
     assert state["blocks_cached"] == 30 * metric(samples, "strata_prefix_cache_blocks")
+
+
+def test_a_short_pool_evicts_cached_blocks_before_it_preempts_anyone(model_name):
+    """16 MiB holds some 360 tokens in all 30 layers: each new ~250-token document needs the blocks that cache the
+    previous one. They are evicted (no preemption, no error), and the newest document stays cached."""
+    small = ServeProcess(["kv_cache.memory_mib=16"], "strata serve (16 MiB pool)").wait_ready()
+    try:
+        text = (ROOT / "tests" / "fixtures" / "texts" / "a_coastal_almanac.txt").read_text(encoding="utf-8")
+        docs = [f"[{i}] " + text[i * 1000:i * 1000 + 900] + "\nSummary:" for i in range(4)]
+        usages = [complete(small, model_name, doc)[1] for doc in docs]
+        assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0] * 4
+        samples = metrics(small.base_url)
+        assert metric(samples, "strata_preemptions_total") == 0
+        total = metric(samples, "strata_kv_blocks_total") // 30
+        assert sum(u["prompt_tokens"] for u in usages) > total * BLOCK_SIZE, "the documents fit together"
+        _, again = complete(small, model_name, docs[-1])
+        assert again["prompt_tokens_details"]["cached_tokens"] >= usages[-1]["prompt_tokens"] - 2 * BLOCK_SIZE
+        _, first_again = complete(small, model_name, docs[0])
+        assert first_again["prompt_tokens_details"]["cached_tokens"] == 0, "the first document was evicted"
+        state = idle_state(small.base_url)
+        assert state["prefix_blocks_in_use"] == 0
+        assert state["blocks_free"] + state["blocks_cached"] == state["blocks_total"]
+    finally:
+        small.stop()
