@@ -1,13 +1,16 @@
 #include "daemon/server_config.h"
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 
 #include <yaml-cpp/yaml.h>
 
 #include "cache/compression_config.h"
 #include "cache/compression_policy.h"
+#include "routing/api_keys.h"
 
 namespace strata {
 namespace {
@@ -51,6 +54,15 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
+// Keys as given, each checked; an error names where and which entry, never the key itself.
+std::vector<std::string> checked_api_keys(std::vector<std::string> keys, const std::string& where) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string problem = api_key_problem(keys[i]);
+    if (!problem.empty()) throw ConfigError(where + ": entry " + std::to_string(i + 1) + ": " + problem);
+  }
+  return keys;
+}
+
 // The setter of every configuration key.
 // Long: a table with one entry per key, in the order of the configuration file's sections.
 const std::map<std::string, Setter>& setters() {
@@ -77,6 +89,27 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"server.max_n",
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.server.max_n = int(parse_int(t, w, 1, 128)); }},
+      {"server.max_connections",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.server.max_connections = int(parse_int(t, w, 1, 1 << 20));
+       }},
+      {"server.idle_timeout_s",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.server.idle_timeout_s = int(parse_int(t, w, 1, 3600));
+       }},
+      {"server.drain_timeout_s",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.server.drain_timeout_s = int(parse_int(t, w, 0, 3600));
+       }},
+      {"server.api_keys",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.server.api_keys = checked_api_keys(split_list(t), w);
+       }},
+      {"server.api_key_file", [](ServerConfig& c, const std::string& t, const std::string&) { c.server.api_key_file = t; }},
+      {"server.metrics_require_key",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.server.metrics_require_key = parse_choice(t, w, {"true", "false"}) == "true";
+       }},
       {"engine.max_running",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.engine.max_running = int(parse_int(t, w, 1, 4096));
@@ -172,6 +205,22 @@ void set_key(ServerConfig& config, const std::string& key, const std::string& va
 
 }  // namespace
 
+std::vector<std::string> configured_api_keys(const ServerConfig& config) {
+  std::vector<std::string> keys = config.server.api_keys;
+  const std::string& path = config.server.api_key_file;
+  if (path.empty()) return keys;
+  const std::string where = config.file + ": server.api_key_file";
+  std::ifstream file(path);
+  if (!file.is_open()) throw ConfigError(where + ": cannot read '" + path + "'");
+  std::ostringstream text;
+  text << file.rdbuf();
+  const std::vector<std::string> from_file = parse_api_key_lines(text.str());
+  if (from_file.empty()) throw ConfigError(where + ": '" + path + "' holds no key");
+  const std::vector<std::string> checked = checked_api_keys(from_file, where + " ('" + path + "')");
+  keys.insert(keys.end(), checked.begin(), checked.end());
+  return keys;
+}
+
 std::vector<std::string> request_policy_names(const ServerConfig& config) {
   const std::vector<std::string> listed = split_list(config.kv_cache.request_policies);
   if (listed.size() == 1 && listed[0] == "none") return {};
@@ -206,6 +255,15 @@ ServerConfig load_server_config(const std::string& path) {
     for (const auto& entry : section.second) {
       const std::string key = name + "." + entry.first.as<std::string>();
       const std::string where = path + ": " + key;
+      if (key == "server.api_keys" && entry.second.IsSequence()) {  // the one key that takes a YAML list
+        std::vector<std::string> keys;
+        for (const auto& item : entry.second) {
+          if (!item.IsScalar()) throw ConfigError(where + ": expected a list of keys");
+          keys.push_back(item.Scalar());
+        }
+        config.server.api_keys = checked_api_keys(std::move(keys), where);
+        continue;
+      }
       if (!entry.second.IsScalar()) throw ConfigError(where + ": expected a single value");
       set_key(config, key, entry.second.Scalar(), where);
     }

@@ -31,6 +31,12 @@ struct ServerConfig {
     int threads = 2;                        // HTTP I/O threads
     int64_t max_body_bytes = 4 << 20;
     int max_n = 16;                         // largest `n` a request may ask for
+    int max_connections = 512;              // connections held at once; more get 503 (must fit the fd limit)
+    int idle_timeout_s = 15;                // a keep-alive connection idle this long is closed
+    int drain_timeout_s = 30;               // SIGTERM: how long requests in flight may take to finish
+    std::vector<std::string> api_keys;      // bearer keys for /v1/* (a YAML list, or comma-separated in --set)
+    std::string api_key_file;               // one key per line; '#' lines and blank lines ignored
+    bool metrics_require_key = false;       // whether /metrics needs a key too
   } server;
 
   struct Engine {
@@ -64,6 +70,9 @@ struct ServerConfig {
 ServerConfig load_server_config(const std::string& path);
 // Applies "section.key=value" (the --set flag) with the same checks as the file.
 void apply_config_override(ServerConfig& config, const std::string& assignment);
+// Every API key: server.api_keys, then those of server.api_key_file (read now). Throws ConfigError naming the key
+// when the file cannot be read, holds no key, or holds a key that cannot be used; never shows a key.
+std::vector<std::string> configured_api_keys(const ServerConfig& config);
 // The policies a request may choose, from kv_cache.request_policies ("all": every policy).
 std::vector<std::string> request_policy_names(const ServerConfig& config);
 // Every key the file may hold, for --help and error messages.

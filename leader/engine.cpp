@@ -73,6 +73,16 @@ void Engine::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Engine::drain() {
+  std::lock_guard lock(mutex_);
+  draining_ = true;
+}
+
+bool Engine::idle() const {
+  std::lock_guard lock(mutex_);
+  return n_in_flight_ == 0;
+}
+
 void Engine::submit(GenerationRequest request) {
   const int n_prompt = int(request.prompt_ids.size());
   if (n_prompt == 0) throw std::invalid_argument("the prompt is empty");
@@ -94,11 +104,13 @@ void Engine::submit(GenerationRequest request) {
     std::lock_guard lock(mutex_);
     if (!broken_.empty()) throw std::runtime_error("the server lost a rank: " + broken_);
     if (stopping_) throw std::runtime_error("the server is shutting down");
+    if (draining_) throw std::runtime_error("the server is draining before it shuts down; retry on another server");
     if (n_queued_ + size_t(request.n) > size_t(options_.max_waiting)) {
       throw std::runtime_error("the request queue is full (" + std::to_string(options_.max_waiting) +
                                " sequences waiting); retry later");
     }
     n_queued_ += size_t(request.n);
+    ++n_in_flight_;
     inbox_.push_back(std::move(request));
   }
   wake_.notify_one();
@@ -151,15 +163,15 @@ void Engine::loop() {
         broken_ = e.what();
       }
       kv_state_ready_.notify_all();
-      fail_all(message, /*release=*/false);
+      fail_all(message, /*release=*/false, 500);
       if (options_.on_rank_failure) options_.on_rank_failure(e.what());
       return;
     } catch (const std::exception& e) {
       // A failed step must not take the server down or leave clients waiting: fail what is in flight.
-      fail_all(std::string("engine step failed: ") + e.what(), /*release=*/true);
+      fail_all(std::string("engine step failed: ") + e.what(), /*release=*/true, 500);
     }
   }
-  fail_all("the server is shutting down", /*release=*/true);
+  fail_all("the server is shutting down", /*release=*/true, 503);
 }
 
 void Engine::run_until_idle() {
@@ -423,6 +435,10 @@ void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {
   seqs_.erase(id);  // `seq` is gone from here on
 
   if (--req->n_unfinished == 0) {
+    {
+      std::lock_guard lock(mutex_);
+      --n_in_flight_;
+    }
     metrics_.add_finished_request(reason);
     metrics_.observe_finished_request(std::chrono::duration<double>(Clock::now() - req->arrival).count(),
                                       req->usage.prompt_tokens, req->usage.completion_tokens);
@@ -430,7 +446,7 @@ void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {
   }
 }
 
-void Engine::fail_all(const std::string& message, bool release) {
+void Engine::fail_all(const std::string& message, bool release, int http_status) {
   std::vector<std::shared_ptr<RequestState>> reqs;
   for (auto& [id, seq] : seqs_) {
     if (std::find(reqs.begin(), reqs.end(), seq->req) == reqs.end()) reqs.push_back(seq->req);
@@ -444,8 +460,9 @@ void Engine::fail_all(const std::string& message, bool release) {
     std::lock_guard lock(mutex_);
     incoming.swap(inbox_);
     n_queued_ = 0;
+    n_in_flight_ -= reqs.size() + incoming.size();
   }
-  for (auto& req : reqs) req->request.sink->on_event(RequestFailed{500, "server_error", message});
+  for (auto& req : reqs) req->request.sink->on_event(RequestFailed{http_status, "server_error", message});
   for (auto& r : incoming) r.sink->on_event(RequestFailed{503, "server_error", message});
   // The ranks still hold the KV of the failed sequences: free it now (the next plan would otherwise do it).
   if (!release) to_release_.clear();

@@ -50,7 +50,11 @@ class Engine final : public GenerationService {
   ~Engine() override;
 
   void start();  // runs the loop on its own thread
-  void stop();   // finishes the current step, fails what is still in flight, joins the thread
+  void stop();   // finishes the current step, fails what is still in flight (503), joins the thread
+  // A graceful drain: submit() refuses new requests (std::runtime_error, 503) while those queued and running go on.
+  void drain();
+  // Nothing queued or running (after drain(), it stays so).
+  bool idle() const;
 
   void submit(GenerationRequest request) override;
   std::string metrics_text() override;
@@ -93,8 +97,9 @@ class Engine final : public GenerationService {
   void evict_for(StepPlan& plan, const Schedule& schedule);
   void on_token(Sequence& seq, const SampledToken& sampled);
   void finish(Sequence& seq, const std::string& reason, bool notify);
-  // release: have the ranks free the failed sequences' KV (not when the world is broken).
-  void fail_all(const std::string& message, bool release);
+  // release: have the ranks free the failed sequences' KV (not when the world is broken). http_status: what the
+  // running sequences' requests fail with (queued ones always get 503: they may be retried elsewhere).
+  void fail_all(const std::string& message, bool release, int http_status);
   void publish_metrics();
   // After a step whose plan asked for the ranks' detail: renders /v1/kv_state and wakes the clients that wait.
   void serve_kv_state(const StepPlan& plan, uint64_t asked);
@@ -120,6 +125,8 @@ class Engine final : public GenerationService {
   std::deque<GenerationRequest> inbox_;
   size_t n_queued_ = 0;  // sequences in inbox_ and waiting_, for the max_waiting bound
   bool stopping_ = false;
+  bool draining_ = false;
+  size_t n_in_flight_ = 0;  // requests submitted and not yet finished or failed
   bool healthy_ = true;
   std::string broken_;  // why the world is gone (a rank failed): new requests are refused
   std::condition_variable kv_state_ready_;

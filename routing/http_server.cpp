@@ -20,7 +20,10 @@
 #include "leader/generation.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
+#include "routing/accept_backoff.h"
 #include "routing/api_error.h"
+#include "routing/api_keys.h"
+#include "routing/connection_limit.h"
 #include "routing/openai_protocol.h"
 
 namespace strata {
@@ -35,6 +38,15 @@ using namespace net::experimental::awaitable_operators;
 constexpr auto use_nothrow = net::as_tuple(net::use_awaitable);
 constexpr std::string_view kServerName = "strata";
 constexpr std::chrono::seconds kLingerTime{2};  // how long a connection closed after an error still drains input
+// Retry-After of the 503s a draining server answers: time for a load balancer's health check to take it out.
+constexpr std::string_view kDrainRetryAfterS = "5";
+// Retry-After of the 503 a connection over the limit gets.
+constexpr std::string_view kBusyRetryAfterS = "1";
+// How long a refused connection may stay for its answer to be read: short, since refusals in flight are bounded
+// and the connections behind them wait in the backlog.
+constexpr std::chrono::milliseconds kRefusalLinger{250};
+// How often a listener with every connection and refusal slot taken looks again.
+constexpr std::chrono::milliseconds kFullPoll{10};
 
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
@@ -110,9 +122,13 @@ class SinkRegistry {
       sink->set_waker(nullptr);
     }
   }
+  int size() const {
+    std::lock_guard lock(mutex_);
+    return int(sinks_.size());
+  }
 
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::unordered_set<EventQueueSink*> sinks_;
 };
 
@@ -187,11 +203,17 @@ std::string http_error_status_text(const ApiError& error) {
   return std::to_string(error.http_status()) + " " + error.type() + ": " + error.what();
 }
 
-// What every session shares: the options, the engine and tokenizer, and the sinks in flight.
+// What every session shares: the options, the engine and tokenizer, the keys, the sinks in flight, the bounds on
+// connections and whether the server drains.
 struct ServerContext {
   ServerContext(ServerOptions options_in, GenerationService& service_in, const Tokenizer& tokenizer_in,
                 const ChatTemplate& chat_template_in)
-      : options(std::move(options_in)), service(service_in), tokenizer(tokenizer_in), chat_template(chat_template_in) {
+      : options(std::move(options_in)),
+        service(service_in),
+        tokenizer(tokenizer_in),
+        chat_template(chat_template_in),
+        keys(options.api_keys),
+        connections(options.max_connections) {
     limits.model_name = options.model_name;
     limits.max_context = options.max_context;
     limits.vocab_size = tokenizer.vocab_size();
@@ -207,7 +229,31 @@ struct ServerContext {
   ProtocolLimits limits;
   int64_t started_at = unix_now();
   SinkRegistry sinks;
+  ApiKeys keys;
+  ConnectionLimit connections;
+  ConnectionLimit refusals{kMaxRefusalsInFlight};
+  std::atomic<bool> draining{false};
 };
+
+// Whether a path needs an API key (when keys are configured): the API under /v1, and /metrics if so configured.
+bool needs_key(const ServerOptions& options, std::string_view path) {
+  return path == "/v1" || path.starts_with("/v1/") || (options.metrics_require_key && path == "/metrics");
+}
+
+// Why the request may not use the path, as the OpenAI API answers it, or none.
+std::optional<ApiError> authorization_error(const ServerContext& server, const Request& request,
+                                            std::string_view path) {
+  if (server.keys.empty() || !needs_key(server.options, path)) return std::nullopt;
+  auto header = request.find(http::field::authorization);
+  if (header == request.end()) {
+    return ApiError(401, "invalid_request_error",
+                    "You didn't provide an API key. You need to provide your API key in an Authorization header "
+                    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                    "", "invalid_api_key");
+  }
+  if (server.keys.accepts(header->value())) return std::nullopt;
+  return ApiError(401, "invalid_request_error", "Incorrect API key provided.", "", "invalid_api_key");
+}
 
 // One connection: read a request, answer it, repeat while keep-alive. Lives in its coroutine's frame on its own
 // strand; every read and write has a deadline.
@@ -218,8 +264,11 @@ class Session {
   net::awaitable<void> run();
 
  private:
+  net::awaitable<bool> read_first_byte();
   net::awaitable<bool> handle(Request& request);
   net::awaitable<bool> dispatch(Request& request);
+  net::awaitable<bool> answer_error(const Request& request, const ApiError& error, http::field field,
+                                    std::string_view value);
   net::awaitable<bool> serve_generation(Request& request, ApiDialect dialect);
   net::awaitable<bool> collect(const Request& request, const ResponseContext& context, EventQueueSink& sink,
                                net::steady_timer& timer, SinkLease& lease);
@@ -250,7 +299,8 @@ net::awaitable<void> Session::run() {
     http::request_parser<http::string_body> parser;
     parser.header_limit(uint32_t(std::min<size_t>(options.max_header_bytes, UINT32_MAX)));
     parser.body_limit(options.max_body_bytes);
-    stream_.expires_after(options.read_timeout);  // the whole request, and the keep-alive idle time before it
+    if (!co_await read_first_byte()) break;
+    stream_.expires_after(options.read_timeout);  // the whole request, from its first byte
     auto [ec, n_read] = co_await http::async_read_header(stream_, buffer_, parser, use_nothrow);
     if (!ec && !parser.is_done()) {
       // curl asks before sending a large body and otherwise waits a second for this answer.
@@ -289,10 +339,22 @@ net::awaitable<void> Session::run() {
   stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
 }
 
+// Waits up to the idle timeout for the next request to begin (unless its bytes are already buffered). Returns
+// false when the connection is to close: the client closed it, or stayed idle too long.
+net::awaitable<bool> Session::read_first_byte() {
+  if (buffer_.size() > 0) co_return true;
+  stream_.expires_after(server_.options.idle_timeout);
+  auto [ec, n_read] = co_await stream_.async_read_some(buffer_.prepare(4096), use_nothrow);
+  if (ec) co_return false;
+  buffer_.commit(n_read);
+  co_return true;
+}
+
 // Answers one request. Returns whether the connection may carry another one.
 net::awaitable<bool> Session::handle(Request& request) {
   stream_started_ = false;
   watch_peer_ = true;
+  if (server_.draining) request.keep_alive(false);  // clients go elsewhere for their next request
   std::optional<ApiError> error;
   try {
     co_return co_await dispatch(request);
@@ -326,6 +388,14 @@ net::awaitable<bool> Session::dispatch(Request& request) {
   }
   unsigned version = request.version();
   bool keep_alive = request.keep_alive();
+  if (auto error = authorization_error(server_, request, path)) {
+    co_return co_await answer_error(request, *error, http::field::www_authenticate, "Bearer");
+  }
+  if (server_.draining && entry && entry->route != Route::health && entry->route != Route::metrics) {
+    ApiError error(503, "server_error", "the server is draining before it shuts down; retry on another server", "",
+                   "draining");
+    co_return co_await answer_error(request, error, http::field::retry_after, kDrainRetryAfterS);
+  }
   if (!entry) {
     throw ApiError(404, "not_found_error",
                    "no route for " + std::string(request.method_string()) + " " + std::string(path), "",
@@ -333,14 +403,10 @@ net::awaitable<bool> Session::dispatch(Request& request) {
   }
   if (request.method() != entry->method) {
     std::string allowed(http::to_string(entry->method));
-    server_.service.record_error(405);
-    Response response = error_response(
-        version, keep_alive,
-        ApiError(405, "invalid_request_error",
-                 std::string(request.method_string()) + " is not allowed on " + std::string(path) + "; use " + allowed,
-                 "", "method_not_allowed"));
-    response.set(http::field::allow, allowed);
-    co_return co_await do_write(response) && keep_alive;
+    ApiError error(405, "invalid_request_error",
+                   std::string(request.method_string()) + " is not allowed on " + std::string(path) + "; use " + allowed,
+                   "", "method_not_allowed");
+    co_return co_await answer_error(request, error, http::field::allow, allowed);
   }
 
   GenerationService& service = server_.service;
@@ -361,8 +427,8 @@ net::awaitable<bool> Session::dispatch(Request& request) {
       break;
     }
     case Route::health: {
-      bool healthy = service.healthy();
-      nlohmann::json status = {{"status", healthy ? "ok" : "unavailable"}};
+      bool healthy = service.healthy() && !server_.draining;
+      nlohmann::json status = {{"status", server_.draining ? "draining" : healthy ? "ok" : "unavailable"}};
       response = make_response(version, keep_alive, healthy ? http::status::ok : http::status::service_unavailable,
                                status.dump(), "application/json");
       break;
@@ -376,6 +442,15 @@ net::awaitable<bool> Session::dispatch(Request& request) {
       break;
   }
   co_return co_await do_write(response) && keep_alive;
+}
+
+// An error answer with one header besides the usual ones (Allow, WWW-Authenticate, Retry-After).
+net::awaitable<bool> Session::answer_error(const Request& request, const ApiError& error, http::field field,
+                                           std::string_view value) {
+  server_.service.record_error(error.http_status());
+  Response response = error_response(request.version(), request.keep_alive(), error);
+  response.set(field, value);
+  co_return co_await do_write(response) && request.keep_alive();
 }
 
 net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dialect) {
@@ -532,7 +607,9 @@ net::awaitable<void> Session::do_linger() {
   }
 }
 
-net::awaitable<void> serve_connection(ServerContext& server, tcp::socket socket) {
+// The connection's slot is given back when the session ends.
+net::awaitable<void> serve_connection(ServerContext& server, tcp::socket socket,
+                                      [[maybe_unused]] ConnectionLimit::Slot slot) {
   Session session(server, std::move(socket));
   try {
     co_await session.run();
@@ -541,19 +618,60 @@ net::awaitable<void> serve_connection(ServerContext& server, tcp::socket socket)
   }
 }
 
-net::awaitable<void> listen(tcp::acceptor& acceptor, ServerContext& server) {
+// A connection over server.max_connections: a 503 without reading the request, then a short linger so that the
+// close does not reset the connection before the client has read the answer.
+net::awaitable<void> refuse_connection(ServerContext& server, tcp::socket socket,
+                                       [[maybe_unused]] ConnectionLimit::Slot slot) {
+  beast::tcp_stream stream(std::move(socket));
+  ApiError error(503, "server_error",
+                 "the server holds its maximum of " + std::to_string(server.options.max_connections) +
+                     " connections; retry later",
+                 "", "too_many_connections");
+  server.service.record_error(503);
+  Response response = error_response(11, false, error);
+  response.set(http::field::retry_after, kBusyRetryAfterS);
+  stream.expires_after(kRefusalLinger);
+  auto [ec, n_written] = co_await http::async_write(stream, response, use_nothrow);
+  if (ec) co_return;
+  beast::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  char scratch[4096];
   for (;;) {
+    auto [read_ec, n_read] = co_await stream.async_read_some(net::buffer(scratch), use_nothrow);
+    if (read_ec) co_return;
+  }
+}
+
+void log_accept(const std::string& line) {
+  if (!line.empty()) std::fprintf(stderr, "strata http: %s\n", line.c_str());
+}
+
+net::awaitable<void> listen(tcp::acceptor& acceptor, ServerContext& server) {
+  AcceptBackoff backoff;
+  for (;;) {
+    // With no slot to serve or refuse a connection, it waits in the backlog rather than being reset.
+    while (server.connections.n_open() >= server.connections.max_open() &&
+           server.refusals.n_open() >= server.refusals.max_open()) {
+      net::steady_timer pause(acceptor.get_executor(), kFullPoll);
+      if (auto [ec] = co_await pause.async_wait(use_nothrow); ec) co_return;
+    }
     // Each connection gets its own strand: its coroutine and its sinks' wake-ups never run concurrently.
     auto [ec, socket] = co_await acceptor.async_accept(net::make_strand(acceptor.get_executor()), use_nothrow);
     if (ec == net::error::operation_aborted) co_return;
-    if (ec) {  // e.g. out of file descriptors: keep serving the open connections, retry shortly
-      std::fprintf(stderr, "strata http: accept failed: %s\n", ec.message().c_str());
-      net::steady_timer pause(acceptor.get_executor(), std::chrono::milliseconds(100));
+    if (ec) {  // e.g. out of file descriptors: keep serving the open connections, retry after a growing pause
+      AcceptBackoff::Decision decision = backoff.on_failure(ec.message(), AcceptBackoff::Clock::now());
+      log_accept(decision.log);
+      net::steady_timer pause(acceptor.get_executor(), decision.delay);
       co_await pause.async_wait(use_nothrow);
       continue;
     }
+    log_accept(backoff.on_success());
     auto executor = socket.get_executor();
-    net::co_spawn(executor, serve_connection(server, std::move(socket)), net::detached);
+    if (std::optional<ConnectionLimit::Slot> slot = server.connections.try_take()) {
+      net::co_spawn(executor, serve_connection(server, std::move(socket), std::move(*slot)), net::detached);
+    } else if (std::optional<ConnectionLimit::Slot> refusal = server.refusals.try_take()) {
+      net::co_spawn(executor, refuse_connection(server, std::move(socket), std::move(*refusal)), net::detached);
+    }  // else: a slot was taken since the wait above (only this loop takes slots, so never): the socket closes
   }
 }
 
@@ -618,6 +736,10 @@ void HttpServer::start() {
 }
 
 uint16_t HttpServer::port() const { return impl_->bound_port; }
+
+void HttpServer::start_draining() { impl_->server.draining = true; }
+
+int HttpServer::n_in_flight() const { return impl_->server.sinks.size(); }
 
 void HttpServer::stop() {
   std::lock_guard lock(impl_->state_mutex);

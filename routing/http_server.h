@@ -22,13 +22,17 @@ struct ServerOptions {
   int threads = 2;                               // I/O threads; handlers parse and tokenize on them
   size_t max_body_bytes = 4 << 20;               // larger bodies get 413
   size_t max_header_bytes = 16 << 10;            // larger headers get 431
-  std::chrono::seconds read_timeout{30};         // one whole request, and a keep-alive connection's idle time
+  std::chrono::seconds read_timeout{30};         // one whole request, from its first byte
+  std::chrono::seconds idle_timeout{15};         // a connection's wait for the first byte of its next request
   std::chrono::seconds write_timeout{30};        // each response write (each chunk when streaming)
   std::string model_name;                        // the served model id (/v1/models, "model" checks)
   int max_context = 2048;                        // tokens of prompt + completion
   int max_n = 16;                                // choices per request
   int max_top_logprobs = 20;
   std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
+  int max_connections = 512;                     // connections held at once; more get 503 and are closed
+  std::vector<std::string> api_keys;             // bearer keys for /v1/* (routing/api_keys.h); none: open
+  bool metrics_require_key = false;              // whether /metrics needs a key too
 };
 
 class HttpServer {
@@ -44,6 +48,12 @@ class HttpServer {
   void start();
   // The bound port (the ephemeral one when options.port was 0); valid after start().
   uint16_t port() const;
+  // Stops admitting (a graceful drain): /v1/* gets 503 with Retry-After, /health 503 with status "draining" so that
+  // load balancers stop sending; the requests in flight go on, and each connection closes after its response.
+  // Idempotent.
+  void start_draining();
+  // Generation requests whose response is not yet completely written.
+  int n_in_flight() const;
   // Closes the listener and every connection and joins the threads; requests in flight are cancelled (their
   // sinks report cancelled()). Idempotent.
   void stop();

@@ -1,12 +1,15 @@
-// strata serve: load the model, start the engine thread and the HTTP server, run until SIGINT or SIGTERM.
-// Under mpirun every rank runs this command: the leader (rank 0) serves HTTP and schedules, the others execute
-// their shard of every step (docs/distributed.md).
+// strata serve: load the model, start the engine thread and the HTTP server, run until SIGINT or SIGTERM (a
+// graceful drain, then the end; a second one ends at once). Under mpirun every rank runs this command: the leader
+// (rank 0) serves HTTP and schedules, the others execute their shard of every step (docs/distributed.md).
 #include <semaphore.h>
+#include <time.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <stop_token>
@@ -19,20 +22,27 @@
 #include "leader/engine.h"
 #include "leader/metrics.h"
 #include "rank/rank_worker.h"
+#include "routing/api_keys.h"
+#include "routing/descriptor_limit.h"
 #include "routing/http_server.h"
 
 namespace strata {
 
 namespace {
 
-// SIGINT/SIGTERM post a semaphore that the main thread waits on. A handler, not sigwait: libraries start threads
-// before main (OpenBLAS), and a signal delivered to one of those must still end in a clean shutdown, also when
-// it arrives while the model is loading.
+// SIGINT, SIGTERM and SIGUSR1 post a semaphore that the main thread waits on. A handler, not sigwait: libraries
+// start threads before main (OpenBLAS), and a signal delivered to one of those must still end in a clean
+// shutdown, also when it arrives while the model is loading. The first signal starts a drain; a SIGINT or SIGTERM
+// after it ends at once. SIGUSR1 only ever starts a drain: mpirun forwards it to every rank at once (it answers
+// SIGTERM by killing the world a second later), and a supervisor that signals every process of the group as well
+// as mpirun must not turn its one stop into two (docs/decisions.md).
 sem_t g_shutdown;
 std::atomic<int> g_signal{0};
+std::atomic<int> g_n_ending_signals{0};  // SIGINT and SIGTERM received
 
 void on_signal(int signal) {
   g_signal = signal;
+  if (signal != SIGUSR1) ++g_n_ending_signals;  // lock-free, hence async-signal-safe
   sem_post(&g_shutdown);  // async-signal-safe
 }
 
@@ -43,11 +53,31 @@ void install_signal_handlers() {
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error code, not the end of the process
 }
 
+// Waits for the semaphore up to `timeout`; true when it was posted.
+bool wait_for_signal(std::chrono::milliseconds timeout) {
+  timespec deadline{};
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  const long long ns = deadline.tv_nsec + std::chrono::nanoseconds(timeout).count();
+  deadline.tv_sec += time_t(ns / 1000000000);
+  deadline.tv_nsec = long(ns % 1000000000);
+  while (sem_timedwait(&g_shutdown, &deadline) != 0) {
+    if (errno != EINTR) return false;
+  }
+  return true;
+}
+
 void print_serve_help() {
-  std::cout << "usage: strata serve --config FILE [--port N] [--host H] [--tp T] [--pp P] [--set section.key=value]...\n"
+  std::cout << "usage: strata serve --config FILE [--port N] [--host H] [--tp T] [--pp P] [--api-key KEY]...\n"
+               "                    [--set section.key=value]...\n"
+               "--api-key adds a key to server.api_keys (a key file is safer: command lines are visible to all).\n"
+               "SIGTERM, SIGINT or SIGUSR1: drain (refuse new requests, finish those in flight for up to\n"
+               "server.drain_timeout_s), then exit 0; a second SIGTERM or SIGINT ends at once. Under mpirun send\n"
+               "SIGUSR1 to mpirun (it forwards it to every rank) or SIGTERM to rank 0: mpirun kills the ranks 1 s\n"
+               "after its own SIGTERM.\n"
                "configuration keys (YAML sections and keys; --set overrides any of them):\n";
   for (const std::string& k : config_keys()) std::cout << "  " << k << "\n";
 }
@@ -57,6 +87,8 @@ void print_serve_help() {
 constexpr std::chrono::milliseconds kStopGrace{500};
 // What the HTTP sessions get to write the requests' error responses before the server stops.
 constexpr std::chrono::milliseconds kDrain{200};
+// How often a drain looks whether the requests in flight are done.
+constexpr std::chrono::milliseconds kDrainPoll{50};
 
 // A rank other than the leader: executes its shard of every step the leader sends, until the leader ends it.
 void serve_as_worker(const ServerConfig& config, RankWorld& world) {
@@ -64,6 +96,7 @@ void serve_as_worker(const ServerConfig& config, RankWorld& world) {
   // not end it first, while the leader may still be sending it a step.
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGUSR1, SIG_IGN);  // the leader's drain signal, which mpirun forwards to every rank
   std::unique_ptr<RankRuntime> rt = make_runtime(config, &world);
   run_worker(world.grid(), *rt->exchange, *rt->executor, *rt->cache,
              [&](const std::string& message) { world.abort(message); });
@@ -79,7 +112,48 @@ ServerOptions server_options(const ServerConfig& config, const RankRuntime& rt) 
   options.max_context = rt.weights.config.max_context;
   options.max_n = config.server.max_n;
   options.kv_policies = request_policy_names(config);
+  options.idle_timeout = std::chrono::seconds(config.server.idle_timeout_s);
+  options.max_connections = config.server.max_connections;
+  options.api_keys = configured_api_keys(config);
+  options.metrics_require_key = config.server.metrics_require_key;
   return options;
+}
+
+// What the HTTP server needs from the process: descriptors for every connection it may hold; and a word when it
+// is open to the network without a key.
+void check_server_options(const ServerConfig& config, const ServerOptions& options) {
+  const std::string problem =
+      connection_budget_problem(options.max_connections, count_open_descriptors(), raise_descriptor_limit());
+  if (!problem.empty()) throw ConfigError(config.file + ": server.max_connections: " + problem);
+  if (!options.api_keys.empty()) {
+    std::cerr << "strata: " << options.api_keys.size() << " API key(s) configured: /v1/*"
+              << (options.metrics_require_key ? " and /metrics" : "") << " need one" << std::endl;
+  } else if (!is_loopback_host(options.host)) {
+    std::cerr << "strata: warning: no API key is configured and the server listens on " << options.host
+              << ": anyone who reaches it can use it (server.api_keys, server.api_key_file, --api-key)" << std::endl;
+  }
+}
+
+// The graceful part of a shutdown: no new requests, and those in flight (running and queued) get up to
+// server.drain_timeout_s to finish. Returns early on a SIGINT or SIGTERM beyond the `n_ending` seen so far, or on
+// a rank failure (`failed`).
+void drain(Engine& engine, HttpServer& server, std::chrono::seconds timeout, int n_ending,
+           const std::function<bool()>& failed) {
+  server.start_draining();
+  engine.drain();
+  std::cerr << "strata: signal " << g_signal.load() << ", draining: " << server.n_in_flight()
+            << " request(s) in flight get up to " << timeout.count()
+            << " s to finish (a second SIGTERM or SIGINT ends at once)" << std::endl;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!(engine.idle() && server.n_in_flight() == 0)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::cerr << "strata: drain timed out; ending the " << server.n_in_flight() << " request(s) still in flight"
+                << std::endl;
+      return;
+    }
+    if (wait_for_signal(kDrainPoll) && (g_n_ending_signals.load() > n_ending || failed())) return;
+  }
+  std::cerr << "strata: drained" << std::endl;
 }
 
 // The leader's shutdown: the engine fails what is in flight, the sessions then write those errors before the
@@ -105,12 +179,30 @@ void shut_down(RankWorld& world, Engine& engine, HttpServer& server, StepDispatc
   }
 }
 
+// Serves until a signal or a rank failure; then drains (unless a rank failed, two ending signals came at once, or
+// the drain timeout is 0) and shuts down. failure(): why the world broke, or "".
+void serve_until_stopped(RankWorld& world, Engine& engine, HttpServer& server, StepDispatcher& ranks,
+                         std::chrono::seconds drain_timeout, const std::function<std::string()>& failure) {
+  while (sem_wait(&g_shutdown) != 0) {
+  }
+  const int n_ending = g_n_ending_signals.load();
+  const auto failed = [&] { return !failure().empty(); };
+  if (!failed() && n_ending < 2 && drain_timeout.count() > 0) drain(engine, server, drain_timeout, n_ending, failed);
+  const std::string why = failure();
+  if (why.empty()) {
+    std::cerr << "strata: signal " << g_signal.load() << ", shutting down"
+              << (world.distributed() ? " (mpirun also signals every rank when one dies, and names it)" : "")
+              << std::endl;
+  }
+  shut_down(world, engine, server, ranks, why);
+}
+
 }  // namespace
 
 int serve_command(int argc, char** argv) {
   std::unique_ptr<RankWorld> world;
   try {
-    CommandLine cl(argc, argv, {"config", "port", "host", "set", "tp", "pp"}, {"help"}, {"set"});
+    CommandLine cl(argc, argv, {"config", "port", "host", "set", "tp", "pp", "api-key"}, {"help"}, {"set", "api-key"});
     if (cl.has("help")) {
       print_serve_help();
       return 0;
@@ -120,6 +212,11 @@ int serve_command(int argc, char** argv) {
     if (cl.has("host")) apply_config_override(config, "server.host=" + cl.get("host"));
     if (cl.has("tp")) apply_config_override(config, "parallel.tp=" + cl.get("tp"));
     if (cl.has("pp")) apply_config_override(config, "parallel.pp=" + cl.get("pp"));
+    for (const std::string& key : cl.get_all("api-key")) {
+      const std::string problem = api_key_problem(key);
+      if (!problem.empty()) throw ConfigError("--api-key: " + problem);
+      config.server.api_keys.push_back(key);
+    }
     world = std::make_unique<RankWorld>(config);
     if (!world->grid().is_leader()) {
       serve_as_worker(config, *world);
@@ -141,26 +238,18 @@ int serve_command(int argc, char** argv) {
       }
       sem_post(&g_shutdown);
     };
+    ServerOptions options = server_options(config, *rt);
+    check_server_options(config, options);
     Engine engine(*ranks, *rt->tokenizer, rt->weights.config, metrics, std::move(engine_settings));
     engine.start();
-    HttpServer server(server_options(config, *rt), engine, *rt->tokenizer, *rt->chat_template);
+    HttpServer server(std::move(options), engine, *rt->tokenizer, *rt->chat_template);
     server.start();
     std::cerr << "strata: serving " << rt->model_name << " on http://" << config.server.host << ":" << server.port()
               << std::endl;
-
-    while (sem_wait(&g_shutdown) != 0) {
-    }
-    std::string failure;
-    {
+    serve_until_stopped(*world, engine, server, *ranks, std::chrono::seconds(config.server.drain_timeout_s), [&] {
       std::lock_guard lock(failure_mutex);
-      failure = rank_failure;
-    }
-    if (failure.empty()) {
-      std::cerr << "strata: signal " << g_signal.load() << ", shutting down"
-                << (world->distributed() ? " (mpirun also signals every rank when one dies, and names it)" : "")
-                << std::endl;
-    }
-    shut_down(*world, engine, server, *ranks, failure);
+      return rank_failure;
+    });
     return 0;
   } catch (const std::exception& e) {
     // With other ranks waiting on this one, an error here must end them too.

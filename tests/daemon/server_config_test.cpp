@@ -319,6 +319,8 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
       "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "kv_cache.prefix_caching", "parallel.tp", "parallel.pp",
       "parallel.timeout_s", "parallel.micro_batches",
+      "server.max_connections", "server.idle_timeout_s", "server.drain_timeout_s", "server.api_keys",
+      "server.api_key_file", "server.metrics_require_key",
   };
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
   EXPECT_EQ(keys.size(), expected.size());  // no duplicates
@@ -334,6 +336,8 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "engine.backend"        ? "cpu"
                               : k == "model.weight_dtype"    ? "q8_0"
                               : k == "kv_cache.prefix_caching" ? "off"
+                              : k == "server.metrics_require_key" ? "true"
+                              : k == "server.api_keys"        ? "sk-a,sk-b"
                                                              : "16";
     EXPECT_NO_THROW(apply_config_override(c, k + "=" + value)) << k;
   }
@@ -372,6 +376,81 @@ TEST_F(ServerConfigTest, CompressionKeysAreCheckedWhereTheyAreRead) {
   EXPECT_EQ(request_policy_names(c), policy_names());
   apply_config_override(c, "kv_cache.request_policies= full , snapkv ");
   EXPECT_EQ(request_policy_names(c), (std::vector<std::string>{"full", "snapkv"}));
+}
+
+TEST_F(ServerConfigTest, ServerHardeningKeysHaveTheirDefaults) {
+  const ServerConfig c = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
+  EXPECT_EQ(c.server.max_connections, 512);
+  EXPECT_EQ(c.server.idle_timeout_s, 15);
+  EXPECT_EQ(c.server.drain_timeout_s, 30);
+  EXPECT_TRUE(c.server.api_keys.empty());
+  EXPECT_EQ(c.server.api_key_file, "");
+  EXPECT_FALSE(c.server.metrics_require_key);
+  EXPECT_TRUE(configured_api_keys(c).empty());
+}
+
+TEST_F(ServerConfigTest, ApiKeysFromAYamlListAnOverrideAndAFile) {
+  const std::string key_file = write("keys.txt", "# team keys\nsk-file-1\n\n  sk-file-2  \n#sk-old\n");
+  const std::string path = write("keys.yaml",
+                                 "server:\n"
+                                 "  api_keys: [sk-yaml-1, \"sk-yaml,2\"]\n"
+                                 "  api_key_file: " + key_file + "\n"
+                                 "  metrics_require_key: true\n"
+                                 "  max_connections: 64\n"
+                                 "  idle_timeout_s: 5\n"
+                                 "  drain_timeout_s: 0\n");
+  ServerConfig c = load_server_config(path);
+  EXPECT_EQ(c.server.api_keys, (std::vector<std::string>{"sk-yaml-1", "sk-yaml,2"})) << "a list item may hold a comma";
+  EXPECT_EQ(configured_api_keys(c), (std::vector<std::string>{"sk-yaml-1", "sk-yaml,2", "sk-file-1", "sk-file-2"}));
+  EXPECT_TRUE(c.server.metrics_require_key);
+  EXPECT_EQ(c.server.max_connections, 64);
+  EXPECT_EQ(c.server.idle_timeout_s, 5);
+  EXPECT_EQ(c.server.drain_timeout_s, 0);
+  apply_config_override(c, "server.api_keys=sk-x, sk-y");
+  EXPECT_EQ(c.server.api_keys, (std::vector<std::string>{"sk-x", "sk-y"}));
+}
+
+TEST_F(ServerConfigTest, BadApiKeysNameTheKeyButNeverShowIt) {
+  const std::string spaced = write("spaced.yaml", "server:\n  api_keys: [sk-good, \"sk-secret value\"]\n");
+  const std::string e = load_error(spaced);
+  EXPECT_CONTAINS(e, "server.api_keys: entry 2");
+  EXPECT_EQ(e.find("secret"), std::string::npos) << e;
+  const std::string nested = write("nested_keys.yaml", "server:\n  api_keys: [[a]]\n");
+  EXPECT_CONTAINS(load_error(nested), "server.api_keys");
+
+  ServerConfig c;
+  c.file = "deploy.yaml";
+  c.server.api_key_file = (dir_ / "missing.txt").string();
+  try {
+    configured_api_keys(c);
+    ADD_FAILURE() << "a missing key file was accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_CONTAINS(error.what(), "deploy.yaml: server.api_key_file: cannot read");
+  }
+  c.server.api_key_file = write("comments.txt", "# only a comment\n\n");
+  try {
+    configured_api_keys(c);
+    ADD_FAILURE() << "a key file without keys was accepted: the server would be open";
+  } catch (const ConfigError& error) {
+    EXPECT_CONTAINS(error.what(), "server.api_key_file");
+    EXPECT_CONTAINS(error.what(), "holds no key");
+  }
+  c.server.api_key_file = write("bad.txt", "sk-fine\nsk-\x01hidden\n");
+  try {
+    configured_api_keys(c);
+    ADD_FAILURE() << "a key with a control character was accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_CONTAINS(error.what(), "entry 2");
+    EXPECT_EQ(std::string(error.what()).find("hidden"), std::string::npos) << error.what();
+  }
+}
+
+TEST_F(ServerConfigTest, ConnectionAndDrainKeysAreChecked) {
+  ServerConfig c;
+  EXPECT_CONTAINS(override_error(c, "server.max_connections=0"), "server.max_connections");
+  EXPECT_CONTAINS(override_error(c, "server.idle_timeout_s=0"), "server.idle_timeout_s");
+  EXPECT_CONTAINS(override_error(c, "server.drain_timeout_s=-1"), "server.drain_timeout_s");
+  EXPECT_CONTAINS(override_error(c, "server.metrics_require_key=yes"), "server.metrics_require_key");
 }
 
 }  // namespace

@@ -16,7 +16,10 @@
 #include <boost/beast/http.hpp>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "leader/generation.h"
 #include "model/byte_level.h"
@@ -142,6 +145,16 @@ class Client {
     return send(http::verb::post, target, body.dump());
   }
   http::response<http::string_body> get(const std::string& target) { return send(http::verb::get, target); }
+  http::response<http::string_body> send_request(http::request<http::string_body> request) {
+    request.prepare_payload();
+    http::write(socket_, request);
+    return read();
+  }
+  // A GET on a connection of its own (this one may be closed).
+  static http::response<http::string_body> get_on_new_connection(uint16_t port, const std::string& target) {
+    Client other(port);
+    return other.get(target);
+  }
 
   http::response<http::string_body> read() {
     http::response_parser<http::string_body> parser;
@@ -351,12 +364,164 @@ TEST_F(HttpServerTest, GarbageIs400AndCloses) {
 }
 
 TEST_F(HttpServerTest, IdleConnectionTimesOut) {
-  options_.read_timeout = 1s;
+  options_.idle_timeout = 1s;
+  options_.read_timeout = 30s;
   start();
   Client c = client();
   auto started = std::chrono::steady_clock::now();
   EXPECT_TRUE(c.closed_by_server());
   EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+  Client kept_alive = client();
+  EXPECT_EQ(kept_alive.get("/health").result_int(), 200);
+  started = std::chrono::steady_clock::now();
+  EXPECT_TRUE(kept_alive.closed_by_server()) << "idle after a request too";
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+}
+
+TEST_F(HttpServerTest, IdleTimeoutDoesNotCutARequestBeingRead) {
+  options_.idle_timeout = 1s;
+  options_.read_timeout = 10s;
+  start();
+  Client c = client();
+  c.write_raw("GET /health HTTP/1.1\r\n");
+  std::this_thread::sleep_for(1500ms);  // longer than the idle timeout, within the read timeout
+  c.write_raw("Host: x\r\n\r\n");
+  EXPECT_EQ(c.read().result_int(), 200);
+}
+
+TEST_F(HttpServerTest, ApiKeysGuardV1ButNotHealth) {
+  options_.api_keys = {"sk-one", "sk-two"};
+  start();
+  Client c = client();
+  auto missing = c.get("/v1/models");
+  expect_error(missing, 401, "invalid_request_error");
+  EXPECT_EQ(json::parse(missing.body())["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(missing[http::field::www_authenticate], "Bearer");
+  EXPECT_TRUE(missing.keep_alive());
+  auto send = [&](const std::string& target, const std::string& authorization) {
+    http::request<http::string_body> request{http::verb::get, target, 11};
+    request.set(http::field::host, "x");
+    request.set(http::field::authorization, authorization);
+    return c.send_request(request);
+  };
+  auto wrong = send("/v1/models", "Bearer sk-three");
+  expect_error(wrong, 401, "invalid_request_error");
+  EXPECT_EQ(wrong.body().find("sk-three"), std::string::npos) << "the key is not echoed";
+  EXPECT_EQ(send("/v1/models", "Bearer sk-two").result_int(), 200);
+  EXPECT_EQ(send("/v1/kv_state", "Bearer sk-one").result_int(), 200);
+  expect_error(c.get("/v1/no_such_route"), 401, "invalid_request_error");  // routes are not revealed without a key
+  EXPECT_EQ(c.get("/health").result_int(), 200);
+  EXPECT_EQ(c.get("/metrics").result_int(), 200) << "open unless metrics_require_key";
+  auto completion = c.post("/v1/completions", kCompletion);
+  expect_error(completion, 401, "invalid_request_error");
+  EXPECT_TRUE(service_.requests().empty()) << "nothing reached the engine";
+}
+
+TEST_F(HttpServerTest, MetricsMayRequireAKey) {
+  options_.api_keys = {"sk-one"};
+  options_.metrics_require_key = true;
+  start();
+  Client c = client();
+  expect_error(c.get("/metrics"), 401, "invalid_request_error");
+  http::request<http::string_body> request{http::verb::get, "/metrics", 11};
+  request.set(http::field::authorization, "Bearer sk-one");
+  EXPECT_EQ(c.send_request(request).result_int(), 200);
+  EXPECT_EQ(c.get("/health").result_int(), 200);
+}
+
+TEST_F(HttpServerTest, DrainRefusesNewRequestsAndLetsThoseInFlightFinish) {
+  service_.hold_after = 1;
+  start();
+  Client streaming = client();
+  Client idle = client();
+  EXPECT_EQ(idle.get("/health").result_int(), 200);
+  std::string body = with_fields(kCompletion, {{"stream", true}}).dump();
+  streaming.write_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+                      "\r\n\r\n" + body);
+  streaming.read_until("Hello");
+  EXPECT_EQ(server_->n_in_flight(), 1);
+  server_->start_draining();
+
+  auto health = idle.get("/health");
+  EXPECT_EQ(health.result_int(), 503);
+  EXPECT_EQ(json::parse(health.body()), json({{"status", "draining"}}));
+  EXPECT_FALSE(health.keep_alive()) << "a draining server closes connections after their response";
+  Client late = client();
+  auto refused = late.post("/v1/completions", kCompletion);
+  expect_error(refused, 503, "server_error");
+  EXPECT_EQ(refused[http::field::retry_after], "5");
+  EXPECT_EQ(json::parse(refused.body())["error"]["code"], "draining");
+  EXPECT_EQ(service_.requests().size(), 1u) << "the refused request never reached the engine";
+  EXPECT_EQ(late.get_on_new_connection(server_->port(), "/metrics").result_int(), 200) << "metrics stay readable";
+
+  service_.release();
+  std::string rest = streaming.read_until("[DONE]");
+  EXPECT_NE(rest.find("world"), std::string::npos) << rest;
+  EXPECT_TRUE(eventually([&] { return server_->n_in_flight() == 0; }));
+}
+
+TEST_F(HttpServerTest, ConnectionsBeyondTheLimitGet503AndClose) {
+  options_.max_connections = 2;
+  start();
+  Client first = client();
+  Client second = client();
+  EXPECT_EQ(first.get("/health").result_int(), 200);
+  EXPECT_EQ(second.get("/health").result_int(), 200);
+  Client third = client();
+  auto refused = third.get("/v1/models");
+  expect_error(refused, 503, "server_error");
+  EXPECT_EQ(json::parse(refused.body())["error"]["code"], "too_many_connections");
+  EXPECT_EQ(refused[http::field::retry_after], "1");
+  EXPECT_FALSE(refused.keep_alive());
+  EXPECT_TRUE(third.closed_by_server());
+  EXPECT_EQ(first.get("/health").result_int(), 200) << "the connections held are served on";
+  first.close();
+  EXPECT_TRUE(eventually([&] {  // its slot comes back once the server has seen the close
+    Client fourth = client();
+    return fourth.get("/health").result_int() == 200;
+  }));
+}
+
+// Out of descriptors, accept() fails at once every time it is retried: the listener must pause between tries and
+// say so once, then serve the connection that waited when a descriptor is free again.
+TEST_F(HttpServerTest, AcceptFailuresBackOffAndAreLoggedOnce) {
+  start();
+  testing::internal::CaptureStderr();
+  rlimit original{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &original), 0);
+  const int lowest_free = ::dup(0);
+  ::close(lowest_free);
+  rlimit tight = original;
+  tight.rlim_cur = rlim_t(lowest_free + 1);  // room for the client's socket, none for the server's side
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(server_->port());
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int connected = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  std::this_thread::sleep_for(1500ms);
+  setrlimit(RLIMIT_NOFILE, &original);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(connected, 0);
+
+  const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  std::string response;
+  char chunk[1024];
+  for (ssize_t n; (n = ::recv(fd, chunk, sizeof chunk, 0)) > 0;) response.append(chunk, size_t(n));
+  ::close(fd);
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(response.rfind("HTTP/1.1 200", 0), 0u) << response;
+  size_t n_failure_lines = 0;
+  for (size_t at = log.find("accept failed"); at != std::string::npos; at = log.find("accept failed", at + 1)) {
+    ++n_failure_lines;
+  }
+  EXPECT_EQ(n_failure_lines, 1u) << log;
+  EXPECT_NE(log.find("Too many open files"), std::string::npos) << log;
+  EXPECT_NE(log.find("accepting connections again after"), std::string::npos) << log;
 }
 
 TEST_F(HttpServerTest, NonStreamingCompletion) {
