@@ -230,3 +230,60 @@ def test_the_deploy_launch_script_starts_a_world():
         assert (state["tp"], state["pp"]) == (1, 2)
     finally:
         w.stop()
+
+
+def drain_world(tp, pp):
+    return World(tp, pp, ["server.drain_timeout_s=120"])
+
+
+# SmolLM2's 9 heads divide among 3 tensor ranks, not 2: the two-rank world is a pipeline.
+@pytest.mark.parametrize("how,tp,pp", [("SIGUSR1 to mpirun", 3, 1), ("SIGTERM to rank 0", 1, 2)])
+def test_a_drain_finishes_the_stream_in_flight_and_the_whole_world_exits_0(how, tp, pp):
+    """The two ways to drain a world (docs/decisions.md): mpirun forwards SIGUSR1 to every rank at once (the worker
+    ranks ignore it, the leader drains); or the leader gets SIGTERM itself. Either way the leader tells the other
+    ranks to stop once the requests in flight are done, and mpirun exits 0."""
+    w = drain_world(tp, pp)
+    try:
+        body = {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        response = requests.post(f"{w.base_url}/v1/completions", json=body, stream=True, timeout=120)
+        lines = response.iter_lines()
+        while not next(lines).startswith(b"data: {"):
+            pass
+        if how == "SIGUSR1 to mpirun":
+            w.process.send_signal(signal.SIGUSR1)
+        else:
+            os.kill(w.rank_pids()[0], signal.SIGTERM)
+        time.sleep(0.3)
+        health = requests.get(f"{w.base_url}/health", timeout=30)
+        assert health.status_code == 503 and health.json() == {"status": "draining"}, health.text
+        refused = requests.post(f"{w.base_url}/v1/completions", json={**body, "stream": False}, timeout=30)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        rest = read_rest(lines)
+        assert rest[-1] == "[DONE]" and not any('"error"' in e for e in rest), rest[-3:]
+        assert '"finish_reason":"length"' in rest[-2], rest[-2]
+        assert w.process.wait(timeout=60) == 0, w.log_tail()
+        deadline = time.monotonic() + 20
+        while w.session_alive():
+            assert time.monotonic() < deadline, f"processes left:\n{w.log_tail()}"
+            time.sleep(0.2)
+        assert "strata: drained" in w.log_tail()
+    finally:
+        w.stop()
+
+
+def test_sigterm_to_mpirun_ends_the_world_without_a_drain():
+    """What the documentation warns of: Open MPI's mpirun answers SIGTERM by sending SIGTERM to every rank a second
+    later (odls_base_sigkill_timeout) and SIGKILL a second after that, whatever the ranks are doing, so the stream
+    in flight is cut. (The leader starts a drain on the first SIGTERM, which mpirun then cuts short.)"""
+    w = drain_world(1, 2)
+    try:
+        response, lines = stream_until_first_token(w)
+        signalled_at = time.monotonic()
+        w.process.send_signal(signal.SIGTERM)
+        rest = read_rest(lines)
+        assert any('"error"' in e or e.startswith("connection error") for e in rest), rest[-3:]
+        w.process.wait(timeout=FAILURE_BOUND_S)
+        assert time.monotonic() - signalled_at < FAILURE_BOUND_S
+    finally:
+        w.stop()
