@@ -264,7 +264,7 @@ class Session {
   net::awaitable<void> run();
 
  private:
-  net::awaitable<bool> read_first_byte();
+  net::awaitable<bool> wait_for_next_request();
   net::awaitable<bool> handle(Request& request);
   net::awaitable<bool> dispatch(Request& request);
   net::awaitable<bool> answer_error(const Request& request, const ApiError& error, http::field field,
@@ -299,7 +299,7 @@ net::awaitable<void> Session::run() {
     http::request_parser<http::string_body> parser;
     parser.header_limit(uint32_t(std::min<size_t>(options.max_header_bytes, UINT32_MAX)));
     parser.body_limit(options.max_body_bytes);
-    if (!co_await read_first_byte()) break;
+    if (!co_await wait_for_next_request()) break;
     stream_.expires_after(options.read_timeout);  // the whole request, from its first byte
     auto [ec, n_read] = co_await http::async_read_header(stream_, buffer_, parser, use_nothrow);
     if (!ec && !parser.is_done()) {
@@ -341,7 +341,7 @@ net::awaitable<void> Session::run() {
 
 // Waits up to the idle timeout for the next request to begin (unless its bytes are already buffered). Returns
 // false when the connection is to close: the client closed it, or stayed idle too long.
-net::awaitable<bool> Session::read_first_byte() {
+net::awaitable<bool> Session::wait_for_next_request() {
   if (buffer_.size() > 0) co_return true;
   stream_.expires_after(server_.options.idle_timeout);
   auto [ec, n_read] = co_await stream_.async_read_some(buffer_.prepare(4096), use_nothrow);
