@@ -24,6 +24,11 @@
 
 namespace strata {
 
+struct TokenPenalty {
+  int32_t id = 0;
+  float amount = 0.0f;  // subtracted from the logit: presence + frequency * count, minus any logit_bias
+};
+
 // The rule's settings a sequence keeps for every token it samples: what a request asks for (the OpenAI
 // completion parameters, validated by routing/) and what every rank that samples needs of it. When to stop is the
 // leader's business (leader/sampling_params.h adds it).
@@ -35,11 +40,9 @@ struct SamplingRule {
   float presence_penalty = 0.0f;   // [-2, 2], subtracted once from the logit of every token already generated
   float frequency_penalty = 0.0f;  // [-2, 2], times the count of each generated token
   int n_logprobs = -1;             // -1: no logprobs; k >= 0: the chosen token's logprob and the top k
-};
-
-struct TokenPenalty {
-  int32_t id = 0;
-  float amount = 0.0f;  // subtracted from the logit: presence + frequency * count
+  // OpenAI's logit_bias as penalties (amount = -bias), ascending distinct ids: added to the counts' penalties of
+  // step 1 for every token, so they act before everything else and the logprobs see them.
+  std::vector<TokenPenalty> logit_bias;
 };
 
 struct RowSampling {

@@ -22,6 +22,7 @@ void put_sampling(Writer& w, const SamplingRule& s) {
   w.put(s.presence_penalty);
   w.put(s.frequency_penalty);
   w.put<int32_t>(s.n_logprobs);
+  w.put(s.logit_bias);
 }
 
 SamplingRule get_sampling(Reader& r) {
@@ -33,6 +34,7 @@ SamplingRule get_sampling(Reader& r) {
   s.presence_penalty = r.get<float>();
   s.frequency_penalty = r.get<float>();
   s.n_logprobs = r.get<int32_t>();
+  s.logit_bias = r.get_vector<TokenPenalty>();
   return s;
 }
 

@@ -23,6 +23,19 @@ PolicyContext ShardCompression::context(int global_layer) const {
                        model.n_kv_heads_local(), model_name,              &collectives};
 }
 
+void ShardCompression::check_fits(const PolicyTraits& traits, const std::string& policy_name) const {
+  if (traits.full_precision_pool && cache.pool().quantized()) {
+    throw std::invalid_argument("policy " + policy_name + ": needs kv_cache.dtype f32");
+  }
+  if (traits.shared_keys && !pod_blocks) {
+    throw std::invalid_argument("policy " + policy_name + ": needs kv_cache.pod_blocks (made by strata calibrate)");
+  }
+}
+
+void ShardCompression::check_request_policy(const PolicySpec& spec) const {
+  check_fits(make_policy(spec, context(cache.layer_begin()))->traits(), spec.name);
+}
+
 SequenceCompression::SequenceCompression(ShardCompression& shard, SeqId seq, std::optional<PolicySpec> request_policy)
     : shard_(shard), seq_(seq), request_policy_(std::move(request_policy)) {}
 
@@ -50,8 +63,8 @@ void SequenceCompression::start_prefill(int prefill_len) {
     throw std::invalid_argument("policy pod: runs in every layer or in none (" + std::to_string(n_shared_keys) +
                                 " of " + std::to_string(shard_.model.config().n_layers) + " layers have it)");
   }
-  pod_ = n_shared_keys > 0 ? pod_sequence() : nullptr;
   check_fits_the_cache();
+  pod_ = n_shared_keys > 0 ? pod_sequence() : nullptr;
   prefill_stats_ = prefill_stats();
 }
 
@@ -64,9 +77,7 @@ void SequenceCompression::check_fits_the_cache() const {
   KvCache& cache = shard_.cache;
   for (const auto& policy : policies_) {
     const PolicyTraits traits = policy->traits();
-    if (traits.full_precision_pool && cache.pool().quantized()) {
-      throw std::invalid_argument("policy " + std::string(policy->name()) + ": needs kv_cache.dtype f32");
-    }
+    shard_.check_fits(traits, std::string(policy->name()));
     if (traits.codes_entries) {
       // Coded keys are rotated on read with the model's RoPE; the table covers the positions the model knows.
       const ModelConfig& c = shard_.model.config();
@@ -78,7 +89,6 @@ void SequenceCompression::check_fits_the_cache() const {
 // PoD: for every local layer and local KV head, the leader of its block. Tensor parallelism splits whole KV heads
 // with their query heads, so a rank needs only its own heads' blocks.
 std::unique_ptr<PodSequence> SequenceCompression::pod_sequence() const {
-  if (!shard_.pod_blocks) throw std::invalid_argument("policy pod: needs kv_cache.pod_blocks (made by strata calibrate)");
   auto pod = std::make_unique<PodSequence>();
   const std::optional<PodWindow> window = policies_.empty() ? std::nullopt : policies_[0]->traits().shared_keys;
   if (window) pod->window = *window;

@@ -27,6 +27,11 @@ struct ShardCompression {
                    PolicyCollectives& collectives);
 
   PolicyContext context(int global_layer) const;
+  // Throws std::invalid_argument when a policy with these traits cannot run here: it needs a full-precision pool
+  // and the pool is quantized, or it shares keys and kv_cache.pod_blocks is not set.
+  void check_fits(const PolicyTraits& traits, const std::string& policy_name) const;
+  // check_fits for a request's policy, which replaces the server's in every layer.
+  void check_request_policy(const PolicySpec& spec) const;
   int local(int global_layer) const { return global_layer - cache.layer_begin(); }
 
   LlamaModel& model;

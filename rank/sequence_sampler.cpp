@@ -1,5 +1,7 @@
 #include "rank/sequence_sampler.h"
 
+#include <algorithm>
+
 namespace strata {
 namespace {
 
@@ -14,10 +16,20 @@ double uniform01(std::mt19937_64& rng) {
 SequenceSampler::SequenceSampler(const SamplingRule& params, uint64_t seed) : params_(params), rng_(seed) {}
 
 RowSampling SequenceSampler::next() {
-  penalties_.clear();
+  penalties_ = params_.logit_bias;
+  penalties_.reserve(params_.logit_bias.size() + counts_.size());  // no reallocation below: biased_end stays valid
+  const auto biased_end = penalties_.begin() + std::ptrdiff_t(params_.logit_bias.size());
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
     for (const auto& [id, count] : counts_) {
-      penalties_.push_back({id, params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count)});
+      const float amount = params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
+      // One entry per id: a biased token's penalty adds to its bias.
+      auto biased = std::lower_bound(penalties_.begin(), biased_end, id,
+                                     [](const TokenPenalty& p, int32_t key) { return p.id < key; });
+      if (biased != biased_end && biased->id == id) {
+        biased->amount += amount;
+      } else {
+        penalties_.push_back({id, amount});
+      }
     }
   }
   RowSampling s;

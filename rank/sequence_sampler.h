@@ -5,7 +5,7 @@
 // and RNG state give the same token.
 //
 // Order of operations (as vLLM and the OpenAI API behave):
-//   1. presence / frequency penalties on the raw logits, from the counts of tokens generated so far;
+//   1. logit_bias, and presence / frequency penalties from the counts of tokens generated so far, on the raw logits;
 //   2. logprobs are taken from log_softmax of the penalised logits at temperature 1 (what the model "thinks");
 //   3. temperature == 0 -> argmax (ties: lowest id); otherwise logits / temperature, then top_k, top_p, min_p
 //      filters, renormalise, draw with the sequence's RNG.

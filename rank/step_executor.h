@@ -43,6 +43,9 @@ class StepExecutor {
   // PoD's layer blocks (kv_cache.pod_blocks, checked against the model and the stages), for the sequences whose
   // policies share keys.
   void set_pod_blocks(PodBlocks blocks) { shard_.pod_blocks = std::move(blocks); }
+  // Whether a request's policy (for every layer) can run on this shard's cache: throws std::invalid_argument,
+  // as a sequence with it would, before the request is queued (routing/ answers 400).
+  void check_request_policy(const PolicySpec& spec) const { shard_.check_request_policy(spec); }
   // strata bench --context: `seq` (added by an earlier plan) already holds entries written into the cache without
   // a forward pass (synthetic keys and values). Starts its prefill of prefill_len entries, those included, as a
   // first prefill chunk at position 0 would; the chunks that follow them end it and run the policies' hooks.

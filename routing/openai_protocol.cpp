@@ -15,6 +15,7 @@
 #include "cache/compression_policy.h"
 #include "model/tokenizer.h"
 #include "routing/api_error.h"
+#include "routing/request_fields.h"
 
 namespace strata {
 namespace {
@@ -228,6 +229,38 @@ void parse_stop(const json& root, const ProtocolLimits& limits, SamplingParams& 
   for (const json& value : *stop) add(value, "stop");
 }
 
+// logit_bias: {"<token id>": bias in [-100, 100]}, added to the token's logit before sampling (as a penalty of
+// -bias, kernels/token_sampling.h).
+void parse_logit_bias(const json& root, const ProtocolLimits& limits, SamplingParams& sampling) {
+  const json* biases = find_field(root, "logit_bias");
+  if (!biases) return;
+  if (!biases->is_object()) throw_type("logit_bias", "an object of token ids to biases", *biases);
+  if (int(biases->size()) > limits.max_logit_bias) {
+    throw ApiError::invalid_request("logit_bias", "'logit_bias' takes at most " + std::to_string(limits.max_logit_bias) +
+                                                      " tokens, got " + std::to_string(biases->size()));
+  }
+  for (const auto& [key, value] : biases->items()) {
+    int64_t id = -1;
+    const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (error != std::errc() || end != key.data() + key.size() || id < 0 || id >= limits.vocab_size) {
+      throw ApiError::invalid_request("logit_bias", "'logit_bias' key '" + key + "' is not a token id in [0, " +
+                                                        std::to_string(limits.vocab_size) + ")");
+    }
+    const std::string param = "logit_bias." + key;
+    const double bias = read_number(value, param);
+    check_range(bias, -100.0, 100.0, false, param, value);
+    sampling.logit_bias.push_back({int32_t(id), -float(bias)});
+  }
+  std::sort(sampling.logit_bias.begin(), sampling.logit_bias.end(),
+            [](const TokenPenalty& a, const TokenPenalty& b) { return a.id < b.id; });
+  for (size_t i = 1; i < sampling.logit_bias.size(); ++i) {
+    if (sampling.logit_bias[i].id == sampling.logit_bias[i - 1].id) {
+      throw ApiError::invalid_request("logit_bias", "'logit_bias' names token " +
+                                                        std::to_string(sampling.logit_bias[i].id) + " twice");
+    }
+  }
+}
+
 void parse_sampling(const json& root, const ProtocolLimits& limits, ParsedCompletion& parsed) {
   SamplingParams& sampling = parsed.request.sampling;
   if (const json* v = find_field(root, "temperature")) {
@@ -267,6 +300,7 @@ void parse_sampling(const json& root, const ProtocolLimits& limits, ParsedComple
     parsed.request.n = int(n);
   }
   parse_stop(root, limits, sampling);
+  parse_logit_bias(root, limits, sampling);
 }
 
 // completions: logprobs is an integer 0..20 (top alternatives per token); chat: logprobs is a boolean and
@@ -354,6 +388,13 @@ void parse_kv_compression(const json& root, ParsedCompletion& parsed, const Prot
   } catch (const PolicyError& e) {
     const bool about_name = e.param().empty() || e.param() == "policy";
     throw ApiError::invalid_request(about_name ? "kv_compression.policy" : "kv_compression." + e.param(), e.what());
+  }
+  if (limits.check_kv_policy) {
+    try {
+      limits.check_kv_policy(spec);
+    } catch (const std::invalid_argument& e) {
+      throw ApiError::invalid_request("kv_compression.policy", std::string("this server cannot run it: ") + e.what());
+    }
   }
   parsed.request.kv_policy = std::move(spec);
 }
@@ -462,6 +503,7 @@ ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dial
                                             (start == std::string::npos ? what : what.substr(start + 2)));
   }
   if (!root.is_object()) throw ApiError::invalid_request("", "request body must be a JSON object");
+  check_request_fields(root, dialect, limits.ignore_unknown_fields);
 
   ParsedCompletion parsed;
   parsed.dialect = dialect;

@@ -1,9 +1,10 @@
 #pragma once
 // The two OpenAI dialects, /v1/completions and /v1/chat/completions: request bodies parsed and validated into a
 // GenerationRequest, and response bodies (one JSON document, or server-sent events) built from GenerationEvents.
-// Unknown request fields are ignored, as OpenAI clients send extras.
+// Fields Strata does not answer get 400 (routing/request_fields.h).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +29,11 @@ struct ProtocolLimits {
   int max_top_logprobs = 20;
   int max_stop = 4;          // stop strings per request
   std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
+  int max_logit_bias = 1024;   // entries of logit_bias
+  bool ignore_unknown_fields = false;  // fields unknown to the OpenAI API are ignored instead of refused
+  // Throws std::invalid_argument when the engine cannot carry out a kv_compression that is valid in itself (the
+  // pool's dtype, PoD's blocks); unset: every valid one is accepted.
+  std::function<void(const PolicySpec&)> check_kv_policy;
 };
 
 // A prompt as the request gave it: text (completions), token ids (completions), or messages (chat).

@@ -58,7 +58,7 @@ def test_a_shared_document_is_prefilled_once(server, model_name):
 def test_kv_state_shows_the_blocks_a_running_sequence_shares(server, model_name):
     doc = document()
     complete(server, model_name, doc + "\nQuestion: who keeps the almanac?\nAnswer:")
-    body = {"model": model_name, "prompt": doc + "\nQuestion: when do the tides turn?\nAnswer:", "max_tokens": 64,
+    body = {"model": model_name, "prompt": doc + "\nQuestion: when do the tides turn?\nAnswer:", "max_tokens": 256,
             "temperature": 0, "stream": True, "ignore_eos": True}
     with requests.post(f"{server.base_url}/v1/completions", json=body, stream=True, timeout=300) as response:
         assert response.status_code == 200

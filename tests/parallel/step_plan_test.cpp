@@ -20,6 +20,7 @@ SamplingRule full_sampling() {
   s.presence_penalty = -1.5f;
   s.frequency_penalty = 2.0f;
   s.n_logprobs = 5;
+  s.logit_bias = {{3, -2.5f}, {70000, 100.0f}};
   return s;
 }
 
@@ -72,6 +73,11 @@ void expect_sampling_eq(const SamplingRule& a, const SamplingRule& b) {
   EXPECT_EQ(a.presence_penalty, b.presence_penalty);
   EXPECT_EQ(a.frequency_penalty, b.frequency_penalty);
   EXPECT_EQ(a.n_logprobs, b.n_logprobs);
+  ASSERT_EQ(a.logit_bias.size(), b.logit_bias.size());
+  for (size_t i = 0; i < a.logit_bias.size(); ++i) {
+    EXPECT_EQ(a.logit_bias[i].id, b.logit_bias[i].id);
+    EXPECT_EQ(a.logit_bias[i].amount, b.logit_bias[i].amount);
+  }
 }
 
 void expect_plan_eq(const StepPlan& a, const StepPlan& b) {

@@ -239,6 +239,38 @@ TEST(SamplerTest, EmpiricalFrequenciesMatchTheFilteredDistribution) {
 // What the host hands to the backend: the penalties from the accepted tokens' counts, and one uniform number per
 // token drawn at temperature > 0 from the sequence's RNG (53 bits, so it is in [0, 1)); greedy leaves the RNG as
 // it is, so a sequence that switches nothing draws the same numbers whatever came before.
+// logit_bias (as negated penalties, ascending ids) adds to the counts' penalties of the same token: one entry per id,
+// which every backend requires (check_penalties).
+TEST(SamplerTest, LogitBiasAddsToThePenaltiesOfTheSameToken) {
+  SamplingRule params = greedy_params();
+  params.frequency_penalty = 1.0f;
+  params.logit_bias = {{1, -4.0f}, {3, 2.5f}};  // token 1: +4, token 3: -2.5
+  params.n_logprobs = 4;
+  SequenceSampler sampler(params, 1);
+  sampler.accept(1);
+  sampler.accept(2);
+  const RowSampling s = sampler.next();
+  std::map<int32_t, float> penalties;
+  for (const TokenPenalty& p : s.penalties) penalties[p.id] = p.amount;
+  EXPECT_EQ(s.penalties.size(), penalties.size()) << "an id twice";
+  EXPECT_EQ(penalties, (std::map<int32_t, float>{{1, -3.0f}, {2, 1.0f}, {3, 2.5f}}));
+  // Logits 5, 1, 4, 6 become 5, 4, 3, 3.5: token 0 wins, and the logprobs see the bias.
+  std::vector<float> logits = {5.0f, 1.0f, 4.0f, 6.0f};
+  const RowSample result = sampler.sample(logits);
+  EXPECT_EQ(result.id, 0);
+  const std::vector<double> expected = log_softmax({5.0f, 4.0f, 3.0f, 3.5f});
+  ASSERT_EQ(result.top.size(), 4u);
+  EXPECT_EQ(result.top[1].id, 1);
+  EXPECT_NEAR(result.top[1].logprob, expected[1], 1e-6);
+  SequenceSampler biased_only([] {
+    SamplingRule p = greedy_params();
+    p.logit_bias = {{0, 100.0f}};
+    return p;
+  }(), 1);
+  std::vector<float> row = {50.0f, 1.0f};
+  EXPECT_EQ(biased_only.sample(row).id, 1) << "a bias of -100 rules token 0 out";
+}
+
 TEST(SamplerTest, NextCarriesThePenaltiesAndOneUniformPerDraw) {
   SamplingRule params;
   params.temperature = 0.9f;

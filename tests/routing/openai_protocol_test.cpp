@@ -127,16 +127,73 @@ TEST(OpenAiProtocol, ParsesEverySamplingField) {
   EXPECT_EQ(p.request.n, 3);
 }
 
-TEST(OpenAiProtocol, UnknownFieldsAndNullsAreIgnored) {
+TEST(OpenAiProtocol, NullsAreIgnored) {
   ParsedCompletion p = parse(with(kCompletion, {{"user", "me"},
-                                                {"logit_bias", {{"50256", -100}}},
-                                                {"something_new", {{"nested", true}}},
+                                                {"suffix", nullptr},
                                                 {"temperature", nullptr},
                                                 {"stop", nullptr},
                                                 {"max_tokens", nullptr}}));
   EXPECT_FLOAT_EQ(p.request.sampling.temperature, 1.0f);
   EXPECT_TRUE(p.request.sampling.stop.empty());
   EXPECT_FALSE(p.max_tokens_given);
+}
+
+TEST(OpenAiProtocol, UnknownFieldsAreRefusedUnlessTheOperatorIgnoresThem) {
+  const json body = with(kCompletion, {{"something_new", {{"nested", true}}}});
+  expect_bad(body, "something_new");
+  expect_bad_chat(with(kChat, {{"prompt", "Hi"}}), "prompt");       // a completions field in a chat request
+  expect_bad(with(kCompletion, {{"messages", json::array()}}), "messages");
+  ProtocolLimits lenient = test_limits();
+  lenient.ignore_unknown_fields = true;
+  EXPECT_NO_THROW(parse_completion_request(body.dump(), ApiDialect::completions, lenient));
+  // Fields the OpenAI API has and Strata does not implement are refused even then.
+  const json tools = with(kChat, {{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}});
+  EXPECT_EQ(error_of([&] { parse_completion_request(tools.dump(), ApiDialect::chat, lenient); }).param(), "tools");
+}
+
+TEST(OpenAiProtocol, UnimplementedFieldsAreRefusedUnlessTheyAskForNothing) {
+  expect_bad_chat(with(kChat, {{"response_format", {{"type", "json_object"}}}}), "response_format");
+  expect_bad_chat(with(kChat, {{"tool_choice", "auto"}}), "tool_choice");
+  expect_bad_chat(with(kChat, {{"store", true}}), "store");
+  expect_bad_chat(with(kChat, {{"modalities", {"text", "audio"}}}), "modalities");
+  expect_bad(with(kCompletion, {{"best_of", 3}}), "best_of");
+  expect_bad(with(kCompletion, {{"suffix", "end"}}), "suffix");
+  EXPECT_NO_THROW(parse_chat(with(kChat, {{"response_format", {{"type", "text"}}},
+                                          {"tools", json::array()},
+                                          {"tool_choice", "none"},
+                                          {"store", false},
+                                          {"modalities", {"text"}},
+                                          {"service_tier", "auto"}})));
+  EXPECT_NO_THROW(parse(with(kCompletion, {{"best_of", 1}, {"suffix", ""}})));
+  const ApiError e = error_of([&] { parse_chat(with(kChat, {{"response_format", {{"type", "json_schema"}}}})); });
+  EXPECT_NE(std::string(e.what()).find("not supported"), std::string::npos) << e.what();
+}
+
+TEST(OpenAiProtocol, LogitBias) {
+  for (ApiDialect dialect : {ApiDialect::completions, ApiDialect::chat}) {
+    const json& base = dialect == ApiDialect::chat ? kChat : kCompletion;
+    ParsedCompletion p = parse(with(base, {{"logit_bias", {{"200", 5}, {"7", -100}, {"65", 0.5}}}}), dialect);
+    const std::vector<TokenPenalty>& bias = p.request.sampling.logit_bias;
+    ASSERT_EQ(bias.size(), 3u);
+    EXPECT_EQ(bias[0].id, 7);
+    EXPECT_EQ(bias[0].amount, 100.0f);  // a penalty: the bias negated
+    EXPECT_EQ(bias[1].id, 65);
+    EXPECT_EQ(bias[1].amount, -0.5f);
+    EXPECT_EQ(bias[2].id, 200);
+    EXPECT_EQ(bias[2].amount, -5.0f);
+  }
+  expect_bad(with(kCompletion, {{"logit_bias", {1, 2}}}), "logit_bias");
+  expect_bad(with(kCompletion, {{"logit_bias", {{"abc", 1}}}}), "logit_bias");
+  expect_bad(with(kCompletion, {{"logit_bias", {{"-1", 1}}}}), "logit_bias");
+  expect_bad(with(kCompletion, {{"logit_bias", {{"258", 1}}}}), "logit_bias");  // the vocabulary is 258
+  expect_bad(with(kCompletion, {{"logit_bias", {{"5", 1}, {"05", 2}}}}), "logit_bias");
+  expect_bad(with(kCompletion, {{"logit_bias", {{"5", 100.5}}}}), "logit_bias.5");
+  expect_bad(with(kCompletion, {{"logit_bias", {{"5", "high"}}}}), "logit_bias.5");
+  ProtocolLimits few = test_limits();
+  few.max_logit_bias = 1;
+  const json two = with(kCompletion, {{"logit_bias", {{"1", 1}, {"2", 1}}}});
+  EXPECT_EQ(error_of([&] { parse_completion_request(two.dump(), ApiDialect::completions, few); }).param(),
+            "logit_bias");
 }
 
 TEST(OpenAiProtocol, ModelMustBeTheServedOne) {
@@ -343,6 +400,22 @@ TEST(OpenAiProtocol, KvCompressionExtension) {
   } catch (const ApiError& e) {
     EXPECT_EQ(e.param(), "kv_compression.budget");
   }
+}
+
+// A policy valid in itself that the engine cannot run (check_kv_policy throws) is a 400 on kv_compression.policy.
+TEST(OpenAiProtocol, KvCompressionTheEngineCannotRun) {
+  ProtocolLimits limits = test_limits();
+  limits.kv_policies = {"full", "pod"};
+  limits.check_kv_policy = [](const PolicySpec& spec) {
+    if (spec.name == "pod") throw std::invalid_argument("policy pod: needs kv_cache.pod_blocks");
+  };
+  const json pod = with(kCompletion, {{"kv_compression", {{"policy", "pod"}}}});
+  const ApiError e = error_of([&] { parse_completion_request(pod.dump(), ApiDialect::completions, limits); });
+  EXPECT_EQ(e.http_status(), 400);
+  EXPECT_EQ(e.param(), "kv_compression.policy");
+  EXPECT_NE(std::string(e.what()).find("kv_cache.pod_blocks"), std::string::npos) << e.what();
+  const json full = with(kCompletion, {{"kv_compression", {{"policy", "full"}}}});
+  EXPECT_NO_THROW(parse_completion_request(full.dump(), ApiDialect::completions, limits));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
