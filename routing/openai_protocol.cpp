@@ -496,7 +496,7 @@ ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dial
   json root;
   try {
     root = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond a double (1e999)
     std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
     size_t start = what.find("] ");
     throw ApiError::invalid_request("", "request body is not valid JSON: " +

@@ -83,6 +83,17 @@ TEST(OpenAiProtocol, MalformedJsonIs400WithoutParam) {
   EXPECT_NE(std::string(e.what()).find("JSON object"), std::string::npos);
 }
 
+// Found by tests/fuzz/openai_request_fuzz.cpp: the JSON library's out_of_range for a number no double holds
+// escaped as a 500 server_error.
+TEST(OpenAiProtocol, NumberBeyondADoubleIs400) {
+  ApiError e = error_of(
+      [] { parse_completion_request("{\"prompt\": \"a\", \"max_tokens\": 2e2220000000}", ApiDialect::completions,
+                                    test_limits()); });
+  EXPECT_EQ(e.http_status(), 400);
+  EXPECT_EQ(e.param(), "");
+  EXPECT_NE(std::string(e.what()).find("not valid JSON: number overflow"), std::string::npos) << e.what();
+}
+
 TEST(OpenAiProtocol, ParsesACompletionWithDefaults) {
   ParsedCompletion p = parse(kCompletion);
   EXPECT_EQ(p.dialect, ApiDialect::completions);
