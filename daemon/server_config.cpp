@@ -203,6 +203,16 @@ void set_key(ServerConfig& config, const std::string& key, const std::string& va
   it->second(config, value, where);
 }
 
+// A mapping's key as text. A key that is itself a list or a mapping (YAML's "? [a, b]: ...") is an error naming
+// the file and the line, not yaml-cpp's bare "bad conversion" (found by tests/fuzz/server_config_fuzz.cpp).
+std::string key_name(const YAML::Node& key, const std::string& where) {
+  if (!key.IsScalar()) {
+    throw ConfigError(where + ": line " + std::to_string(key.Mark().line + 1) + ": expected a key name, found a " +
+                      (key.IsSequence() ? "list" : key.IsMap() ? "mapping" : "null"));
+  }
+  return key.Scalar();
+}
+
 }  // namespace
 
 std::vector<std::string> configured_api_keys(const ServerConfig& config) {
@@ -248,12 +258,12 @@ ServerConfig load_server_config(const std::string& path) {
   if (root.IsNull()) return config;
   if (!root.IsMap()) throw ConfigError(path + ": expected a mapping of sections at the top level");
   for (const auto& section : root) {
-    const std::string name = section.first.as<std::string>();
+    const std::string name = key_name(section.first, path);
     if (!section.second.IsMap()) {
       throw ConfigError(path + ": " + name + ": expected a mapping of keys, e.g. '" + name + ": {key: value}'");
     }
     for (const auto& entry : section.second) {
-      const std::string key = name + "." + entry.first.as<std::string>();
+      const std::string key = name + "." + key_name(entry.first, path + ": " + name);
       const std::string where = path + ": " + key;
       if (key == "server.api_keys" && entry.second.IsSequence()) {  // the one key that takes a YAML list
         std::vector<std::string> keys;

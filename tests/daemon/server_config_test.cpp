@@ -158,6 +158,17 @@ TEST_F(ServerConfigTest, UnknownSectionNamesFileAndKey) {
   EXPECT_CONTAINS(e, "engines.max_running");
 }
 
+// Found by tests/fuzz/server_config_fuzz.cpp: a key that is a list or a mapping threw yaml-cpp's "bad conversion",
+// which names neither the file nor the key.
+TEST_F(ServerConfigTest, KeyThatIsNotANameNamesFileAndLine) {
+  const std::string section_path = write("list_key.yaml", "server:\n  port: 8000\n? [threads, 2]\n: {port: 1}\n");
+  const std::string section_error = load_error(section_path);
+  EXPECT_CONTAINS(section_error, section_path + ": line 3: expected a key name, found a list");
+  const std::string key_path = write("map_key.yaml", "engine:\n  ? {max_running: 4}\n  : 5\n");
+  const std::string key_error = load_error(key_path);
+  EXPECT_CONTAINS(key_error, key_path + ": engine: line 2: expected a key name, found a mapping");
+}
+
 TEST_F(ServerConfigTest, WrongTypeNamesFileKeyAndValue) {
   const std::string path = write("type.yaml", "engine:\n  max_running: many\n");
   const std::string e = load_error(path);
