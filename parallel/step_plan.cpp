@@ -56,6 +56,9 @@ std::optional<PolicySpec> get_policy(Reader& r) {
   const uint32_t n_params = r.get_count(8);
   for (uint32_t i = 0; i < n_params; ++i) {
     std::string key = r.get_string();
+    // A repeated key would silently drop a value (found by tests/fuzz/step_plan_fuzz.cpp): not a message the
+    // leader writes.
+    if (spec.params.count(key) != 0) throw std::runtime_error("step message: policy parameter '" + key + "' repeated");
     spec.params[std::move(key)] = r.get_string();
   }
   return spec;

@@ -1,5 +1,6 @@
 #include "parallel/step_plan.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -224,6 +225,21 @@ TEST(StepPlan, CorruptCountsThrowInsteadOfAllocating) {
     }
   }
   SUCCEED();
+}
+
+// Found by tests/fuzz/step_plan_fuzz.cpp: a policy parameter given twice was accepted, keeping one of the values.
+TEST(StepPlan, RepeatedPolicyParameterIsRejected) {
+  std::vector<uint8_t> bytes = serialize(full_plan());  // the first sequence's policy: budget=20%, window=8
+  const std::string window = "window", budget = "budget";
+  auto at = std::search(bytes.begin(), bytes.end(), window.begin(), window.end());
+  ASSERT_NE(at, bytes.end());
+  std::copy(budget.begin(), budget.end(), at);
+  try {
+    deserialize_step_plan(bytes);
+    ADD_FAILURE() << "a repeated policy parameter was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'budget' repeated"), std::string::npos) << e.what();
+  }
 }
 
 TEST(StepResult, RoundTripWithEveryFieldSet) {
