@@ -106,5 +106,14 @@ TEST(SafetensorsFile, InvalidHeaders) {
                "overflows");
 }
 
+// Found by tests/fuzz/safetensors_fuzz.cpp: an empty tensor between two overlapping ones hid their overlap.
+TEST(SafetensorsFile, OverlapBehindAnEmptyTensorIsFound) {
+  SafetensorsTestWriter w = small_writer();
+  expect_error(w.bytes_with_header(R"({"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]},
+                                       "b": {"dtype": "F32", "shape": [0], "data_offsets": [8, 8]},
+                                       "c": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}})"),
+               "tensors 'a' and 'c' overlap");
+}
+
 }  // namespace
 }  // namespace strata
