@@ -296,6 +296,7 @@ EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt) 
     const ModelConfig& mc = rt.weights.config;
     prefix.policy_context = PolicyContext{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name, nullptr};
     prefix.policy_context.collectives = &single_rank_collectives();
+    prefix.publish_generated = config.kv_cache.dtype == "f32";
     o.prefix_cache = std::move(prefix);
   }
   return o;

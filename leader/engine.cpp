@@ -294,7 +294,7 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
     w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
     w.sample = c.start + c.n == int(s.tokens.size());
     w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
-    if (prefix_ && w.prefill_len > 0) prefix_->publish(plan, c.id, s.tokens, c.start + c.n, s.prefill_len);
+    if (prefix_) prefix_->publish(plan, c.id, s.tokens, c.start + c.n, s.prefill_len);
     plan.work.push_back(std::move(w));
   }
   return plan;

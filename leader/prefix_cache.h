@@ -26,6 +26,9 @@ struct PrefixCacheSettings {
   uint64_t salt = 0;              // whatever besides the tokens changes the KV: the model, the weights' and KV's types
   CompressionConfig compression;  // the server's policies, for sequences whose request names none
   PolicyContext policy_context;   // the model's shape and name, to ask the policies what they need
+  // Generated tokens' blocks are published too: false with a quantized pool, where a decode step attends to the
+  // quantized entries before it, so its KV is not what a prefill of the same tokens writes.
+  bool publish_generated = true;
 };
 
 class PrefixCache {
@@ -40,7 +43,9 @@ class PrefixCache {
   bool copies(SeqId seq) const;
   // The sequence was admitted: the ranks start its KV from its pinned blocks.
   void start(StepPlan& plan, SeqId seq, int prefill_len);
-  // A prefill chunk of the sequence ends at `chunk_end`: the prompt blocks it completes are published.
+  // A chunk of the sequence's tokens (prompt or generated) ends at `chunk_end`: the blocks it completes are
+  // published; those of generated tokens only when its policies never rewrite entries (so that the next turn of a
+  // chat finds its answer cached too).
   void publish(StepPlan& plan, SeqId seq, std::span<const int32_t> tokens, int chunk_end, int prefill_len);
   // The sequence finished or was preempted: its uses end.
   void release(SeqId seq);

@@ -58,15 +58,17 @@ def test_a_shared_document_is_prefilled_once(server, model_name):
 def test_kv_state_shows_the_blocks_a_running_sequence_shares(server, model_name):
     doc = document()
     complete(server, model_name, doc + "\nQuestion: who keeps the almanac?\nAnswer:")
-    body = {"model": model_name, "prompt": doc + "\nQuestion: when do the tides turn?\nAnswer:", "max_tokens": 256,
+    body = {"model": model_name, "prompt": doc + "\nQuestion: when do the tides turn?\nAnswer:", "max_tokens": 64,
             "temperature": 0, "stream": True, "ignore_eos": True}
     with requests.post(f"{server.base_url}/v1/completions", json=body, stream=True, timeout=300) as response:
         assert response.status_code == 200
-        for line in response.iter_lines():
+        # One iterator for the whole stream: dropping one closes the connection, which cancels the request.
+        lines = response.iter_lines()
+        for line in lines:
             if line.startswith(b"data: {"):
                 break  # the sequence is decoding now
         state = requests.get(f"{server.base_url}/v1/kv_state", timeout=30).json()
-        for _ in response.iter_lines():
+        for _ in lines:
             pass
     shared = [s["prefix_blocks_shared"] for s in state["sequences"]]
     assert shared and max(shared) >= 300 // BLOCK_SIZE - 1, state["sequences"]
@@ -180,3 +182,23 @@ def test_a_short_pool_evicts_cached_blocks_before_it_preempts_anyone(model_name)
         assert state["blocks_free"] + state["blocks_cached"] == state["blocks_total"]
     finally:
         small.stop()
+
+
+def test_a_chats_next_turn_finds_the_answer_cached(server, model_name):
+    """The blocks of a generated answer are published as it is generated (with `full` on an f32 pool), so the next
+    turn, whose prompt repeats it, starts after most of it."""
+    def chat(messages, max_tokens):
+        response = requests.post(f"{server.base_url}/v1/chat/completions", timeout=300,
+                                 json={"model": model_name, "max_tokens": max_tokens, "temperature": 0,
+                                       "messages": messages})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        return body["choices"][0]["message"]["content"], body["usage"]
+
+    first = [{"role": "user", "content": f"Tell me a story about a lighthouse keeper ({uuid.uuid4().hex})."}]
+    answer, usage = chat(first, 64)
+    assert usage["completion_tokens"] >= 3 * BLOCK_SIZE, usage
+    _, next_usage = chat(first + [{"role": "assistant", "content": answer},
+                                  {"role": "user", "content": "And then?"}], 4)
+    cached = next_usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= usage["prompt_tokens"] + 2 * BLOCK_SIZE, (usage, next_usage)

@@ -99,6 +99,73 @@ TEST(PrefixCacheEngine, SimLayerKv) { expect_same_with_and_without("f32", "simla
 TEST(PrefixCacheEngine, RollingStreaming) { expect_same_with_and_without("f32", "streaming:budget=64,mode=rolling"); }
 TEST(PrefixCacheEngine, SpindleKv) { expect_same_with_and_without("f32", "spindlekv:ratio=0.3,window=8"); }
 
+// A chat's next turn: the second request's prompt is the first's prompt and answer and more. With `full` the blocks
+// of the answer were published as it was generated, so the hit reaches into them; with SnapKV (which rewrites its
+// entries) only the prompt's blocks are published. Outputs equal the cache off.
+struct Turns {
+  std::vector<std::vector<int32_t>> answers;
+  std::vector<int> cached;  // cached prompt tokens per turn
+  int n_first_prompt = 0;
+};
+
+// Two turns, greedy, 80 tokens each: the second prompt is the first prompt, its answer and a follow-up.
+Turns two_turns(const ServerConfig& config, bool prefix_caching) {
+  const std::unique_ptr<RankRuntime> rt = make_runtime(config);
+  ServerMetrics metrics(8192);
+  EngineOptions options = engine_options(config, *rt);
+  if (!prefix_caching) options.prefix_cache.reset();
+  Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
+  std::vector<int32_t> prompt = rt->tokenizer->encode(document().substr(0, 400), false);
+  Turns turns;
+  turns.n_first_prompt = int(prompt.size());
+  for (int turn = 0; turn < 2; ++turn) {
+    auto sink = std::make_shared<RecordingSink>();
+    GenerationRequest r;
+    r.id = "turn";
+    r.prompt_ids = prompt;
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = 80;
+    r.sampling.ignore_eos = true;
+    r.sink = sink;
+    engine.submit(std::move(r));
+    engine.run_until_idle();
+    EXPECT_TRUE(sink->finished) << sink->error;
+    turns.answers.push_back(sink->tokens[0]);
+    turns.cached.push_back(sink->usage.cached_prompt_tokens);
+    prompt.insert(prompt.end(), sink->tokens[0].begin(), sink->tokens[0].end());
+    const std::vector<int32_t> more = rt->tokenizer->encode(" And then?", false);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+  }
+  const int64_t cached_slots = rt->cache->n_cached_blocks() * rt->cache->n_layers();
+  EXPECT_EQ(rt->pool->n_free() + cached_slots, rt->pool->n_total()) << "every block in the pool or the cache";
+  return turns;
+}
+
+// A chat's next turn: with `full` the blocks of the first answer were published as it was generated, so the hit
+// reaches into them; with SnapKV (which rewrites its entries) or an int4 pool (whose decode steps read quantized
+// entries) only the prompt's blocks were. Outputs equal the cache off.
+void expect_answers_reused(const std::string& dtype, const std::string& policy, bool answer_cached) {
+  SCOPED_TRACE(dtype + ", " + policy);
+  const ServerConfig config = config_with(dtype, policy, 64);
+  const Turns off = two_turns(config, false);
+  const Turns on = two_turns(config, true);
+  EXPECT_EQ(on.answers, off.answers);
+  const int block = config.kv_cache.block_size;
+  if (answer_cached) {
+    // The answer's last token is never fed back: the cached blocks end before it.
+    EXPECT_EQ(on.cached[1], (on.n_first_prompt + 80 - 1) / block * block);
+  } else {
+    EXPECT_GT(on.cached[1], 0);
+    EXPECT_LE(on.cached[1], on.n_first_prompt / block * block);
+  }
+}
+
+TEST(PrefixCacheEngine, AChatsNextTurnFindsItsAnswerCached) {
+  expect_answers_reused("f32", "full", true);
+  expect_answers_reused("int4", "full", false);
+  expect_answers_reused("f32", "snapkv:budget=64,window=8", false);
+}
+
 // Policies that read every prompt row (H2O, D2O) take no hit, but publish; PoD neither takes nor publishes. Their
 // outputs stay what they are without the cache.
 void expect_no_hits(const std::string& policy, const std::string& pod_blocks = "") {
