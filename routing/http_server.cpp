@@ -220,6 +220,8 @@ struct ServerContext {
     limits.max_n = options.max_n;
     limits.max_top_logprobs = options.max_top_logprobs;
     limits.kv_policies = options.kv_policies;
+    limits.check_kv_policy = options.check_kv_policy;
+    limits.ignore_unknown_fields = options.ignore_unknown_fields;
   }
 
   ServerOptions options;

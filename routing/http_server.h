@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 namespace strata {
 
 class ChatTemplate;
+struct PolicySpec;
 class GenerationService;
 class Tokenizer;
 
@@ -30,6 +32,8 @@ struct ServerOptions {
   int max_n = 16;                                // choices per request
   int max_top_logprobs = 20;
   std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
+  std::function<void(const PolicySpec&)> check_kv_policy;  // see ProtocolLimits
+  bool ignore_unknown_fields = false;            // see ProtocolLimits
   int max_connections = 512;                     // connections held at once; more get 503 and are closed
   std::vector<std::string> api_keys;             // bearer keys for /v1/* (routing/api_keys.h); none: open
   bool metrics_require_key = false;              // whether /metrics needs a key too

@@ -112,6 +112,8 @@ ServerOptions server_options(const ServerConfig& config, const RankRuntime& rt) 
   options.max_context = rt.weights.config.max_context;
   options.max_n = config.server.max_n;
   options.kv_policies = request_policy_names(config);
+  options.check_kv_policy = [&executor = *rt.executor](const PolicySpec& spec) { executor.check_request_policy(spec); };
+  options.ignore_unknown_fields = config.server.ignore_unknown_fields;
   options.idle_timeout = std::chrono::seconds(config.server.idle_timeout_s);
   options.max_connections = config.server.max_connections;
   options.api_keys = configured_api_keys(config);

@@ -330,6 +330,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
       "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "kv_cache.prefix_caching", "parallel.tp", "parallel.pp",
       "parallel.timeout_s", "parallel.micro_batches",
+      "server.ignore_unknown_fields",
       "server.max_connections", "server.idle_timeout_s", "server.drain_timeout_s", "server.api_keys",
       "server.api_key_file", "server.metrics_require_key",
   };
@@ -347,6 +348,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "engine.backend"        ? "cpu"
                               : k == "model.weight_dtype"    ? "q8_0"
                               : k == "kv_cache.prefix_caching" ? "off"
+                              : k == "server.ignore_unknown_fields" ? "true"
                               : k == "server.metrics_require_key" ? "true"
                               : k == "server.api_keys"        ? "sk-a,sk-b"
                                                              : "16";
