@@ -7,6 +7,10 @@
 # rank r % tp, so with `slots=<tp>` per host a stage's tensor-parallel group shares one node. Rank 0, the leader,
 # serves HTTP on the first host. Flags after `--` go to `strata serve` unchanged (--port, --set key=value, ...).
 #
+# To drain the world (a rolling update): SIGUSR1 to this script's process (it execs mpirun, which forwards it to
+# every rank) or SIGTERM to rank 0. SIGTERM to mpirun itself kills the ranks a second later, cutting the requests
+# in flight (docs/decisions.md, [hardening]).
+#
 # Environment (each with a default that suits a cluster; override by exporting it first):
 #   STRATA_BIN             the strata binary (default: build/strata next to this script's repository)
 #   STRATA_TIMEOUT_S       parallel.timeout_s: a rank silent this long ends the world (default 60)
@@ -16,7 +20,7 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 

@@ -15,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
+CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 DASHBOARD = DEPLOY / "grafana" / "strata-dashboard.json"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 UNIT = DEPLOY / "systemd" / "strata.service"
@@ -129,8 +130,12 @@ def test_systemd_unit_keys():
     assert service["Restart"] == "on-failure"
     assert service["User"] and service["User"] != "root"
     assert int(service["LimitNOFILE"]) >= 4096
-    assert service["KillSignal"] == "SIGTERM"  # strata shuts down cleanly on it (serve_command.cpp)
-    assert re.fullmatch(r"\d+(s|min)?", service["TimeoutStopSec"]), service["TimeoutStopSec"]
+    assert service["KillSignal"] == "SIGTERM"  # strata drains on it (serve_command.cpp)
+    stop = re.fullmatch(r"(\d+)(s|min)?", service["TimeoutStopSec"])
+    assert stop, service["TimeoutStopSec"]
+    stop_s = int(stop.group(1)) * (60 if stop.group(2) == "min" else 1)
+    drain_s = int(re.search(r"^  drain_timeout_s: (\d+)", CONFIG.read_text(), re.M).group(1))
+    assert stop_s > drain_s, "systemd would SIGKILL the server before its drain can end"
     assert "PrivateDevices" not in service, "PrivateDevices hides the GPUs"
     assert sections["Install"]["WantedBy"] == ["multi-user.target"]
 
