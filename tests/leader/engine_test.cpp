@@ -207,5 +207,28 @@ TEST_F(EngineTest, PromptsTheEngineCannotServeAreRefused) {
   EXPECT_THROW(engine.submit(beyond_pool), std::invalid_argument);
 }
 
+// A drain refuses new requests and lets those submitted finish: the queued one too, not only the running one.
+TEST_F(EngineTest, ADrainFinishesWhatWasSubmittedAndRefusesTheRest) {
+  auto rt = make(64);
+  ServerMetrics metrics(8192);
+  EngineOptions options;
+  options.limits.max_running = 1;  // the second request waits in the queue
+  Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
+  auto running = std::make_shared<RecordingSink>();
+  auto queued = std::make_shared<RecordingSink>();
+  engine.submit(request(*rt, kPrompts[0], 6, running));
+  engine.submit(request(*rt, kPrompts[3], 6, queued));
+  EXPECT_FALSE(engine.idle());
+  engine.drain();
+  auto late = std::make_shared<RecordingSink>();
+  EXPECT_THROW(engine.submit(request(*rt, kPrompts[1], 6, late)), std::runtime_error);
+  engine.run_until_idle();
+  EXPECT_TRUE(running->finished) << running->error;
+  EXPECT_TRUE(queued->finished) << queued->error;
+  EXPECT_EQ(queued->tokens[0].size(), 6u);
+  EXPECT_TRUE(engine.idle());
+  EXPECT_EQ(rt->pool->n_free() + rt->cache->n_cached_blocks() * rt->cache->n_layers(), rt->pool->n_total());
+}
+
 }  // namespace
 }  // namespace strata
