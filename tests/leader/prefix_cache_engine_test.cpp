@@ -40,6 +40,52 @@ std::string document() {
   return text.str().substr(0, 1200);
 }
 
+// The real model behind an engine, with the prefix cache on or off, serving greedy requests one after the other.
+class SequentialEngine {
+ public:
+  SequentialEngine(const ServerConfig& config, bool prefix_caching)
+      : rt_(make_runtime(config)),
+        metrics_(8192),
+        engine_(*rt_->executor, *rt_->cache, *rt_->tokenizer, rt_->weights.config, metrics_,
+                options(config, *rt_, prefix_caching)) {}
+
+  std::vector<int32_t> encode(const std::string& text) const { return rt_->tokenizer->encode(text, false); }
+
+  // Runs one request to its end: its tokens; *cached gets its cached prompt tokens.
+  std::vector<int32_t> generate(std::vector<int32_t> prompt, int max_tokens, bool ignore_eos, int* cached) {
+    auto sink = std::make_shared<RecordingSink>();
+    GenerationRequest r;
+    r.id = "sequential";
+    r.prompt_ids = std::move(prompt);
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = ignore_eos;
+    r.sink = sink;
+    engine_.submit(std::move(r));
+    engine_.run_until_idle();
+    EXPECT_TRUE(sink->finished) << sink->error;
+    *cached = sink->usage.cached_prompt_tokens;
+    return sink->tokens[0];
+  }
+
+  void expect_every_block_back() const {
+    const int64_t cached_slots = rt_->cache->n_cached_blocks() * rt_->cache->n_layers();
+    EXPECT_EQ(rt_->pool->n_free() + cached_slots, rt_->pool->n_total()) << "every block in the pool or the cache";
+  }
+  std::string metrics() const { return metrics_.render(); }
+
+ private:
+  static EngineOptions options(const ServerConfig& config, const RankRuntime& rt, bool prefix_caching) {
+    EngineOptions o = engine_options(config, rt);
+    if (!prefix_caching) o.prefix_cache.reset();
+    return o;
+  }
+
+  std::unique_ptr<RankRuntime> rt_;
+  ServerMetrics metrics_;
+  Engine engine_;
+};
+
 struct Outcome {
   std::vector<std::vector<int32_t>> tokens;  // per request
   std::vector<int> cached;                   // usage.prompt_tokens_details.cached_tokens per request
@@ -48,30 +94,15 @@ struct Outcome {
 
 // The questions one after the other (each after the previous has finished), greedy, 12 tokens each.
 Outcome ask(const ServerConfig& config, bool prefix_caching) {
-  const std::unique_ptr<RankRuntime> rt = make_runtime(config);
-  ServerMetrics metrics(8192);
-  EngineOptions options = engine_options(config, *rt);
-  if (!prefix_caching) options.prefix_cache.reset();
-  Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
+  SequentialEngine engine(config, prefix_caching);
   Outcome out;
   for (const char* question : {" Question: what keeps a clock's time?", " Question: who built the first clock?",
                                " Question: why do pendulums swing?"}) {
-    auto sink = std::make_shared<RecordingSink>();
-    GenerationRequest r;
-    r.id = "prefix";
-    r.prompt_ids = rt->tokenizer->encode(document() + question, false);
-    r.sampling.temperature = 0.0f;
-    r.sampling.max_tokens = 12;
-    r.sink = sink;
-    engine.submit(std::move(r));
-    engine.run_until_idle();
-    EXPECT_TRUE(sink->finished) << sink->error;
-    out.tokens.push_back(sink->tokens[0]);
-    out.cached.push_back(sink->usage.cached_prompt_tokens);
+    out.cached.push_back(0);
+    out.tokens.push_back(engine.generate(engine.encode(document() + question), 12, false, &out.cached.back()));
   }
-  const int64_t cached_slots = rt->cache->n_cached_blocks() * rt->cache->n_layers();
-  EXPECT_EQ(rt->pool->n_free() + cached_slots, rt->pool->n_total()) << "every block in the pool or the cache";
-  out.metrics = metrics.render();
+  engine.expect_every_block_back();
+  out.metrics = engine.metrics();
   return out;
 }
 
@@ -99,9 +130,6 @@ TEST(PrefixCacheEngine, SimLayerKv) { expect_same_with_and_without("f32", "simla
 TEST(PrefixCacheEngine, RollingStreaming) { expect_same_with_and_without("f32", "streaming:budget=64,mode=rolling"); }
 TEST(PrefixCacheEngine, SpindleKv) { expect_same_with_and_without("f32", "spindlekv:ratio=0.3,window=8"); }
 
-// A chat's next turn: the second request's prompt is the first's prompt and answer and more. With `full` the blocks
-// of the answer were published as it was generated, so the hit reaches into them; with SnapKV (which rewrites its
-// entries) only the prompt's blocks are published. Outputs equal the cache off.
 struct Turns {
   std::vector<std::vector<int32_t>> answers;
   std::vector<int> cached;  // cached prompt tokens per turn
@@ -110,34 +138,18 @@ struct Turns {
 
 // Two turns, greedy, 80 tokens each: the second prompt is the first prompt, its answer and a follow-up.
 Turns two_turns(const ServerConfig& config, bool prefix_caching) {
-  const std::unique_ptr<RankRuntime> rt = make_runtime(config);
-  ServerMetrics metrics(8192);
-  EngineOptions options = engine_options(config, *rt);
-  if (!prefix_caching) options.prefix_cache.reset();
-  Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
-  std::vector<int32_t> prompt = rt->tokenizer->encode(document().substr(0, 400), false);
+  SequentialEngine engine(config, prefix_caching);
+  std::vector<int32_t> prompt = engine.encode(document().substr(0, 400));
   Turns turns;
   turns.n_first_prompt = int(prompt.size());
   for (int turn = 0; turn < 2; ++turn) {
-    auto sink = std::make_shared<RecordingSink>();
-    GenerationRequest r;
-    r.id = "turn";
-    r.prompt_ids = prompt;
-    r.sampling.temperature = 0.0f;
-    r.sampling.max_tokens = 80;
-    r.sampling.ignore_eos = true;
-    r.sink = sink;
-    engine.submit(std::move(r));
-    engine.run_until_idle();
-    EXPECT_TRUE(sink->finished) << sink->error;
-    turns.answers.push_back(sink->tokens[0]);
-    turns.cached.push_back(sink->usage.cached_prompt_tokens);
-    prompt.insert(prompt.end(), sink->tokens[0].begin(), sink->tokens[0].end());
-    const std::vector<int32_t> more = rt->tokenizer->encode(" And then?", false);
+    turns.cached.push_back(0);
+    turns.answers.push_back(engine.generate(prompt, 80, true, &turns.cached.back()));
+    prompt.insert(prompt.end(), turns.answers.back().begin(), turns.answers.back().end());
+    const std::vector<int32_t> more = engine.encode(" And then?");
     prompt.insert(prompt.end(), more.begin(), more.end());
   }
-  const int64_t cached_slots = rt->cache->n_cached_blocks() * rt->cache->n_layers();
-  EXPECT_EQ(rt->pool->n_free() + cached_slots, rt->pool->n_total()) << "every block in the pool or the cache";
+  engine.expect_every_block_back();
   return turns;
 }
 
