@@ -1,8 +1,8 @@
 // libFuzzer harness: the HTTP server (routing/http_server.h) reading arbitrary bytes from a client: Beast's request
 // parser with the server's limits, the routes, the OpenAI requests with SmolLM2's tokenizer and template, and the
 // answers, whole or streamed, from a service that answers every request at once. The bytes go through a loopback
-// connection to a server started once (its sessions are private to http_server.cpp); the client then closes its
-// sending side and reads every answer until the server closes.
+// connection to a server started once (its sessions are private to http_server.cpp), each from another loopback
+// source address; the client then closes its sending side and reads every answer until the server closes.
 // Bugs: a crash, a sanitizer report, an answer that is not HTTP, a 5xx answer to a client's bytes, a connection
 // the server does not close within 5 s of the client's end of input.
 #include <netinet/in.h>
@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -61,15 +62,33 @@ strata::HttpServer& server() {
   return *server;
 }
 
+// Binds the client socket to the next of 62,500 loopback addresses (127.1.x.y). The client ends its input first,
+// so each connection leaves a TIME_WAIT for a minute, and one source address has only ~28,000 ephemeral ports.
+void bind_next_source_address(int fd) {
+  static uint32_t n_connections = 0;
+  const uint32_t k = n_connections++ % (250 * 250);
+  sockaddr_in source{};
+  source.sin_family = AF_INET;
+  source.sin_addr.s_addr = htonl((127u << 24) | (1u << 16) | ((k / 250 + 1) << 8) | (k % 250 + 1));
+  const int on = 1;  // the port is chosen at connect(), for the whole address pair
+  ::setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &on, sizeof on);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&source), sizeof source) != 0) {
+    fail(std::string("bind: ") + std::strerror(errno));
+  }
+}
+
 // Sends the bytes, ends the input, and returns everything the server writes until it closes.
 std::string exchange(const uint8_t* data, size_t size) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) fail("socket");
+  if (fd < 0) fail(std::string("socket: ") + std::strerror(errno));
+  bind_next_source_address(fd);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(server().port());
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) fail("connect");
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+    fail(std::string("connect: ") + std::strerror(errno));
+  }
   const timeval answer_timeout{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &answer_timeout, sizeof answer_timeout);
   for (size_t sent = 0; sent < size;) {  // the server may close early, after an error: stop sending then
@@ -86,8 +105,6 @@ std::string exchange(const uint8_t* data, size_t size) {
     if (n <= 0) break;  // closed, or reset after unread input
     answer.append(chunk, size_t(n));
   }
-  const linger reset{1, 0};  // close with a reset: no TIME_WAIT for millions of connections
-  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
   ::close(fd);
   return answer;
 }
