@@ -32,6 +32,8 @@ done
 ((${#harnesses[@]})) || { echo "fuzz.sh: no harness matches --only $only" >&2; exit 2; }
 [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] || { echo "fuzz.sh: the model is missing; run tools/setup.sh" >&2; exit 2; }
 
+commit=$(git rev-parse HEAD)  # what the harnesses are built from
+git diff --quiet HEAD -- . 2>/dev/null || commit="$commit (with uncommitted changes)"
 if [ ! -f build-fuzz/build.ninja ]; then
   echo "[fuzz] configuring build-fuzz (clang, -DSTRATA_FUZZ=ON)"
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=OFF \
@@ -56,30 +58,28 @@ for name in "${harnesses[@]}"; do
     -artifact_prefix="build-fuzz/crashes/$name/" "build-fuzz/corpus/$name" "tests/fuzz/corpus/$name" \
     >"$log" 2>&1 || status=$?
   executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)  # over the time it ran
   crashes=$((status != 0))
-  printf '%-22s %8s %12s %10s %8s\n' "$name" "$seconds" "${executions:-?}" \
-    "$(( ${executions:-0} / (seconds > 0 ? seconds : 1) ))" "$crashes"
+  printf '%-22s %8s %12s %10s %8s\n' "$name" "$seconds" "${executions:-?}" "${rate:-?}" "$crashes"
   if ((crashes)); then
     failed=1
     echo "[fuzz] $name crashed (exit $status); the end of $log:" >&2
     grep -E 'ERROR|SUMMARY|fuzz check failed|runtime error|what\(\)|Test unit written' "$log" | tail -8 >&2 || true
   fi
-  results+=("$name ${seconds} ${executions:-0} $crashes")
+  results+=("$name ${seconds} ${executions:-0} ${rate:-0} $crashes")
 done
 
 if [ -n "$record" ]; then
   mkdir -p "$(dirname "$record")"
-  commit=$(git rev-parse HEAD)
-  git diff --quiet HEAD -- . 2>/dev/null || commit="$commit (with uncommitted changes)"
   python3 - "$record" "$command_line" "$commit" "${results[@]}" <<'EOF'
 import datetime, json, os, platform, sys
 path, command, commit, rows = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
 harnesses = []
 for row in rows:
-    name, seconds, executions, crashes = row.split()
+    name, seconds, executions, rate, crashes = row.split()
     harnesses.append({"harness": name, "seconds": int(seconds), "executions": int(executions),
-                      "exec_per_s": round(int(executions) / max(int(seconds), 1)), "crashes": int(crashes)})
+                      "exec_per_s": int(rate), "crashes": int(crashes)})
 record = {"command": command, "commit": commit, "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
           "machine": {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release()},
           "sanitizers": "address, undefined (clang 14 libFuzzer)", "harnesses": harnesses,

@@ -6,6 +6,7 @@
 // Bugs: a crash, a sanitizer report, an answer that is not HTTP, a 5xx answer to a client's bytes, a connection
 // the server does not close within 5 s of the client's end of input.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -77,6 +78,21 @@ void bind_next_source_address(int fd) {
   }
 }
 
+// libFuzzer's timer (SIGALRM, for -timeout) interrupts blocking calls: a connect it interrupts goes on, and is
+// waited for.
+void connect_through_signals(int fd, const sockaddr_in& address) {
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0) return;
+  if (errno != EINTR) fail(std::string("connect: ") + std::strerror(errno));
+  pollfd writable{fd, POLLOUT, 0};
+  while (::poll(&writable, 1, -1) < 0) {
+    if (errno != EINTR) fail(std::string("poll: ") + std::strerror(errno));
+  }
+  int error = 0;
+  socklen_t length = sizeof error;
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+  if (error != 0) fail(std::string("connect: ") + std::strerror(error));
+}
+
 // Sends the bytes, ends the input, and returns everything the server writes until it closes.
 std::string exchange(const uint8_t* data, size_t size) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -86,13 +102,12 @@ std::string exchange(const uint8_t* data, size_t size) {
   address.sin_family = AF_INET;
   address.sin_port = htons(server().port());
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
-    fail(std::string("connect: ") + std::strerror(errno));
-  }
+  connect_through_signals(fd, address);
   const timeval answer_timeout{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &answer_timeout, sizeof answer_timeout);
   for (size_t sent = 0; sent < size;) {  // the server may close early, after an error: stop sending then
     const ssize_t n = ::send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     sent += size_t(n);
   }
@@ -101,6 +116,7 @@ std::string exchange(const uint8_t* data, size_t size) {
   char chunk[16 << 10];
   for (;;) {
     const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) fail("the server kept the connection open for 5 s");
     if (n <= 0) break;  // closed, or reset after unread input
     answer.append(chunk, size_t(n));
