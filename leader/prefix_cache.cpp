@@ -55,7 +55,7 @@ void PrefixCache::publish(StepPlan& plan, SeqId seq, std::span<const int32_t> to
   // Generated tokens' blocks hold what a prefill of them would write only where no policy rewrites entries.
   const bool generated = settings_.publish_generated && !use.reuse.copies;
   const int complete = (generated ? chunk_end : std::min(chunk_end, prefill_len)) / block_size_;
-  if (complete > int(use.chain.size())) use.chain = index_.chain(tokens.first(size_t(complete) * size_t(block_size_)));
+  if (complete > int(use.chain.size())) index_.extend_chain(use.chain, tokens.first(size_t(complete) * size_t(block_size_)));
   // A block that another sequence published first is not this sequence's: its later blocks were computed over
   // its own copy, so they are not published either (a cached chain is always one computation).
   for (int i = use.next_block; use.publishing && i < complete; ++i) {

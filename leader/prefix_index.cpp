@@ -23,12 +23,17 @@ PrefixIndex::PrefixIndex(int block_size, uint64_t salt) : block_size_(block_size
 
 std::vector<uint64_t> PrefixIndex::chain(std::span<const int32_t> tokens) const {
   std::vector<uint64_t> hashes;
-  uint64_t h = mix(salt_);
-  for (size_t end = size_t(block_size_); end <= tokens.size(); end += size_t(block_size_)) {
-    for (size_t i = end - size_t(block_size_); i < end; ++i) h = mix(h ^ uint64_t(uint32_t(tokens[i])));
-    hashes.push_back(h);
-  }
+  extend_chain(hashes, tokens);
   return hashes;
+}
+
+void PrefixIndex::extend_chain(std::vector<uint64_t>& chain, std::span<const int32_t> tokens) const {
+  const size_t block = size_t(block_size_);
+  uint64_t h = chain.empty() ? mix(salt_) : chain.back();
+  for (size_t end = (chain.size() + 1) * block; end <= tokens.size(); end += block) {
+    for (size_t i = end - block; i < end; ++i) h = mix(h ^ uint64_t(uint32_t(tokens[i])));
+    chain.push_back(h);
+  }
 }
 
 int PrefixIndex::cached_blocks(std::span<const uint64_t> chain, std::span<const int32_t> tokens) const {

@@ -23,6 +23,8 @@ class PrefixIndex {
   int block_size() const { return block_size_; }
   // The hashes of the full blocks of `tokens`, in order.
   std::vector<uint64_t> chain(std::span<const int32_t> tokens) const;
+  // Appends to `chain` (the hashes of the leading blocks of `tokens`) those of the full blocks after them.
+  void extend_chain(std::vector<uint64_t>& chain, std::span<const int32_t> tokens) const;
   // How many leading blocks of `chain` (computed from `tokens`) are cached. Their tokens are compared too, so a
   // hash collision is a miss, never another prompt's KV.
   int cached_blocks(std::span<const uint64_t> chain, std::span<const int32_t> tokens) const;

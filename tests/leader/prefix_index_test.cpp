@@ -42,6 +42,12 @@ TEST(PrefixIndex, ChainsNameFullBlocksByEverythingBeforeThem) {
   EXPECT_NE(index.chain(c)[1], ca[1]);
   EXPECT_NE(PrefixIndex(4, 8).chain(a)[0], ca[0]) << "the salt (the model) is part of the name";
   EXPECT_TRUE(index.chain(tokens(3, 0)).empty());
+  // A chain extended as tokens come (a sequence decoding) names the blocks as the whole chain does.
+  std::vector<uint64_t> grown = index.chain(std::span(a).first(5));
+  index.extend_chain(grown, std::span(a).first(7));
+  EXPECT_EQ(grown.size(), 1u);
+  index.extend_chain(grown, a);
+  EXPECT_EQ(grown, ca);
 }
 
 TEST(PrefixIndex, HitsAreTheLeadingCachedBlocksWithTheSameTokens) {
