@@ -347,6 +347,33 @@ void KvCache::evict(std::span<const uint64_t> hashes) {
   }
 }
 
+void KvCache::fork(SeqId source, SeqId seq, int n_entries) {
+  if (contains(seq)) throw std::logic_error("kv cache: sequence " + std::to_string(seq) + " already holds entries");
+  auto it = seqs_.find(source);
+  const bool as_written = it != seqs_.end() && n_entries > 0 &&
+                          std::all_of(it->second.begin(), it->second.end(), [&](const LayerKv& kv) {
+                            return kv.n_entries == kv.n_appended && kv.n_entries >= n_entries &&
+                                   kv.n_quantized_blocks == 0 && kv.n_coded_blocks == 0 && !kv.codebook &&
+                                   kv.n_paired == 0;
+                          });
+  if (!as_written) {
+    throw std::logic_error("kv cache: sequence " + std::to_string(source) + " does not hold " +
+                           std::to_string(n_entries) + " entries as written");
+  }
+  const int64_t n_blocks = blocks_for(n_entries, block_size());
+  std::vector<LayerKv> layers(static_cast<size_t>(n_layers()));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    LayerKv& kv = layers[l];
+    const std::vector<int32_t>& from = it->second[l].block_table;
+    kv.block_table.assign(from.begin(), from.begin() + n_blocks);
+    for (int32_t b : kv.block_table) pool_.share(b);
+    own_blocks(kv, kv.block_table.size());
+    kv.n_entries = kv.n_appended = n_entries;
+    account(int(l), {n_entries, n_blocks, 0, n_blocks});
+  }
+  seqs_.emplace(seq, std::move(layers));
+}
+
 // A block is copied by a compaction over the table {copy, original} that moves every entry of the second block
 // to the first. Only full-precision blocks are ever shared (published blocks are), so the copy is exact.
 void KvCache::own_blocks(LayerKv& kv, size_t n_blocks) {

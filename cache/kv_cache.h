@@ -135,6 +135,10 @@ class KvCache {
   void start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, bool copy = false);
   // The cache lets go of these blocks; each returns to the pool once no sequence holds it.
   void evict(std::span<const uint64_t> hashes);
+  // strata eval's shared prefill (eval/shared_prefill.h): a new sequence whose layers start with copies of the
+  // first n_entries entries of `source`, which must still hold them as written (one new block per block copied and
+  // layer: check the pool first).
+  void fork(SeqId source, SeqId seq, int n_entries);
 
  private:
   LayerKv& layer_mut(SeqId seq, int global_layer);

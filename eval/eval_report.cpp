@@ -7,10 +7,13 @@ nlohmann::ordered_json settings_json(const EvalSettings& s) {
   j["policies"] = s.policies;
   j["budgets"] = s.budgets;
   j["quantized_policies"] = s.quantized_policies;
-  j["quantized_dtype"] = s.quantized_dtype;
+  j["quantized_dtypes"] = s.quantized_dtypes;
   j["documents"] = s.documents;
   j["perplexity_prefixes"] = s.perplexity_prefixes;
   j["perplexity_tokens"] = s.perplexity_tokens;
+  j["long_documents"] = s.long_documents;
+  j["long_prompt"] = s.long_prompt;
+  j["long_tokens"] = s.long_tokens;
   j["passkey_lengths"] = s.passkey_lengths;
   j["passkey_depths"] = s.passkey_depths;
   j["agreement_context"] = s.agreement_context;
@@ -19,6 +22,19 @@ nlohmann::ordered_json settings_json(const EvalSettings& s) {
   j["seed"] = s.seed;
   j["max_batch"] = s.runner.max_batch;
   j["prefill_chunk"] = s.runner.prefill_chunk;
+  j["shared_prefill"] = s.runner.share_prefill;
+  return j;
+}
+
+static nlohmann::ordered_json perplexity_json(const std::vector<PerplexityScore>& scores) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::array();
+  for (const PerplexityScore& p : scores) {
+    j.push_back({{"document", p.c.document},
+                 {"prefix", p.c.prefix},
+                 {"tokens", p.c.tokens},
+                 {"mean_nll", p.mean_nll},
+                 {"perplexity", p.perplexity()}});
+  }
   return j;
 }
 
@@ -27,15 +43,10 @@ nlohmann::ordered_json case_json(const EvalCaseResult& r) {
   j["policy"] = r.c.policy;
   j["budget"] = r.c.budget;
   j["kv_dtype"] = r.c.kv_dtype;
+  j["label"] = case_label(r.c);
   j["example_spec"] = case_spec(r.c, r.memory.longest_prompt);
-  j["seconds"] = r.seconds;
-  for (const PerplexityScore& p : r.perplexity) {
-    j["perplexity"].push_back({{"document", p.c.document},
-                               {"prefix", p.c.prefix},
-                               {"tokens", p.c.tokens},
-                               {"mean_nll", p.mean_nll},
-                               {"perplexity", p.perplexity()}});
-  }
+  j["perplexity"] = perplexity_json(r.perplexity);
+  j["long_generation"] = perplexity_json(r.long_generation);
   for (const PasskeyScore& p : r.passkey) {
     j["passkey"].push_back(
         {{"length", p.c.length}, {"depth", p.c.depth}, {"key", p.key}, {"answer", p.answer}, {"correct", p.correct}});

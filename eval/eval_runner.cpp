@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 #include <string>
+
+#include "eval/shared_prefill.h"
 
 namespace strata {
 
@@ -13,6 +16,13 @@ struct EvalRunner::Active {
   std::vector<int32_t> known;  // prompt, then every token fed after it
   int pos = 0;                 // tokens of `known` already in the cache
   bool done = false;
+};
+
+// The sequence that prefilled a prompt shared by several jobs, and what its last row gives.
+struct EvalRunner::SharedPrompt {
+  int64_t seq = 0;
+  std::vector<float> last_logits;  // the prompt's last row
+  int32_t greedy = 0;              // the token greedy sampling draws from it
 };
 
 float token_logprob(std::span<const float> logits, int32_t token) {
@@ -33,7 +43,13 @@ static int job_tokens(const EvalJob& job) {
   return int(job.prompt.size() + (job.forced.empty() ? size_t(job.generate) : job.forced.size()));
 }
 
-void EvalRunner::run(std::span<EvalJob> jobs, const std::function<void(size_t, size_t)>& progress) {
+static SamplingRule greedy_sampling() {
+  SamplingRule greedy;
+  greedy.temperature = 0.0f;
+  return greedy;
+}
+
+void EvalRunner::check_fits(std::span<const EvalJob> jobs) const {
   const KvCache& cache = *rt_.cache;
   const int64_t context = rt_.weights.config.max_context;
   for (const EvalJob& job : jobs) {
@@ -42,36 +58,101 @@ void EvalRunner::run(std::span<EvalJob> jobs, const std::function<void(size_t, s
       throw std::invalid_argument("eval: a job needs " + std::to_string(job_tokens(job)) +
                                   " tokens, beyond the model's context of " + std::to_string(context));
     }
-    // A job is admitted with the room to hold all its tokens uncompressed: a policy saves memory only after its
-    // hooks run, so the worst case is what must fit.
-    if (cache.blocks_to_append(-1, job_tokens(job)) > cache.pool().n_total()) {
+    // A job is admitted with the room to hold all its tokens uncompressed (a policy saves memory only after its
+    // hooks run, so the worst case is what must fit), beside its prompt's shared prefill.
+    const int64_t shared = options_.share_prefill ? cache.blocks_to_append(-1, int(job.prompt.size())) : 0;
+    if (cache.blocks_to_append(-1, job_tokens(job)) + shared > cache.pool().n_total()) {
       throw std::runtime_error("eval: a job of " + std::to_string(job_tokens(job)) +
                                " tokens does not fit in the KV pool (raise kv_cache.memory_mib)");
     }
   }
-  size_t done = 0;
+}
+
+// Jobs by prompt, the longest prompts first (a batch then holds jobs of similar lengths), each group in job order.
+static std::vector<std::vector<EvalJob*>> groups_by_prompt(std::span<EvalJob> jobs) {
+  std::map<std::vector<int32_t>, size_t> index;
+  std::vector<std::vector<EvalJob*>> groups;
+  for (EvalJob& job : jobs) {
+    auto [it, added] = index.try_emplace(job.prompt, groups.size());
+    if (added) groups.emplace_back();
+    groups[it->second].push_back(&job);
+  }
+  std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+    return a[0]->prompt.size() > b[0]->prompt.size();
+  });
+  return groups;
+}
+
+void EvalRunner::run(std::span<EvalJob> jobs, const std::function<void(size_t, size_t)>& progress) {
+  check_fits(jobs);
+  rt_.executor->keep_logits(true);  // forced continuations are scored from the logits rows
+  size_t n_done = 0;
+  const auto done = [&](size_t n) {
+    n_done += n;
+    if (progress) progress(n_done, jobs.size());
+  };
+  const std::vector<std::vector<EvalJob*>> groups = groups_by_prompt(jobs);
+  if (!options_.share_prefill) {
+    std::vector<EvalJob*> all;
+    for (const std::vector<EvalJob*>& group : groups) all.insert(all.end(), group.begin(), group.end());
+    run_batches(all, nullptr, done);
+    return;
+  }
+  for (const std::vector<EvalJob*>& group : groups) {
+    if (group.size() == 1) {
+      run_batches(group, nullptr, done);
+      continue;
+    }
+    const SharedPrompt shared = prefill_shared(group[0]->prompt);
+    run_batches(group, &shared, done);
+    StepPlan plan;
+    plan.finished.push_back(shared.seq);
+    execute(plan);
+  }
+}
+
+EvalRunner::SharedPrompt EvalRunner::prefill_shared(const std::vector<int32_t>& prompt) {
+  SharedPrompt shared{next_seq_++, {}, 0};
+  const int prompt_len = int(prompt.size());
+  StepPlan plan;
+  plan.added.push_back(PlannedSequence{shared.seq, greedy_sampling(), 0, parse_policy_spec("full"), prompt_len});
+  execute(plan);
+  rt_.executor->share_prefill(shared.seq);
+  ++prefills_;
+  for (int pos = 0; pos < prompt_len; pos += options_.prefill_chunk) {
+    const int end = std::min(prompt_len, pos + options_.prefill_chunk);
+    plan.work.push_back(PlannedWork{shared.seq, pos, {prompt.begin() + pos, prompt.begin() + end}, end == prompt_len,
+                                    prompt_len});
+    const StepResult result = execute(plan);
+    if (end == prompt_len) {
+      const int64_t vocab = rt_.weights.config.vocab_size;
+      shared.last_logits.assign(rt_.executor->last_logits().begin(), rt_.executor->last_logits().begin() + vocab);
+      shared.greedy = result.sampled.at(0).sample.id;
+    }
+  }
+  return shared;
+}
+
+void EvalRunner::run_batches(std::span<EvalJob* const> jobs, const SharedPrompt* shared,
+                             const std::function<void(size_t)>& done) {
+  const KvCache& cache = *rt_.cache;
   size_t next = 0;
   while (next < jobs.size()) {
     std::vector<EvalJob*> batch;
     int64_t blocks = 0;
     while (next < jobs.size() && int(batch.size()) < options_.max_batch) {
-      const int64_t need = cache.blocks_to_append(-1, job_tokens(jobs[next]));
+      const int64_t need = cache.blocks_to_append(-1, job_tokens(*jobs[next]));
       if (!batch.empty() && blocks + need > cache.pool().n_free()) break;
       blocks += need;
-      batch.push_back(&jobs[next++]);
+      batch.push_back(jobs[next++]);
     }
-    run_batch(batch);
-    done += batch.size();
-    if (progress) progress(done, jobs.size());
+    run_batch(batch, shared);
+    done(batch.size());
   }
 }
 
-void EvalRunner::run_batch(std::span<EvalJob*> batch) {
+void EvalRunner::run_batch(std::span<EvalJob* const> batch, const SharedPrompt* shared) {
   StepExecutor& executor = *rt_.executor;
-  executor.keep_logits(true);  // forced continuations are scored from the logits rows
-  const std::vector<int32_t>& stop_ids = rt_.tokenizer->stop_ids();
-  const int64_t vocab = rt_.weights.config.vocab_size;
-
   StepPlan plan;
   std::vector<Active> active;
   for (EvalJob* job : batch) {
@@ -79,17 +160,19 @@ void EvalRunner::run_batch(std::span<EvalJob*> batch) {
     job->generated.clear();
     job->layers.clear();
     Active a{job, next_seq_++, job->prompt, 0, false};
-    SamplingRule greedy;
-    greedy.temperature = 0.0f;
     std::optional<PolicySpec> policy;
     if (!job->policy.empty()) policy = parse_policy_spec(job->policy);
-    plan.added.push_back(PlannedSequence{a.seq, greedy, 0, std::move(policy), int32_t(job->prompt.size())});
+    plan.added.push_back(PlannedSequence{a.seq, greedy_sampling(), 0, std::move(policy), int32_t(job->prompt.size())});
     active.push_back(std::move(a));
   }
+  execute(plan);
+  for (Active& a : active) {
+    if (shared) start_from(*shared, a, plan);
+    if (!shared || a.pos == 0) ++prefills_;
+  }
 
-  size_t n_done = 0;
-  while (n_done < active.size()) {
-    plan.step = ++step_;
+  const int64_t vocab = rt_.weights.config.vocab_size;
+  while (std::any_of(active.begin(), active.end(), [](const Active& a) { return !a.done; })) {
     std::vector<Active*> sampled;
     for (Active& a : active) {
       if (a.done) continue;
@@ -110,35 +193,66 @@ void EvalRunner::run_batch(std::span<EvalJob*> batch) {
       if (w.sample) sampled.push_back(&a);
       plan.work.push_back(std::move(w));
     }
-    const StepResult result = executor.execute(plan);
-    plan = StepPlan{};
+    const StepResult result = execute(plan);
     for (size_t i = 0; i < sampled.size(); ++i) {
-      Active& a = *sampled[i];
-      EvalJob& job = *a.job;
-      if (!job.forced.empty()) {
-        const size_t k = job.forced_logprobs.size();
-        job.forced_logprobs.push_back(
-            token_logprob(std::span<const float>(executor.last_logits().data() + i * vocab, size_t(vocab)),
-                          job.forced[k]));
-        a.done = k + 1 == job.forced.size();
-        if (!a.done) a.known.push_back(job.forced[k]);
-      } else {
-        const int32_t token = result.sampled.at(i).sample.id;
-        job.generated.push_back(token);
-        a.done = int(job.generated.size()) >= job.generate ||
-                 std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
-        if (!a.done) a.known.push_back(token);
-      }
-      if (a.done) {
-        job.layers = layers_held(a.seq);
-        if (options_.before_release) options_.before_release(job, *rt_.cache);
-        plan.finished.push_back(a.seq);
-        ++n_done;
-      }
+      const std::span<const float> logits(executor.last_logits().data() + i * vocab, size_t(vocab));
+      if (take_next(*sampled[i], logits, result.sampled.at(i).sample.id)) finish(*sampled[i], plan);
     }
   }
+  execute(plan);  // releases the last finished sequences
+}
+
+// A forked job starts where the shared prefill leaves it: at its fork point, or at the prompt's end with the
+// prompt's last row already computed.
+void EvalRunner::start_from(const SharedPrompt& shared, Active& a, StepPlan& plan) {
+  if (a.job->policy.empty()) return;
+  const int prompt_len = int(a.job->prompt.size());
+  const PolicyContext context{0, rt_.weights.config.n_layers, rt_.model->n_heads_local(),
+                              rt_.model->n_kv_heads_local(), rt_.model_name};
+  const JobStart start = job_start(parse_policy_spec(a.job->policy), context, prompt_len, options_.prefill_chunk);
+  switch (start.kind) {
+    case JobStart::own_prefill:
+      break;
+    case JobStart::fork_prefix:
+      rt_.executor->fork_prefix(shared.seq, a.seq, start.entries, prompt_len);
+      a.pos = start.entries;
+      break;
+    case JobStart::fork_prefilled:
+      rt_.executor->fork_prefilled(shared.seq, a.seq);
+      a.pos = prompt_len;
+      if (take_next(a, shared.last_logits, shared.greedy)) finish(a, plan);
+      break;
+  }
+}
+
+bool EvalRunner::take_next(Active& a, std::span<const float> logits, int32_t greedy) {
+  EvalJob& job = *a.job;
+  if (!job.forced.empty()) {
+    const size_t k = job.forced_logprobs.size();
+    job.forced_logprobs.push_back(token_logprob(logits, job.forced[k]));
+    a.done = k + 1 == job.forced.size();
+    if (!a.done) a.known.push_back(job.forced[k]);
+    return a.done;
+  }
+  const std::vector<int32_t>& stop_ids = rt_.tokenizer->stop_ids();
+  job.generated.push_back(greedy);
+  a.done = int(job.generated.size()) >= job.generate ||
+           std::find(stop_ids.begin(), stop_ids.end(), greedy) != stop_ids.end();
+  if (!a.done) a.known.push_back(greedy);
+  return a.done;
+}
+
+void EvalRunner::finish(Active& a, StepPlan& plan) {
+  a.job->layers = layers_held(a.seq);
+  if (options_.before_release) options_.before_release(*a.job, *rt_.cache);
+  plan.finished.push_back(a.seq);
+}
+
+StepResult EvalRunner::execute(StepPlan& plan) {
   plan.step = ++step_;
-  executor.execute(plan);  // releases the last finished sequences
+  const StepResult result = rt_.executor->execute(plan);
+  plan = StepPlan{};
+  return result;
 }
 
 std::vector<LayerHeld> EvalRunner::layers_held(int64_t seq) const {

@@ -1,7 +1,6 @@
 #include "eval/eval_suite.h"
 
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 #include <stdexcept>
 
@@ -47,8 +46,13 @@ double EvalMemory::ratio() const {
   return held > 0 ? double(full) / double(held) : 0.0;
 }
 
+std::string case_label(const EvalCase& c) {
+  return c.policy + (c.budget.empty() ? "" : "@" + c.budget) + (c.kv_dtype == "f32" ? "" : "+" + c.kv_dtype);
+}
+
 EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const ChatTemplate& chat)
     : settings_(std::move(settings)), tokenizer_(tokenizer), chat_(chat) {
+  if (settings_.documents.empty()) settings_.documents = document_names(settings_.data_dir);
   for (const std::string& name : settings_.documents) {
     documents_.push_back(document_tokens(tokenizer_, settings_.data_dir, name));
   }
@@ -68,10 +72,19 @@ EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const Ch
 
 std::vector<EvalCase> EvalSuite::cases() const {
   // Budget by budget, so that a run stopped early has covered every policy at the budgets it reached.
+  const auto& quantized = settings_.quantized_policies;
+  const bool quantized_full = std::find(quantized.begin(), quantized.end(), "full") != quantized.end();
   std::vector<EvalCase> out{{"full", "", "f32"}};
+  for (const std::string& dtype : settings_.quantized_dtypes) {
+    if (quantized_full) out.push_back({"full", "", dtype});
+  }
   for (const std::string& b : settings_.budgets) {
     for (const std::string& p : settings_.policies) out.push_back({p, b, "f32"});
-    for (const std::string& p : settings_.quantized_policies) out.push_back({p, b, settings_.quantized_dtype});
+    for (const std::string& dtype : settings_.quantized_dtypes) {
+      for (const std::string& p : quantized) {
+        if (p != "full") out.push_back({p, b, dtype});
+      }
+    }
   }
   return out;
 }
@@ -80,33 +93,17 @@ std::vector<EvalCase> EvalSuite::cases() const {
 struct EvalSuite::CaseJobs {
   // Which task and case a job belongs to.
   struct Tag {
-    enum Kind { perplexity, passkey, agreement } kind;
+    enum Kind { perplexity, long_generation, passkey, agreement } kind;
     size_t index;  // into that task's cases
   };
 
   std::vector<EvalJob> jobs;
   std::vector<Tag> tags;  // per job
   std::vector<PerplexityCase> perplexity;
+  std::vector<PerplexityCase> long_generation;
   std::vector<PasskeyCase> passkey;
   std::vector<std::string> keys;  // per passkey case: the key its prompt hides
   std::vector<AgreementCase> agreement;
-
-  // Longest first, so that a batch holds jobs of similar lengths and none waits long for another.
-  void sort_longest_first() {
-    std::vector<size_t> order(jobs.size());
-    std::iota(order.begin(), order.end(), size_t(0));
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return jobs[a].prompt.size() > jobs[b].prompt.size();
-    });
-    std::vector<EvalJob> sorted_jobs;
-    std::vector<Tag> sorted_tags;
-    for (size_t i : order) {
-      sorted_jobs.push_back(std::move(jobs[i]));
-      sorted_tags.push_back(tags[i]);
-    }
-    jobs = std::move(sorted_jobs);
-    tags = std::move(sorted_tags);
-  }
 };
 
 EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
@@ -121,6 +118,11 @@ EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
       j.perplexity.push_back({settings_.documents[d], prefix, settings_.perplexity_tokens});
       add(perplexity_job(documents_[d], j.perplexity.back(), ""), {CaseJobs::Tag::perplexity, j.perplexity.size() - 1});
     }
+  }
+  for (size_t d = 0; d < documents_.size() && int(d) < settings_.long_documents; ++d) {
+    j.long_generation.push_back({settings_.documents[d], settings_.long_prompt, settings_.long_tokens});
+    add(perplexity_job(documents_[d], j.long_generation.back(), ""),
+        {CaseJobs::Tag::long_generation, j.long_generation.size() - 1});
   }
   for (int length : settings_.passkey_lengths) {
     for (double depth : settings_.passkey_depths) {
@@ -169,6 +171,7 @@ EvalCaseResult EvalSuite::score(const EvalCase& c, const CaseJobs& jobs) {
   EvalCaseResult result;
   result.c = c;
   result.perplexity.resize(jobs.perplexity.size());
+  result.long_generation.resize(jobs.long_generation.size());
   result.passkey.resize(jobs.passkey.size());
   result.agreement.resize(jobs.agreement.size());
   if (c.policy == "full") reference_answers_.assign(jobs.agreement.size(), {});
@@ -179,6 +182,9 @@ EvalCaseResult EvalSuite::score(const EvalCase& c, const CaseJobs& jobs) {
     switch (tag.kind) {
       case CaseJobs::Tag::perplexity:
         result.perplexity[tag.index] = score_perplexity(jobs.perplexity[tag.index], job);
+        break;
+      case CaseJobs::Tag::long_generation:
+        result.long_generation[tag.index] = score_perplexity(jobs.long_generation[tag.index], job);
         break;
       case CaseJobs::Tag::passkey:
         result.passkey[tag.index] = score_passkey(tokenizer_, jobs.passkey[tag.index], jobs.keys[tag.index], job);
@@ -193,14 +199,24 @@ EvalCaseResult EvalSuite::score(const EvalCase& c, const CaseJobs& jobs) {
   return result;
 }
 
-EvalCaseResult EvalSuite::run(const EvalCase& c, RankRuntime& runtime, const std::function<void(size_t, size_t)>& progress) {
-  const auto start = std::chrono::steady_clock::now();
-  CaseJobs jobs = jobs_for(c);
-  jobs.sort_longest_first();
-  EvalRunner(runtime, settings_.runner).run(jobs.jobs, progress);
-  EvalCaseResult result = score(c, jobs);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return result;
+std::vector<EvalCaseResult> EvalSuite::run(std::span<const EvalCase> cases, RankRuntime& runtime,
+                                           const std::function<void(size_t, size_t)>& progress) {
+  std::vector<CaseJobs> case_jobs;
+  std::vector<EvalJob> all;
+  for (const EvalCase& c : cases) {
+    case_jobs.push_back(jobs_for(c));
+    for (EvalJob& job : case_jobs.back().jobs) all.push_back(std::move(job));
+  }
+  EvalRunner runner(runtime, settings_.runner);
+  runner.run(all, progress);
+  prefills_ += runner.prefills();
+  std::vector<EvalCaseResult> results;
+  size_t next = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    for (EvalJob& job : case_jobs[i].jobs) job = std::move(all[next++]);
+    results.push_back(score(cases[i], case_jobs[i]));
+  }
+  return results;
 }
 
 }  // namespace strata

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -16,11 +17,19 @@ struct EvalSettings {
   std::string data_dir = "eval/data";
   std::vector<std::string> policies;            // empty: every policy make_policy knows
   std::vector<std::string> budgets = {"64", "128", "256", "512", "1024", "10%", "20%", "50%"};
-  std::vector<std::string> quantized_policies = {"simlayerkv"};  // run again over an int4 cache, same budgets
-  std::string quantized_dtype = "int4";
-  std::vector<std::string> documents = document_names();
-  std::vector<int> perplexity_prefixes = {1024, 2048, 4096, 8000};
-  int perplexity_tokens = 128;
+  // Run again over a quantized cache, at the same budgets, for every format of quantized_dtypes ("full" among them:
+  // one row per format).
+  std::vector<std::string> quantized_policies = {"simlayerkv"};
+  std::vector<std::string> quantized_dtypes = {"int4"};
+  std::vector<std::string> documents;           // empty: every document of <data_dir>/documents.txt
+  std::vector<int> perplexity_prefixes = {2048, 4096, 8000};
+  int perplexity_tokens = 256;
+  // Long generation: a short prompt of each of the first long_documents documents, then long_tokens scored one by
+  // one, so that the policies that evict while decoding (rolling StreamingLLM, per-step H2O, D2O) are measured
+  // while they do.
+  int long_documents = 4;
+  int long_prompt = 128;
+  int long_tokens = 1024;
   std::vector<int> passkey_lengths = {1024, 2048, 4096, 8000};
   std::vector<double> passkey_depths = {0.0, 0.25, 0.5, 0.75, 1.0};
   int agreement_context = 1024;                 // passage tokens
@@ -48,25 +57,31 @@ struct EvalMemory {
   double ratio() const;                            // uncompressed / held, over all layers
 };
 
+// The row's name in reports: "snapkv@128", "simlayerkv@20%+int4", "full".
+std::string case_label(const EvalCase& c);
+
 struct EvalCaseResult {
   EvalCase c;
   std::vector<PerplexityScore> perplexity;
+  std::vector<PerplexityScore> long_generation;
   std::vector<PasskeyScore> passkey;
   std::vector<AgreementScore> agreement;
   EvalMemory memory;
-  double seconds = 0.0;
 };
 
 class EvalSuite {
  public:
   EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const ChatTemplate& chat);
 
-  // The cases in order: full first, then budget by budget every policy, then the quantized runs at that budget.
+  // The cases in order: full first, then budget by budget every policy, then the quantized runs.
   std::vector<EvalCase> cases() const;
-  // Runs one case on `runtime` (whose cache format must be c.kv_dtype). `full`'s answers are kept as the reference
-  // for the agreement of later cases, so full must run first.
-  EvalCaseResult run(const EvalCase& c, RankRuntime& runtime,
-                     const std::function<void(size_t, size_t)>& progress = {});
+  // Runs cases on `runtime` (whose cache format must be every case's kv_dtype) in one go, so that the jobs of
+  // every case on the same prompt share its prefill (eval/shared_prefill.h). `full`'s agreement answers are the
+  // reference of the later cases, so the first call must include full.
+  std::vector<EvalCaseResult> run(std::span<const EvalCase> cases, RankRuntime& runtime,
+                                  const std::function<void(size_t, size_t)>& progress = {});
+  // Prefills run so far over every call of run().
+  int64_t prefills() const { return prefills_; }
 
   const EvalSettings& settings() const { return settings_; }
 
@@ -83,6 +98,7 @@ class EvalSuite {
   std::vector<std::vector<int32_t>> documents_;
   std::vector<std::string> instructions_;
   std::vector<std::vector<int32_t>> reference_answers_;  // full's agreement answers
+  int64_t prefills_ = 0;
 };
 
 }  // namespace strata

@@ -12,14 +12,27 @@ namespace strata {
 
 // ---- texts ------------------------------------------------------------------------------------------------------
 
-std::vector<std::string> document_names() { return {"alice_in_wonderland", "around_the_world_in_80_days"}; }
-
 static std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("eval: cannot read " + path);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// One name per line; lines that are empty or start with '#' are not names.
+static std::vector<std::string> text_lines(const std::string& path) {
+  std::stringstream in(read_text(path));
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != '#') out.push_back(line);
+  }
+  return out;
+}
+
+std::vector<std::string> document_names(const std::string& data_dir) {
+  return text_lines(data_dir + "/documents.txt");
 }
 
 std::vector<int32_t> document_tokens(const Tokenizer& tokenizer, const std::string& data_dir,
@@ -103,13 +116,7 @@ PasskeyScore score_passkey(const Tokenizer& tokenizer, const PasskeyCase& c, con
 // ---- agreement --------------------------------------------------------------------------------------------------
 
 std::vector<std::string> load_instructions(const std::string& data_dir) {
-  std::stringstream in(read_text(data_dir + "/instructions.txt"));
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] != '#') out.push_back(line);
-  }
-  return out;
+  return text_lines(data_dir + "/instructions.txt");
 }
 
 EvalJob agreement_job(const Tokenizer& tokenizer, const ChatTemplate& chat, const std::vector<int32_t>& passage,

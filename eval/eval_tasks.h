@@ -51,7 +51,8 @@ struct AgreementScore {
 // The token ids of a shipped text (eval/data/<name>.txt).
 std::vector<int32_t> document_tokens(const Tokenizer& tokenizer, const std::string& data_dir,
                                      const std::string& name);
-std::vector<std::string> document_names();
+// The documents of <data_dir>/documents.txt, in its order.
+std::vector<std::string> document_names(const std::string& data_dir);
 
 EvalJob perplexity_job(const std::vector<int32_t>& document, const PerplexityCase& c, const std::string& policy);
 PerplexityScore score_perplexity(const PerplexityCase& c, const EvalJob& job);

@@ -111,7 +111,7 @@ std::unique_ptr<AttentionStats> SequenceCompression::prefill_stats() const {
   for (const auto& policy : policies_) {
     LayerState start;
     start.prompt_len = prefill_len_;
-    const int from = policy->needs(start).prefill_rows_from;
+    const int from = sums_every_prompt_row_ ? 0 : policy->needs(start).prefill_rows_from;
     stats->rows_from.push_back(from);
     any = any || from >= 0;
   }
@@ -122,6 +122,23 @@ std::unique_ptr<AttentionStats> SequenceCompression::prefill_stats() const {
     stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * size_t(prefill_len_) : 0, 0.0f);
   }
   return stats;
+}
+
+void SequenceCompression::start_prefilled(int prefill_len, const AttentionStats& source) {
+  start_prefill(prefill_len);
+  if (prefill_stats_) {
+    if (source.stride != prefill_len) throw std::logic_error("shared prefill: the statistics of another prompt");
+    for (size_t local = 0; local < prefill_stats_->rows_from.size(); ++local) {
+      const int from = prefill_stats_->rows_from[local];
+      if (from > 0) {
+        throw std::invalid_argument("shared prefill: layer " + std::to_string(shard_.cache.layer_begin() + int(local)) +
+                                    " sums the prompt rows from " + std::to_string(from) + ", not from the first");
+      }
+      if (from == 0) prefill_stats_->sums[local] = source.sums.at(local);
+    }
+  }
+  // As if the prompt's last token had just been computed.
+  after_step(PlannedWork{seq_, prefill_len - 1, {0}, true, prefill_len});
 }
 
 std::unique_ptr<AttentionStats> SequenceCompression::decode_stats(const PlannedWork& work) const {
@@ -193,7 +210,7 @@ void SequenceCompression::run_hooks(const PlannedWork& work) {
     }
   }
   if (prefill_end) {
-    prefill_stats_.reset();
+    if (!sums_every_prompt_row_) prefill_stats_.reset();
     if (cross_layer_) cross_layer_step();
   }
 }

@@ -55,6 +55,17 @@ class SequenceCompression {
   // The sequence was preempted: its policies start again with the recompute's prefill.
   void forget_policies();
 
+  // strata eval's shared prefill (eval/shared_prefill.h). sum_every_prompt_row(), before the prefill starts: the
+  // prefill sums every prompt row's attention in every layer, whatever the policies ask, and keeps the sums after
+  // the prompt's end (prompt_statistics()) for the sequences forked from it.
+  void sum_every_prompt_row() { sums_every_prompt_row_ = true; }
+  const AttentionStats* prompt_statistics() const { return sums_every_prompt_row_ ? prefill_stats_.get() : nullptr; }
+  // The prompt of prefill_len entries is in the cache already, copied from a sequence that summed every prompt row
+  // (its prompt_statistics()): builds the policies, gives each the rows it asks for, and runs what the prompt's
+  // end runs. Throws std::invalid_argument when a layer asks for rows from a position after the first (its sums
+  // would differ); such a sequence forks before those rows and computes them itself.
+  void start_prefilled(int prefill_len, const AttentionStats& source);
+
   // The statistics the forward pass sums for this step's work (owned here until after_step), or null.
   AttentionStats* stats_for(const PlannedWork& work);
   // PoD's blocks of this sequence, or null.
@@ -86,6 +97,7 @@ class SequenceCompression {
   std::vector<std::unique_ptr<CompressionPolicy>> policies_;  // per local layer, built when a prefill starts
   std::vector<int64_t> merged_tokens_;                        // per local layer, since the prefill started
   bool cross_layer_ = false;  // a layer of the model, on any stage, takes part in the cross-layer step
+  bool sums_every_prompt_row_ = false;
   std::unique_ptr<AttentionStats> prefill_stats_;  // across the chunks of a prefill
   std::unique_ptr<AttentionStats> decode_stats_;   // of the current decode step
   std::unique_ptr<PodSequence> pod_;

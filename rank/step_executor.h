@@ -51,6 +51,16 @@ class StepExecutor {
   // first prefill chunk at position 0 would; the chunks that follow them end it and run the policies' hooks.
   void start_prefill_with_entries(SeqId seq, int prefill_len);
 
+  // strata eval's shared prefill (eval/shared_prefill.h), in one process; every sequence named was added by an
+  // earlier plan. share_prefill(source), before its prefill starts: it sums every prompt row's attention in every
+  // layer and keeps the sums. fork_prefix: seq starts with copies of source's first n_entries entries, and a prefill
+  // of prefill_len entries continues after them (as a PrefixStart with copies does). fork_prefilled: seq starts
+  // with copies of source's whole prompt and its sums, at the prompt's end: its policies' prompt-end hooks have run,
+  // and its next work is its first decode step.
+  void share_prefill(SeqId source) { state_of(source).compression.sum_every_prompt_row(); }
+  void fork_prefix(SeqId source, SeqId seq, int n_entries, int prefill_len);
+  void fork_prefilled(SeqId source, SeqId seq);
+
  private:
   struct SequenceState {
     SequenceSampler sampler;

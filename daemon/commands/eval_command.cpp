@@ -2,6 +2,7 @@
 // Runs the suite of eval_suite.h case by case and writes the JSON after every case (a long run that stops keeps
 // what it measured). tools/eval_report.py turns the JSON into docs/eval/README.md and its plots.
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <iostream>
 
@@ -19,33 +20,25 @@ std::vector<int> whole_numbers(const std::vector<double>& numbers) {
   return std::vector<int>(numbers.begin(), numbers.end());
 }
 
-// A progress bar on stderr: cases done, and jobs done in the current case.
-class Progress {
- public:
-  explicit Progress(size_t n_cases) : n_cases_(n_cases) {}
-  void update(size_t case_index, const std::string& label, size_t jobs_done, size_t jobs_total) {
-    const int width = 30;
-    const double done = (double(case_index) + double(jobs_done) / double(std::max<size_t>(1, jobs_total))) /
-                        double(n_cases_);
-    const int filled = int(done * width);
-    std::cerr << "\r[" << std::string(size_t(filled), '#') << std::string(size_t(width - filled), ' ') << "] case "
-              << case_index + 1 << "/" << n_cases_ << " " << label << " job " << jobs_done << "/" << jobs_total
-              << "      " << std::flush;
-  }
-  void end() const { std::cerr << "\n"; }
-
- private:
-  size_t n_cases_;
-};
+// A progress bar on stderr: jobs done of the cases run together.
+void show_progress(const std::string& label, size_t jobs_done, size_t jobs_total) {
+  const int width = 30;
+  const int filled = int(double(jobs_done) / double(std::max<size_t>(1, jobs_total)) * width);
+  std::cerr << "\r[" << std::string(size_t(filled), '#') << std::string(size_t(width - filled), ' ') << "] " << label
+            << " job " << jobs_done << "/" << jobs_total << "      " << std::flush;
+}
 
 constexpr const char* kUsage =
     "usage: strata eval --config FILE [--out FILE] [--policies a,b] [--budgets 64,128,20%]\n"
-    "                   [--quantized simlayerkv] [--quantized-dtype int4] [--documents a,b]\n"
-    "                   [--ppl-prefixes 1024,2048] [--ppl-tokens N] [--passkey-lengths 1024,4096]\n"
-    "                   [--passkey-depths 0,0.5,1] [--agreement-prompts N] [--agreement-context N]\n"
-    "                   [--agreement-tokens N] [--batch N] [--seed S] [--data DIR] [--set section.key=value]\n"
-    "Runs `full` and every policy at every budget over perplexity, passkey retrieval and agreement with\n"
-    "full, and writes the raw results as JSON (default eval-results.json). Empty lists skip a task.\n";
+    "                   [--quantized simlayerkv,full] [--quantized-dtypes int8,int4] [--documents a,b]\n"
+    "                   [--ppl-prefixes 2048,4096] [--ppl-tokens N] [--long-docs N] [--long-prompt N]\n"
+    "                   [--long-tokens N] [--passkey-lengths 1024,4096] [--passkey-depths 0,0.5,1]\n"
+    "                   [--agreement-prompts N] [--agreement-context N] [--agreement-tokens N] [--batch N]\n"
+    "                   [--no-shared-prefill] [--seed S] [--data DIR] [--set section.key=value]\n"
+    "Runs `full` and every policy at every budget over perplexity, long generation, passkey retrieval and\n"
+    "agreement with full, and writes the raw results as JSON (default eval-results.json). Empty lists and\n"
+    "zero counts skip a task. Every prompt is prefilled once and shared by the rows (--no-shared-prefill:\n"
+    "each row prefills alone, the same numbers, slower).\n";
 
 // The suite's settings from the command line; a policy that cannot run with the configuration fails here, before
 // the model loads.
@@ -55,10 +48,13 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   if (cl.has("policies")) settings.policies = cl.get_list("policies");
   if (cl.has("budgets")) settings.budgets = cl.get_list("budgets");
   if (cl.has("quantized")) settings.quantized_policies = cl.get_list("quantized");
-  if (cl.has("quantized-dtype")) settings.quantized_dtype = cl.get("quantized-dtype");
+  if (cl.has("quantized-dtypes")) settings.quantized_dtypes = cl.get_list("quantized-dtypes");
   if (cl.has("documents")) settings.documents = cl.get_list("documents");
   if (cl.has("ppl-prefixes")) settings.perplexity_prefixes = whole_numbers(cl.get_numbers("ppl-prefixes"));
   settings.perplexity_tokens = cl.get_int("ppl-tokens", settings.perplexity_tokens);
+  settings.long_documents = cl.get_int("long-docs", settings.long_documents);
+  settings.long_prompt = cl.get_int("long-prompt", settings.long_prompt);
+  settings.long_tokens = cl.get_int("long-tokens", settings.long_tokens);
   if (cl.has("passkey-lengths")) settings.passkey_lengths = whole_numbers(cl.get_numbers("passkey-lengths"));
   if (cl.has("passkey-depths")) settings.passkey_depths = cl.get_numbers("passkey-depths");
   settings.agreement_prompts = cl.get_int("agreement-prompts", settings.agreement_prompts);
@@ -66,6 +62,7 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   settings.agreement_tokens = cl.get_int("agreement-tokens", settings.agreement_tokens);
   settings.runner.max_batch = cl.get_int("batch", settings.runner.max_batch);
   settings.runner.prefill_chunk = config.engine.max_batch_tokens;
+  settings.runner.share_prefill = !cl.has("no-shared-prefill");
   settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
   for (const std::string& p : settings.policies) validate_policy(parse_policy_spec(p));
   const bool wants_pod = settings.policies.empty() ||
@@ -91,19 +88,26 @@ nlohmann::ordered_json eval_report(const std::string& command, const ServerConfi
   return report;
 }
 
-// The configuration of the quantized cases' runtime: the cache in their format. Applied now, so that a bad dtype
-// fails before the long run; the runtime is built when the first such case comes.
-ServerConfig quantized_config(const ServerConfig& config, const EvalSettings& settings) {
+// The configuration of the runtime of the cases in cache format `dtype`. Applied before the long run, so that a
+// bad dtype fails at once; the runtime is built when its cases come.
+ServerConfig dtype_config(const ServerConfig& config, const std::string& dtype) {
   ServerConfig quantized = config;
-  if (!settings.quantized_policies.empty()) {
-    apply_config_override(quantized, "kv_cache.dtype=" + settings.quantized_dtype);
+  if (dtype != "f32") {
+    apply_config_override(quantized, "kv_cache.dtype=" + dtype);
     apply_config_override(quantized, "kv_cache.block_size=32");  // a block is one KIVI group
   }
   return quantized;
 }
 
-std::string case_label(const EvalCase& c) {
-  return c.policy + (c.budget.empty() ? "" : "@" + c.budget) + (c.kv_dtype == "f32" ? "" : "+" + c.kv_dtype);
+// The cases by cache format, f32 first: each format's cases run together on one runtime.
+std::vector<std::pair<std::string, std::vector<EvalCase>>> cases_by_dtype(const std::vector<EvalCase>& cases) {
+  std::vector<std::pair<std::string, std::vector<EvalCase>>> out;
+  for (const EvalCase& c : cases) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& g) { return g.first == c.kv_dtype; });
+    if (it == out.end()) it = out.insert(out.end(), {c.kv_dtype, {}});
+    it->second.push_back(c);
+  }
+  return out;
 }
 
 }  // namespace
@@ -111,10 +115,10 @@ std::string case_label(const EvalCase& c) {
 int eval_command(int argc, char** argv) {
   try {
     CommandLine cl(argc, argv,
-                   {"config", "out", "policies", "budgets", "quantized", "quantized-dtype", "documents",
-                    "ppl-prefixes", "ppl-tokens", "passkey-lengths", "passkey-depths", "agreement-prompts",
+                   {"config", "out", "policies", "budgets", "quantized", "quantized-dtypes", "documents",
+                    "ppl-prefixes", "ppl-tokens", "long-docs", "long-prompt", "long-tokens", "passkey-lengths", "passkey-depths", "agreement-prompts",
                     "agreement-context", "agreement-tokens", "batch", "seed", "data", "set"},
-                   {"help"}, {"set"});
+                   {"help", "no-shared-prefill"}, {"set"});
     if (cl.has("help")) {
       std::cout << kUsage;
       return 0;
@@ -123,32 +127,32 @@ int eval_command(int argc, char** argv) {
     const EvalSettings settings = parse_eval_settings(cl, config);
     const std::string out_path = cl.get("out", "eval-results.json");
 
-    std::unique_ptr<RankRuntime> rt = make_runtime(config);
+    const auto start = std::chrono::steady_clock::now();
+    const std::unique_ptr<RankRuntime> rt = make_runtime(config);  // f32: full, the first case, runs on it
     if (!rt->tokenizer || !rt->chat_template) {
       throw ConfigError(config.file + ": model.path: eval needs a model with a tokenizer and a chat template");
     }
     EvalSuite suite(settings, *rt->tokenizer, *rt->chat_template);
-    const std::vector<EvalCase> cases = suite.cases();
+    const auto groups = cases_by_dtype(suite.cases());
+    std::vector<ServerConfig> configs;
+    for (const auto& group : groups) configs.push_back(dtype_config(config, group.first));
     nlohmann::ordered_json report = eval_report(command_text("eval", argc, argv), config, *rt, suite);
-
-    const ServerConfig quantized_runtime_config = quantized_config(config, settings);
-    std::unique_ptr<RankRuntime> quantized;
-    Progress progress(cases.size());
-    for (size_t i = 0; i < cases.size(); ++i) {
-      const EvalCase& c = cases[i];
-      RankRuntime* runtime = rt.get();
-      if (c.kv_dtype != "f32") {
-        if (!quantized) quantized = make_runtime(quantized_runtime_config);
-        runtime = quantized.get();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::unique_ptr<RankRuntime> quantized = g > 0 ? make_runtime(configs[g]) : nullptr;
+      const std::string label = groups[g].first + " (" + std::to_string(groups[g].second.size()) + " rows)";
+      RankRuntime& runtime = quantized ? *quantized : *rt;
+      for (const EvalCaseResult& result : suite.run(groups[g].second, runtime, [&](size_t done, size_t total) {
+             show_progress(label, done, total);
+           })) {
+        report["cases"].push_back(case_json(result));
       }
-      const std::string label = case_label(c);
-      const EvalCaseResult result =
-          suite.run(c, *runtime, [&](size_t done, size_t total) { progress.update(i, label, done, total); });
-      report["cases"].push_back(case_json(result));
+      report["timing"] = {
+          {"wall_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
+          {"shared_prefill", settings.runner.share_prefill},
+          {"prefills", suite.prefills()}};
       std::ofstream(out_path) << report.dump(1) << "\n";
     }
-    progress.end();
-    std::cerr << "strata eval: " << cases.size() << " cases written to " << out_path << "\n";
+    std::cerr << "\nstrata eval: " << report["cases"].size() << " cases written to " << out_path << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "strata eval: " << e.what() << "\n";

@@ -160,6 +160,54 @@ TEST(EvalInvariants, BudgetAtLeastThePromptScoresLikeFull) {
   EXPECT_GT(diff, 1e-3);
 }
 
+// Every policy's row on one prompt, started from its shared prefill (forked at the prompt's end with its sums, or
+// before its observation window), scores and generates bit for bit what it does prefilling alone.
+void expect_shared_prefill_is_exact(RankRuntime& rt, const std::vector<std::string>& policies) {
+  const std::vector<int32_t> doc = document_tokens(*rt.tokenizer, data_dir(), "alice_in_wonderland");
+  std::vector<EvalJob> jobs;
+  for (const std::string& policy : policies) {
+    jobs.push_back(perplexity_job(doc, PerplexityCase{"alice_in_wonderland", 300, 20}, policy));
+    EvalJob answer;
+    answer.prompt.assign(doc.begin() + 1000, doc.begin() + 1300);
+    answer.generate = 12;
+    answer.policy = policy;
+    jobs.push_back(std::move(answer));
+  }
+  EvalRunnerOptions options;
+  options.prefill_chunk = 128;  // several chunks, so that the window policies fork at 256
+  options.max_batch = 1;  // batched rows round differently (a batch's matmuls), shared or not
+  options.share_prefill = false;
+  std::vector<EvalJob> alone = jobs;
+  EvalRunner solo(rt, options);
+  solo.run(alone);
+  options.share_prefill = true;
+  EvalRunner shared(rt, options);
+  shared.run(jobs);
+  EXPECT_EQ(solo.prefills(), int64_t(jobs.size()));
+  EXPECT_LT(shared.prefills(), solo.prefills() / 2);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(jobs[i].forced_logprobs, alone[i].forced_logprobs) << jobs[i].policy;
+    EXPECT_EQ(jobs[i].generated, alone[i].generated) << jobs[i].policy;
+    ASSERT_EQ(jobs[i].layers.size(), alone[i].layers.size());
+    for (size_t l = 0; l < jobs[i].layers.size(); ++l) {
+      EXPECT_EQ(jobs[i].layers[l].entries, alone[i].layers[l].entries) << jobs[i].policy << " layer " << l;
+      EXPECT_EQ(jobs[i].layers[l].bytes, alone[i].layers[l].bytes) << jobs[i].policy << " layer " << l;
+    }
+  }
+  EXPECT_EQ(rt.cache->pool().n_free(), rt.cache->pool().n_total()) << "every block is back, the shared ones too";
+}
+
+TEST(EvalInvariants, SharedPrefillScoresExactlyWhatEachRowScoresAlone) {
+  expect_shared_prefill_is_exact(runtime(), {"full", "streaming:budget=64", "h2o:budget=64", "h2o:budget=64,mode=per_step",
+                                             "snapkv:budget=64", "pyramidkv:budget=64", "simlayerkv:window=60",
+                                             "d2o:hh_ratio=0.1,recent_ratio=0.1", "spindlekv:ratio=0.2"});
+}
+
+TEST(EvalInvariants, SharedPrefillIsExactOnAQuantizedCache) {
+  std::unique_ptr<RankRuntime> int4 = make_smollm2("int4");
+  expect_shared_prefill_is_exact(*int4, {"full", "simlayerkv:window=60", "snapkv:budget=64", "h2o:budget=64"});
+}
+
 // The value of one per-layer series in the Prometheus text.
 double metric_value(const std::string& text, const std::string& name, int layer) {
   const std::regex line(name + "\\{[^}]*layer=\"" + std::to_string(layer) + "\"[^}]*\\} ([0-9.e+]+)");
@@ -227,6 +275,9 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   s.documents = {"alice_in_wonderland"};
   s.perplexity_prefixes = {200};
   s.perplexity_tokens = 12;
+  s.long_documents = 1;
+  s.long_prompt = 24;
+  s.long_tokens = 40;
   s.passkey_lengths = {200};
   s.passkey_depths = {0.5};
   s.agreement_context = 150;
@@ -235,14 +286,22 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   EvalSuite suite(s, *rt.tokenizer, *rt.chat_template);
   const std::vector<EvalCase> cases = suite.cases();
   ASSERT_EQ(cases.size(), 3u);
-  const EvalCaseResult full = suite.run(cases[0], rt);
-  const EvalCaseResult small = suite.run(cases[1], rt);
-  const EvalCaseResult whole = suite.run(cases[2], rt);
+  const std::vector<EvalCaseResult> results = suite.run(cases, rt);
+  ASSERT_EQ(results.size(), 3u);
+  const EvalCaseResult& full = results[0];
+  const EvalCaseResult& small = results[1];
+  const EvalCaseResult& whole = results[2];
+  EXPECT_LT(suite.prefills(), 2 * 5) << "each of the 5 prompts is prefilled once, and by snapkv@40 from its window";
 
   ASSERT_EQ(full.perplexity.size(), 1u);
   EXPECT_TRUE(std::isfinite(full.perplexity[0].perplexity()));
   EXPECT_GT(full.perplexity[0].perplexity(), 1.0);
   EXPECT_NEAR(whole.perplexity[0].mean_nll, full.perplexity[0].mean_nll, 1e-6);
+  ASSERT_EQ(full.long_generation.size(), 1u);
+  EXPECT_EQ(full.long_generation[0].c.tokens, 40);
+  EXPECT_NEAR(small.long_generation[0].mean_nll, full.long_generation[0].mean_nll, 1e-6)
+      << "SnapKV compresses the prompt only, and 24 tokens fit in 40";
+  EXPECT_NE(small.long_generation[0].mean_nll, small.perplexity[0].mean_nll);
   ASSERT_EQ(full.agreement.size(), 2u);
   for (const AgreementScore& a : full.agreement) {
     EXPECT_EQ(a.common_prefix, a.compared);
