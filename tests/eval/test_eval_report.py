@@ -1,33 +1,229 @@
-"""tools/eval_report.py on the committed results: one table row per case, the numbers recomputed from the raw
-scores, and both plots written."""
+"""tools/eval_report.py: results in the older format (fixtures/, cut from an earlier docs/eval) still render with
+every number recomputed from the raw scores, every committed result's intervals hold their estimates, and on
+hand-built results in the newer format the bootstrap intervals, the Pareto front, the best row at 10x, the goal,
+retrieval against `full`, the merging of files and the timing come out as computed by hand."""
+import importlib.util
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "docs" / "eval" / "results.json"
+OLD_FORMAT = [ROOT / "tests" / "eval" / "fixtures" / name for name in ("old-format.json", "old-format-2.json")]
+COMMITTED = sorted((ROOT / "docs" / "eval").glob("**/results*.json"))
+
+_spec = importlib.util.spec_from_file_location("eval_report", ROOT / "tools" / "eval_report.py")
+er = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(er)
+
+FULL_NLL = {("alice", 2048): 3.0, ("alice", 4096): 2.9, ("verne", 2048): 2.8, ("verne", 4096): 2.7}
+FULL_LONG_NLL = {"alice": 3.1, "verne": 2.95}
 
 
-def test_report_recomputes_the_committed_results(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "tools" / "eval_report.py"), str(RESULTS), "--out", str(tmp_path),
-                    "--layer-budget", "64"], check=True, capture_output=True)
+def make_case(policy, budget="", ratio=1.0, ppl=0.0, long=0.0, retrieval=None, dtype="f32", nll=None):
+    """A case whose perplexity (and long-generation perplexity) is `full`'s times 1 + ppl (1 + long), for every
+    document and prefix unless `nll` gives the mean NLLs; retrieval: [(length, depth, correct)]."""
+    nll = nll or {key: v + math.log1p(ppl) for key, v in FULL_NLL.items()}
+    case = {
+        "policy": policy, "budget": budget, "kv_dtype": dtype, "example_spec": f"{policy}:{budget}", "seconds": 1.0,
+        "perplexity": [{"document": d, "prefix": p, "tokens": 48, "mean_nll": v, "perplexity": math.exp(v)}
+                       for (d, p), v in nll.items()],
+        "long_generation": [{"document": d, "prefix": 128, "tokens": 1024, "mean_nll": v + math.log1p(long),
+                             "perplexity": math.exp(v + math.log1p(long))} for d, v in FULL_LONG_NLL.items()],
+        "retrieval": [{"length": n, "depth": d, "expected": "42", "answer": "42" if ok else "7", "correct": ok}
+                      for n, d, ok in (retrieval or [])],
+        "passkey": [], "agreement": [],
+        "memory": {"bytes": [100] * 4, "uncompressed_bytes": [int(100 * ratio)] * 4, "ratio": ratio,
+                   "longest_prompt": 4096, "longest_entries": [int(4096 / ratio)] * 4},
+    }
+    case["label"] = er.case_label(case)
+    return case
+
+
+FULL_RETRIEVAL = [(1000, 0.0, True), (1000, 0.5, True), (1000, 1.0, True),
+                  (2000, 0.0, True), (2000, 0.5, False), (2000, 1.0, True)]
+
+
+def make_run(cases, timing=None, **settings):
+    run = {
+        "command": "strata eval --synthetic", "machine": {"cpu": "test", "hardware_threads": 2}, "backend": "cpu",
+        "model": {"path": "m.gguf", "name": "test-model", "layers": 4}, "kv_pool": {"memory_mib": 1, "block_size": 16},
+        "settings": {"policies": sorted({c["policy"] for c in cases}), "budgets": [], "quantized_policies": [],
+                     "quantized_dtype": "int4", "documents": ["alice", "verne"], "perplexity_prefixes": [2048, 4096],
+                     "perplexity_tokens": 48, **settings},
+        "cases": [make_case("full", retrieval=FULL_RETRIEVAL)] + cases,
+    }
+    if timing:
+        run["timing"] = dict(zip(("wall_seconds", "shared_prefill", "prefills"), timing))
+    return run
+
+
+def rows_of(*runs):
+    return er.collect_rows(list(runs), ["results.json"] + [f"results-{i + 2}.json" for i in range(len(runs) - 1)])
+
+
+def by_name(rows):
+    return {r.name: r for r in rows}
+
+
+def write(path, data):
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def section(text, title):
+    return text.split(f"## {title}")[1].split("\n## ")[0]
+
+
+def test_old_format_still_renders(tmp_path):
+    er.main([*map(str, OLD_FORMAT), "--out", str(tmp_path), "--layer-budget", "64"])
     text = (tmp_path / "README.md").read_text()
-    report = json.loads(RESULTS.read_text())
-    rows = [line for line in text.splitlines() if line.startswith("| ") and "×" in line]
-    assert len(rows) == len(report["cases"])
-    assert (tmp_path / "quality_vs_memory.png").stat().st_size > 10_000
-    assert (tmp_path / "layer_occupancy.png").stat().st_size > 10_000
+    cases = [c for path in OLD_FORMAT for c in json.loads(path.read_text())["cases"]]
+    assert not any("label" in c or "retrieval" in c or "long_generation" in c for c in cases)
+    rows = [line for line in section(text, "Every row").splitlines() if line.startswith("| ") and "×" in line]
+    assert len(rows) == len(cases) - 1  # the two files measured `full` alike: one row
+    assert sum(r.startswith("| full |") for r in rows) == 1
+    for name in ("quality_vs_memory.png", "pareto_front.png", "layer_occupancy.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+    assert not (tmp_path / "retrieval_by_depth.png").exists()
+    assert "retrieval not measured" in section(text, "The goal")
+    assert "| simlayerkv@20%+int4 | -0.91% [-1.85%, +0.03%] | – | – | 0% |" in section(text, "Every row")
+    assert "## Perplexity increase per prefix length" not in text  # one prefix length only
 
-    # The perplexity increase of one row, from the raw mean NLLs.
-    full = next(c for c in report["cases"] if c["policy"] == "full")
-    case = next(c for c in report["cases"] if c["policy"] == "snapkv" and c["budget"] == "64")
+    full = next(c for c in cases if c["policy"] == "full")
+    case = next(c for c in cases if c["policy"] == "snapkv" and c["budget"] == "64")
     ref = {(p["document"], p["prefix"]): p["mean_nll"] for p in full["perplexity"]}
     inc = [math.exp(p["mean_nll"] - ref[(p["document"], p["prefix"])]) - 1 for p in case["perplexity"]]
-    expected = f"{100 * sum(inc) / len(inc):+.2f}%"
-    row = next(r for r in rows if r.startswith("| snapkv | 64 |"))
-    assert expected in row
-    # And the compression ratio is the bytes over the layers, as recorded.
+    row = next(r for r in rows if r.startswith("| snapkv@64 |"))
+    assert f"| {100 * sum(inc) / len(inc):+.2f}% [{100 * min(inc):+.2f}%, {100 * max(inc):+.2f}%] |" in row
     mem = case["memory"]
     assert f"{sum(mem['uncompressed_bytes']) / sum(mem['bytes']):.2f}×" in row
+
+
+def test_every_committed_interval_contains_its_estimate():
+    rows = [r for path in COMMITTED for r in rows_of(json.loads(path.read_text()))]
+    estimates = [e for r in rows for e in [r.stats["ppl"], r.stats["long_generation"],
+                                           *r.stats["ppl_by_prefix"].values()] if e is not None]
+    assert len(estimates) >= 2 * len(rows) > 0
+    assert all(e.low <= e.value <= e.high for e in estimates)
+    assert any(e.low < e.high for e in estimates)
+
+
+def test_bootstrap_of_identical_documents_has_zero_width():
+    assert er.bootstrap_mean([0.05, 0.05, 0.05]) == pytest.approx((0.05, 0.05, 0.05))
+    row = by_name(rows_of(make_run([make_case("h2o", "64", ratio=8.0, ppl=0.03)])))["h2o@64"]
+    assert row.stats["ppl"] == pytest.approx((0.03, 0.03, 0.03))
+    assert row.stats["long_generation"] == pytest.approx((0.0, 0.0, 0.0))
+
+
+def test_bootstrap_of_two_documents_spans_them_and_repeats():
+    assert er.bootstrap_mean([0.0, 0.1]) == pytest.approx((0.05, 0.0, 0.1))
+    spread = [0.01, 0.2, 0.05, 0.4, 0.03]
+    first = er.bootstrap_mean(spread)
+    assert first == er.bootstrap_mean(spread)
+    assert min(spread) < first.low < first.value < first.high < max(spread)
+
+
+def test_overall_is_the_mean_over_documents_of_the_mean_over_prefixes():
+    nll = {("alice", 2048): 3.0 + math.log(1.1), ("alice", 4096): 2.9 + math.log(1.3), ("verne", 2048): 2.8}
+    row = by_name(rows_of(make_run([make_case("snapkv", "128", ratio=5.0, nll=nll, long=0.02)])))["snapkv@128"]
+    assert row.stats["ppl_by_prefix"][2048].value == pytest.approx(0.05)
+    assert row.stats["ppl_by_prefix"][4096] == pytest.approx((0.3, 0.3, 0.3))  # one document
+    assert row.stats["ppl"].value == pytest.approx((0.2 + 0.0) / 2)  # not (0.1 + 0.3 + 0) / 3
+    assert row.stats["long_generation"] == pytest.approx((0.02, 0.02, 0.02))
+
+
+def test_front_excludes_dominated_rows():
+    rows = rows_of(make_run([make_case("a", "1", ratio=10.0, ppl=0.05), make_case("b", "1", ratio=8.0, ppl=0.10),
+                             make_case("c", "1", ratio=20.0, ppl=0.20), make_case("d", "1", ratio=20.0, ppl=0.30)]))
+    assert [r.name for r in er.pareto_front(rows)] == ["full", "a@1", "c@1"]
+
+
+def test_best_at_each_saving():
+    rows = rows_of(make_run([make_case("x", "1", ratio=9.9, ppl=0.001), make_case("y", "1", ratio=10.0, ppl=0.05),
+                             make_case("z", "1", ratio=12.0, ppl=0.03), make_case("w", "1", ratio=25.0, ppl=0.4)]))
+    assert [er.best_at(rows, s).name for s in (5, 10, 20)] == ["x@1", "z@1", "w@1"]
+    assert er.best_at(rows, 30) is None
+    assert "| ≥10× | z@1 | 12.00× | +3.00% [+3.00%, +3.00%] | – | +0.00% [+0.00%, +0.00%] |" in \
+        er.best_table(rows)
+
+
+def test_goal_reached_names_the_row():
+    rows = rows_of(make_run([make_case("g", "64", ratio=12.0, ppl=0.005, retrieval=FULL_RETRIEVAL)]))
+    text = er.goal_section(rows)
+    assert "**Reached** by" in text and "**g@64** at 12.00×" in text
+
+
+def test_goal_not_reached_says_who_came_closest_and_why():
+    half = [(n, d, ok and n == 1000) for n, d, ok in FULL_RETRIEVAL]  # 3 of full's 5
+    rows = rows_of(make_run([make_case("h", "64", ratio=12.0, ppl=0.015, retrieval=FULL_RETRIEVAL),
+                             make_case("k", "64", ratio=11.0, ppl=0.005, retrieval=half),
+                             make_case("m", "64", ratio=4.0, ppl=0.002, retrieval=FULL_RETRIEVAL)]))
+    lines = er.goal_section(rows).splitlines()
+    assert "**Not reached:**" in lines[2]
+    upper, lowest, compressed = lines[4:7]
+    assert "**h@64**" in upper and upper.endswith("In the way: perplexity increase +1.50% > +1%.")
+    assert "**k@64**" in lowest and "In the way: retrieval 60% of full's < 95%." in lowest
+    assert "**m@64**" in compressed and "In the way: compression 4.00× < 10×." in compressed
+
+
+def test_retrieval_against_full():
+    mine = [(1000, 0.0, True), (1000, 0.5, False), (1000, 1.0, True),
+            (2000, 0.0, False), (2000, 0.5, False), (2000, 1.0, True)]
+    rows = rows_of(make_run([make_case("r", "64", ratio=6.0, retrieval=mine)]))
+    row = by_name(rows)["r@64"]
+    assert row.stats["retrieval_by_length"] == pytest.approx({1000: 2 / 3, 2000: (1 / 3) / (2 / 3)})
+    assert row.stats["retrieval"] == pytest.approx((3 / 6) / (5 / 6))
+    assert "| 2000 | 100% (1/1) | 0% (0/1) | 100% (1/1) |" in er.full_retrieval_table(by_name(rows)["full"])
+    assert "| r@64 | 67% | 50% | 60% | 50% |" in er.retrieval_table(rows)
+
+
+def test_files_merge_by_label_unless_their_settings_differ():
+    first = make_run([make_case("snapkv", "128", ratio=14.0, ppl=0.10)])
+    again = make_run([make_case("snapkv", "128", ratio=14.0, ppl=0.50)])
+    other = make_run([make_case("snapkv", "128", ratio=14.0, nll={("alice", 8000): 4.0, ("verne", 8000): 4.0})],
+                     perplexity_prefixes=[8000])
+    other["cases"][0] = make_case("full", nll={("alice", 8000): 4.0 - math.log(1.2), ("verne", 8000): 3.0})
+    rows = by_name(rows_of(first, again, other))
+    assert sorted(rows) == ["full [results-3.json]", "full [results.json]",
+                            "snapkv@128 [results-3.json]", "snapkv@128 [results.json]"]
+    assert rows["snapkv@128 [results.json]"].stats["ppl"].value == pytest.approx(0.10)  # the first occurrence
+    later = rows["snapkv@128 [results-3.json]"].stats["ppl"]  # against its own file's `full`
+    assert later == pytest.approx(((0.2 + (math.e - 1)) / 2, 0.2, math.e - 1))
+
+
+def test_labels_of_files_without_them():
+    assert er.case_label({"policy": "simlayerkv", "budget": "20%", "kv_dtype": "int4"}) == "simlayerkv@20%+int4"
+    assert er.case_label({"policy": "full", "budget": "", "kv_dtype": "f32"}) == "full"
+    assert er.case_label({"policy": "full", "budget": "", "kv_dtype": "int8"}) == "full+int8"
+    assert er.case_label({"label": "h2o@128", "policy": "h2o", "budget": "64", "kv_dtype": "f32"}) == "h2o@128"
+
+
+def test_new_format_report(tmp_path):
+    four = [(n, d, ok and (n, d) != (1000, 1.0)) for n, d, ok in FULL_RETRIEVAL]  # 4 of full's 5
+    cases = [make_case("snapkv", "128", ratio=14.0, ppl=0.2, long=0.3, retrieval=four),
+             make_case("simlayerkv", "20%", ratio=7.0, ppl=0.004, dtype="int4", retrieval=FULL_RETRIEVAL)]
+    results = write(tmp_path / "new.json", make_run(cases, timing=(50.0, True, 10)))
+    before = write(tmp_path / "old.json", make_run([], timing=(100.0, False, 40)))
+    out = tmp_path / "report"
+    er.main([results, "--out", str(out), "--timing-before", before])
+    text = (out / "README.md").read_text()
+    assert "**Wall time:** `results.json` 50.0 s, prefill shared (10 prefills)." in text
+    assert "100.0 s in [`timing-before.json`](timing-before.json) (prefill not shared, 40 prefills)" in text
+    assert "before / after = 2.00×" in text
+    assert f"--out {out} --layer-budget 128 --timing-before {out}/timing-before.json" in text
+    assert (out / "timing-before.json").exists()
+    assert "| simlayerkv@20%+int4 | +0.40% [+0.40%, +0.40%] | +0.40% [+0.40%, +0.40%] | +0.40% [+0.40%, +0.40%] |" \
+        in section(text, "Perplexity increase per prefix length")
+    assert "| ≥10× | snapkv@128 | 14.00× | +20.00% [+20.00%, +20.00%] | 80% | +30.00% [+30.00%, +30.00%] |" in text
+    assert "| snapkv@128 | 14.00× |" in section(text, "Quality against memory")
+    for name in ("pareto_front.png", "retrieval_by_depth.png", "quality_vs_memory.png", "layer_occupancy.png"):
+        assert (out / name).stat().st_size > 10_000
+
+
+def test_timing_before_needs_a_timing(tmp_path):
+    results = write(tmp_path / "new.json", make_run([], timing=(50.0, True, 10)))
+    before = write(tmp_path / "old.json", make_run([]))
+    with pytest.raises(SystemExit, match="no \"timing\" to compare"):
+        er.main([results, "--out", str(tmp_path / "report"), "--timing-before", before])
