@@ -75,6 +75,31 @@ TEST(KvCachePrefix, ASequenceMayStartFromCopiesOfItsOwn) {
   EXPECT_EQ(f.pool.n_free(), 16);
 }
 
+// strata eval's shared prefill: a fork holds copies of the source's first entries, its own from the start.
+TEST(KvCachePrefix, AForkStartsWithCopiesOfItsSourcesFirstEntries) {
+  Fixture f(16, 0, 2);
+  f.cache.append(1, 10);
+  for (int l = 0; l < 2; ++l) write_tags(f.cache, 1, l);
+  f.cache.fork(1, 2, 9);  // 4 + 4 + 1 entries: the partial block is copied too
+  f.cache.fork(1, 3, 4);
+  EXPECT_EQ(f.pool.n_free(), 16 - 6 - 6 - 2);
+  f.cache.release(1);
+  for (int l = 0; l < 2; ++l) {
+    expect_tags(f.cache, 2, l, iota_n(9));
+    expect_tags(f.cache, 3, l, iota_n(4));
+    for (int32_t b : f.cache.layer(2, l).block_table) EXPECT_EQ(f.pool.holders(b), 1);
+  }
+  f.cache.append(2, 3);  // into its own copy of the partial block
+  EXPECT_EQ(f.cache.layer(2, 1).n_entries, 12);
+  EXPECT_THROW(f.cache.fork(2, 4, 13), std::logic_error) << "more entries than the source holds";
+  EXPECT_THROW(f.cache.fork(9, 4, 1), std::logic_error) << "no such source";
+  f.cache.retain(2, 0, std::vector<int32_t>{0, 5});
+  EXPECT_THROW(f.cache.fork(2, 4, 2), std::logic_error) << "a compacted source no longer holds its entries as written";
+  f.cache.release(2);
+  f.cache.release(3);
+  EXPECT_EQ(f.pool.n_free(), 16);
+}
+
 TEST(KvCachePrefix, CompactionWritesIntoCopies) {
   Published f;
   f.cache.start_from_prefix(2, f.chain);
