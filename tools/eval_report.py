@@ -32,8 +32,9 @@ RESAMPLES = 10_000
 SEED = 1
 SAVINGS = (5, 10, 20)
 GOAL_RATIO, GOAL_INCREASE, GOAL_UPPER, GOAL_RETRIEVAL = 10.0, 0.01, 0.02, 0.95
-# Settings that only choose which rows a run measures; the others must agree for two files' rows to be one row.
-ROW_SELECTION = {"policies", "budgets", "quantized_policies", "quantized_dtype", "quantized_dtypes"}
+# Settings that only choose which rows a run measures, or schedule them (shared prefill is bit-exact against
+# prefilling alone); the others must agree for two files' rows of one label to be one row.
+ROW_SELECTION = {"policies", "budgets", "quantized_policies", "quantized_dtype", "quantized_dtypes", "shared_prefill"}
 
 Estimate = namedtuple("Estimate", "value low high")
 

@@ -181,7 +181,8 @@ def test_retrieval_against_full():
 
 def test_files_merge_by_label_unless_their_settings_differ():
     first = make_run([make_case("snapkv", "128", ratio=14.0, ppl=0.10)])
-    again = make_run([make_case("snapkv", "128", ratio=14.0, ppl=0.50)])
+    again = make_run([make_case("snapkv", "128", ratio=14.0, ppl=0.50)], policies=["snapkv", "h2o"],
+                     shared_prefill=True)  # what a run picks or how it schedules is no difference of settings
     other = make_run([make_case("snapkv", "128", ratio=14.0, nll={("alice", 8000): 4.0, ("verne", 8000): 4.0})],
                      perplexity_prefixes=[8000])
     other["cases"][0] = make_case("full", nll={("alice", 8000): 4.0 - math.log(1.2), ("verne", 8000): 3.0})
