@@ -128,6 +128,17 @@ Budget ParamReader::get_budget(const std::string& key, Budget fallback) {
   return b;
 }
 
+PolicySpec ParamReader::get_prefixed(const std::string& prefix, const std::string& name) {
+  PolicySpec inner;
+  inner.name = name;
+  for (const auto& [k, v] : spec_.params) {
+    if (k.rfind(prefix, 0) != 0) continue;
+    read_.push_back(k);
+    inner.params[k.substr(prefix.size())] = v;
+  }
+  return inner;
+}
+
 void ParamReader::finish() const {
   for (const auto& [k, v] : spec_.params) {
     if (std::find(read_.begin(), read_.end(), k) == read_.end()) {

@@ -48,6 +48,9 @@ class ParamReader {
   bool get_bool(const std::string& key, bool fallback);
   std::string get_choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices);
   Budget get_budget(const std::string& key, Budget fallback);
+  // The parameters whose keys start with `prefix`, without it, as the spec of policy `name` (a composed policy's
+  // inner one: "kept_budget=128" gives "budget=128").
+  PolicySpec get_prefixed(const std::string& prefix, const std::string& name);
   void finish() const;  // PolicyError naming the first unknown key
 
  private:

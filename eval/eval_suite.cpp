@@ -16,6 +16,12 @@ std::string case_spec(const EvalCase& c, int prompt_len) {
     probe.params["budget"] = c.budget;
     return ParamReader(probe).get_budget("budget", Budget{});
   }();
+  if (c.policy == "simlayerkv+snapkv" || c.policy == "simlayerkv+pyramidkv") {
+    // The composition: a lazy layer keeps what simlayerkv@budget keeps, a layer found not lazy what the kept
+    // policy keeps at the same budget, so that the row compares the two choices at one memory.
+    return "simlayerkv:strategy=prefill,window=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 4)) +
+           ",kept=" + c.policy.substr(c.policy.find('+') + 1) + ",kept_budget=" + c.budget;
+  }
   if (c.policy == "simlayerkv") {
     // A lazy layer keeps its n_init = 4 initial entries plus the window; layers found not lazy keep everything.
     return "simlayerkv:window=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 4));

@@ -15,7 +15,9 @@ namespace strata {
 
 struct EvalSettings {
   std::string data_dir = "eval/data";
-  std::vector<std::string> policies;            // empty: every policy make_policy knows
+  // empty: every policy make_policy knows. Also the compositions simlayerkv+snapkv and simlayerkv+pyramidkv
+  // (SimLayerKV whose layers found not lazy run the other policy; case_spec).
+  std::vector<std::string> policies;
   std::vector<std::string> budgets = {"64", "128", "256", "512", "1024", "10%", "20%", "50%"};
   // Run again over a quantized cache, at the same budgets, for every format of quantized_dtypes ("full" among them:
   // one row per format).

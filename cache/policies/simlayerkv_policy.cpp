@@ -12,6 +12,10 @@
 //   bounded       true | false [false]: after the trim, a lazy layer also drops its oldest non-initial entry each
 //                 step so it holds n_init + window entries; false is the official behaviour, where the lazy
 //                 layer grows by the generated tokens after its single trim (spec 2.4, D3)
+//   kept          none | snapkv | pyramidkv [none]: what a layer found not lazy does with its cache. none keeps
+//                 everything (the paper); a composition compresses it with that policy, whose parameters are the
+//                 ones prefixed kept_ (kept_budget=128). Only with strategy=prefill: the kept policy selects from the
+//                 same observation rows the test measures (its window is prefill_rows), at the prompt's end.
 //
 // Choices where the spec leaves room:
 // - The retained set is the union S = [0, n_init) ∪ [N - window, N) and a layer is never trimmed when
@@ -97,8 +101,9 @@ struct SimLayerKvParams {
 
 class SimLayerKvPolicy final : public CompressionPolicy {
  public:
-  SimLayerKvPolicy(const SimLayerKvParams& params, const PolicyContext& context)
-      : params_(params), n_heads_(context.n_heads), collectives_(*context.collectives) {}
+  SimLayerKvPolicy(const SimLayerKvParams& params, std::unique_ptr<CompressionPolicy> kept,
+                   const PolicyContext& context)
+      : params_(params), kept_(std::move(kept)), n_heads_(context.n_heads), collectives_(*context.collectives) {}
 
   std::string_view name() const override { return "simlayerkv"; }
 
@@ -109,7 +114,10 @@ class SimLayerKvPolicy final : public CompressionPolicy {
     const bool sequence_start = state.n_entries == 0;
     PolicyNeeds needs;
     if (params_.strategy == Strategy::prefill) {
-      if (sequence_start && trimmable(state.prompt_len)) needs.prefill_rows_from = prefill_rows_from(state.prompt_len);
+      const bool kept_needs = kept_ && kept_->needs(state).prefill_rows_from >= 0;
+      if (sequence_start && (trimmable(state.prompt_len) || kept_needs)) {
+        needs.prefill_rows_from = prefill_rows_from(state.prompt_len);
+      }
     } else {
       // The first decode step holds the prompt plus that step's token.
       needs.decode_probabilities = !sequence_start && trimmable(state.prompt_len + 1);
@@ -126,6 +134,7 @@ class SimLayerKvPolicy final : public CompressionPolicy {
     if (!decided_ && params_.strategy == Strategy::decode) return decide(state, 1);
     // Only a bounded lazy layer changes after its decision: it slides its window by the token just appended.
     if (lazy_ && params_.bounded && trimmable(state.n_entries)) return retained(state.n_entries);
+    if (!lazy_ && kept_) return kept_->on_decode_step(state);
     return std::nullopt;
   }
 
@@ -142,7 +151,7 @@ class SimLayerKvPolicy final : public CompressionPolicy {
   // The one decision of this (sequence, layer), from the column sums of n_rows query rows.
   std::optional<Selection> decide(const LayerState& state, int n_rows) {
     decided_ = true;
-    if (!trimmable(state.n_entries)) return std::nullopt;
+    if (!trimmable(state.n_entries)) return kept_ ? kept_->on_prefill_end(state) : std::nullopt;
     if (state.column_sums == nullptr) {
       throw std::logic_error("simlayerkv: the attention sums this policy asked for were not provided");
     }
@@ -153,7 +162,7 @@ class SimLayerKvPolicy final : public CompressionPolicy {
     collectives_.tp_all_reduce(totals, ReduceOp::sum);
     const double score = simlayerkv_score(SimLayerKvScorePart{totals[0], int(totals[1])});
     lazy_ = params_.at_threshold_is_lazy ? score >= params_.threshold : score > params_.threshold;
-    if (!lazy_) return std::nullopt;
+    if (!lazy_) return kept_ ? kept_->on_prefill_end(state) : std::nullopt;
     return retained(state.n_entries);
   }
 
@@ -167,6 +176,7 @@ class SimLayerKvPolicy final : public CompressionPolicy {
   }
 
   SimLayerKvParams params_;
+  std::unique_ptr<CompressionPolicy> kept_;  // the composition's policy of the layers found not lazy, or null
   int n_heads_;
   PolicyCollectives& collectives_;
   bool decided_ = false;
@@ -191,8 +201,25 @@ std::unique_ptr<CompressionPolicy> make_simlayerkv_policy(const PolicySpec& spec
   }
   params.at_threshold_is_lazy = reader.get_choice("compare", "code", {"code", "paper"}) == "paper";
   params.bounded = reader.get_bool("bounded", params.bounded);
+  const std::string kept_name = reader.get_choice("kept", "none", {"none", "snapkv", "pyramidkv"});
+  PolicySpec kept = reader.get_prefixed("kept_", kept_name);
   reader.finish();
-  return std::make_unique<SimLayerKvPolicy>(params, context);
+  if (kept_name == "none") {
+    if (!kept.params.empty()) throw PolicyError("kept", "simlayerkv: kept_ parameters without a kept policy");
+    return std::make_unique<SimLayerKvPolicy>(params, nullptr, context);
+  }
+  if (params.strategy != Strategy::prefill) {
+    throw PolicyError("kept", "simlayerkv: kept: needs strategy=prefill (the kept policy selects at the prompt's end)");
+  }
+  if (kept.params.count("window") != 0) {
+    throw PolicyError("kept_window", "simlayerkv: kept_window: the kept policy's window is prefill_rows");
+  }
+  kept.params["window"] = std::to_string(params.prefill_rows);
+  try {
+    return std::make_unique<SimLayerKvPolicy>(params, make_policy(kept, context), context);
+  } catch (const PolicyError& e) {
+    throw PolicyError("kept_" + e.param(), std::string("simlayerkv: kept_") + e.what());
+  }
 }
 
 }  // namespace strata

@@ -64,7 +64,6 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   settings.runner.prefill_chunk = config.engine.max_batch_tokens;
   settings.runner.share_prefill = !cl.has("no-shared-prefill");
   settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
-  for (const std::string& p : settings.policies) validate_policy(parse_policy_spec(p));
   const bool wants_pod = settings.policies.empty() ||
                          std::find(settings.policies.begin(), settings.policies.end(), "pod") != settings.policies.end();
   if (wants_pod && config.kv_cache.pod_blocks.empty()) {

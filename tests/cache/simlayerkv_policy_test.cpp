@@ -337,6 +337,59 @@ TEST(SimLayerKvPolicy, PrefillStrategyNeverTrimsAShortPrompt) {
   EXPECT_FALSE(p->on_decode_step(bare_state(6, 7, 1)).has_value());
 }
 
+// SimLayerKV composed with SnapKV: a layer found not lazy is compressed by SnapKV over the same observation rows
+// (its window is prefill_rows); a lazy one keeps S as alone.
+TEST(SimLayerKvPolicy, AKeptPolicyCompressesTheLayersFoundNotLazy) {
+  const Params composed = small({{"strategy", "prefill"}, {"prefill_rows", "2"}, {"kept", "snapkv"},
+                                 {"kept_budget", "5"}});
+  PolicySpec snap{"snapkv", {{"budget", "5"}, {"window", "2"}}};
+  PolicyContext context;
+  context.global_layer = 3;
+  context.n_layers_total = 8;
+  context.n_heads = 2;
+  context.n_kv_heads = 1;
+  // Not lazy (score 0.6875 as in PrefillStrategyBelowTheThreshold): SnapKV's selection.
+  Sums below(2, 10);
+  below.set(0, 0, 1.0f).set(0, 9, 0.5f).set(0, 3, 0.5f);
+  below.set(1, 8, 1.25f).set(1, 5, 0.75f);
+  auto p = make(composed);
+  EXPECT_EQ(p->needs(bare_state(10, 0, 0)).prefill_rows_from, 8);
+  const auto kept = p->on_prefill_end(below.state(10, 0));
+  const auto alone = make_policy(snap, context)->on_prefill_end(below.state(10, 0));
+  ASSERT_TRUE(kept.has_value() && alone.has_value());
+  EXPECT_EQ(kept->kept, alone->kept);
+  EXPECT_EQ(kept->kept[0].size(), 5u);
+  EXPECT_FALSE(*p->lazy());
+  // Lazy: S, as without a kept policy.
+  Sums above(2, 10);
+  above.set(0, 0, 2.0f);
+  above.set(1, 9, 2.0f);
+  auto q = make(composed);
+  const auto lazy = q->on_prefill_end(above.state(10, 0));
+  ASSERT_TRUE(lazy.has_value());
+  EXPECT_EQ(lazy->kept[0], kSmallKept);
+  EXPECT_TRUE(*q->lazy());
+  // A prompt too short to trim is still compressed by the kept policy, which asks for the rows.
+  auto r = make(small({{"strategy", "prefill"}, {"prefill_rows", "2"}, {"kept", "snapkv"}, {"kept_budget", "3"}}));
+  EXPECT_EQ(r->needs(bare_state(6, 0, 0)).prefill_rows_from, 4);
+}
+
+TEST(SimLayerKvPolicy, AKeptPolicyNeedsThePrefillStrategyAndItsRows) {
+  auto rejects = [](const Params& params, const std::string& key) {
+    try {
+      make(params);
+      ADD_FAILURE() << "accepted, expected an error naming " << key;
+    } catch (const PolicyError& e) {
+      EXPECT_EQ(e.param(), key) << e.what();
+    }
+  };
+  rejects(small({{"kept", "snapkv"}, {"kept_budget", "5"}}), "kept");  // strategy=decode
+  rejects(small({{"strategy", "prefill"}, {"kept", "snapkv"}, {"kept_window", "8"}}), "kept_window");
+  rejects(small({{"kept_budget", "5"}}), "kept");
+  rejects(small({{"strategy", "prefill"}, {"kept", "h2o"}}), "kept");
+  rejects(small({{"strategy", "prefill"}, {"kept", "pyramidkv"}, {"kept_budget", "1"}}), "kept_budget");
+}
+
 TEST(SimLayerKvPolicy, GqaAveragesOverQueryHeadsNotKvHeads) {
   // 4 query heads over 2 KV heads. Masses 0.875, 0.875, 0.5, 0.5: the mean over query heads is 0.6875, not lazy.
   // Reading only the first 2 heads (0.875) or dividing by the KV head count (1.375) would make it lazy.
@@ -420,7 +473,9 @@ TEST(SimLayerKvPolicy, AcceptsEveryDocumentedParameter) {
                         {"strategy", "prefill"},
                         {"prefill_rows", "8"},
                         {"compare", "paper"},
-                        {"bounded", "true"}}));
+                        {"bounded", "true"},
+                        {"kept", "pyramidkv"},
+                        {"kept_budget", "64"}}));
   EXPECT_NO_THROW(make({{"strategy", "decode"}, {"compare", "code"}, {"bounded", "false"}}));
 }
 

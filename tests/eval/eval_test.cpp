@@ -76,6 +76,8 @@ TEST(EvalScoring, HandComputedCases) {
   EXPECT_EQ(case_spec({"d2o", "128", "f32"}, 1000), "d2o:hh_ratio=0.064000,recent_ratio=0.064000");
   EXPECT_EQ(case_spec({"spindlekv", "20%", "f32"}, 1000), "spindlekv:ratio=0.200000");
   EXPECT_EQ(case_spec({"pod", "64", "f32"}, 1000), "pod:recent=48");
+  EXPECT_EQ(case_spec({"simlayerkv+snapkv", "10%", "f32"}, 1000),
+            "simlayerkv:strategy=prefill,window=96,kept=snapkv,kept_budget=10%");
 }
 
 TEST(EvalPasskey, KeySitsAtTheAskedDepth) {
@@ -200,7 +202,8 @@ void expect_shared_prefill_is_exact(RankRuntime& rt, const std::vector<std::stri
 TEST(EvalInvariants, SharedPrefillScoresExactlyWhatEachRowScoresAlone) {
   expect_shared_prefill_is_exact(runtime(), {"full", "streaming:budget=64", "h2o:budget=64", "h2o:budget=64,mode=per_step",
                                              "snapkv:budget=64", "pyramidkv:budget=64", "simlayerkv:window=60",
-                                             "d2o:hh_ratio=0.1,recent_ratio=0.1", "spindlekv:ratio=0.2"});
+                                             "d2o:hh_ratio=0.1,recent_ratio=0.1", "spindlekv:ratio=0.2",
+                                             "simlayerkv:strategy=prefill,window=60,kept=pyramidkv,kept_budget=64"});
 }
 
 TEST(EvalInvariants, SharedPrefillIsExactOnAQuantizedCache) {
