@@ -16,6 +16,9 @@ nlohmann::ordered_json settings_json(const EvalSettings& s) {
   j["long_tokens"] = s.long_tokens;
   j["passkey_lengths"] = s.passkey_lengths;
   j["passkey_depths"] = s.passkey_depths;
+  j["retrieval_lengths"] = s.retrieval_lengths;
+  j["retrieval_depths"] = s.retrieval_depths;
+  j["retrieval_trials"] = s.retrieval_trials;
   j["agreement_context"] = s.agreement_context;
   j["agreement_prompts"] = s.agreement_prompts;
   j["agreement_tokens"] = s.agreement_tokens;
@@ -50,6 +53,16 @@ nlohmann::ordered_json case_json(const EvalCaseResult& r) {
   for (const PasskeyScore& p : r.passkey) {
     j["passkey"].push_back(
         {{"length", p.c.length}, {"depth", p.c.depth}, {"key", p.key}, {"answer", p.answer}, {"correct", p.correct}});
+  }
+  j["retrieval"] = nlohmann::ordered_json::array();
+  for (const RetrievalScore& x : r.retrieval) {
+    j["retrieval"].push_back({{"length", x.c.length},
+                              {"depth", x.c.depth},
+                              {"trial", x.c.trial},
+                              {"expected", x.expected},
+                              {"answer", x.answer},
+                              {"correct", x.correct},
+                              {"numbers_right", x.numbers_right}});
   }
   for (const AgreementScore& a : r.agreement) {
     j["agreement"].push_back({{"prompt", a.c.prompt},

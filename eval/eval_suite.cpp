@@ -63,6 +63,7 @@ EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const Ch
     documents_.push_back(document_tokens(tokenizer_, settings_.data_dir, name));
   }
   instructions_ = load_instructions(settings_.data_dir);
+  if (!settings_.retrieval_lengths.empty()) retrieval_texts_ = load_retrieval_texts(settings_.data_dir);
   if (settings_.agreement_prompts > int(instructions_.size())) {
     throw std::invalid_argument("eval: " + std::to_string(settings_.agreement_prompts) + " agreement prompts asked, " +
                                 std::to_string(instructions_.size()) + " instructions in " + settings_.data_dir);
@@ -99,7 +100,7 @@ std::vector<EvalCase> EvalSuite::cases() const {
 struct EvalSuite::CaseJobs {
   // Which task and case a job belongs to.
   struct Tag {
-    enum Kind { perplexity, long_generation, passkey, agreement } kind;
+    enum Kind { perplexity, long_generation, passkey, retrieval, agreement } kind;
     size_t index;  // into that task's cases
   };
 
@@ -109,6 +110,8 @@ struct EvalSuite::CaseJobs {
   std::vector<PerplexityCase> long_generation;
   std::vector<PasskeyCase> passkey;
   std::vector<std::string> keys;  // per passkey case: the key its prompt hides
+  std::vector<RetrievalCase> retrieval;
+  std::vector<std::string> expected;  // per retrieval case: the answer
   std::vector<AgreementCase> agreement;
 };
 
@@ -137,6 +140,17 @@ EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
       const uint64_t seed = settings_.seed * 1000003u + uint64_t(length) * 131u + uint64_t(depth * 100.0);
       add(passkey_job(tokenizer_, chat_, j.passkey.back(), seed, "", &j.keys.back()),
           {CaseJobs::Tag::passkey, j.passkey.size() - 1});
+    }
+  }
+  for (int length : settings_.retrieval_lengths) {
+    for (double depth : settings_.retrieval_depths) {
+      for (int trial = 0; trial < settings_.retrieval_trials; ++trial) {
+        j.retrieval.push_back({length, depth, trial});
+        j.expected.emplace_back();
+        add(retrieval_job(tokenizer_, retrieval_texts_, j.retrieval.back(),
+                          retrieval_seed(settings_.seed, j.retrieval.back()), &j.expected.back()),
+            {CaseJobs::Tag::retrieval, j.retrieval.size() - 1});
+      }
     }
   }
   for (size_t d = 0; d < documents_.size(); ++d) {
@@ -179,6 +193,7 @@ EvalCaseResult EvalSuite::score(const EvalCase& c, const CaseJobs& jobs) {
   result.perplexity.resize(jobs.perplexity.size());
   result.long_generation.resize(jobs.long_generation.size());
   result.passkey.resize(jobs.passkey.size());
+  result.retrieval.resize(jobs.retrieval.size());
   result.agreement.resize(jobs.agreement.size());
   if (c.policy == "full") reference_answers_.assign(jobs.agreement.size(), {});
   if (reference_answers_.size() != jobs.agreement.size()) throw std::logic_error("eval: full must run first");
@@ -194,6 +209,10 @@ EvalCaseResult EvalSuite::score(const EvalCase& c, const CaseJobs& jobs) {
         break;
       case CaseJobs::Tag::passkey:
         result.passkey[tag.index] = score_passkey(tokenizer_, jobs.passkey[tag.index], jobs.keys[tag.index], job);
+        break;
+      case CaseJobs::Tag::retrieval:
+        result.retrieval[tag.index] =
+            score_retrieval(jobs.retrieval[tag.index], jobs.expected[tag.index], tokenizer_, job);
         break;
       case CaseJobs::Tag::agreement:
         if (c.policy == "full") reference_answers_[tag.index] = job.generated;

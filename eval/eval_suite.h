@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "eval/eval_tasks.h"
+#include "eval/retrieval_task.h"
 
 namespace strata {
 
@@ -32,6 +33,11 @@ struct EvalSettings {
   int long_documents = 4;
   int long_prompt = 128;
   int long_tokens = 1024;
+  // Retrieval (eval/retrieval_task.h): `full` solves it, so that what a policy loses shows. Not at 8,000 tokens:
+  // SmolLM2-135M cannot copy from 7,750 tokens back or more (docs/eval/retrieval-design.md).
+  std::vector<int> retrieval_lengths = {2048, 4096, 7000};
+  std::vector<double> retrieval_depths = {0.0, 0.1, 0.25, 0.5, 0.75, 1.0};
+  int retrieval_trials = 3;
   std::vector<int> passkey_lengths = {1024, 2048, 4096, 8000};
   std::vector<double> passkey_depths = {0.0, 0.25, 0.5, 0.75, 1.0};
   int agreement_context = 1024;                 // passage tokens
@@ -67,6 +73,7 @@ struct EvalCaseResult {
   std::vector<PerplexityScore> perplexity;
   std::vector<PerplexityScore> long_generation;
   std::vector<PasskeyScore> passkey;
+  std::vector<RetrievalScore> retrieval;
   std::vector<AgreementScore> agreement;
   EvalMemory memory;
 };
@@ -99,6 +106,7 @@ class EvalSuite {
   const ChatTemplate& chat_;
   std::vector<std::vector<int32_t>> documents_;
   std::vector<std::string> instructions_;
+  std::vector<std::string> retrieval_texts_;
   std::vector<std::vector<int32_t>> reference_answers_;  // full's agreement answers
   int64_t prefills_ = 0;
 };

@@ -32,13 +32,14 @@ constexpr const char* kUsage =
     "usage: strata eval --config FILE [--out FILE] [--policies a,b] [--budgets 64,128,20%]\n"
     "                   [--quantized simlayerkv,full] [--quantized-dtypes int8,int4] [--documents a,b]\n"
     "                   [--ppl-prefixes 2048,4096] [--ppl-tokens N] [--long-docs N] [--long-prompt N]\n"
-    "                   [--long-tokens N] [--passkey-lengths 1024,4096] [--passkey-depths 0,0.5,1]\n"
+    "                   [--long-tokens N] [--retrieval-lengths 2048,4096] [--retrieval-depths 0,0.5,1]\n"
+    "                   [--retrieval-trials N] [--passkey-lengths 1024,4096] [--passkey-depths 0,0.5,1]\n"
     "                   [--agreement-prompts N] [--agreement-context N] [--agreement-tokens N] [--batch N]\n"
     "                   [--no-shared-prefill] [--seed S] [--data DIR] [--set section.key=value]\n"
-    "Runs `full` and every policy at every budget over perplexity, long generation, passkey retrieval and\n"
-    "agreement with full, and writes the raw results as JSON (default eval-results.json). Empty lists and\n"
-    "zero counts skip a task. Every prompt is prefilled once and shared by the rows (--no-shared-prefill:\n"
-    "each row prefills alone, the same numbers, slower).\n";
+    "Runs `full` and every policy at every budget over perplexity, long generation, retrieval, passkey\n"
+    "retrieval and agreement with full, and writes the raw results as JSON (default eval-results.json).\n"
+    "Empty lists and zero counts skip a task. Every prompt is prefilled once and shared by the rows\n"
+    "(--no-shared-prefill: each row prefills alone; the same numbers, slower).\n";
 
 // The suite's settings from the command line; a policy that cannot run with the configuration fails here, before
 // the model loads.
@@ -55,6 +56,9 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   settings.long_documents = cl.get_int("long-docs", settings.long_documents);
   settings.long_prompt = cl.get_int("long-prompt", settings.long_prompt);
   settings.long_tokens = cl.get_int("long-tokens", settings.long_tokens);
+  if (cl.has("retrieval-lengths")) settings.retrieval_lengths = whole_numbers(cl.get_numbers("retrieval-lengths"));
+  if (cl.has("retrieval-depths")) settings.retrieval_depths = cl.get_numbers("retrieval-depths");
+  settings.retrieval_trials = cl.get_int("retrieval-trials", settings.retrieval_trials);
   if (cl.has("passkey-lengths")) settings.passkey_lengths = whole_numbers(cl.get_numbers("passkey-lengths"));
   if (cl.has("passkey-depths")) settings.passkey_depths = cl.get_numbers("passkey-depths");
   settings.agreement_prompts = cl.get_int("agreement-prompts", settings.agreement_prompts);
@@ -115,7 +119,8 @@ int eval_command(int argc, char** argv) {
   try {
     CommandLine cl(argc, argv,
                    {"config", "out", "policies", "budgets", "quantized", "quantized-dtypes", "documents",
-                    "ppl-prefixes", "ppl-tokens", "long-docs", "long-prompt", "long-tokens", "passkey-lengths", "passkey-depths", "agreement-prompts",
+                    "ppl-prefixes", "ppl-tokens", "long-docs", "long-prompt", "long-tokens", "retrieval-lengths", "retrieval-depths",
+                    "retrieval-trials", "passkey-lengths", "passkey-depths", "agreement-prompts",
                     "agreement-context", "agreement-tokens", "batch", "seed", "data", "set"},
                    {"help", "no-shared-prefill"}, {"set"});
     if (cl.has("help")) {

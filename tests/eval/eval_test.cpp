@@ -281,6 +281,9 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   s.long_documents = 1;
   s.long_prompt = 24;
   s.long_tokens = 40;
+  s.retrieval_lengths = {300};
+  s.retrieval_depths = {0.5};
+  s.retrieval_trials = 1;
   s.passkey_lengths = {200};
   s.passkey_depths = {0.5};
   s.agreement_context = 150;
@@ -294,7 +297,10 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   const EvalCaseResult& full = results[0];
   const EvalCaseResult& small = results[1];
   const EvalCaseResult& whole = results[2];
-  EXPECT_LT(suite.prefills(), 2 * 5) << "each of the 5 prompts is prefilled once, and by snapkv@40 from its window";
+  // 6 prompts (perplexity, long generation, retrieval, passkey, 2 agreement), each prefilled once; snapkv@40's
+  // window starts inside the first 512-token chunk of the 5 prompts longer than 40 tokens, so it prefills those
+  // alone; full and snapkv@100% fork. Alone, the 18 jobs would prefill 18 times.
+  EXPECT_EQ(suite.prefills(), 6 + 5);
 
   ASSERT_EQ(full.perplexity.size(), 1u);
   EXPECT_TRUE(std::isfinite(full.perplexity[0].perplexity()));
@@ -314,6 +320,9 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   EXPECT_DOUBLE_EQ(full.memory.ratio(), 1.0);
   EXPECT_DOUBLE_EQ(whole.memory.ratio(), 1.0);
   EXPECT_GT(small.memory.ratio(), 2.0);
+  ASSERT_EQ(full.retrieval.size(), 1u);
+  EXPECT_EQ(full.retrieval[0].c.length, 300);
+  EXPECT_FALSE(full.retrieval[0].expected.empty());
   ASSERT_EQ(full.passkey.size(), 1u);
   EXPECT_EQ(full.passkey[0].key.size(), 5u);
   EXPECT_EQ(full.memory.longest_entries.size(), size_t(rt.weights.config.n_layers));
