@@ -3,7 +3,7 @@
 score_retrieval does; the probe of docs/eval/retrieval-design.md.
 
 The prompts come from the C++ code itself, as token ids (one JSON line per case), written by
-    STRATA_RETRIEVAL_DUMP=/tmp/prompts.jsonl build/eval_tests --gtest_also_run_disabled_tests \\
+    STRATA_RETRIEVAL_DUMP=/tmp/prompts.jsonl build/tests/eval_tests --gtest_also_run_disabled_tests \\
         --gtest_filter=RetrievalTask.DISABLED_DumpProbePrompts
 then, with a server on PORT:
     .venv/bin/python tools/retrieval_probe.py /tmp/prompts.jsonl --port PORT --out results.json
