@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from serve_process import ServeProcess
-from support import error_of
+from support import error_of, metric, metrics
 
 MODEL = "SmolLM2-135M-Instruct"
 EXIT_BOUND_S = 60  # generous: the drains below take seconds
@@ -81,12 +81,21 @@ def serve():
         server.stop()
 
 
+def engine_requests(server):
+    samples = metrics(server.base_url)
+    return metric(samples, "strata_requests_running") + metric(samples, "strata_requests_waiting")
+
+
 def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
     server = serve("server.drain_timeout_s=120")
     # engine.max_running=2: two run, the other two wait in the queue when the signal comes.
     calls = [Call(server, 96, stream=True), Call(server, 96, stream=True), Call(server, 32, stream=False),
              Call(server, 32, stream=True)]
     assert calls[0].first_event.wait(60) and calls[0].events, "the first stream did not start"
+    # The others reach the engine a moment later (later still on a loaded machine): signal once three have.
+    deadline = time.monotonic() + 60
+    while engine_requests(server) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
 
