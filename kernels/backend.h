@@ -78,8 +78,8 @@ class Backend {
   // out[i] = x[rows[i]]: the rows that need logits, gathered for the output head.   x [T, D], out [rows, D]
   virtual void gather_rows(const Tensor& x, std::span<const int64_t> rows, Tensor& out) = 0;
   // Chooses a token from each row of logits by rows[r] (the rule of kernels/token_sampling.h) where the logits
-  // are: only the tokens and their logprobs come to the host (out, one per row). The penalties are applied to
-  // `logits` in place.                                              logits [rows.size(), V]
+  // are: only the tokens and their logprobs come to the host (out, one per row). The masks and the penalties are
+  // applied to `logits` in place.                                   logits [rows.size(), V]
   virtual void sample_rows(Tensor& logits, std::span<const RowSampling> rows, std::span<RowSample> out) = 0;
 
   // Writes the step's keys and values into the cache: token row q_begin + i of a sequence goes to entry

@@ -6,6 +6,12 @@
 // uniform number falls on the boundary between two tokens.
 //
 // The rule every backend follows, on one row x of V logits:
+//  0. With a mask (structured output: the tokens a grammar allows), x[id] = -inf for every token it does not
+//     allow, before everything else: the argmax, the filters, the draw and the logprobs all see the masked row, so
+//     a masked-out token is never chosen and weighs 0 (the logprobs are a log_softmax over the allowed tokens, and
+//     the top n hold only allowed tokens: fewer than n when the mask allows fewer). A mask that allows no token
+//     (the grammar never makes one) or has the wrong number of words throws std::invalid_argument (check_mask).
+//     Penalties on masked-out ids leave them at -inf.
 //  1. x[id] -= amount for every penalty (distinct ids).
 //  2. The order of the row: the larger logit first, the lower id first among equal logits. Every filter keeps a
 //     prefix of this order, so the tokens kept are always its first n.
@@ -53,7 +59,17 @@ struct RowSampling {
   int n_logprobs = -1;    // < 0: none
   double uniform = 0.0;   // in [0, 1): the draw, from the sequence's RNG
   std::span<const TokenPenalty> penalties;
+  // Empty: every token allowed. Otherwise mask_words(V) words, token id allowed when bit id % 64 of word id / 64
+  // is set; the bits past the last column are ignored.
+  std::span<const uint64_t> allowed;
 };
+
+// The words of a mask over n_columns tokens.
+constexpr int64_t mask_words(int64_t n_columns) { return (n_columns + 63) / 64; }
+// Whether a mask (empty: none) allows token id.
+constexpr bool token_allowed(std::span<const uint64_t> allowed, int64_t id) {
+  return allowed.empty() || ((allowed[size_t(id / 64)] >> (id % 64)) & 1u) != 0;
+}
 
 struct TokenLogprob {
   int32_t id = 0;
@@ -69,9 +85,12 @@ struct RowSample {
 // Throws std::invalid_argument unless every penalised id is a column of the row and no id comes twice: what every
 // backend checks before it touches a row.
 void check_penalties(std::span<const TokenPenalty> penalties, int64_t n_columns);
+// The number of tokens the mask allows (n_columns when it is empty). Throws std::invalid_argument, naming the row
+// when row >= 0, unless it is empty or holds mask_words(n_columns) words that allow at least one column.
+int64_t check_mask(std::span<const uint64_t> allowed, int64_t n_columns, int64_t row = -1);
 
 // The rule on a host row (the CPU backend's op, and the host's for rows that are already there). The row is
-// scratch: the penalties are applied to it in place.
+// scratch: the mask and the penalties are applied to it in place.
 RowSample sample_row_on_host(std::span<float> logits, const RowSampling& sampling);
 
 }  // namespace strata

@@ -2,6 +2,7 @@
 #include "parallel/step_plan.h"
 
 #include <stdexcept>
+#include <string>
 
 #include "parallel/wire_codec.h"
 
@@ -103,6 +104,7 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
     w.put(p.tokens);
     w.put<uint8_t>(p.sample);
     w.put(p.prefill_len);
+    w.put(p.allowed);
   }
   return w.take();
 }
@@ -152,6 +154,11 @@ StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
     p.tokens = r.get_vector<int32_t>();
     p.sample = r.get<uint8_t>() != 0;
     p.prefill_len = r.get<int32_t>();
+    p.allowed = r.get_vector<uint64_t>();
+    if (!p.sample && !p.allowed.empty()) {
+      throw std::runtime_error("step message: work for sequence " + std::to_string(p.seq) +
+                               " carries a mask but samples no token");
+    }
     plan.work.push_back(std::move(p));
   }
   r.expect_end();

@@ -15,7 +15,7 @@ double uniform01(std::mt19937_64& rng) {
 
 SequenceSampler::SequenceSampler(const SamplingRule& params, uint64_t seed) : params_(params), rng_(seed) {}
 
-RowSampling SequenceSampler::next() {
+RowSampling SequenceSampler::next(std::span<const uint64_t> allowed) {
   penalties_ = params_.logit_bias;
   penalties_.reserve(params_.logit_bias.size() + counts_.size());  // no reallocation below: biased_end stays valid
   const auto biased_end = penalties_.begin() + std::ptrdiff_t(params_.logit_bias.size());
@@ -40,6 +40,7 @@ RowSampling SequenceSampler::next() {
   s.n_logprobs = params_.n_logprobs;
   s.uniform = params_.temperature > 0.0f ? uniform01(rng_) : 0.0;
   s.penalties = penalties_;
+  s.allowed = allowed;
   return s;
 }
 

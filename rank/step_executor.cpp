@@ -20,7 +20,7 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
   sampling_.resize(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].logits != LogitsMode::sample) continue;
-    sampling_[i] = state_of(batch[i].seq).sampler.next();
+    sampling_[i] = state_of(batch[i].seq).sampler.next(plan.work[i].allowed);
     batch[i].sampling = &sampling_[i];
   }
   if (batch.empty()) return StepResult{plan.step, {}};
@@ -61,6 +61,10 @@ std::vector<BatchSequence> StepExecutor::batch_of(const StepPlan& plan) {
   std::vector<BatchSequence> batch;
   batch.reserve(plan.work.size());
   for (const PlannedWork& w : plan.work) {
+    if (!w.sample && !w.allowed.empty()) {
+      throw std::logic_error("step plan: work for sequence " + std::to_string(w.seq) +
+                             " has a mask but samples nothing");
+    }
     SequenceCompression& compression = state_of(w.seq).compression;
     if (w.prefill_len > 0 && w.start_pos == 0) compression.start_prefill(w.prefill_len);
     // Only the last pipeline stage has logits to sample, and only it draws from the sequences' RNGs.
@@ -75,12 +79,14 @@ StepResult StepExecutor::collect_tokens(const StepPlan& plan, const std::vector<
   StepResult result{plan.step, {}};
   const int64_t vocab = model_.config().vocab_size;
   int64_t row = 0, sampled = 0;
-  for (const BatchSequence& b : batch) {
+  for (size_t i = 0; i < batch.size(); ++i) {  // batch[i] is plan.work[i]'s
+    const BatchSequence& b = batch[i];
     if (b.logits == LogitsMode::none) continue;
     SequenceSampler& sampler = state_of(b.seq).sampler;
     RowSample s = b.logits == LogitsMode::sample
                       ? std::move(samples_[size_t(sampled++)])
-                      : sampler.sample(std::span<float>(logits_.data() + row++ * vocab, size_t(vocab)));
+                      : sampler.sample(std::span<float>(logits_.data() + row++ * vocab, size_t(vocab)),
+                                       plan.work[i].allowed);
     sampler.accept(s.id);
     result.sampled.push_back(SampledToken{b.seq, std::move(s)});
   }

@@ -133,6 +133,10 @@ class CpuBackend final : public Backend {
     if (logits.rows != int64_t(rows.size()) || out.size() != rows.size() || logits.cols < 1) {
       throw std::invalid_argument("cpu backend: sample_rows needs one sampling and one output per row of logits");
     }
+    // Every mask is checked before a row is touched, so that the error names its row.
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (!rows[r].allowed.empty()) check_mask(rows[r].allowed, logits.cols, int64_t(r));
+    }
     for (size_t r = 0; r < rows.size(); ++r) {
       out[r] = sample_row_on_host({logits.row(int64_t(r)), size_t(logits.cols)}, rows[r]);
     }

@@ -3,8 +3,10 @@
 #include "kernels/token_sampling.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -16,6 +18,14 @@ using Candidate = std::pair<float, int32_t>;  // (logit, later its weight; token
 // The row's order: most likely first, the lower id among equal values.
 bool more_likely(const Candidate& a, const Candidate& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// Rule step 0: the tokens the mask does not allow get -inf.
+void mask_row(std::span<float> logits, std::span<const uint64_t> allowed) {
+  if (allowed.empty()) return;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!token_allowed(allowed, int64_t(i))) logits[i] = -std::numeric_limits<float>::infinity();
+  }
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -72,10 +82,14 @@ size_t take_nucleus(std::vector<Candidate>& candidates, std::span<const float> l
   return hi;  // rounding left the sum just short of the target
 }
 
+// Masked-out tokens (weight 0) are left out of the candidates: they are never drawn, and the filters keep the same
+// allowed tokens without them (they come last in the order).
 int32_t draw(std::span<const float> logits, const RowSampling& s) {
   std::vector<Candidate> candidates;
   candidates.reserve(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) candidates.emplace_back(logits[i], static_cast<int32_t>(i));
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (token_allowed(s.allowed, int64_t(i))) candidates.emplace_back(logits[i], static_cast<int32_t>(i));
+  }
 
   if (s.top_k > 0 && static_cast<size_t>(s.top_k) < candidates.size()) {
     auto kth = candidates.begin() + s.top_k;
@@ -140,8 +154,28 @@ void check_penalties(std::span<const TokenPenalty> penalties, int64_t n_columns)
   }
 }
 
+int64_t check_mask(std::span<const uint64_t> allowed, int64_t n_columns, int64_t row) {
+  if (allowed.empty()) return n_columns;
+  const auto fail = [&](const std::string& what) {
+    throw std::invalid_argument("sample_rows: " + (row >= 0 ? "row " + std::to_string(row) + ": " : "") + what);
+  };
+  if (int64_t(allowed.size()) != mask_words(n_columns)) {
+    fail("a mask of " + std::to_string(allowed.size()) + " words for " + std::to_string(n_columns) +
+         " columns (needs " + std::to_string(mask_words(n_columns)) + ")");
+  }
+  int64_t count = 0;
+  for (size_t w = 0; w + 1 < allowed.size(); ++w) count += std::popcount(allowed[w]);
+  const int64_t columns_in_last = n_columns - 64 * (int64_t(allowed.size()) - 1);  // 1 to 64
+  const uint64_t last_columns = columns_in_last == 64 ? ~uint64_t(0) : (uint64_t(1) << columns_in_last) - 1;
+  count += std::popcount(allowed.back() & last_columns);
+  if (count == 0) fail("the mask allows no token");
+  return count;
+}
+
 RowSample sample_row_on_host(std::span<float> logits, const RowSampling& s) {
+  const int64_t n_allowed = check_mask(s.allowed, int64_t(logits.size()));
   check_penalties(s.penalties, int64_t(logits.size()));
+  mask_row(logits, s.allowed);
   for (const TokenPenalty& p : s.penalties) logits[size_t(p.id)] -= p.amount;
 
   RowSample result;
@@ -152,10 +186,12 @@ RowSample sample_row_on_host(std::span<float> logits, const RowSampling& s) {
     auto logprob = [&](int32_t id) { return static_cast<float>(logits[size_t(id)] - lse.max - lse.log_sum); };
     result.logprob = logprob(result.id);
 
-    const size_t n_top = std::min(static_cast<size_t>(s.n_logprobs), logits.size());
+    const size_t n_top = std::min(static_cast<size_t>(s.n_logprobs), static_cast<size_t>(n_allowed));
     std::vector<Candidate> order;
-    order.reserve(logits.size());
-    for (size_t i = 0; i < logits.size(); ++i) order.emplace_back(logits[i], static_cast<int32_t>(i));
+    order.reserve(static_cast<size_t>(n_allowed));
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (token_allowed(s.allowed, int64_t(i))) order.emplace_back(logits[i], static_cast<int32_t>(i));
+    }
     std::partial_sort(order.begin(), order.begin() + n_top, order.end(), more_likely);
     result.top.reserve(n_top);
     for (size_t i = 0; i < n_top; ++i) result.top.push_back({order[i].second, logprob(order[i].second)});

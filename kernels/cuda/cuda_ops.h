@@ -35,7 +35,7 @@ void silu_mul(CudaContext& ctx, const Tensor& gate, const Tensor& up, Tensor& ou
 void add(CudaContext& ctx, Tensor& x, const Tensor& y);
 void gather_rows(CudaContext& ctx, const Tensor& x, std::span<const int64_t> rows, Tensor& out);
 
-// The rule of kernels/token_sampling.h on each row of logits [rows.size(), V], the penalties applied in place;
+// The rule of kernels/token_sampling.h on each row of logits [rows.size(), V], masks and penalties applied in place;
 // waits for the device, to bring the tokens and logprobs to `out`.
 void sample_rows(CudaContext& ctx, Tensor& logits, std::span<const RowSampling> rows, std::span<RowSample> out);
 

@@ -9,6 +9,9 @@
 //
 // Block (row) of kThreads threads handles one row, which stays where it is: it is never sorted or copied (128K
 // logits do not fit in shared memory), only read in passes.
+//  - The mask (rule step 0), when the row has one: one pass writes -inf over the tokens it does not allow. Their
+//    keys then come last in the order and their weights are 0, so nothing below needs to know of them, except
+//    that the top n logprobs may not reach into them: the host caps n at the number of allowed tokens.
 //  - Order keys. The rule's order (larger logit first, lower id among equal logits) is the order of a 64-bit key,
 //    (order-preserving bits of the logit) << b | (V - 1 - id), b the bits of V - 1, the larger first; -0 and +0
 //    get one key. Every prefix of the order is then the set {key >= C} for a threshold C: each filter of the rule
@@ -32,7 +35,8 @@
 //
 // Cost per row, in passes over its V logits (each reads 4V bytes, from L2 after the first): a greedy row 1, as an
 // argmax; a draw 3 (key range, kept sums, the walk) plus a bisection for top_k (counts only) and one for top_p
-// (an expf per token); logprobs 1 (log-sum-exp) plus, for a top n, a bisection and the gathering pass.
+// (an expf per token); logprobs 1 (log-sum-exp) plus, for a top n, a bisection and the gathering pass; a mask 1
+// (V / 8 bytes of mask read, a write per masked token).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -57,11 +61,12 @@ constexpr int kMaxLogprobs = 20;
 // Column indices and the threads' shares of a row stay far from int overflow.
 constexpr int64_t kMaxColumns = int64_t(1) << 30;
 
-// One row's RowSampling as the kernel reads it; its penalties are penalties[penalty_begin, + penalty_count).
+// One row's RowSampling as the kernel reads it; its penalties are penalties[penalty_begin, + penalty_count), its
+// mask masks[mask_begin, + ceil(V / 64)) (mask_begin < 0: none). n_logprobs is capped at the allowed tokens.
 struct RowParams {
   double uniform;
   float temperature, top_p, min_p;
-  int32_t top_k, n_logprobs, penalty_begin, penalty_count, unused;
+  int32_t top_k, n_logprobs, penalty_begin, penalty_count, mask_begin;
 };
 
 // What the kernel writes for one row: the token and, when asked, its logprob and the most likely tokens.
@@ -310,12 +315,20 @@ __device__ void write_logprobs(const Row& row, const KeyRange& keys, int chosen,
   }
 }
 
-// Block (r) applies row r's penalties to logits[r, :] in place, then chooses its token and writes results[r].
+// Block (r) applies row r's mask and penalties to logits[r, :] in place, then chooses its token and writes
+// results[r].
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(float* logits, int n, const RowParams* params, const TokenPenalty* penalties,
-                       RowResult* results) {
+                       const uint64_t* masks, RowResult* results) {
   const RowParams p = params[blockIdx.x];
   float* x = logits + int64_t(blockIdx.x) * n;
+  if (p.mask_begin >= 0) {
+    const uint64_t* allowed = masks + p.mask_begin;
+    for (int i = int(threadIdx.x); i < n; i += kThreads) {
+      if (((allowed[i / 64] >> (i % 64)) & 1u) == 0) x[i] = -INFINITY;
+    }
+    __syncthreads();  // a penalty may fall on a masked token: -inf stays -inf, in either order, but not at once
+  }
   // Distinct ids (the rule's): one thread each.
   for (int i = int(threadIdx.x); i < p.penalty_count; i += kThreads) {
     const TokenPenalty& penalty = penalties[p.penalty_begin + i];
@@ -345,6 +358,7 @@ void sample_rows(CudaContext& ctx, Tensor& logits, std::span<const RowSampling> 
   const int n = int(logits.cols);
   std::vector<RowParams> params;
   std::vector<TokenPenalty> penalties;
+  std::vector<uint64_t> masks;  // the rows' masks that are not empty, one after the other
   params.reserve(rows.size());
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowSampling& s = rows[r];
@@ -352,15 +366,21 @@ void sample_rows(CudaContext& ctx, Tensor& logits, std::span<const RowSampling> 
                                               std::to_string(s.n_logprobs) + " logprobs, more than " +
                                               std::to_string(kMaxLogprobs));
     check_penalties(s.penalties, n);  // distinct ids: the kernel subtracts them in parallel, without atomics
-    params.push_back(RowParams{s.uniform, s.temperature, s.top_p, s.min_p, s.top_k, s.n_logprobs,
-                               int32_t(penalties.size()), int32_t(s.penalties.size()), 0});
+    const int64_t n_allowed = check_mask(s.allowed, n, int64_t(r));
+    require(masks.size() + s.allowed.size() <= size_t(INT32_MAX), "sample_rows: the masks exceed 2^31 words");
+    const int32_t mask_begin = s.allowed.empty() ? -1 : int32_t(masks.size());
+    params.push_back(RowParams{s.uniform, s.temperature, s.top_p, s.min_p, s.top_k,
+                               int32_t(std::min<int64_t>(s.n_logprobs, n_allowed)), int32_t(penalties.size()),
+                               int32_t(s.penalties.size()), mask_begin});
     penalties.insert(penalties.end(), s.penalties.begin(), s.penalties.end());
+    masks.insert(masks.end(), s.allowed.begin(), s.allowed.end());
   }
   if (rows.empty()) return;
 
   auto* results = static_cast<RowResult*>(ctx.scratch(rows.size() * sizeof(RowResult)));
   sample_rows_kernel<<<unsigned(rows.size()), kThreads, 0, ctx.stream()>>>(
-      logits.f32(), n, ctx.upload_structs<int64_t>(params), ctx.upload_structs<int32_t>(penalties), results);
+      logits.f32(), n, ctx.upload_structs<int64_t>(params), ctx.upload_structs<int32_t>(penalties),
+      ctx.upload_structs<int64_t>(masks), results);
   check(cudaGetLastError(), "sample_rows_kernel");
   std::vector<RowResult> host(rows.size());
   ctx.download(results, host.data(), host.size() * sizeof(RowResult));
@@ -371,7 +391,7 @@ void sample_rows(CudaContext& ctx, Tensor& logits, std::span<const RowSampling> 
     sample.id = host[r].id;
     if (rows[r].n_logprobs < 0) continue;
     sample.logprob = host[r].logprob;
-    const int n_top = std::min(rows[r].n_logprobs, n);
+    const int n_top = std::min(params[r].n_logprobs, n);
     for (int j = 0; j < n_top; ++j) sample.top.push_back({host[r].top_ids[j], host[r].top_logprobs[j]});
   }
 }

@@ -67,7 +67,8 @@ def step_plan():
     policy = b"\1" + wire_string("snapkv") + struct.pack("<I", 1) + wire_string("budget") + wire_string("64")
     added = struct.pack("<q", 3) + sampling + struct.pack("<Q", 42) + policy + struct.pack("<i", 5)
     started = struct.pack("<q", 3) + wire_vector("Q", [11, 12]) + struct.pack("<iB", 5, 0)
-    work = struct.pack("<qi", 3, 0) + wire_vector("i", [1, 2, 3, 4, 5]) + struct.pack("<Bi", 1, 5)
+    mask = wire_vector("Q", [0xFFFF0000FFFF0001, 0x1])  # the tokens this work may sample
+    work = struct.pack("<qi", 3, 0) + wire_vector("i", [1, 2, 3, 4, 5]) + struct.pack("<Bi", 1, 5) + mask
     return (struct.pack("<IQBB", 0x4E4C5053, 7, 0, 1) + struct.pack("<I", 1) + added + wire_vector("q", [1])
             + wire_vector("q", [2]) + wire_vector("Q", [99]) + struct.pack("<I", 1) + started
             + struct.pack("<I", 1) + struct.pack("<qiQ", 3, 0, 12345) + struct.pack("<I", 1) + work)

@@ -59,6 +59,7 @@ StepPlan full_plan() {
   w2.tokens = {};
   w2.sample = true;
   w2.prefill_len = 0;
+  w2.allowed = {0x8000000000000001ULL, 0, ~uint64_t(0)};
   p.work = {w1, w2};
   p.prefix_evicted = {1, ~uint64_t(0)};
   p.prefix_started = {PrefixStart{42, {0xfeedULL, 7}, 300, true}, PrefixStart{9, {}, 0}};
@@ -107,6 +108,7 @@ void expect_plan_eq(const StepPlan& a, const StepPlan& b) {
     EXPECT_EQ(a.work[i].tokens, b.work[i].tokens);
     EXPECT_EQ(a.work[i].sample, b.work[i].sample);
     EXPECT_EQ(a.work[i].prefill_len, b.work[i].prefill_len);
+    EXPECT_EQ(a.work[i].allowed, b.work[i].allowed);
   }
 }
 
@@ -169,6 +171,8 @@ TEST(StepPlan, RoundTripWithEveryFieldSet) {
   EXPECT_TRUE(back.shutdown);
   EXPECT_TRUE(back.report_detail);
   EXPECT_TRUE(back.work[1].tokens.empty());
+  EXPECT_EQ(back.work[1].allowed.size(), 3u);
+  EXPECT_TRUE(back.work[0].allowed.empty());
 }
 
 TEST(StepPlan, RoundTripOfAnEmptyPlan) {
@@ -239,6 +243,18 @@ TEST(StepPlan, RepeatedPolicyParameterIsRejected) {
     ADD_FAILURE() << "a repeated policy parameter was accepted";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("'budget' repeated"), std::string::npos) << e.what();
+  }
+}
+
+// A mask belongs to the token a work item samples: on work that samples nothing the leader made an error.
+TEST(StepPlan, AMaskOnWorkThatSamplesNothingIsRejected) {
+  StepPlan plan = full_plan();
+  plan.work[0].allowed = {1};  // work 0 (sequence 42) does not sample
+  try {
+    deserialize_step_plan(serialize(plan));
+    ADD_FAILURE() << "a mask on work that samples nothing was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence 42 carries a mask"), std::string::npos) << e.what();
   }
 }
 

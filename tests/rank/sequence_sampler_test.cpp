@@ -305,6 +305,18 @@ TEST(SamplerTest, NextCarriesThePenaltiesAndOneUniformPerDraw) {
   EXPECT_TRUE(greedy.next().penalties.empty());
 }
 
+// The step's mask rides on the sampling next() returns, and sample() obeys it.
+TEST(SamplerTest, NextCarriesTheStepsMask) {
+  SequenceSampler sampler(greedy_params(), 5);
+  EXPECT_TRUE(sampler.next().allowed.empty());
+  const std::vector<uint64_t> mask = {0b1010};  // tokens 1 and 3 of 4
+  const RowSampling s = sampler.next(mask);
+  EXPECT_EQ(s.allowed.data(), mask.data());
+  EXPECT_EQ(s.allowed.size(), 1u);
+  std::vector<float> row = {9.0f, 1.0f, 8.0f, 2.0f};
+  EXPECT_EQ(sampler.sample(row, mask).id, 3);
+}
+
 TEST(SamplerTest, SameSeedSameSequenceDifferentSeedsDiffer) {
   std::vector<float> logits = random_logits(1000, 9);
   for (float& x : logits) x *= 0.1f;  // flat enough that many tokens are likely

@@ -7,10 +7,13 @@
 //     the spec in effect;
 //   - policies whose declared needs the sequence cannot meet are refused with the key to set;
 //   - work for a sequence no plan added is a logic error naming it;
+//   - a masked greedy step takes the best allowed token of the model's logits, beside an unmasked sequence in the
+//     same step, on the device's path and the host's (keep_logits); a mask on work that samples nothing is refused;
 //   - sequences started from a published prefix block generate what a full prefill gives.
 #include "rank/step_executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -232,6 +235,74 @@ TEST(StepExecutor, RefusesPoliciesWhoseNeedsTheSequenceCannotMeet) {
   // PoD shares keys across layers: it needs the layer blocks strata calibrate makes.
   EXPECT_NE(start("pod").find("kv_cache.pod_blocks"), std::string::npos);
   bed.finish(5);
+}
+
+// Tokens id % 7 == 3 allowed, but not the unmasked argmax.
+std::vector<uint64_t> every_seventh_but(int32_t excluded, int64_t vocab) {
+  std::vector<uint64_t> mask(size_t(mask_words(vocab)), 0);
+  for (int64_t id = 3; id < vocab; id += 7) {
+    if (id != excluded) mask[size_t(id / 64)] |= uint64_t(1) << (id % 64);
+  }
+  return mask;
+}
+
+TEST(StepExecutor, AMaskedGreedyStepTakesTheBestAllowedToken) {
+  Bed bed;
+  const int64_t vocab = bed.m.model->config().vocab_size;
+  KvCache cache(*bed.m.pool, 0, bed.m.model->config().n_layers);
+  std::vector<float> logits;
+  const BatchSequence alone{7, kPrompt, 0, LogitsMode::last};
+  bed.m.model->forward({&alone, 1}, cache, logits);
+  cache.release(7);
+  const int32_t unmasked = argmax(logits);
+  const std::vector<uint64_t> mask = every_seventh_but(unmasked, vocab);
+  int32_t best_allowed = -1;
+  for (int64_t id = 0; id < vocab; ++id) {
+    if (token_allowed(mask, id) && (best_allowed < 0 || logits[size_t(id)] > logits[size_t(best_allowed)])) {
+      best_allowed = int32_t(id);
+    }
+  }
+  double sum = 0.0;  // log_softmax over the allowed tokens
+  for (int64_t id = 0; id < vocab; ++id) {
+    if (token_allowed(mask, id)) sum += std::exp(double(logits[size_t(id)]) - logits[size_t(best_allowed)]);
+  }
+
+  for (bool on_host : {false, true}) {
+    SCOPED_TRACE(on_host ? "sampled on the host" : "sampled where the logits are");
+    bed.executor.keep_logits(on_host);
+    SamplingRule rule = greedy();
+    rule.n_logprobs = 2;
+    StepPlan p;
+    p.step = ++bed.step;
+    p.added = {PlannedSequence{1, rule, 0, std::nullopt, int32_t(kPrompt.size())},
+               PlannedSequence{2, rule, 0, std::nullopt, int32_t(kPrompt.size())}};
+    const int32_t n = int32_t(kPrompt.size());
+    p.work = {PlannedWork{1, 0, kPrompt, true, n, mask}, PlannedWork{2, 0, kPrompt, true, n}};
+    const StepResult r = bed.executor.execute(p);
+    ASSERT_EQ(r.sampled.size(), 2u);
+    EXPECT_EQ(r.sampled[0].sample.id, best_allowed);
+    EXPECT_NEAR(r.sampled[0].sample.logprob, -std::log(sum), 1e-3);
+    ASSERT_EQ(r.sampled[0].sample.top.size(), 2u);
+    EXPECT_TRUE(token_allowed(mask, r.sampled[0].sample.top[1].id));
+    EXPECT_EQ(r.sampled[1].sample.id, unmasked) << "the unmasked sequence of the same step";
+    bed.finish(1);
+    bed.finish(2);
+  }
+}
+
+TEST(StepExecutor, AMaskOnWorkThatSamplesNothingIsALogicErrorNamingIt) {
+  Bed bed;
+  StepPlan p;
+  p.step = ++bed.step;
+  p.added.push_back(PlannedSequence{4, greedy(), 0, std::nullopt, int32_t(kPrompt.size())});
+  const std::vector<uint64_t> mask(size_t(mask_words(bed.m.model->config().vocab_size)), ~uint64_t(0));
+  p.work.push_back(PlannedWork{4, 0, {kPrompt.begin(), kPrompt.begin() + 4}, false, int32_t(kPrompt.size()), mask});
+  try {
+    bed.executor.execute(p);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence 4 has a mask"), std::string::npos) << e.what();
+  }
 }
 
 TEST(StepExecutor, WorkForAnUnknownSequenceIsALogicErrorNamingIt) {

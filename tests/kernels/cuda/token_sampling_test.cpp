@@ -36,11 +36,13 @@ namespace {
 constexpr double kBoundaryMargin = 1e-5;  // relative to the kept tokens' total weight; see the file comment
 constexpr float kLogprobTolerance = 1e-4f;
 
-// Rows of logits with the samplings that read them; the samplings' penalties point into `penalties`.
+// Rows of logits with the samplings that read them; the samplings' penalties and masks point into `penalties`
+// and `masks`.
 struct Batch {
   int64_t cols = 0;
   std::vector<float> logits;  // rows x cols
   std::vector<std::vector<TokenPenalty>> penalties;
+  std::vector<std::vector<uint64_t>> masks;
   std::vector<RowSampling> rows;
 
   int64_t n_rows() const { return int64_t(rows.size()); }
@@ -61,6 +63,16 @@ std::vector<TokenPenalty> random_penalties(int64_t cols, int count, std::mt19937
     if (!taken) penalties.push_back({candidate, amount(rng)});
   }
   return penalties;
+}
+
+// A mask allowing each token with probability `density`, and `always`.
+std::vector<uint64_t> random_mask(int64_t cols, double density, int64_t always, std::mt19937& rng) {
+  std::vector<uint64_t> mask(size_t(mask_words(cols)), 0);
+  std::bernoulli_distribution allow(density);
+  for (int64_t id = 0; id < cols; ++id) {
+    if (allow(rng) || id == always) mask[size_t(id / 64)] |= uint64_t(1) << (id % 64);
+  }
+  return mask;
 }
 
 // True when the CPU's and the device's draw may differ by rounding alone: the rule carried out on the penalised
@@ -296,6 +308,86 @@ TEST_F(CudaTokenSampling, CornerCasesMatchTheCpu) {
   EXPECT_EQ(s.gpu[1].id, 3);
   EXPECT_EQ(s.cpu[0].id, 1);
   EXPECT_EQ(s.cpu[1].id, 3);
+}
+
+// Rows with and without masks in one call: greedy rows whose mask leaves out the row's argmax, draws over sparse
+// and dense masks with every filter, a one-token mask, penalties on masked tokens (one that would lift a masked
+// token to the top), and logprobs that ask for more tokens than the mask allows. The masked tokens must come back
+// as -inf in the penalised rows, and no chosen token may be masked.
+TEST_F(CudaTokenSampling, MaskedAndUnmaskedRowsMatchTheCpu) {
+  int compared = 0, on_a_boundary = 0;
+  for (int64_t cols : {int64_t(1), int64_t(65), int64_t(49152), int64_t(128256)}) {
+    Batch b;
+    b.cols = cols;
+    std::normal_distribution<float> logit(0.0f, 3.0f);
+    const int n_rows = 24;
+    b.logits.resize(size_t(n_rows * cols));
+    for (float& x : b.logits) x = logit(rng);
+    b.masks.resize(size_t(n_rows));
+    b.penalties.resize(size_t(n_rows));
+    for (int r = 0; r < n_rows; ++r) {
+      const float* row = b.logits.data() + size_t(r) * size_t(cols);
+      const int64_t best = std::max_element(row, row + cols) - row;
+      const double density = std::vector<double>{0.0, 0.001, 0.3, 0.9}[size_t(r % 4)];  // 0: no mask
+      if (density > 0.0) b.masks[size_t(r)] = random_mask(cols, density, (best + 1) % cols, rng);
+      if (density > 0.0 && cols > 1) b.masks[size_t(r)][size_t(best / 64)] &= ~(uint64_t(1) << (best % 64));
+      if (r == 5) b.masks[size_t(r)] = random_mask(cols, 0.0, cols / 2, rng);  // one token
+      b.penalties[size_t(r)] = random_penalties(cols, 30, rng);
+      if (r % 3 == 0) {  // lifts the row's argmax, masked in rows 1 to 3 mod 4, to the top
+        std::erase_if(b.penalties[size_t(r)], [&](const TokenPenalty& p) { return p.id == best; });
+        b.penalties[size_t(r)].push_back({int32_t(best), -40.0f});
+      }
+    }
+    for (int r = 0; r < n_rows; ++r) {
+      RowSampling s;
+      s.temperature = r < 8 ? 0.0f : std::vector<float>{0.7f, 1.0f, 1.3f}[size_t(r % 3)];
+      s.top_k = std::vector<int>{0, 0, 40, 3}[size_t((r / 4) % 4)];
+      s.top_p = r % 5 == 0 ? 0.9f : 1.0f;
+      s.min_p = r % 7 == 0 ? 0.05f : 0.0f;
+      s.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+      s.n_logprobs = std::vector<int>{-1, 0, 5, 20}[size_t((r / 2) % 4)];
+      s.penalties = b.penalties[size_t(r)];
+      s.allowed = b.masks[size_t(r)];
+      b.rows.push_back(s);
+    }
+    const Samples got = sample_on_both(b);
+    for (size_t r = 0; r < b.rows.size(); ++r) {
+      const std::string what = "cols " + std::to_string(cols) + ", row " + std::to_string(r);
+      EXPECT_TRUE(token_allowed(b.rows[r].allowed, got.gpu[r].id)) << what << ": drew masked " << got.gpu[r].id;
+      if (got.gpu[r].id == got.cpu[r].id) {
+        ++compared;
+      } else if (b.rows[r].temperature > 0.0f &&
+                 draw_is_on_a_boundary(b.row(got.cpu_logits, r), b.rows[r], kBoundaryMargin)) {
+        ++on_a_boundary;
+      } else {
+        ADD_FAILURE() << what << ": chose " << got.gpu[r].id << ", the CPU " << got.cpu[r].id;
+      }
+      expect_logprobs_match(got.gpu[r], got.cpu[r], what);
+    }
+  }
+  EXPECT_LE(on_a_boundary, 2) << compared << " rows compared";
+}
+
+TEST_F(CudaTokenSampling, RejectsBadMasksNamingTheRow) {
+  Tensor logits = gpu->alloc(2, 100, DType::f32);
+  std::vector<RowSampling> rows(2);
+  std::vector<RowSample> out(2);
+  const std::vector<uint64_t> one_word = {~uint64_t(0)}, nothing = {0, ~uint64_t(0) << 36}, fine = {0, 1};
+  for (const std::vector<uint64_t>* bad : {&one_word, &nothing}) {
+    rows[1].allowed = *bad;
+    try {
+      gpu->sample_rows(logits, rows, out);
+      ADD_FAILURE() << "a bad mask was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("row 1"), std::string::npos) << e.what();
+    }
+  }
+  rows[1].allowed = fine;  // token 64 alone
+  rows[1].n_logprobs = 20;
+  gpu->sample_rows(logits, rows, out);
+  EXPECT_EQ(out[1].id, 64);
+  EXPECT_EQ(out[1].top.size(), 1u);
+  gpu->free(logits);
 }
 
 TEST_F(CudaTokenSampling, RejectsBadShapes) {
