@@ -1,0 +1,96 @@
+#pragma once
+// Which tokens of a vocabulary may come next under a grammar: a bitset over token ids per parser state.
+//
+// The vocabulary is taken as plain bytes (token id -> its raw bytes), so this knows nothing of the tokenizer.
+// VocabularyTrie, built once per vocabulary and shared by every request, stores the tokens as a prefix tree in
+// pre-order: one linear pass with subtree skipping visits every token prefix that the grammar allows, advancing
+// the automaton one byte per trie node (a memoized table lookup once the state was seen) and skipping the whole
+// subtree below a byte the grammar refuses. A token's bytes may cross any number of grammar terminals (`{"a":`)
+// and may end inside a UTF-8 character: matching is byte by byte.
+//
+// TokenMasker (one per request, like the automaton it advances) caches the mask of every parser state it was
+// asked about, so a state met again (inside a long free string, the same point of a repeated array item) costs
+// nothing.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/grammar_matcher.h"
+
+namespace strata::grammar {
+
+using TokenMask = std::vector<uint64_t>;  // bit i of word i / 64: token i allowed; ceil(V / 64) words
+
+inline bool mask_has(const TokenMask& mask, int32_t token) { return (mask[token >> 6] >> (token & 63)) & 1; }
+
+class VocabularyTrie {
+ public:
+  // token_bytes[id]: the raw bytes of token id. An empty string (special and control tokens) is never allowed
+  // as text; end-of-sequence tokens are allowed through TokenMasker's end list instead.
+  explicit VocabularyTrie(const std::vector<std::string>& token_bytes);
+
+  int32_t vocab_size() const { return vocab_size_; }
+  size_t node_count() const { return byte_.size(); }
+
+ private:
+  friend class TokenMasker;
+  int32_t vocab_size_;
+  std::vector<std::string> tokens_;
+  // Node i (pre-order; 0 is the root): its byte, depth, the end of its subtree, and the tokens that end there
+  // (token_ids_[token_begin_[i] .. token_begin_[i + 1])).
+  std::vector<uint8_t> byte_;
+  std::vector<uint16_t> depth_;
+  std::vector<uint32_t> subtree_end_;
+  std::vector<uint32_t> token_begin_;
+  std::vector<int32_t> token_ids_;
+  size_t max_depth_ = 0;
+};
+
+class TokenMasker {
+ public:
+  // end_tokens: the ids that end generation (EOS, <|im_end|>): allowed exactly when the grammar is complete.
+  TokenMasker(std::shared_ptr<const VocabularyTrie> vocabulary, std::shared_ptr<GrammarAutomaton> automaton,
+              std::vector<int32_t> end_tokens);
+
+  const TokenMask& allowed_tokens(StateId state);  // valid until the next call
+  // The state after token `id` (kDeadState when it is not allowed; an end token leaves the state unchanged).
+  StateId advance(StateId state, int32_t token);
+  bool is_end_token(int32_t token) const;
+  GrammarAutomaton& automaton() { return *automaton_; }
+  const VocabularyTrie& vocabulary() const { return *vocabulary_; }
+  size_t cached_masks() const { return cache_.size(); }
+
+  static constexpr size_t kMaxCachedMasks = 1024;  // then the cache starts afresh (~6 MiB at 49,152 tokens)
+
+ private:
+  void compute(StateId state, TokenMask& mask);
+
+  std::shared_ptr<const VocabularyTrie> vocabulary_;
+  std::shared_ptr<GrammarAutomaton> automaton_;
+  std::vector<int32_t> end_tokens_;
+  std::unordered_map<StateId, TokenMask> cache_;
+  std::vector<StateId> state_at_depth_;
+};
+
+// One request's constrained decoding: the current state, its mask, and the tokens accepted.
+class TokenMatcher {
+ public:
+  TokenMatcher(std::shared_ptr<const VocabularyTrie> vocabulary, std::shared_ptr<const Grammar> grammar,
+               std::vector<int32_t> end_tokens);
+
+  const TokenMask& allowed_tokens() { return masker_.allowed_tokens(state_); }
+  bool accept_token(int32_t token);  // false, and nothing changes, when the token is not allowed
+  bool is_complete() const { return masker_.automaton().is_complete(state_); }  // an end token may come now
+  bool is_finished() const { return finished_; }                                  // an end token was accepted
+  StateId state() const { return state_; }
+  TokenMasker& masker() { return masker_; }
+
+ private:
+  mutable TokenMasker masker_;
+  StateId state_;
+  bool finished_ = false;
+};
+
+}  // namespace strata::grammar
