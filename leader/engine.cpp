@@ -28,6 +28,7 @@ struct Engine::Sequence {
   uint64_t seed = 0;
   IncrementalDecoder decoder;
   StopMatcher stop;
+  std::unique_ptr<grammar::TokenMatcher> constraint;  // structured output: the grammar's state after its tokens
   Clock::time_point last_token;
 
   Sequence(const Tokenizer& tokenizer, const std::vector<std::string>& stops)
@@ -206,6 +207,10 @@ void Engine::take_new_requests() {
       seq->n_prompt = int(seq->tokens.size());
       // The same seed gives the same output; the choices of one request differ from each other.
       seq->seed = sp.seed ? *sp.seed + uint64_t(c) : seed_source_();
+      if (req->request.grammar) {
+        seq->constraint = std::make_unique<grammar::TokenMatcher>(vocabulary(), req->request.grammar,
+                                                                  tokenizer_.stop_ids());
+      }
       waiting_.push_back(seq->id);
       seqs_.emplace(seq->id, std::move(seq));
     }
@@ -294,6 +299,7 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
     w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
     w.sample = c.start + c.n == int(s.tokens.size());
     w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
+    if (w.sample && s.constraint) w.allowed = allowed_tokens(*seqs_.at(c.id));
     if (prefix_) prefix_->publish(plan, c.id, s.tokens, c.start + c.n, s.prefill_len);
     plan.work.push_back(std::move(w));
   }
@@ -407,14 +413,43 @@ void Engine::on_token(Sequence& seq, const SampledToken& sampled) {
     finish(seq, "stop", /*notify=*/true);
     return;
   }
+  const bool document_done = seq.constraint && constraint_done(seq, token);
   const StopScan text = seq.stop.push(seq.decoder.push(token));
   delta.text = text.text;
   req.request.sink->on_event(std::move(delta));
-  if (text.stopped) {
+  if (text.stopped || document_done) {
     finish(seq, "stop", /*notify=*/true);
   } else if (seq.n_generated >= sp.max_tokens || int(seq.tokens.size()) >= config_.max_context) {
     finish(seq, "length", /*notify=*/true);
   }
+}
+
+const std::shared_ptr<const grammar::VocabularyTrie>& Engine::vocabulary() {
+  if (!vocabulary_) {
+    // The logits' columns: the model's vocabulary may be padded beyond the tokenizer's. Special tokens are never
+    // text; the stop tokens among them end a complete document.
+    std::vector<std::string> bytes(size_t(config_.vocab_size));
+    for (int32_t id = 0; id < std::min<int32_t>(config_.vocab_size, tokenizer_.vocab_size()); ++id) {
+      if (!tokenizer_.is_special(id)) bytes[size_t(id)] = tokenizer_.token_bytes(id);
+    }
+    vocabulary_ = std::make_shared<const grammar::VocabularyTrie>(bytes);
+  }
+  return vocabulary_;
+}
+
+std::vector<uint64_t> Engine::allowed_tokens(Sequence& seq) {
+  const grammar::TokenMask& mask = seq.constraint->allowed_tokens();
+  return {mask.begin(), mask.end()};
+}
+
+bool Engine::constraint_done(Sequence& seq, int32_t token) {
+  grammar::TokenMatcher& matcher = *seq.constraint;
+  if (!matcher.accept_token(token)) {
+    // The ranks sampled under the mask this sequence's state gave: anything else is a bug on their side.
+    throw std::logic_error("request " + seq.req->request.id + ": token " + std::to_string(token) +
+                           " was sampled outside its grammar's mask");
+  }
+  return matcher.is_finished() || !matcher.masker().automaton().can_continue(matcher.state());
 }
 
 void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {

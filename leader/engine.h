@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "grammar/token_mask.h"
 #include "leader/generation.h"
 #include "leader/kv_state_view.h"
 #include "leader/metrics.h"
@@ -96,6 +97,12 @@ class Engine final : public GenerationService {
   PipelineKv kv_for_schedule() const;
   void evict_for(StepPlan& plan, const Schedule& schedule);
   void on_token(Sequence& seq, const SampledToken& sampled);
+  // Structured output: the vocabulary as the grammar sees it (built on the first constrained request), the mask a
+  // constrained sequence's next token is sampled under, and the token's effect on its grammar (true: the document
+  // is complete and nothing can extend it).
+  const std::shared_ptr<const grammar::VocabularyTrie>& vocabulary();
+  std::vector<uint64_t> allowed_tokens(Sequence& seq);
+  bool constraint_done(Sequence& seq, int32_t token);
   void finish(Sequence& seq, const std::string& reason, bool notify);
   // release: have the ranks free the failed sequences' KV (not when the world is broken). http_status: what the
   // running sequences' requests fail with (queued ones always get 503: they may be retried elsewhere).
@@ -146,6 +153,7 @@ class Engine final : public GenerationService {
   std::deque<int64_t> waiting_;    // arrival order (preempted sequences go back to the front)
   std::vector<int64_t> to_release_;  // finished since the last plan: the ranks free them in the next one
   std::optional<PrefixCache> prefix_;  // prefix caching, when on
+  std::shared_ptr<const grammar::VocabularyTrie> vocabulary_;
 };
 
 }  // namespace strata

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache/policy_spec.h"
+#include "grammar/grammar.h"
 #include "leader/sampling_params.h"
 
 namespace strata {
@@ -29,7 +30,8 @@ struct ChoiceDelta {
   std::vector<LogprobEntry> logprobs;  // one per token when the request asked for logprobs
 };
 
-// A choice ended. finish_reason: "stop" (eos or stop string) or "length" (max_tokens or the context).
+// A choice ended. finish_reason: "stop" (eos, a stop string, or the end of the grammar's document) or "length"
+// (max_tokens or the context).
 struct ChoiceFinished {
   int choice = 0;
   std::string finish_reason;
@@ -70,6 +72,9 @@ struct GenerationRequest {
   SamplingParams sampling;
   int n = 1;                            // independent choices for the same prompt
   std::optional<PolicySpec> kv_policy;  // the request's policy (kv_compression), validated; none: the server's
+  // Structured output (routing/output_format.h): every choice is decoded under this grammar, and ends when its
+  // document is complete and nothing can extend it. Null: free text.
+  std::shared_ptr<const grammar::Grammar> grammar;
   std::shared_ptr<GenerationSink> sink;
 };
 

@@ -1,6 +1,8 @@
 // Serialisation of StepPlan and StepResult (parallel/wire_codec.h).
 #include "parallel/step_plan.h"
 
+#include <algorithm>
+#include <bit>
 #include <stdexcept>
 #include <string>
 
@@ -65,6 +67,54 @@ std::optional<PolicySpec> get_policy(Reader& r) {
   return spec;
 }
 
+// A token mask travels in the shortest of three forms (docs/decisions.md [structured-output]): the bitset, the
+// allowed ids (a structural point of a JSON document allows a handful), or the refused ids (inside a free string
+// nearly everything is allowed). The list forms carry the bitset's word count.
+enum class MaskForm : uint8_t { none, bits, allowed, refused };
+constexpr uint32_t kMaxMaskWords = 1u << 16;  // 4 Mi tokens: beyond any vocabulary
+
+void put_mask(Writer& w, const std::vector<uint64_t>& mask) {
+  if (mask.empty()) {
+    w.put(MaskForm::none);
+    return;
+  }
+  int64_t n_allowed = 0;
+  for (uint64_t word : mask) n_allowed += std::popcount(word);
+  const int64_t n_bits = int64_t(mask.size()) * 64;
+  const int64_t bits_bytes = int64_t(mask.size()) * 8;
+  const bool list_allowed = n_allowed <= n_bits - n_allowed;
+  if (4 * std::min(n_allowed, n_bits - n_allowed) >= bits_bytes) {
+    w.put(MaskForm::bits);
+    w.put(mask);
+    return;
+  }
+  std::vector<int32_t> ids;
+  for (int64_t id = 0; id < n_bits; ++id) {
+    if (((mask[size_t(id >> 6)] >> (id & 63)) & 1) == list_allowed) ids.push_back(int32_t(id));
+  }
+  w.put(list_allowed ? MaskForm::allowed : MaskForm::refused);
+  w.put<uint32_t>(uint32_t(mask.size()));
+  w.put(ids);
+}
+
+std::vector<uint64_t> get_mask(Reader& r) {
+  const auto form = MaskForm(r.get<uint8_t>());
+  if (form == MaskForm::none) return {};
+  if (form == MaskForm::bits) return r.get_vector<uint64_t>();
+  if (form != MaskForm::allowed && form != MaskForm::refused) throw std::runtime_error("step message: unknown mask form");
+  const uint32_t n_words = r.get<uint32_t>();
+  if (n_words == 0 || n_words > kMaxMaskWords) throw std::runtime_error("step message: mask of " + std::to_string(n_words) + " words");
+  const std::vector<int32_t> ids = r.get_vector<int32_t>();
+  std::vector<uint64_t> mask(n_words, form == MaskForm::refused ? ~uint64_t{0} : 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || int64_t(ids[i]) >= int64_t(n_words) * 64 || (i > 0 && ids[i] <= ids[i - 1])) {
+      throw std::runtime_error("step message: mask ids out of order or range");
+    }
+    mask[size_t(ids[i]) >> 6] ^= uint64_t{1} << (ids[i] & 63);
+  }
+  return mask;
+}
+
 }  // namespace
 
 std::vector<uint8_t> serialize(const StepPlan& plan) {
@@ -104,7 +154,7 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
     w.put(p.tokens);
     w.put<uint8_t>(p.sample);
     w.put(p.prefill_len);
-    w.put(p.allowed);
+    put_mask(w, p.allowed);
   }
   return w.take();
 }
@@ -154,7 +204,7 @@ StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
     p.tokens = r.get_vector<int32_t>();
     p.sample = r.get<uint8_t>() != 0;
     p.prefill_len = r.get<int32_t>();
-    p.allowed = r.get_vector<uint64_t>();
+    p.allowed = get_mask(r);
     if (!p.sample && !p.allowed.empty()) {
       throw std::runtime_error("step message: work for sequence " + std::to_string(p.seq) +
                                " carries a mask but samples no token");

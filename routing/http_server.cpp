@@ -459,7 +459,7 @@ net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dial
   ParsedCompletion parsed = parse_completion_request(request.body(), dialect, server_.limits);
   encode_prompt(parsed, server_.tokenizer, server_.chat_template, server_.limits);
   parsed.request.id = make_request_id(dialect);
-  ResponseContext context = make_response_context(parsed, unix_now());
+  ResponseContext context = make_response_context(parsed, server_.chat_template, unix_now());
 
   auto sink = std::make_shared<EventQueueSink>();
   parsed.request.sink = sink;

@@ -15,6 +15,7 @@
 #include "cache/compression_policy.h"
 #include "model/tokenizer.h"
 #include "routing/api_error.h"
+#include "routing/json_fields.h"
 #include "routing/request_fields.h"
 
 namespace strata {
@@ -22,65 +23,7 @@ namespace {
 
 // Ordered: objects keep insertion order, so top_logprobs keeps the most likely token first (clients read the
 // object in order) and responses list their fields as OpenAI does.
-using json = nlohmann::ordered_json;
-
-// ---------------------------------------------------------------------------------------------------------------
-// Reading fields
-
-std::string quoted(const std::string& param) { return "'" + param + "'"; }
-
-// The field's value, or nullptr when it is absent or null (OpenAI clients send null for "not set").
-const json* find_field(const json& object, const char* name) {
-  auto it = object.find(name);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-[[noreturn]] void throw_type(const std::string& param, const char* expected, const json& value) {
-  throw ApiError::invalid_request(
-      param, "invalid type for " + quoted(param) + ": expected " + expected + ", got " + value.type_name());
-}
-
-double read_number(const json& value, const std::string& param) {
-  if (!value.is_number()) throw_type(param, "a number", value);
-  return value.get<double>();
-}
-
-// Integers beyond int64 (only positive ones parse as unsigned) saturate, so that range checks reject them.
-int64_t read_integer(const json& value, const std::string& param) {
-  if (!value.is_number_integer()) throw_type(param, "an integer", value);
-  if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-    return std::numeric_limits<int64_t>::max();
-  }
-  return value.get<int64_t>();
-}
-
-bool read_bool(const json& value, const std::string& param) {
-  if (!value.is_boolean()) throw_type(param, "a boolean", value);
-  return value.get<bool>();
-}
-
-const std::string& read_string(const json& value, const std::string& param) {
-  if (!value.is_string()) throw_type(param, "a string", value);
-  return value.get_ref<const std::string&>();
-}
-
-void check_range(double value, double low, double high, bool low_open, const std::string& param,
-                 const json& given) {
-  bool ok = (low_open ? value > low : value >= low) && value <= high;
-  if (!ok) {
-    char interval[64];
-    std::snprintf(interval, sizeof interval, "%c%g, %g]", low_open ? '(' : '[', low, high);
-    throw ApiError::invalid_request(param, quoted(param) + " must be in " + interval + ", got " + given.dump());
-  }
-}
-
-void check_integer_range(int64_t value, int64_t low, int64_t high, const std::string& param, const json& given) {
-  if (value < low || value > high) {
-    throw ApiError::invalid_request(param, quoted(param) + " must be in [" + std::to_string(low) + ", " +
-                                               std::to_string(high) + "], got " + given.dump());
-  }
-}
+using json = RequestJson;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Request parts
@@ -166,6 +109,56 @@ std::string read_content(const json& message, const std::string& param, const st
   return text;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+std::vector<ToolCall> read_tool_calls(const json& message, const std::string& param) {
+  std::vector<ToolCall> calls;
+  const json* value = find_field(message, "tool_calls");
+  if (!value) return calls;
+  if (!value->is_array()) throw_type(param, "an array", *value);
+  for (size_t j = 0; j < value->size(); ++j) {
+    const json& call = (*value)[j];
+    const std::string call_param = param + "[" + std::to_string(j) + "]";
+    if (!call.is_object()) throw_type(call_param, "an object", call);
+    const json* id = find_field(call, "id");
+    if (!id) throw_required(call_param + ".id");
+    const json* type = find_field(call, "type");
+    if (type && read_string(*type, call_param + ".type") != "function") {
+      throw ApiError::invalid_request(call_param + ".type", quoted(call_param + ".type") + " must be 'function'");
+    }
+    const json* function = find_field(call, "function");
+    if (!function) throw_required(call_param + ".function");
+    if (!function->is_object()) throw_type(call_param + ".function", "an object", *function);
+    const json* name = find_field(*function, "name");
+    if (!name) throw_required(call_param + ".function.name");
+    const json* arguments = find_field(*function, "arguments");
+    if (!arguments) throw_required(call_param + ".function.arguments");
+    calls.push_back(ToolCall{read_string(*id, call_param + ".id"), read_string(*name, call_param + ".function.name"),
+                             read_string(*arguments, call_param + ".function.arguments")});
+  }
+  return calls;
+}
+
+ChatMessage read_message(const json& message, const std::string& param) {
+  if (!message.is_object()) throw_type(param, "an object", message);
+  const json* role = find_field(message, "role");
+  if (!role) throw_required(param + ".role");
+  std::string role_name = read_string(*role, param + ".role");
+  if (role_name == "developer") role_name = "system";  // OpenAI's newer name for the system role
+  if (role_name != "system" && role_name != "user" && role_name != "assistant" && role_name != "tool") {
+    throw ApiError::invalid_request(param + ".role", "role '" + role_name +
+                                                         "' is not supported; use system, user, assistant or tool");
+  }
+  ChatMessage out{role_name, read_content(message, param + ".content", role_name)};
+  if (role_name == "assistant") out.tool_calls = read_tool_calls(message, param + ".tool_calls");
+  if (role_name == "tool") {
+    const json* call_id = find_field(message, "tool_call_id");
+    if (!call_id) throw_required(param + ".tool_call_id");
+    out.tool_call_id = read_string(*call_id, param + ".tool_call_id");
+    if (const json* name = find_field(message, "name")) out.name = read_string(*name, param + ".name");
+  }
+  return out;
+}
+
 void parse_messages(const json& root, ParsedCompletion& parsed) {
   const json* messages = find_field(root, "messages");
   if (!messages) throw ApiError::invalid_request("messages", "'messages' is required");
@@ -173,21 +166,7 @@ void parse_messages(const json& root, ParsedCompletion& parsed) {
   if (messages->empty()) throw ApiError::invalid_request("messages", "'messages' must not be empty");
   std::vector<ChatMessage> out;
   out.reserve(messages->size());
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const json& message = (*messages)[i];
-    std::string param = "messages[" + std::to_string(i) + "]";
-    if (!message.is_object()) throw_type(param, "an object", message);
-    const json* role = find_field(message, "role");
-    if (!role) throw ApiError::invalid_request(param + ".role", quoted(param + ".role") + " is required");
-    std::string role_name = read_string(*role, param + ".role");
-    if (role_name == "developer") role_name = "system";  // OpenAI's newer name for the system role
-    if (role_name != "system" && role_name != "user" && role_name != "assistant") {
-      throw ApiError::invalid_request(param + ".role", "role '" + role_name +
-                                                           "' is not supported; use system, user or assistant");
-    }
-    std::string content = read_content(message, param + ".content", role_name);
-    out.push_back(ChatMessage{std::move(role_name), std::move(content)});
-  }
+  for (size_t i = 0; i < messages->size(); ++i) out.push_back(read_message((*messages)[i], "messages[" + std::to_string(i) + "]"));
   parsed.prompt = std::move(out);
 }
 
@@ -519,6 +498,7 @@ ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dial
   if (dialect == ApiDialect::completions) parse_echo(root, parsed);
   parse_stream(root, parsed);
   parse_kv_compression(root, parsed, limits);
+  parsed.output_format = parse_output_format(root, dialect);
   return parsed;
 }
 
@@ -530,9 +510,13 @@ void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const C
   if (auto* messages = std::get_if<std::vector<ChatMessage>>(&parsed.prompt)) {
     std::string text;
     try {
-      text = chat_template.render(*messages, /*add_generation_prompt=*/true);
+      text = chat_template.render(*messages, parsed.output_format.prompt_tools(), /*add_generation_prompt=*/true);
     } catch (const std::invalid_argument& e) {
-      throw ApiError::invalid_request("messages", e.what());
+      // The templates name the field first ("messages[2].tool_calls[0].function.arguments: not valid JSON").
+      const std::string what = e.what();
+      const size_t colon = what.find(": ");
+      const bool named = colon != std::string::npos && (what.starts_with("messages") || what.starts_with("tools"));
+      throw ApiError::invalid_request(named ? what.substr(0, colon) : "messages", what);
     }
     ids = tokenizer.encode(text, /*parse_special=*/true);
   } else if (auto* text = std::get_if<std::string>(&parsed.prompt)) {
@@ -543,6 +527,7 @@ void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const C
     from_text = false;
     if (parsed.echo) parsed.echo_text = tokenizer.decode(ids, /*skip_special=*/false);
   }
+  parsed.request.grammar = output_grammar(parsed.output_format, chat_template.tool_call_syntax());
   std::optional<int32_t> bos = tokenizer.bos_id();
   if (from_text && tokenizer.add_bos() && bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
 
@@ -577,7 +562,8 @@ std::string make_request_id(ApiDialect dialect) {
   return (dialect == ApiDialect::chat ? "chatcmpl-" : "cmpl-") + std::string(hex);
 }
 
-ResponseContext make_response_context(const ParsedCompletion& parsed, int64_t created) {
+ResponseContext make_response_context(const ParsedCompletion& parsed, const ChatTemplate& chat_template,
+                                      int64_t created) {
   ResponseContext context;
   context.dialect = parsed.dialect;
   context.id = parsed.request.id;
@@ -587,6 +573,11 @@ ResponseContext make_response_context(const ParsedCompletion& parsed, int64_t cr
   context.logprobs = parsed.logprobs;
   context.include_usage = parsed.include_usage;
   context.echo_text = parsed.echo_text;
+  if (parsed.output_format.answers_with_tools()) {
+    std::vector<std::string> names;
+    for (const ToolDefinition& tool : parsed.output_format.prompt_tools()) names.push_back(tool.name);
+    context.tool_calls.emplace(chat_template, std::move(names));
+  }
   return context;
 }
 
@@ -628,16 +619,17 @@ std::string CompletionCollector::body() const {
     const Choice& choice = choices_[i];
     json logprobs = nullptr;
     json out = {{"index", i}};
+    std::string finish_reason = choice.finish_reason;
     if (chat) {
       if (context_.logprobs) logprobs = chat_logprobs_json(choice.logprobs);
-      out["message"] = {{"role", "assistant"}, {"content", choice.text}};
+      out["message"] = message(choice, finish_reason);
     } else {
       size_t text_offset = context_.echo_text.size();
       if (context_.logprobs) logprobs = completion_logprobs_json(choice.logprobs, text_offset);
       out["text"] = context_.echo_text + choice.text;
     }
     out["logprobs"] = std::move(logprobs);
-    out["finish_reason"] = finish_reason_json(choice.finish_reason);
+    out["finish_reason"] = finish_reason_json(finish_reason);
     choices.push_back(std::move(out));
   }
   response["choices"] = std::move(choices);
@@ -645,11 +637,25 @@ std::string CompletionCollector::body() const {
   return dump(response);
 }
 
+// A chat choice's message: its text, or the tool calls it is (finish_reason then becomes "tool_calls"). An answer
+// cut short by the length limit is left as text.
+json CompletionCollector::message(const Choice& choice, std::string& finish_reason) const {
+  if (context_.tool_calls && finish_reason == "stop") {
+    if (auto calls = context_.tool_calls->read(choice.text)) {
+      finish_reason = "tool_calls";
+      return {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", tool_calls_json(*calls, false)}};
+    }
+  }
+  return {{"role", "assistant"}, {"content", choice.text}};
+}
+
 // -----------------------------------------------------------------------------------------------------------------
 // StreamEncoder
 
 StreamEncoder::StreamEncoder(ResponseContext context)
-    : context_(std::move(context)), text_offsets_(size_t(context_.n), context_.echo_text.size()) {}
+    : context_(std::move(context)),
+      text_offsets_(size_t(context_.n), context_.echo_text.size()),
+      held_(context_.tool_calls ? size_t(context_.n) : 0) {}
 
 std::string StreamEncoder::begin() {
   std::string events;
@@ -668,35 +674,21 @@ std::string StreamEncoder::begin() {
 }
 
 std::string StreamEncoder::encode(const GenerationEvent& event) {
-  bool chat = context_.dialect == ApiDialect::chat;
   if (auto* delta = std::get_if<ChoiceDelta>(&event)) {
     check_choice(delta->choice, text_offsets_.size());
-    bool with_logprobs = context_.logprobs && !delta->logprobs.empty();
-    if (delta->text.empty() && !with_logprobs) return "";  // e.g. a token held back mid-character
-    json choice = {{"index", delta->choice}};
-    json logprobs = nullptr;
-    if (chat) {
-      choice["delta"] = {{"content", delta->text}};
-      if (with_logprobs) logprobs = chat_logprobs_json(delta->logprobs);
-    } else {
-      choice["text"] = delta->text;
-      if (with_logprobs) logprobs = completion_logprobs_json(delta->logprobs, text_offsets_[size_t(delta->choice)]);
+    if (context_.tool_calls) {
+      HeldAnswer& held = held_[size_t(delta->choice)];
+      if (held.holding) {
+        held.text += delta->text;
+        held.logprobs.insert(held.logprobs.end(), delta->logprobs.begin(), delta->logprobs.end());
+        return context_.tool_calls->may_become_call(held.text) ? "" : release_held(delta->choice);
+      }
     }
-    choice["logprobs"] = std::move(logprobs);
-    choice["finish_reason"] = nullptr;
-    return chunk_event(context_, std::move(choice));
+    return delta_event(*delta);
   }
   if (auto* finished = std::get_if<ChoiceFinished>(&event)) {
     check_choice(finished->choice, text_offsets_.size());
-    json choice = {{"index", finished->choice}};
-    if (chat) {
-      choice["delta"] = json::object();
-    } else {
-      choice["text"] = "";
-    }
-    choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish_reason_json(finished->finish_reason);
-    return chunk_event(context_, std::move(choice));
+    return finish_event(*finished);
   }
   done_ = true;
   if (auto* request_finished = std::get_if<RequestFinished>(&event)) {
@@ -712,6 +704,62 @@ std::string StreamEncoder::encode(const GenerationEvent& event) {
   const RequestFailed& failed = std::get<RequestFailed>(event);
   ApiError error(failed.http_status, failed.type.empty() ? "server_error" : failed.type, failed.message);
   return sse_event(error.body()).append(kSseDone);
+}
+
+std::string StreamEncoder::delta_event(const ChoiceDelta& delta) {
+  const bool with_logprobs = context_.logprobs && !delta.logprobs.empty();
+  if (delta.text.empty() && !with_logprobs) return "";  // e.g. a token held back mid-character
+  json choice = {{"index", delta.choice}};
+  json logprobs = nullptr;
+  if (context_.dialect == ApiDialect::chat) {
+    choice["delta"] = {{"content", delta.text}};
+    if (with_logprobs) logprobs = chat_logprobs_json(delta.logprobs);
+  } else {
+    choice["text"] = delta.text;
+    if (with_logprobs) logprobs = completion_logprobs_json(delta.logprobs, text_offsets_[size_t(delta.choice)]);
+  }
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = nullptr;
+  return chunk_event(context_, std::move(choice));
+}
+
+// The held text turned out not to be a call: it goes out as content, and the choice streams from here on.
+std::string StreamEncoder::release_held(int choice) {
+  HeldAnswer& held = held_[size_t(choice)];
+  held.holding = false;
+  ChoiceDelta delta{choice, std::move(held.text), {}, std::move(held.logprobs)};
+  return delta_event(delta);
+}
+
+// A choice's last chunk; an answer held back whole that is tool calls goes out as one delta.tool_calls first.
+std::string StreamEncoder::finish_event(const ChoiceFinished& finished) {
+  std::string events;
+  std::string reason = finished.finish_reason;
+  if (context_.tool_calls && held_[size_t(finished.choice)].holding) {
+    HeldAnswer& held = held_[size_t(finished.choice)];
+    std::optional<std::vector<ParsedToolCall>> calls;
+    if (reason == "stop") calls = context_.tool_calls->read(held.text);
+    if (calls) {
+      held.holding = false;
+      reason = "tool_calls";
+      json logprobs = context_.logprobs ? chat_logprobs_json(held.logprobs) : json(nullptr);
+      events += chunk_event(context_, {{"index", finished.choice},
+                                       {"delta", {{"tool_calls", tool_calls_json(*calls, true)}}},
+                                       {"logprobs", std::move(logprobs)},
+                                       {"finish_reason", nullptr}});
+    } else {
+      events += release_held(finished.choice);
+    }
+  }
+  json choice = {{"index", finished.choice}};
+  if (context_.dialect == ApiDialect::chat) {
+    choice["delta"] = json::object();
+  } else {
+    choice["text"] = "";
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason_json(reason);
+  return events + chunk_event(context_, std::move(choice));
 }
 
 }  // namespace strata

@@ -13,6 +13,8 @@
 
 #include "leader/generation.h"
 #include "model/chat_template.h"
+#include "routing/output_format.h"
+#include "routing/tool_call_output.h"
 
 namespace strata {
 
@@ -51,13 +53,15 @@ struct ParsedCompletion {
   bool max_tokens_given = false;
   std::string max_tokens_param;   // "max_tokens" or "max_completion_tokens": the field errors name
   std::string echo_text;          // set by encode_prompt when echo
+  OutputFormat output_format;     // response_format, tools, tool_choice
 };
 
 // Parses and validates a request body. Throws ApiError: 400 naming the field, 404 for a model not served.
 ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dialect, const ProtocolLimits& limits);
 
 // Turns the prompt into token ids (chat: rendered through the template), checks them against the context and
-// fills max_tokens when the request left it out (completions: 16, chat: the rest of the context). Throws ApiError.
+// fills max_tokens when the request left it out (completions: 16, chat: the rest of the context), and compiles the
+// grammar a response_format or a forced tool call decodes under (request.grammar). Throws ApiError.
 void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
                    const ProtocolLimits& limits);
 
@@ -74,9 +78,12 @@ struct ResponseContext {
   bool logprobs = false;
   bool include_usage = false;
   std::string echo_text;      // completions with echo: written before each choice's text
+  std::optional<ToolCallReader> tool_calls;  // chat with tools: answers that are calls come back as tool_calls
 };
 
-ResponseContext make_response_context(const ParsedCompletion& parsed, int64_t created);
+// chat_template: the server's, which parses tool calls (it must outlive the context).
+ResponseContext make_response_context(const ParsedCompletion& parsed, const ChatTemplate& chat_template,
+                                      int64_t created);
 
 // A non-streaming response: collects a request's events, then builds the completion / chat.completion body.
 class CompletionCollector {
@@ -94,6 +101,7 @@ class CompletionCollector {
     std::vector<LogprobEntry> logprobs;
     std::string finish_reason;  // empty: none reported
   };
+  nlohmann::ordered_json message(const Choice& choice, std::string& finish_reason) const;
   ResponseContext context_;
   std::vector<Choice> choices_;
   Usage usage_;
@@ -115,8 +123,19 @@ class StreamEncoder {
   bool done() const { return done_; }
 
  private:
+  // A chat choice's text held back while it may become a tool call (ResponseContext::tool_calls).
+  struct HeldAnswer {
+    bool holding = true;
+    std::string text;
+    std::vector<LogprobEntry> logprobs;
+  };
+  std::string delta_event(const ChoiceDelta& delta);
+  std::string finish_event(const ChoiceFinished& finished);
+  std::string release_held(int choice);
+
   ResponseContext context_;
   std::vector<size_t> text_offsets_;  // per choice: bytes of token text so far (completions' text_offset)
+  std::vector<HeldAnswer> held_;      // per choice, when the answer may be tool calls
   bool done_ = false;
 };
 

@@ -16,9 +16,10 @@ using json = nlohmann::ordered_json;
 // user for the operator's logs; it changes nothing in the output, as in the OpenAI API.
 constexpr std::array kCommon = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
                                 "logprobs", "stop", "presence_penalty", "frequency_penalty", "seed", "logit_bias",
-                                "user", "top_k", "min_p", "ignore_eos", "kv_compression"};
+                                "user", "top_k", "min_p", "ignore_eos", "kv_compression", "response_format"};
 constexpr std::array kCompletionsOnly = {"prompt", "echo"};
-constexpr std::array kChatOnly = {"messages", "max_completion_tokens", "top_logprobs"};
+constexpr std::array kChatOnly = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                                  "parallel_tool_calls"};
 
 // Fields of the OpenAI API that Strata does not implement, with the value that asks for nothing where there is one.
 struct UnimplementedField {
@@ -29,12 +30,8 @@ struct UnimplementedField {
 constexpr std::array kUnimplemented = {
     UnimplementedField{"suffix", false, "insertion is not implemented"},
     UnimplementedField{"best_of", false, "only 1 is accepted ('n' asks for several choices)"},
-    UnimplementedField{"response_format", true, "only {\"type\": \"text\"} is accepted"},
-    UnimplementedField{"tools", true, "tool calls are not implemented"},
-    UnimplementedField{"tool_choice", true, "only 'none' is accepted (tool calls are not implemented)"},
-    UnimplementedField{"parallel_tool_calls", true, "tool calls are not implemented"},
-    UnimplementedField{"functions", true, "function calls are not implemented"},
-    UnimplementedField{"function_call", true, "only 'none' is accepted (function calls are not implemented)"},
+    UnimplementedField{"functions", true, "the deprecated functions are not implemented: use 'tools'"},
+    UnimplementedField{"function_call", true, "only 'none' is accepted (the deprecated form of 'tool_choice')"},
     UnimplementedField{"audio", true, "audio output is not implemented"},
     UnimplementedField{"modalities", true, "only [\"text\"] is accepted"},
     UnimplementedField{"prediction", true, "predicted outputs are not implemented"},
@@ -53,9 +50,8 @@ bool asks_for_nothing(std::string_view name, const json& value) {
   if (value.is_null()) return true;
   if (name == "best_of") return value == 1;
   if (name == "suffix") return value == "";
-  if (name == "response_format") return value.is_object() && value.size() == 1 && value.value("type", "") == "text";
-  if (name == "tools" || name == "functions") return value.is_array() && value.empty();
-  if (name == "tool_choice" || name == "function_call") return value == "none";
+  if (name == "functions") return value.is_array() && value.empty();
+  if (name == "function_call") return value == "none";
   if (name == "store") return value == false;
   if (name == "modalities") return value == json::array({"text"});
   if (name == "service_tier") return value == "auto" || value == "default";

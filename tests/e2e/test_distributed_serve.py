@@ -3,12 +3,14 @@
 - a TP=3 x PP=2 world answers greedy completions with the reference tokens (transformers' greedy continuation,
   tests/fixtures/reference), serves concurrent streams, and exports the per-layer KV gauges of all six ranks on the
   leader's /metrics with their pp_stage and tp_rank labels;
+- structured output in that world: a schema's document is the one a single process writes;
 - prefix caching in that world: a document's second question starts from the blocks its first one published on
   every rank, and is answered with the tokens one process without the cache generates, with `full` and with
   PyramidKV (which starts from copies);
 - a rank that dies (SIGKILL) or stops answering (SIGSTOP) mid-request: the client gets an error, and every process
   of the world is gone within FAILURE_BOUND_S, with a message naming the rank.
 """
+import json
 import os
 import signal
 import subprocess
@@ -148,6 +150,31 @@ def test_concurrent_streams_each_get_what_they_get_alone(world):
                for p in prompts]
     together = ["".join(chunk.choices[0].text for chunk in s if chunk.choices) for s in streams]
     assert together == alone
+
+
+def test_a_schema_in_a_world_answers_what_one_process_answers(world, client):
+    """Structured output under TP x PP: the leader computes each step's token mask and sends it with the plan
+    (docs/decisions.md [structured-output]); the last stage's ranks sample under it. Greedy, the world writes the
+    document one process writes, up to a near-tie of the two best allowed tokens."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "population": {"type": "integer", "minimum": 0}},
+              "required": ["city", "population"]}
+    request = {"messages": [{"role": "user", "content": "The largest city of France, as JSON."}], "max_tokens": 60,
+               "temperature": 0, "logprobs": True, "top_logprobs": 2,
+               "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}}
+    world_client = openai.OpenAI(base_url=f"{world.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    model = world_client.models.list().data[0].id
+    in_world = world_client.chat.completions.create(model=model, **request).choices[0]
+    alone = client.chat.completions.create(model=model, **request).choices[0]
+    assert in_world.finish_reason == "stop"
+    document = json.loads(in_world.message.content)
+    assert set(document) == {"city", "population"}
+    for step, (w, a) in enumerate(zip(in_world.logprobs.content, alone.logprobs.content)):
+        if w.token != a.token:
+            margin = a.top_logprobs[0].logprob - a.top_logprobs[1].logprob
+            assert margin < 1e-3, f"step {step}: {w.token!r} in the world, {a.token!r} alone (margin {margin:.3g})"
+            return
+    assert in_world.message.content == alone.message.content
 
 
 def test_metrics_carry_every_rank_and_kv_state_every_layer(world):

@@ -1,8 +1,8 @@
 """Every request field is answered honestly, through the real server:
 - logit_bias acts on both endpoints: -100 on the greedy first token makes the model choose another, +100 on a token
   makes it the first one, and the logprobs reported are those of the biased distribution;
-- response_format other than text, tools, tool_choice other than none, and any other OpenAI field Strata does not
-  implement get 400 naming the field; a field unknown to the OpenAI API gets 400 too, unless the server was started
+- the deprecated functions and function_call, tools outside chat, and any other OpenAI field Strata does not
+  implement get 400 naming the field (response_format, tools and tool_choice: test_structured_output.py); a field unknown to the OpenAI API gets 400 too, unless the server was started
   with server.ignore_unknown_fields;
 - a kv_compression valid in itself that this server cannot run (pod without kv_cache.pod_blocks) gets 400 naming
   kv_compression.policy before it is queued, instead of failing in the engine."""
@@ -59,10 +59,9 @@ def test_logit_bias_on_chat(server, model_name):
 
 
 @pytest.mark.parametrize("path,field,value", [
-    (CHAT, "response_format", {"type": "json_object"}),
-    (CHAT, "response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    (CHAT, "tools", [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]),
-    (CHAT, "tool_choice", "required"),
+    (CHAT, "functions", [{"name": "get_weather", "parameters": {}}]),
+    (CHAT, "function_call", "auto"),
+    (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]),
     (CHAT, "store", True),
     (CHAT, "audio", {"voice": "alloy", "format": "wav"}),
     (COMPLETIONS, "best_of", 2),
@@ -91,8 +90,8 @@ def test_the_operator_may_ignore_unknown_fields(model_name):
         assert post(lenient.base_url, COMPLETIONS, body).status_code == 200
         # OpenAI fields that Strata does not implement are still refused.
         body = {"model": model_name, "messages": [{"role": "user", "content": "hi"}],
-                "response_format": {"type": "json_object"}}
-        assert error_of(post(lenient.base_url, CHAT, body), 400)["param"] == "response_format"
+                "functions": [{"name": "f"}]}
+        assert error_of(post(lenient.base_url, CHAT, body), 400)["param"] == "functions"
     finally:
         lenient.stop()
 

@@ -67,8 +67,8 @@ TEST(RetrievalTask, TheNeedleSitsAtTheAskedDepthAndTheQuestionAtTheEnd) {
       const int filler = tokens(p.text) - tokens(p.needle) - tokens(p.question);
       const double tolerance = 120.0 / double(filler);
       EXPECT_NEAR(double(before) / double(filler), depth, tolerance);
-      if (depth == 0.0) EXPECT_EQ(at, 0u);  // the prompt starts with the needle
-      if (depth == 1.0) EXPECT_EQ(at + p.needle.size() + p.question.size(), p.text.size());
+      if (depth == 0.0) { EXPECT_EQ(at, 0u); }  // the prompt starts with the needle
+      if (depth == 1.0) { EXPECT_EQ(at + p.needle.size() + p.question.size(), p.text.size()); }
     }
   }
 }

@@ -67,11 +67,14 @@ def step_plan():
     policy = b"\1" + wire_string("snapkv") + struct.pack("<I", 1) + wire_string("budget") + wire_string("64")
     added = struct.pack("<q", 3) + sampling + struct.pack("<Q", 42) + policy + struct.pack("<i", 5)
     started = struct.pack("<q", 3) + wire_vector("Q", [11, 12]) + struct.pack("<iB", 5, 0)
-    mask = wire_vector("Q", [0xFFFF0000FFFF0001, 0x1])  # the tokens this work may sample
-    work = struct.pack("<qi", 3, 0) + wire_vector("i", [1, 2, 3, 4, 5]) + struct.pack("<Bi", 1, 5) + mask
+    # The tokens a work item may sample, in two of the wire's forms: the bitset, and the list of allowed ids.
+    bits = b"\1" + wire_vector("Q", [0xFFFF0000FFFF0001, 0x1])
+    allowed = b"\2" + struct.pack("<I", 2) + wire_vector("i", [3, 70])
+    work = (struct.pack("<qi", 3, 0) + wire_vector("i", [1, 2, 3, 4, 5]) + struct.pack("<Bi", 1, 5) + bits
+            + struct.pack("<qi", 4, 9) + wire_vector("i", [6]) + struct.pack("<Bi", 1, 0) + allowed)
     return (struct.pack("<IQBB", 0x4E4C5053, 7, 0, 1) + struct.pack("<I", 1) + added + wire_vector("q", [1])
             + wire_vector("q", [2]) + wire_vector("Q", [99]) + struct.pack("<I", 1) + started
-            + struct.pack("<I", 1) + struct.pack("<qiQ", 3, 0, 12345) + struct.pack("<I", 1) + work)
+            + struct.pack("<I", 1) + struct.pack("<qiQ", 3, 0, 12345) + struct.pack("<I", 2) + work)
 
 
 def step_result():
@@ -104,6 +107,18 @@ CHAT = json.dumps({"model": "SmolLM2-135M-Instruct", "messages": [{"role": "syst
                    "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2}).encode()
 TOKENS = json.dumps({"prompt": [1, 2, 3], "max_tokens": 2, "stop": ["\n"], "seed": 5,
                      "kv_compression": {"policy": "pyramidkv", "budget": "20%"}}).encode()
+CHAT_TOOLS = json.dumps({"messages": [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}, {"role": "user", "content": "And Rome?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+    "tool_choice": "required", "max_tokens": 16}).encode()
+CHAT_SCHEMA = json.dumps({"messages": [{"role": "user", "content": "A person."}], "max_tokens": 16, "stream": True,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True,
+                              "schema": {"type": "object", "properties": {"age": {"type": "integer", "maximum": 9}},
+                                         "required": ["age"]}}}}).encode()
 
 SEEDS = {
     "gguf_fuzz": {"header_only": tiny_gguf(False), "one_tensor": tiny_gguf(True)},
@@ -118,7 +133,8 @@ SEEDS = {
     "chat_template_fuzz": {"chat": b"\x04system\x1fBe brief.\x1euser\x1fHi\x1eassistant\x1fHello\x1euser\x1fBye",
                            "llama3": b"\x0duser\x1f  padded  \x1eassistant\x1fok",
                            "mistral_jinja": b"\x02{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"},
-    "openai_request_fuzz": {"completion": b"\0" + COMPLETION, "chat": b"\1" + CHAT, "token_ids": b"\2" + TOKENS},
+    "openai_request_fuzz": {"completion": b"\0" + COMPLETION, "chat": b"\1" + CHAT, "token_ids": b"\2" + TOKENS,
+                            "chat_tools": b"\1" + CHAT_TOOLS, "chat_schema": b"\1" + CHAT_SCHEMA},
     "http_session_fuzz": {
         "completion": http_request("POST", "/v1/completions", COMPLETION),
         "chat_stream": http_request("POST", "/v1/chat/completions", CHAT),
@@ -126,6 +142,16 @@ SEEDS = {
                           + http_request("GET", "/metrics", headers="Connection: close\r\n"),
         "http10_stream": http_request("POST", "/v1/chat/completions", CHAT).replace(b"HTTP/1.1", b"HTTP/1.0", 1),
         "expect_continue": http_request("POST", "/v1/completions", TOKENS, "Expect: 100-continue\r\n"),
+    },
+    "json_schema_fuzz": {
+        "person": b"\0" + json.dumps({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 8, "pattern": "^[A-Z][a-z]+$"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", 3, None]}, "minItems": 1, "maxItems": 3}},
+            "required": ["name"]}).encode(),
+        "any_of": b"\1" + json.dumps({"anyOf": [{"type": "number", "exclusiveMinimum": -1.5, "maximum": 2.25},
+                                                 {"const": {"k": [True, "x"]}}, {"type": ["null", "boolean"]}]}).encode(),
+        "json_object": b"\2" + json.dumps({"type": "object"}).encode(),
     },
     "step_plan_fuzz": {"plan": step_plan(), "result": step_result()},
     "rank_report_fuzz": {"report": rank_report()},

@@ -47,7 +47,7 @@ void check_accepted(const strata::ParsedCompletion& parsed, const strata::Protoc
 
 // The response bodies: one JSON document, or server-sent events of JSON documents ending in [DONE].
 void check_responses(const strata::ParsedCompletion& parsed) {
-  const strata::ResponseContext context = strata::make_response_context(parsed, 1700000000);
+  const strata::ResponseContext context = strata::make_response_context(parsed, strata::fuzz::smollm2_chat_template(), 1700000000);
   strata::CompletionCollector collector(context);
   strata::StreamEncoder encoder(context);
   std::string events = encoder.begin();

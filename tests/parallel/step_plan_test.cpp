@@ -258,6 +258,25 @@ TEST(StepPlan, AMaskOnWorkThatSamplesNothingIsRejected) {
   }
 }
 
+// A mask travels as its bitset, its allowed ids or its refused ids, whichever is shortest, and comes back the same.
+TEST(StepPlan, MasksTravelInTheirShortestForm) {
+  constexpr size_t kWords = 768;  // SmolLM2's 49,152 tokens
+  std::vector<uint64_t> one_token(kWords, 0), all_but_two(kWords, ~uint64_t{0}), half(kWords, 0x5555555555555555ULL);
+  one_token[100] = uint64_t{1} << 7;
+  all_but_two[0] &= ~uint64_t{1};
+  all_but_two[767] &= ~(uint64_t{1} << 63);
+  for (const auto& [mask, most_bytes] : {std::pair{one_token, size_t(16)}, std::pair{all_but_two, size_t(20)},
+                                         std::pair{half, kWords * 8 + 8}}) {
+    StepPlan plan;
+    plan.work.push_back(PlannedWork{7, 3, {5}, true, 0, mask});
+    const std::vector<uint8_t> bytes = serialize(plan);
+    plan.work[0].allowed.clear();
+    const size_t without = serialize(plan).size();
+    EXPECT_LE(bytes.size() - without, most_bytes);
+    EXPECT_EQ(deserialize_step_plan(bytes).work[0].allowed, mask);
+  }
+}
+
 TEST(StepResult, RoundTripWithEveryFieldSet) {
   const StepResult r = full_result();
   const StepResult back = deserialize_step_result(serialize(r));

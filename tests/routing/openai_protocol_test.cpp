@@ -158,13 +158,14 @@ TEST(OpenAiProtocol, UnknownFieldsAreRefusedUnlessTheOperatorIgnoresThem) {
   lenient.ignore_unknown_fields = true;
   EXPECT_NO_THROW(parse_completion_request(body.dump(), ApiDialect::completions, lenient));
   // Fields the OpenAI API has and Strata does not implement are refused even then.
-  const json tools = with(kChat, {{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}});
-  EXPECT_EQ(error_of([&] { parse_completion_request(tools.dump(), ApiDialect::chat, lenient); }).param(), "tools");
+  const json functions = with(kChat, {{"functions", {{{"name", "f"}}}}});
+  EXPECT_EQ(error_of([&] { parse_completion_request(functions.dump(), ApiDialect::chat, lenient); }).param(),
+            "functions");
 }
 
 TEST(OpenAiProtocol, UnimplementedFieldsAreRefusedUnlessTheyAskForNothing) {
-  expect_bad_chat(with(kChat, {{"response_format", {{"type", "json_object"}}}}), "response_format");
-  expect_bad_chat(with(kChat, {{"tool_choice", "auto"}}), "tool_choice");
+  expect_bad_chat(with(kChat, {{"function_call", "auto"}}), "function_call");
+  expect_bad_chat(with(kChat, {{"tool_choice", "auto"}}), "tool_choice");  // implemented, but no tools are offered
   expect_bad_chat(with(kChat, {{"store", true}}), "store");
   expect_bad_chat(with(kChat, {{"modalities", {"text", "audio"}}}), "modalities");
   expect_bad(with(kCompletion, {{"best_of", 3}}), "best_of");
@@ -176,7 +177,7 @@ TEST(OpenAiProtocol, UnimplementedFieldsAreRefusedUnlessTheyAskForNothing) {
                                           {"modalities", {"text"}},
                                           {"service_tier", "auto"}})));
   EXPECT_NO_THROW(parse(with(kCompletion, {{"best_of", 1}, {"suffix", ""}})));
-  const ApiError e = error_of([&] { parse_chat(with(kChat, {{"response_format", {{"type", "json_schema"}}}})); });
+  const ApiError e = error_of([&] { parse_chat(with(kChat, {{"functions", {{{"name", "f"}}}}})); });
   EXPECT_NE(std::string(e.what()).find("not supported"), std::string::npos) << e.what();
 }
 
@@ -276,6 +277,8 @@ TEST(OpenAiProtocol, ChatMessageErrors) {
   expect_bad_chat(with(kChat, {{"messages", {"hi"}}}), "messages[0]");
   expect_bad_chat(with(kChat, {{"messages", {{{"content", "x"}}}}}), "messages[0].role");
   expect_bad_chat(with(kChat, {{"messages", {{{"role", "user"}, {"content", "x"}}, {{"role", "tool"}, {"content", "x"}}}}}),
+                  "messages[1].tool_call_id");
+  expect_bad_chat(with(kChat, {{"messages", {{{"role", "user"}, {"content", "x"}}, {{"role", "robot"}, {"content", "x"}}}}}),
                   "messages[1].role");
   expect_bad_chat(with(kChat, {{"messages", {{{"role", 1}, {"content", "x"}}}}}), "messages[0].role");
   expect_bad_chat(with(kChat, {{"messages", {{{"role", "user"}}}}}), "messages[0].content");
