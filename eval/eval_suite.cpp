@@ -46,6 +46,15 @@ std::string case_spec(const EvalCase& c, int prompt_len) {
   return c.policy + ":budget=" + c.budget;
 }
 
+EvalCase with_budget_of(const EvalCase& c, int length) {
+  if (c.budget.empty() || c.budget.back() != '%') return c;
+  PolicySpec probe;
+  probe.params["budget"] = c.budget;
+  EvalCase out = c;
+  out.budget = std::to_string(ParamReader(probe).get_budget("budget", Budget{}).resolve(length));
+  return out;
+}
+
 double EvalMemory::ratio() const {
   const int64_t held = std::accumulate(bytes.begin(), bytes.end(), int64_t(0));
   const int64_t full = std::accumulate(uncompressed_bytes.begin(), uncompressed_bytes.end(), int64_t(0));
@@ -118,7 +127,10 @@ struct EvalSuite::CaseJobs {
 EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
   CaseJobs j;
   auto add = [&](EvalJob job, CaseJobs::Tag tag) {
-    job.policy = case_spec(c, int(job.prompt.size()));
+    const int prompt_len = int(job.prompt.size());
+    job.policy = tag.kind == CaseJobs::Tag::long_generation
+                     ? case_spec(with_budget_of(c, prompt_len + int(job.forced.size())), prompt_len)
+                     : case_spec(c, prompt_len);
     j.jobs.push_back(std::move(job));
     j.tags.push_back(tag);
   };

@@ -56,6 +56,10 @@ struct EvalCase {
 
 // The policy spec a case uses for a prompt of prompt_len tokens (budgets become each policy's parameters).
 std::string case_spec(const EvalCase& c, int prompt_len);
+// The case with a percent budget made a token count of `length` tokens (unchanged otherwise). A long-generation
+// job's budget is a share of its final length, prompt and scored tokens: a share of its short prompt would leave
+// the policies that evict while decoding a few tokens for a thousand steps.
+EvalCase with_budget_of(const EvalCase& c, int length);
 
 // What every layer held, summed over the jobs of a case, and per layer for its longest prompt.
 struct EvalMemory {

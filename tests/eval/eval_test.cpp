@@ -76,6 +76,10 @@ TEST(EvalScoring, HandComputedCases) {
   EXPECT_EQ(case_spec({"d2o", "128", "f32"}, 1000), "d2o:hh_ratio=0.064000,recent_ratio=0.064000");
   EXPECT_EQ(case_spec({"spindlekv", "20%", "f32"}, 1000), "spindlekv:ratio=0.200000");
   EXPECT_EQ(case_spec({"pod", "64", "f32"}, 1000), "pod:recent=48");
+  // A long generation's percent budget: a share of its final length, as a token count.
+  EXPECT_EQ(with_budget_of({"streaming", "10%", "f32"}, 1152).budget, "116");
+  EXPECT_EQ(with_budget_of({"h2o", "128", "int4"}, 1152).budget, "128");
+  EXPECT_EQ(case_spec(with_budget_of({"h2o", "10%", "f32"}, 1152), 128), "h2o:budget=116");
   EXPECT_EQ(case_spec({"simlayerkv+snapkv", "10%", "f32"}, 1000),
             "simlayerkv:strategy=prefill,window=96,kept=snapkv,kept_budget=10%");
 }
