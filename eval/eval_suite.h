@@ -25,7 +25,7 @@ struct EvalSettings {
   std::vector<std::string> quantized_policies = {"simlayerkv"};
   std::vector<std::string> quantized_dtypes = {"int4"};
   std::vector<std::string> documents;           // empty: every document of <data_dir>/documents.txt
-  std::vector<int> perplexity_prefixes = {2048, 4096, 8000};
+  std::vector<int> perplexity_prefixes = {2048, 4096, 7936};  // 7,936 + 256 scored tokens: the 8,192 of SmolLM2
   int perplexity_tokens = 256;
   // Long generation: a short prompt of each of the first long_documents documents, then long_tokens scored one by
   // one, so that the policies that evict while decoding (rolling StreamingLLM, per-step H2O, D2O) are measured
