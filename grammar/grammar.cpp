@@ -1,5 +1,6 @@
 #include "grammar/grammar.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace strata::grammar {
@@ -19,6 +20,50 @@ ByteSet ByteSet::range(uint8_t first, uint8_t last) {
 void ByteSet::add_range(uint8_t first, uint8_t last) {
   for (unsigned byte = first; byte <= last; ++byte) add(static_cast<uint8_t>(byte));
 }
+
+namespace {
+
+uint32_t saturated(uint64_t bytes) { return static_cast<uint32_t>(std::min<uint64_t>(bytes, kUnbounded)); }
+
+// A node's fewest bytes given its children's current values.
+uint32_t node_min_bytes(const GrammarNode& node, const std::vector<uint32_t>& min_bytes) {
+  switch (node.kind) {
+    case NodeKind::bytes: return 1;
+    case NodeKind::literal: return static_cast<uint32_t>(node.text.size());
+    case NodeKind::repeat:
+      return node.min_count == 0 ? 0 : saturated(uint64_t{node.min_count} * min_bytes[node.children[0]]);
+    case NodeKind::choice: {
+      uint32_t fewest = kUnbounded;
+      for (uint32_t child : node.children) fewest = std::min(fewest, min_bytes[child]);
+      return fewest;
+    }
+    case NodeKind::sequence: {
+      uint64_t total = 0;
+      for (uint32_t child : node.children) total += min_bytes[child];
+      return saturated(total);
+    }
+  }
+  return kUnbounded;
+}
+
+// Shortest matches over a possibly recursive graph: values only fall from "none" until nothing changes (children
+// mostly come before their parents, so few passes are needed).
+std::vector<uint32_t> shortest_matches(const std::vector<GrammarNode>& nodes) {
+  std::vector<uint32_t> min_bytes(nodes.size(), kUnbounded);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t id = 0; id < nodes.size(); ++id) {
+      const uint32_t fewest = node_min_bytes(nodes[id], min_bytes);
+      if (fewest < min_bytes[id]) min_bytes[id] = fewest, changed = true;
+    }
+  }
+  return min_bytes;
+}
+
+}  // namespace
+
+Grammar::Grammar(std::vector<GrammarNode> nodes, uint32_t root)
+    : nodes_(std::move(nodes)), root_(root), min_bytes_(shortest_matches(nodes_)) {}
 
 uint32_t GrammarBuilder::add(GrammarNode node) {
   nodes_.push_back(std::move(node));

@@ -59,14 +59,18 @@ struct GrammarNode {
 
 class Grammar {
  public:
-  Grammar(std::vector<GrammarNode> nodes, uint32_t root) : nodes_(std::move(nodes)), root_(root) {}
+  Grammar(std::vector<GrammarNode> nodes, uint32_t root);
   const GrammarNode& node(uint32_t id) const { return nodes_[id]; }
   uint32_t root() const { return root_; }
   size_t size() const { return nodes_.size(); }
+  // The fewest bytes that node `id` matches (kUnbounded when it matches nothing): how far apart a repeat's
+  // iterations are at least (GrammarAutomaton::mask_key).
+  uint32_t min_bytes(uint32_t id) const { return min_bytes_[id]; }
 
  private:
   std::vector<GrammarNode> nodes_;
   uint32_t root_;
+  std::vector<uint32_t> min_bytes_;
 };
 
 // Builds a Grammar node by node. `reserve()` + `define()` make recursive rules. The helpers fold trivial cases

@@ -67,6 +67,65 @@ void GrammarAutomaton::expand_repeat(const Frame& top, const GrammarNode& node, 
   expand(frame(node.children[0], 0, rest), out, depth + 1);
 }
 
+namespace {
+
+uint32_t saturated(uint64_t value) { return static_cast<uint32_t>(std::min<uint64_t>(value, kUnbounded)); }
+
+struct CanonicalCount {
+  uint32_t count, horizon;
+};
+
+// A repeat count's canonical count, and for how many bytes it passes the same bound checks as `count`; the count
+// itself when that is fewer than min_horizon bytes. The iteration under way ends after a byte at the earliest and
+// each further one takes child_bytes or more, so within h bytes only the counts count .. count + (h - 1) /
+// child_bytes meet the bounds.
+CanonicalCount canonical_count(const GrammarNode& repeat, uint32_t child_bytes, uint32_t count, uint32_t min_horizon) {
+  const uint64_t spacing = std::max(child_bytes, 1u);
+  CanonicalCount canonical{count, kUnbounded};
+  if (count >= repeat.min_count) {  // may end; may go on until the maximum is near
+    if (count != repeat.min_count && repeat.max_count != kUnbounded) {
+      canonical = {repeat.min_count, saturated((repeat.max_count - count) * spacing)};
+    }
+  } else if (count != 0) {  // may not end yet, may go on
+    canonical = {0, saturated((repeat.min_count - count) * spacing)};
+  }
+  return canonical.horizon >= min_horizon ? canonical : CanonicalCount{count, kUnbounded};
+}
+
+}  // namespace
+
+GrammarAutomaton::MaskKey GrammarAutomaton::mask_key(StateId state, uint32_t min_horizon) {
+  Closure key;
+  key.complete = states_[state].complete;
+  uint32_t horizon = kUnbounded;
+  for (uint32_t stack : states_[state].stacks) {
+    auto [canonical, stack_horizon] = canonical_stack(stack, min_horizon);
+    key.stacks.push_back(canonical);
+    horizon = std::min(horizon, stack_horizon);
+  }
+  return {intern(std::move(key)), horizon};
+}
+
+// Rebuilds the stack bottom-up: frames below the first changed count are kept, the ones above get new parents.
+std::pair<uint32_t, uint32_t> GrammarAutomaton::canonical_stack(uint32_t stack, uint32_t min_horizon) {
+  std::vector<uint32_t> chain;  // the stack's frames, top first
+  for (uint32_t id = stack; id != kNoFrame; id = frames_[id].parent) chain.push_back(id);
+  uint32_t rebuilt = kNoFrame, horizon = kUnbounded;
+  bool changed = false;
+  for (auto id = chain.rbegin(); id != chain.rend(); ++id) {
+    const Frame old = frames_[*id];
+    const GrammarNode& node = grammar_->node(old.node);
+    CanonicalCount position{old.position, kUnbounded};
+    if (node.kind == NodeKind::repeat) {
+      position = canonical_count(node, grammar_->min_bytes(node.children[0]), old.position, min_horizon);
+    }
+    changed |= position.count != old.position;
+    rebuilt = changed ? frame(old.node, position.count, rebuilt) : *id;
+    horizon = std::min(horizon, position.horizon);
+  }
+  return {rebuilt, horizon};
+}
+
 StateId GrammarAutomaton::intern(Closure closure) {
   std::vector<uint32_t>& key = closure.stacks;
   std::sort(key.begin(), key.end());

@@ -11,6 +11,8 @@
 //
 // Repeat counters above the repeat's minimum are clamped when the repeat is unbounded, so that the state inside a
 // long free string or array does not change from one character to the next (the token mask cache then hits).
+// A bounded repeat (maxLength, maxItems, digit caps) keeps its count, so its state does change; mask_key()
+// gives the token masker a key that is the same for the counts that behave alike over the next bytes.
 //
 // Not thread-safe: one automaton per request (or per thread). The Grammar it reads is immutable and shared.
 #include <array>
@@ -18,6 +20,7 @@
 #include <memory>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -41,6 +44,19 @@ class GrammarAutomaton {
   bool is_complete(StateId state) const { return states_[state].complete; }
   // Some byte may still follow (false only once the document is complete and nothing can extend it).
   bool can_continue(StateId state) const { return !states_[state].stacks.empty(); }
+  // The token masker's key of a state: the state with bounded repeat counts (in every frame of every stack)
+  // replaced by their canonical count (the minimum when ending is allowed, else 0), and the horizon: the number of
+  // bytes over which the key accepts exactly what the state accepts (kUnbounded: any). Each iteration consumes a
+  // byte (GrammarBuilder::finish; Grammar::min_bytes of the child, when more), so from count c only the counts
+  // c .. c + k - 1 meet the bounds within (k - 1) * min_bytes + 1 bytes: until then every count >= min passes
+  // the same checks (may end, may go on), and so does every count < min (may not end, may go on). A count is
+  // replaced only where that holds for min_horizon bytes or more. The complete flag is kept. Frames are
+  // independent, so nested repeats are canonicalised alike.
+  struct MaskKey {
+    StateId state;
+    uint32_t horizon;
+  };
+  MaskKey mask_key(StateId state, uint32_t min_horizon);
   size_t state_count() const { return states_.size(); }
   size_t frame_count() const { return frames_.size(); }
   const Grammar& grammar() const { return *grammar_; }
@@ -75,6 +91,7 @@ class GrammarAutomaton {
   uint32_t frame(uint32_t node, uint32_t position, uint32_t parent);
   void expand(uint32_t stack, Closure& out, int depth);
   void expand_repeat(const Frame& top, const GrammarNode& node, Closure& out, int depth);
+  std::pair<uint32_t, uint32_t> canonical_stack(uint32_t stack, uint32_t min_horizon);  // the stack's key and horizon
   StateId intern(Closure closure);
   StateId compute_step(StateId state, uint8_t byte);
   std::array<StateId, 256>& transitions(StateId state);

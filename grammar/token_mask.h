@@ -8,9 +8,17 @@
 // subtree below a byte the grammar refuses. A token's bytes may cross any number of grammar terminals (`{"a":`)
 // and may end inside a UTF-8 character: matching is byte by byte.
 //
-// TokenMasker (one per request, like the automaton it advances) caches the mask of every parser state it was
-// asked about, so a state met again (inside a long free string, the same point of a repeated array item) costs
-// nothing.
+// TokenMasker (one per request, like the automaton it advances) caches masks, so a state met again (inside a long
+// free string, the same point of a repeated array item) costs nothing. A bounded repeat (a string with maxLength,
+// maxItems, digit caps) changes the state with every iteration, so masks are cached under mask keys instead
+// (GrammarAutomaton::mask_key: the state with canonical repeat counts, which accepts what the state accepts over
+// the next `horizon` bytes). A state's exact key canonicalises the counts whose horizon covers the longest token:
+// its mask is the state's, and it is what the cache is indexed by. Its coarse key canonicalises every count, with
+// a shorter horizon: the exact key's mask is the coarse key's for the tokens within that horizon, plus the longer
+// tokens walked from the exact key (a walk that skips every subtree without such a token, and that the state cuts
+// short when a bound is near). So inside a `maxLength: 80` string all counts share the coarse key's mask, the
+// counts far from 80 walk only their few longest tokens, and the exact keys of the same count in sibling array
+// items are the same state.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -36,6 +44,8 @@ class VocabularyTrie {
 
  private:
   friend class TokenMasker;
+  void index_lengths();
+
   int32_t vocab_size_;
   std::vector<std::string> tokens_;
   // Node i (pre-order; 0 is the root): its byte, depth, the end of its subtree, and the tokens that end there
@@ -45,7 +55,11 @@ class VocabularyTrie {
   std::vector<uint32_t> subtree_end_;
   std::vector<uint32_t> token_begin_;
   std::vector<int32_t> token_ids_;
+  std::vector<uint16_t> longest_below_;  // by node: the longest token in its subtree
   size_t max_depth_ = 0;
+  // Bit sets of the tokens of at most h bytes: no_longer_than_[length_class_[h]], one per distinct token length.
+  std::vector<TokenMask> no_longer_than_;
+  std::vector<uint32_t> length_class_;
 };
 
 class TokenMasker {
@@ -61,16 +75,23 @@ class TokenMasker {
   GrammarAutomaton& automaton() { return *automaton_; }
   const VocabularyTrie& vocabulary() const { return *vocabulary_; }
   size_t cached_masks() const { return cache_.size(); }
+  size_t whole_walks() const { return whole_walks_; }  // masks computed over the whole trie (the costly kind)
 
-  static constexpr size_t kMaxCachedMasks = 1024;  // then the cache starts afresh (~6 MiB at 49,152 tokens)
+  // Then the cache starts afresh. Every constrained choice holds one: 256 masks are 1.5 MiB at 49,152 tokens.
+  static constexpr size_t kMaxCachedMasks = 256;
 
  private:
-  void compute(StateId state, TokenMask& mask);
+  StateId exact_key(StateId state);
+  const TokenMask& whole_walk_mask(StateId state);
+  void walk_longer_than(StateId state, size_t bytes, TokenMask& mask);
+  void set_end_tokens(StateId state, TokenMask& mask) const;
 
   std::shared_ptr<const VocabularyTrie> vocabulary_;
   std::shared_ptr<GrammarAutomaton> automaton_;
   std::vector<int32_t> end_tokens_;
-  std::unordered_map<StateId, TokenMask> cache_;
+  std::unordered_map<StateId, TokenMask> cache_;  // by key (exact and coarse)
+  std::vector<StateId> exact_keys_;               // by state; kDeadState until asked
+  size_t whole_walks_ = 0;
   std::vector<StateId> state_at_depth_;
 };
 
