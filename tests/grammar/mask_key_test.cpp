@@ -53,28 +53,6 @@ int32_t first_difference(const TokenMask& a, const TokenMask& b) {
   return -1;
 }
 
-// Single bytes; pieces (2 to 8 bytes) of JSON-ish text; long tokens (17 to 100 bytes: runs of spaces, dashes,
-// letters and digits, and pieces of the text) that reach past any bound below; the last id is the end token.
-std::vector<std::string> vocabulary_with_long_tokens(uint32_t seed) {
-  const std::string corpus =
-      R"({"name": "caf\u00e9", "a": [1, -2.5, true, null], "x y": {"n": 12e3}, "list": ["red", 7]})"
-      "\"quo\\\"te\" \\\\ \\n yes no abc xyz 123-45 Hello \xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80 na\xC3\xAFve "
-      "\"],\"}]},{\"[{\": 0.125, 10, 2.75, -12.5 alpha beta ababcab-xyz";
-  std::vector<std::string> tokens;
-  for (int byte = 0; byte < 256; ++byte) tokens.push_back(std::string(1, char(byte)));
-  std::mt19937 rng(seed);
-  for (int i = 0; i < 1500; ++i) {
-    size_t length = 2 + rng() % 7, start = rng() % (corpus.size() - length);
-    tokens.push_back(corpus.substr(start, length));
-  }
-  for (size_t length : {17, 20, 31, 40, 64, 79, 80, 81, 100}) {
-    for (char fill : {' ', '-', 'a', '7'}) tokens.push_back(std::string(length, fill));
-    tokens.push_back(corpus.substr(rng() % (corpus.size() - length), length));
-  }
-  tokens.push_back("");
-  return tokens;
-}
-
 // Schemas whose repeats run long, so that walks meet counts far from and near their bounds.
 const std::vector<const char*> kBoundedSchemas = {
     R"({"type": "string", "maxLength": 80})",
@@ -146,7 +124,7 @@ void check_schemas(const std::shared_ptr<const VocabularyTrie>& trie, const std:
 }
 
 TEST(MaskKeys, EqualTheReferenceOnASyntheticVocabularyWithLongTokens) {
-  const std::vector<std::string> tokens = vocabulary_with_long_tokens(8);
+  const std::vector<std::string> tokens = test::synthetic_vocabulary(8, /*long_tokens=*/true);
   auto trie = std::make_shared<VocabularyTrie>(tokens);
   check_schemas(trie, tokens, {static_cast<int32_t>(tokens.size() - 1)}, 150, 3, 400);
 }

@@ -21,25 +21,8 @@ namespace {
 
 using test::random_walk;
 using test::SchemaGenerator;
+using test::synthetic_vocabulary;
 using test::validate;
-
-// 256 single bytes, then random pieces (2 to 8 bytes) of JSON-ish text with escapes and multi-byte characters,
-// which often end inside a character or span several JSON tokens; the last id is the end token (no bytes).
-std::vector<std::string> synthetic_vocabulary(uint32_t seed) {
-  const std::string corpus =
-      R"({"name": "caf\u00e9", "a": [1, -2.5, true, null], "x y": {"n": 12e3}, "list": ["red", 7]})"
-      "\"quo\\\"te\" \\\\ \\n yes no abc xyz 123-45 Hello \xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80 na\xC3\xAFve "
-      "\"],\"}]},{\"[{\": 0.125, 10, 2.75, -12.5 alpha beta";
-  std::vector<std::string> tokens;
-  for (int byte = 0; byte < 256; ++byte) tokens.push_back(std::string(1, char(byte)));
-  std::mt19937 rng(seed);
-  for (int i = 0; i < 1500; ++i) {
-    size_t length = 2 + rng() % 7, start = rng() % (corpus.size() - length);
-    tokens.push_back(corpus.substr(start, length));
-  }
-  tokens.push_back("");
-  return tokens;
-}
 
 void check_walks(const std::shared_ptr<const VocabularyTrie>& trie, const std::vector<std::string>& tokens,
                  std::vector<int32_t> end_tokens, int schemas, int walks_per_schema, int max_steps, uint32_t seed) {

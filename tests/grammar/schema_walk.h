@@ -226,4 +226,30 @@ inline Walk random_walk(TokenMatcher& matcher, const std::vector<std::string>& t
   return walk;
 }
 
+// 256 single bytes, then random pieces (2 to 8 bytes) of JSON-ish text with escapes and multi-byte characters,
+// which often end inside a character or span several JSON tokens; with long_tokens also tokens of 17 to 100 bytes
+// (runs of spaces, dashes, letters and digits, and pieces of the text) that reach past any bound of a test's
+// schemas. The last id is the end token (no bytes).
+inline std::vector<std::string> synthetic_vocabulary(uint32_t seed, bool long_tokens = false) {
+  const std::string corpus =
+      R"({"name": "caf\u00e9", "a": [1, -2.5, true, null], "x y": {"n": 12e3}, "list": ["red", 7]})"
+      "\"quo\\\"te\" \\\\ \\n yes no abc xyz 123-45 Hello \xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80 na\xC3\xAFve "
+      "\"],\"}]},{\"[{\": 0.125, 10, 2.75, -12.5 alpha beta ababcab-xyz";
+  std::vector<std::string> tokens;
+  for (int byte = 0; byte < 256; ++byte) tokens.push_back(std::string(1, char(byte)));
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 1500; ++i) {
+    size_t length = 2 + rng() % 7, start = rng() % (corpus.size() - length);
+    tokens.push_back(corpus.substr(start, length));
+  }
+  if (long_tokens) {
+    for (size_t length : {17, 20, 31, 40, 64, 79, 80, 81, 100}) {
+      for (char fill : {' ', '-', 'a', '7'}) tokens.push_back(std::string(length, fill));
+      tokens.push_back(corpus.substr(rng() % (corpus.size() - length), length));
+    }
+  }
+  tokens.push_back("");
+  return tokens;
+}
+
 }  // namespace strata::grammar::test

@@ -15,25 +15,18 @@
 #include <gtest/gtest.h>
 
 #include "kernels/token_sampling.h"
+#include "tests/kernels/random_token_mask.h"
 
 namespace strata {
 namespace {
+
+using test::random_mask;
 
 std::vector<float> random_logits(int64_t cols, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> x(static_cast<size_t>(cols));
   for (float& v : x) v = normal(rng);
   return x;
-}
-
-// A mask that allows each token with probability `density`, and always `always`.
-std::vector<uint64_t> random_mask(int64_t cols, double density, int64_t always, std::mt19937& rng) {
-  std::vector<uint64_t> mask(size_t(mask_words(cols)), 0);
-  std::bernoulli_distribution allow(density);
-  for (int64_t id = 0; id < cols; ++id) {
-    if (allow(rng) || id == always) mask[size_t(id / 64)] |= uint64_t(1) << (id % 64);
-  }
-  return mask;
 }
 
 std::vector<uint64_t> mask_of(int64_t cols, const std::vector<int32_t>& allowed) {

@@ -29,9 +29,12 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/token_sampling.h"
+#include "tests/kernels/random_token_mask.h"
 
 namespace strata {
 namespace {
+
+using test::random_mask;
 
 constexpr double kBoundaryMargin = 1e-5;  // relative to the kept tokens' total weight; see the file comment
 constexpr float kLogprobTolerance = 1e-4f;
@@ -63,16 +66,6 @@ std::vector<TokenPenalty> random_penalties(int64_t cols, int count, std::mt19937
     if (!taken) penalties.push_back({candidate, amount(rng)});
   }
   return penalties;
-}
-
-// A mask allowing each token with probability `density`, and `always`.
-std::vector<uint64_t> random_mask(int64_t cols, double density, int64_t always, std::mt19937& rng) {
-  std::vector<uint64_t> mask(size_t(mask_words(cols)), 0);
-  std::bernoulli_distribution allow(density);
-  for (int64_t id = 0; id < cols; ++id) {
-    if (allow(rng) || id == always) mask[size_t(id / 64)] |= uint64_t(1) << (id % 64);
-  }
-  return mask;
 }
 
 // True when the CPU's and the device's draw may differ by rounding alone: the rule carried out on the penalised
