@@ -73,32 +73,34 @@ std::optional<PolicySpec> get_policy(Reader& r) {
 enum class MaskForm : uint8_t { none, bits, allowed, refused };
 constexpr uint32_t kMaxMaskWords = 1u << 16;  // 4 Mi tokens: beyond any vocabulary
 
-void put_mask(Writer& w, const std::vector<uint64_t>& mask) {
-  if (mask.empty()) {
-    w.put(MaskForm::none);
-    return;
-  }
+// The form put_mask writes: the list of the rarer kind of bit when it is shorter than the bitset.
+MaskForm shortest_form(const std::vector<uint64_t>& mask) {
+  if (mask.empty()) return MaskForm::none;
   int64_t n_allowed = 0;
   for (uint64_t word : mask) n_allowed += std::popcount(word);
-  const int64_t n_bits = int64_t(mask.size()) * 64;
-  const int64_t bits_bytes = int64_t(mask.size()) * 8;
-  const bool list_allowed = n_allowed <= n_bits - n_allowed;
-  if (4 * std::min(n_allowed, n_bits - n_allowed) >= bits_bytes) {
-    w.put(MaskForm::bits);
+  const int64_t n_refused = int64_t(mask.size()) * 64 - n_allowed;
+  if (4 * std::min(n_allowed, n_refused) >= int64_t(mask.size()) * 8) return MaskForm::bits;
+  return n_allowed <= n_refused ? MaskForm::allowed : MaskForm::refused;
+}
+
+void put_mask(Writer& w, const std::vector<uint64_t>& mask) {
+  const MaskForm form = shortest_form(mask);
+  w.put(form);
+  if (form == MaskForm::none) return;
+  if (form == MaskForm::bits) {
     w.put(mask);
     return;
   }
   std::vector<int32_t> ids;
-  for (int64_t id = 0; id < n_bits; ++id) {
-    if (((mask[size_t(id >> 6)] >> (id & 63)) & 1) == list_allowed) ids.push_back(int32_t(id));
+  const bool listed_bit = form == MaskForm::allowed;
+  for (int64_t id = 0; id < int64_t(mask.size()) * 64; ++id) {
+    if (((mask[size_t(id >> 6)] >> (id & 63)) & 1) == listed_bit) ids.push_back(int32_t(id));
   }
-  w.put(list_allowed ? MaskForm::allowed : MaskForm::refused);
   w.put<uint32_t>(uint32_t(mask.size()));
   w.put(ids);
 }
 
-std::vector<uint64_t> get_mask(Reader& r) {
-  const auto form = MaskForm(r.get<uint8_t>());
+std::vector<uint64_t> read_mask(Reader& r, MaskForm form) {
   if (form == MaskForm::none) return {};
   if (form == MaskForm::bits) return r.get_vector<uint64_t>();
   if (form != MaskForm::allowed && form != MaskForm::refused) throw std::runtime_error("step message: unknown mask form");
@@ -112,6 +114,15 @@ std::vector<uint64_t> get_mask(Reader& r) {
     }
     mask[size_t(ids[i]) >> 6] ^= uint64_t{1} << (ids[i] & 63);
   }
+  return mask;
+}
+
+// A mask in another form than its shortest is not what the leader writes: refused, so that every message has one
+// encoding (what tests/fuzz/step_plan_fuzz.cpp checks).
+std::vector<uint64_t> get_mask(Reader& r) {
+  const auto form = MaskForm(r.get<uint8_t>());
+  std::vector<uint64_t> mask = read_mask(r, form);
+  if (shortest_form(mask) != form) throw std::runtime_error("step message: a mask not in its shortest form");
   return mask;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -274,6 +275,27 @@ TEST(StepPlan, MasksTravelInTheirShortestForm) {
     const size_t without = serialize(plan).size();
     EXPECT_LE(bytes.size() - without, most_bytes);
     EXPECT_EQ(deserialize_step_plan(bytes).work[0].allowed, mask);
+  }
+}
+
+// One message, one encoding: a mask sent as a bitset that its allowed ids would carry in fewer bytes is refused
+// (found by tests/fuzz/step_plan_fuzz.cpp, which re-encodes what it decodes).
+TEST(StepPlan, AMaskNotInItsShortestFormIsRejected) {
+  StepPlan plan;
+  const std::vector<uint64_t> half(4, 0x5555555555555555ULL);
+  plan.work.push_back(PlannedWork{7, 3, {5}, true, 0, half});
+  std::vector<uint8_t> bytes = serialize(plan);
+  const uint64_t pattern = 0x5555555555555555ULL;
+  auto at = std::search(bytes.begin(), bytes.end(), reinterpret_cast<const uint8_t*>(&pattern),
+                        reinterpret_cast<const uint8_t*>(&pattern) + 8);
+  ASSERT_NE(at, bytes.end());
+  const std::vector<uint64_t> one_token = {1, 0, 0, 0};  // still as a bitset
+  std::memcpy(&*at, one_token.data(), 32);
+  try {
+    deserialize_step_plan(bytes);
+    ADD_FAILURE() << "a mask in a longer form than its shortest was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("shortest form"), std::string::npos) << e.what();
   }
 }
 
