@@ -120,10 +120,7 @@ int main(int argc, char** argv) {
   }
   auto gguf = GgufFile::open("models/SmolLM2-135M-Instruct.Q4_1.gguf");
   const Tokenizer tokenizer = Tokenizer::from_gguf(*gguf);
-  std::vector<std::string> bytes(size_t(tokenizer.vocab_size()));
-  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
-    if (!tokenizer.is_special(id)) bytes[size_t(id)] = tokenizer.token_bytes(id);
-  }
+  const std::vector<std::string> bytes = tokenizer.text_bytes(tokenizer.vocab_size());
   const Clock::time_point start = Clock::now();
   const auto trie = std::make_shared<const grammar::VocabularyTrie>(bytes);
   const double trie_s = seconds_since(start);

@@ -426,13 +426,8 @@ void Engine::on_token(Sequence& seq, const SampledToken& sampled) {
 
 const std::shared_ptr<const grammar::VocabularyTrie>& Engine::vocabulary() {
   if (!vocabulary_) {
-    // The logits' columns: the model's vocabulary may be padded beyond the tokenizer's. Special tokens are never
-    // text; the stop tokens among them end a complete document.
-    std::vector<std::string> bytes(size_t(config_.vocab_size));
-    for (int32_t id = 0; id < std::min<int32_t>(config_.vocab_size, tokenizer_.vocab_size()); ++id) {
-      if (!tokenizer_.is_special(id)) bytes[size_t(id)] = tokenizer_.token_bytes(id);
-    }
-    vocabulary_ = std::make_shared<const grammar::VocabularyTrie>(bytes);
+    // One column per logit; the stop tokens, special and so without bytes, end a complete document.
+    vocabulary_ = std::make_shared<const grammar::VocabularyTrie>(tokenizer_.text_bytes(config_.vocab_size));
   }
   return vocabulary_;
 }

@@ -392,6 +392,14 @@ std::string Tokenizer::token_bytes(int32_t id) const {
   return impl_->bytes_by_id[id];
 }
 
+std::vector<std::string> Tokenizer::text_bytes(int32_t n_columns) const {
+  std::vector<std::string> bytes(size_t(std::max(n_columns, 0)));
+  for (int32_t id = 0; id < std::min(n_columns, vocab_size()); ++id) {
+    if (!impl_->special_by_id[id]) bytes[size_t(id)] = impl_->bytes_by_id[id];
+  }
+  return bytes;
+}
+
 const std::string& Tokenizer::token_text(int32_t id) const {
   impl_->check_id(id);
   return impl_->data.tokens[id];

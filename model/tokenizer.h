@@ -41,6 +41,9 @@ class Tokenizer {
 
   // The raw bytes of one token (special tokens: their literal text).
   std::string token_bytes(int32_t id) const;
+  // Every token's raw bytes as text, by id, for the grammar of structured output (grammar/token_mask.h): special
+  // tokens are never text and get none, and ids from vocab_size() up to n_columns (a model's padded logits) too.
+  std::vector<std::string> text_bytes(int32_t n_columns) const;
   // The token as spelled in the vocabulary (byte-level alphabet), e.g. "Ġworld".
   const std::string& token_text(int32_t id) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special) const;  // lossy UTF-8 (U+FFFD)

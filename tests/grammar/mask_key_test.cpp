@@ -132,10 +132,7 @@ TEST(MaskKeys, EqualTheReferenceOnASyntheticVocabularyWithLongTokens) {
 TEST(MaskKeys, EqualTheReferenceOnTheRealVocabulary) {
   auto gguf = GgufFile::open(strata::test::smollm2_gguf_path());
   Tokenizer tokenizer = Tokenizer::from_gguf(*gguf);
-  std::vector<std::string> tokens(tokenizer.vocab_size());
-  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
-    if (!tokenizer.is_special(id)) tokens[id] = tokenizer.token_bytes(id);
-  }
+  const std::vector<std::string> tokens = tokenizer.text_bytes(tokenizer.vocab_size());
   auto trie = std::make_shared<VocabularyTrie>(tokens);
   check_schemas(trie, tokens, tokenizer.stop_ids(), 12, 1, 120);
 }

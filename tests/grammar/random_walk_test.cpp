@@ -76,15 +76,12 @@ TEST(RandomWalk, AnyJsonObject) {
   }
 }
 
-// SmolLM2's vocabulary: Tokenizer::token_bytes(id) gives each token's raw bytes; special tokens get none, and
+// SmolLM2's vocabulary: Tokenizer::text_bytes gives each token's raw bytes, none for special tokens, and
 // the tokenizer's stop ids end generation.
 TEST(RandomWalk, RealVocabulary) {
   auto gguf = GgufFile::open(strata::test::smollm2_gguf_path());
   Tokenizer tokenizer = Tokenizer::from_gguf(*gguf);
-  std::vector<std::string> tokens(tokenizer.vocab_size());
-  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
-    if (!tokenizer.is_special(id)) tokens[id] = tokenizer.token_bytes(id);
-  }
+  const std::vector<std::string> tokens = tokenizer.text_bytes(tokenizer.vocab_size());
   auto trie = std::make_shared<VocabularyTrie>(tokens);
   check_walks(trie, tokens, tokenizer.stop_ids(), 40, 2, 2000, 77);
 }

@@ -155,6 +155,22 @@ TEST_F(SmolLm2Tokenizer, Metadata) {
   EXPECT_THROW(tok().token_bytes(-1), std::out_of_range);
 }
 
+// The grammar's view of the vocabulary: every token's bytes, none for special tokens or for padded columns.
+TEST_F(SmolLm2Tokenizer, TextBytesLeaveOutSpecialTokensAndPadding) {
+  const int32_t n = tok().vocab_size();
+  const std::vector<std::string> bytes = tok().text_bytes(n + 64);
+  ASSERT_EQ(bytes.size(), size_t(n + 64));
+  int32_t n_special = 0;
+  for (int32_t id = 0; id < n; ++id) {
+    n_special += tok().is_special(id);
+    EXPECT_EQ(bytes[size_t(id)], tok().is_special(id) ? "" : tok().token_bytes(id)) << "token " << id;
+  }
+  EXPECT_GT(n_special, 0);
+  for (int32_t id : tok().stop_ids()) EXPECT_EQ(bytes[size_t(id)], "");
+  for (int32_t id = n; id < n + 64; ++id) EXPECT_EQ(bytes[size_t(id)], "");
+  EXPECT_EQ(tok().text_bytes(10).size(), 10u);
+}
+
 TEST_F(SmolLm2Tokenizer, MatchesReferenceIds) {
   // The spec's candidate ids, each confirmed with tools/reference_tokenizer.py.
   EXPECT_EQ(tok().encode("Hello, we can use", false), (Ids{19556, 28, 392, 416, 722}));
