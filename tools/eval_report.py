@@ -9,9 +9,12 @@ memory, the quality-memory Pareto front, the table of every row (perplexity incr
 documents, long generation, retrieval, passkey, agreement, compression), retrieval by length and depth, the
 per-layer occupancy and the passkey grid. Every number is computed here from the raw results, copied beside it.
 
-A row is identified by its label (snapkv@128, simlayerkv@20%+int4, full). A label met again in a later file is the
-same row and its first occurrence is kept, unless the files measured it under different settings: then each is
-kept, tagged with its file. Every row is compared with the `full` row of its own file.
+A row is identified by its label (snapkv@128, simlayerkv@20%+int4, full). Files merge task by task: a label met
+again in a later file is the same row, which takes from it the tasks it had not measured yet (the perplexity of one
+run, the retrieval of another), and keeps the first measurement of a task measured twice under the same settings.
+A task measured again under other settings (other prefixes, say), or a file whose model or engine settings differ,
+makes a row of its own, tagged with its file. Each task of a row is compared with the `full` of the file it came
+from; a merged row's memory sums the cases it took tasks from.
 """
 import argparse
 import json
@@ -35,6 +38,15 @@ GOAL_RATIO, GOAL_INCREASE, GOAL_UPPER, GOAL_RETRIEVAL = 10.0, 0.01, 0.02, 0.95
 # Settings that only choose which rows a run measures, or schedule them (shared prefill is bit-exact against
 # prefilling alone); the others must agree for two files' rows of one label to be one row.
 ROW_SELECTION = {"policies", "budgets", "quantized_policies", "quantized_dtype", "quantized_dtypes", "shared_prefill"}
+# Each task's results and the settings that decide what it measured: two files' results of one task merge only
+# where these agree.
+TASK_SETTINGS = {
+    "perplexity": ("documents", "perplexity_prefixes", "perplexity_tokens"),
+    "long_generation": ("documents", "long_documents", "long_prompt", "long_tokens"),
+    "retrieval": ("retrieval_lengths", "retrieval_depths", "retrieval_trials", "seed"),
+    "passkey": ("passkey_lengths", "passkey_depths", "seed"),
+    "agreement": ("documents", "agreement_context", "agreement_prompts", "agreement_tokens"),
+}
 
 Estimate = namedtuple("Estimate", "value low high")
 
@@ -43,8 +55,9 @@ Estimate = namedtuple("Estimate", "value low high")
 class Row:
     name: str  # the label, tagged with its file where the label was measured under different settings
     series: str  # the name without the budget: one line of the quality-against-memory plot
-    case: dict
-    stats: dict  # summarize(case, the `full` case of the same file)
+    case: dict  # the row's results, task by task from the files it merges (MergedCase)
+    stats: dict  # summarize(case, the `full` results of the files its tasks came from)
+    settings: dict  # task -> the settings of the run it came from
 
 
 def dtype_suffix(case):
@@ -66,9 +79,15 @@ def budget_key(budget):
 
 
 def measured_under(run, case):
-    """What must agree for two files' rows of one label to be one row: model, backend, settings, policy spec."""
-    settings = {k: v for k, v in run.get("settings", {}).items() if k not in ROW_SELECTION}
+    """What must agree for two files' rows of one label to be one row: model, backend, the settings no task owns
+    (batch, prefill chunk), policy spec."""
+    owned = ROW_SELECTION.union(*TASK_SETTINGS.values())
+    settings = {k: v for k, v in run.get("settings", {}).items() if k not in owned}
     return json.dumps([run.get("model"), run.get("backend"), settings, case.get("example_spec")], sort_keys=True)
+
+
+def task_settings(run, task):
+    return json.dumps({k: run.get("settings", {}).get(k) for k in TASK_SETTINGS[task]}, sort_keys=True)
 
 
 def baseline(run, source):
@@ -78,19 +97,63 @@ def baseline(run, source):
     raise SystemExit(f"{source}: no `full` row to compare the others with")
 
 
+class MergedCase:
+    """One row's results gathered task by task from the files that measured it, with the `full` results each task
+    is compared with."""
+
+    def __init__(self, source):
+        self.source = source  # the first file: the row's tag when its label has several rows
+        self.case, self.full = None, {}
+        self.settings = {}  # task -> the settings of the run it came from
+        self.measured = {}  # task -> its task_settings
+
+    def accepts(self, measured):
+        return all(self.measured.get(task, key) == key for task, key in measured.items())
+
+    def add(self, run, case, full, measured):
+        new = {task: key for task, key in measured.items() if task not in self.measured}
+        if self.case is None:
+            self.case = {**case, **{task: [] for task in TASK_SETTINGS}, "memory": dict(case["memory"])}
+        elif not new:
+            return
+        else:
+            self.case["memory"] = merged_memory(self.case["memory"], case["memory"])
+        for task in new:
+            self.case[task], self.full[task] = case[task], full.get(task, [])
+            self.settings[task] = {k: run.get("settings", {}).get(k) for k in TASK_SETTINGS[task]}
+        self.measured.update(new)
+
+
+def merged_memory(a, b):
+    """Two cases' memory as one: bytes summed per layer; the occupancy of the longer prompt."""
+    if len(a["bytes"]) != len(b["bytes"]):
+        raise SystemExit("eval_report: rows of one label with different layer counts")
+    held = [x + y for x, y in zip(a["bytes"], b["bytes"])]
+    full = [x + y for x, y in zip(a["uncompressed_bytes"], b["uncompressed_bytes"])]
+    longest = max(a, b, key=lambda m: m.get("longest_prompt", 0))
+    return {**longest, "bytes": held, "uncompressed_bytes": full, "ratio": sum(full) / sum(held) if sum(held) else 0.0}
+
+
 def collect_rows(runs, sources):
     """One Row per label (per label and settings where files disagree), `full` first, then by policy and budget."""
-    first = {}
+    merged = defaultdict(list)  # (label, measured_under) -> its MergedCases
     for run, source in zip(runs, sources):
         full = baseline(run, source)
         for case in run["cases"]:
-            first.setdefault((case_label(case), measured_under(run, case)), (case, full, source))
-    meanings = Counter(name for name, _ in first)
+            measured = {task: task_settings(run, task) for task in TASK_SETTINGS if case.get(task)}
+            candidates = merged[(case_label(case), measured_under(run, case))]
+            into = next((m for m in candidates if m.accepts(measured)), None)
+            if into is None:
+                into = MergedCase(source)
+                candidates.append(into)
+            into.add(run, case, full, measured)
+    meanings = Counter(name for (name, _), cases in merged.items() for _ in cases)
     rows = []
-    for (name, _), (case, full, source) in first.items():
-        tag = f" [{source}]" if meanings[name] > 1 else ""
-        series = "full" if name == "full" else case["policy"] + dtype_suffix(case)
-        rows.append(Row(name + tag, series + tag, case, summarize(case, full)))
+    for (name, _), cases in merged.items():
+        for m in cases:
+            tag = f" [{m.source}]" if meanings[name] > 1 else ""
+            series = "full" if name == "full" else m.case["policy"] + dtype_suffix(m.case)
+            rows.append(Row(name + tag, series + tag, m.case, summarize(m.case, m.full), m.settings))
     return sorted(rows, key=lambda r: (case_label(r.case) != "full", r.series, budget_key(r.case["budget"])))
 
 
@@ -487,8 +550,8 @@ def timing_section(runs, sources, before=None, before_source=None):
     return text
 
 
-def method_section(report, full):
-    s = report.get("settings", {})
+def method_section(full_row):
+    full, s = full_row.case, full_row.settings.get("agreement", {})
     documents = sorted({p["document"] for p in full.get("perplexity", [])})
     prefixes = sorted({p["prefix"] for p in full.get("perplexity", [])})
     tokens = sorted({p["tokens"] for p in full.get("perplexity", [])})
@@ -620,7 +683,7 @@ def sections(runs, copies, rows, args, timing, drawn):
     parts = [
         header(runs, copies, args),
         f"{timing}\n" if timing else "",
-        method_section(runs[0], baseline(runs[0], copies[0])) + "\n",
+        method_section(next(r for r in rows if case_label(r.case) == "full")) + "\n",
         open(args.notes).read().strip() + "\n" if args.notes else "",
         f"## The goal\n\n{goal_section(rows)}\n",
         f"## Best measured configuration at {', '.join(f'{x}×' for x in SAVINGS)} less KV memory\n\n"

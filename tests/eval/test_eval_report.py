@@ -1,7 +1,7 @@
 """tools/eval_report.py: results in the older format (fixtures/, cut from an earlier docs/eval) still render with
 every number recomputed from the raw scores, every committed result's intervals hold their estimates, and on
 hand-built results in the newer format the bootstrap intervals, the Pareto front, the best row at 10x, the goal,
-retrieval against `full`, the merging of files and the timing come out as computed by hand."""
+retrieval against `full`, the merging of files (task by task) and the timing come out as computed by hand."""
 import importlib.util
 import json
 import math
@@ -192,6 +192,26 @@ def test_files_merge_by_label_unless_their_settings_differ():
     assert rows["snapkv@128 [results.json]"].stats["ppl"].value == pytest.approx(0.10)  # the first occurrence
     later = rows["snapkv@128 [results-3.json]"].stats["ppl"]  # against its own file's `full`
     assert later == pytest.approx(((0.2 + (math.e - 1)) / 2, 0.2, math.e - 1))
+
+
+def without(run, *tasks):
+    for case in run["cases"]:
+        case.update({task: [] for task in tasks})
+    return run
+
+
+def test_files_merge_task_by_task():
+    four = [(n, d, ok and (n, d) != (1000, 1.0)) for n, d, ok in FULL_RETRIEVAL]  # 4 of full's 5
+    perplexity = without(make_run([make_case("snapkv", "50%", ratio=10.0, ppl=0.02)]), "long_generation", "retrieval")
+    rest = without(make_run([make_case("snapkv", "50%", ratio=8.0, long=0.3, retrieval=four)],
+                            perplexity_prefixes=[8000]), "perplexity")  # other prefixes, but no perplexity here
+    rows = by_name(rows_of(perplexity, rest))
+    assert sorted(rows) == ["full", "snapkv@50%"]
+    s = rows["snapkv@50%"].stats
+    assert s["ppl"].value == pytest.approx(0.02) and s["long_generation"].value == pytest.approx(0.3)
+    assert s["retrieval"] == pytest.approx(0.8)
+    assert s["ratio"] == pytest.approx((4 * 1000 + 4 * 800) / (8 * 100))  # bytes summed over both files' jobs
+    assert rows["snapkv@50%"].settings["perplexity"]["perplexity_prefixes"] == [2048, 4096]
 
 
 def test_labels_of_files_without_them():
