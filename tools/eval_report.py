@@ -550,7 +550,7 @@ def timing_section(runs, sources, before=None, before_source=None):
     return text
 
 
-def method_section(full_row):
+def method_section(full_row, backend):
     full, s = full_row.case, full_row.settings.get("agreement", {})
     documents = sorted({p["document"] for p in full.get("perplexity", [])})
     prefixes = sorted({p["prefix"] for p in full.get("perplexity", [])})
@@ -592,6 +592,10 @@ def method_section(full_row):
             f"equal throughout, and bag-of-tokens F1.")
     lines.append("- **Compression ratio**: the KV bytes `full` would hold over the bytes held, summed over all layers "
                  "and all jobs\n  of the row, at each job's end (whole blocks, as the pool and `/metrics` count them).")
+    if backend == "cpu":
+        lines.append("  `full` holds f32 entries on the CPU backend. CUDA holds bf16 ones, half the bytes: there the "
+                     "ratio of a row\n  on int8 or int4 (whose codes and scales take the same bytes on both) is half "
+                     "the one measured here.")
     return "\n".join(lines)
 
 
@@ -683,7 +687,7 @@ def sections(runs, copies, rows, args, timing, drawn):
     parts = [
         header(runs, copies, args),
         f"{timing}\n" if timing else "",
-        method_section(next(r for r in rows if case_label(r.case) == "full")) + "\n",
+        method_section(next(r for r in rows if case_label(r.case) == "full"), runs[0]["backend"]) + "\n",
         open(args.notes).read().strip() + "\n" if args.notes else "",
         f"## The goal\n\n{goal_section(rows)}\n",
         f"## Best measured configuration at {', '.join(f'{x}×' for x in SAVINGS)} less KV memory\n\n"
