@@ -9,41 +9,67 @@
 
 namespace strata {
 
-std::string case_spec(const EvalCase& c, int prompt_len) {
-  if (c.policy == "full" || c.budget.empty()) return c.policy;
+namespace {
+
+// The spec of a policy named `policy` (no parameters of its own) at the case's budget.
+std::string budget_spec(const std::string& policy, const EvalCase& c, int prompt_len) {
   const Budget budget = [&] {
     PolicySpec probe;
     probe.params["budget"] = c.budget;
     return ParamReader(probe).get_budget("budget", Budget{});
   }();
-  if (c.policy == "simlayerkv+snapkv" || c.policy == "simlayerkv+pyramidkv") {
+  if (policy == "simlayerkv+snapkv" || policy == "simlayerkv+pyramidkv") {
     // The composition: a lazy layer keeps what simlayerkv@budget keeps, a layer found not lazy what the kept
     // policy keeps at the same budget, so that the row compares the two choices at one memory.
     return "simlayerkv:strategy=prefill,window=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 4)) +
-           ",kept=" + c.policy.substr(c.policy.find('+') + 1) + ",kept_budget=" + c.budget;
+           ",kept=" + policy.substr(policy.find('+') + 1) + ",kept_budget=" + c.budget;
   }
-  if (c.policy == "simlayerkv") {
+  if (policy == "simlayerkv") {
     // A lazy layer keeps its n_init = 4 initial entries plus the window; layers found not lazy keep everything.
     return "simlayerkv:window=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 4));
   }
-  if (c.policy == "spindlekv") {
+  if (policy == "spindlekv") {
     // SpindleKV's budget is its average share of the prompt, window included.
     const double share = std::min(1.0, double(budget.resolve(prompt_len)) / double(std::max(1, prompt_len)));
     return "spindlekv:ratio=" + std::to_string(share);
   }
-  if (c.policy == "pod") {
+  if (policy == "pod") {
     // PoD keeps every value; the budget is its proximal span (16 sinks + the recent window) over which a
     // follower layer keeps its own keys.
     return "pod:recent=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 16));
   }
-  if (c.policy == "d2o") {
+  if (policy == "d2o") {
     // D2O's budget is a share of the prompt, split evenly between heavy hitters and the recent window (the
     // official defaults, 0.1 + 0.1, are the 20% budget).
     const double share = std::min(1.0, double(budget.resolve(prompt_len)) / double(std::max(1, prompt_len)));
     const std::string half = std::to_string(share / 2.0);
     return "d2o:hh_ratio=" + half + ",recent_ratio=" + half;
   }
-  return c.policy + ":budget=" + c.budget;
+  return policy + ":budget=" + c.budget;
+}
+
+}  // namespace
+
+std::string case_spec(const EvalCase& c, int prompt_len) {
+  if (c.policy == "full" || c.budget.empty()) return c.policy;
+  const size_t colon = c.policy.find(':');
+  if (colon == std::string::npos) return budget_spec(c.policy, c, prompt_len);
+  // The policy's own parameters, then those its budget makes.
+  const std::string spec = budget_spec(c.policy.substr(0, colon), c, prompt_len);
+  return c.policy + "," + spec.substr(spec.find(':') + 1);
+}
+
+std::vector<std::string> join_policy_parameters(const std::vector<std::string>& items) {
+  std::vector<std::string> out;
+  for (const std::string& item : items) {
+    const bool continues = item.find('=') != std::string::npos && item.find(':') == std::string::npos;
+    if (continues && !out.empty()) {
+      out.back() += "," + item;
+    } else {
+      out.push_back(item);
+    }
+  }
+  return out;
 }
 
 EvalCase with_budget_of(const EvalCase& c, int length) {

@@ -17,7 +17,8 @@ namespace strata {
 struct EvalSettings {
   std::string data_dir = "eval/data";
   // empty: every policy make_policy knows. Also the compositions simlayerkv+snapkv and simlayerkv+pyramidkv
-  // (SimLayerKV whose layers found not lazy run the other policy; case_spec).
+  // (SimLayerKV whose layers found not lazy run the other policy; case_spec), and a policy with parameters of its
+  // own besides the budget ("h2o:mode=per_step", "streaming:mode=rolling": the modes that evict while decoding).
   std::vector<std::string> policies;
   std::vector<std::string> budgets = {"64", "128", "256", "512", "1024", "10%", "20%", "50%"};
   // Run again over a quantized cache, at the same budgets, for every format of quantized_dtypes ("full" among them:
@@ -49,13 +50,17 @@ struct EvalSettings {
 
 // One policy at one budget (or `full`).
 struct EvalCase {
-  std::string policy;
+  std::string policy;     // a name, or a name with its own parameters: "h2o:mode=per_step"
   std::string budget;     // "" for full
   std::string kv_dtype;   // the cache format: "f32", "int4", ...
 };
 
-// The policy spec a case uses for a prompt of prompt_len tokens (budgets become each policy's parameters).
+// The policy spec a case uses for a prompt of prompt_len tokens (budgets become each policy's parameters, after
+// the policy's own).
 std::string case_spec(const EvalCase& c, int prompt_len);
+// A --policies list split at its commas, with the commas inside one policy's parameters put back: an item with
+// "=" and no ":" continues the policy before it ("h2o:mode=per_step,window=16" is one policy; no name has "=").
+std::vector<std::string> join_policy_parameters(const std::vector<std::string>& items);
 // The case with a percent budget made a token count of `length` tokens (unchanged otherwise). A long-generation
 // job's budget is a share of its final length, prompt and scored tokens: a share of its short prompt would leave
 // the policies that evict while decoding a few tokens for a thousand steps.

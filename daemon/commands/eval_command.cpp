@@ -29,7 +29,7 @@ void show_progress(const std::string& label, size_t jobs_done, size_t jobs_total
 }
 
 constexpr const char* kUsage =
-    "usage: strata eval --config FILE [--out FILE] [--policies a,b] [--budgets 64,128,20%]\n"
+    "usage: strata eval --config FILE [--out FILE] [--policies a,b:key=v] [--budgets 64,128,20%]\n"
     "                   [--quantized simlayerkv,full] [--quantized-dtypes int8,int4] [--documents a,b]\n"
     "                   [--ppl-prefixes 2048,4096] [--ppl-tokens N] [--long-docs N] [--long-prompt N]\n"
     "                   [--long-tokens N] [--retrieval-lengths 2048,4096] [--retrieval-depths 0,0.5,1]\n"
@@ -39,16 +39,17 @@ constexpr const char* kUsage =
     "Runs `full` and every policy at every budget over perplexity, long generation, retrieval, passkey\n"
     "retrieval and agreement with full, and writes the raw results as JSON (default eval-results.json).\n"
     "Empty lists and zero counts skip a task. Every prompt is prefilled once and shared by the rows\n"
-    "(--no-shared-prefill: each row prefills alone; the same numbers, slower).\n";
+    "(--no-shared-prefill: each row prefills alone; the same numbers, slower). A policy may carry\n"
+    "parameters of its own besides the budget: --policies h2o,h2o:mode=per_step,streaming:mode=rolling.\n";
 
 // The suite's settings from the command line; a policy that cannot run with the configuration fails here, before
 // the model loads.
 EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& config) {
   EvalSettings settings;
   if (cl.has("data")) settings.data_dir = cl.get("data");
-  if (cl.has("policies")) settings.policies = cl.get_list("policies");
+  if (cl.has("policies")) settings.policies = join_policy_parameters(cl.get_list("policies"));
   if (cl.has("budgets")) settings.budgets = cl.get_list("budgets");
-  if (cl.has("quantized")) settings.quantized_policies = cl.get_list("quantized");
+  if (cl.has("quantized")) settings.quantized_policies = join_policy_parameters(cl.get_list("quantized"));
   if (cl.has("quantized-dtypes")) settings.quantized_dtypes = cl.get_list("quantized-dtypes");
   if (cl.has("documents")) settings.documents = cl.get_list("documents");
   if (cl.has("ppl-prefixes")) settings.perplexity_prefixes = whole_numbers(cl.get_numbers("ppl-prefixes"));
