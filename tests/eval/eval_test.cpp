@@ -86,7 +86,8 @@ TEST(EvalScoring, HandComputedCases) {
   EXPECT_EQ(case_spec({"h2o:mode=per_step", "50%", "f32"}, 1000), "h2o:mode=per_step,budget=50%");
   EXPECT_EQ(case_spec(with_budget_of({"streaming:mode=rolling", "10%", "f32"}, 1152), 128),
             "streaming:mode=rolling,budget=116");
-  EXPECT_EQ(case_spec({"d2o:merge=false", "20%", "int4"}, 1000), "d2o:merge=false,hh_ratio=0.100000,recent_ratio=0.100000");
+  EXPECT_EQ(case_spec({"d2o:merge=false", "20%", "int4"}, 1000),
+            "d2o:merge=false,hh_ratio=0.100000,recent_ratio=0.100000");
   EXPECT_EQ(case_label({"h2o:mode=per_step", "50%", "int4"}), "h2o:mode=per_step@50%+int4");
   EXPECT_EQ(join_policy_parameters({"h2o:mode=per_step", "window=16", "snapkv", "streaming:mode=rolling"}),
             (std::vector<std::string>{"h2o:mode=per_step,window=16", "snapkv", "streaming:mode=rolling"}));
