@@ -11,18 +11,18 @@ namespace strata {
 
 namespace {
 
-// The spec of a policy named `policy` (no parameters of its own) at the case's budget.
-std::string budget_spec(const std::string& policy, const EvalCase& c, int prompt_len) {
+// The spec of a policy named `policy` (no parameters of its own) at budget `budget_text` ("128", "20%").
+std::string budget_spec(const std::string& policy, const std::string& budget_text, int prompt_len) {
   const Budget budget = [&] {
     PolicySpec probe;
-    probe.params["budget"] = c.budget;
+    probe.params["budget"] = budget_text;
     return ParamReader(probe).get_budget("budget", Budget{});
   }();
   if (policy == "simlayerkv+snapkv" || policy == "simlayerkv+pyramidkv") {
     // The composition: a lazy layer keeps what simlayerkv@budget keeps, a layer found not lazy what the kept
     // policy keeps at the same budget, so that the row compares the two choices at one memory.
     return "simlayerkv:strategy=prefill,window=" + std::to_string(std::max(1, budget.resolve(prompt_len) - 4)) +
-           ",kept=" + policy.substr(policy.find('+') + 1) + ",kept_budget=" + c.budget;
+           ",kept=" + policy.substr(policy.find('+') + 1) + ",kept_budget=" + budget_text;
   }
   if (policy == "simlayerkv") {
     // A lazy layer keeps its n_init = 4 initial entries plus the window; layers found not lazy keep everything.
@@ -45,7 +45,7 @@ std::string budget_spec(const std::string& policy, const EvalCase& c, int prompt
     const std::string half = std::to_string(share / 2.0);
     return "d2o:hh_ratio=" + half + ",recent_ratio=" + half;
   }
-  return policy + ":budget=" + c.budget;
+  return policy + ":budget=" + budget_text;
 }
 
 }  // namespace
@@ -53,9 +53,9 @@ std::string budget_spec(const std::string& policy, const EvalCase& c, int prompt
 std::string case_spec(const EvalCase& c, int prompt_len) {
   if (c.policy == "full" || c.budget.empty()) return c.policy;
   const size_t colon = c.policy.find(':');
-  if (colon == std::string::npos) return budget_spec(c.policy, c, prompt_len);
+  if (colon == std::string::npos) return budget_spec(c.policy, c.budget, prompt_len);
   // The policy's own parameters, then those its budget makes.
-  const std::string spec = budget_spec(c.policy.substr(0, colon), c, prompt_len);
+  const std::string spec = budget_spec(c.policy.substr(0, colon), c.budget, prompt_len);
   return c.policy + "," + spec.substr(spec.find(':') + 1);
 }
 

@@ -69,8 +69,10 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   settings.runner.prefill_chunk = config.engine.max_batch_tokens;
   settings.runner.share_prefill = !cl.has("no-shared-prefill");
   settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
-  const bool wants_pod = settings.policies.empty() ||
-                         std::find(settings.policies.begin(), settings.policies.end(), "pod") != settings.policies.end();
+  // By name, with or without parameters of its own ("pod:recent=64").
+  const auto is_pod = [](const std::string& p) { return p.substr(0, p.find(':')) == "pod"; };
+  const bool wants_pod =
+      settings.policies.empty() || std::any_of(settings.policies.begin(), settings.policies.end(), is_pod);
   if (wants_pod && config.kv_cache.pod_blocks.empty()) {
     throw ConfigError(config.file + ": kv_cache.pod_blocks: policy pod needs the layer blocks of strata calibrate "
                       "(--set kv_cache.pod_blocks=configs/smollm2-pod-blocks.txt), or leave pod out of --policies");
