@@ -4,16 +4,20 @@
 #     join       the model's parts carried so far, into models/ (says which are missing)
 #     info       nvidia-smi, the driver, the GPU, python3's torch, and the device-to-device copy bandwidth
 #     tests      every CUDA and NCCL test (kernels_tests --gtest_filter='Cuda*', and the tests named
-#                *Cuda* or *Nccl* of the others: NCCL in a world of one) against the joined SmolLM2 model
+#                *Cuda* or *Nccl* of the others: NCCL in a world of one); those on SmolLM2 (*SmolLm2*) only
+#                once the model is joined. STRATA_TESTS_FILTER=F runs kernels_tests' F alone.
 #     compare    SmolLM2 output, engine.backend=cuda against cpu, over several prompts (greedy, a seeded draw,
 #                SpindleKV): where they differ
-#     bench-8b   strata bench at Llama-3-8B shapes: prefill, decode at batch 1-64 and context 1K-32K, policies
+#     serve      strata serve on CUDA: a chat request and a streamed completion, each with a compression policy,
+#                then /metrics's per-layer KV series (tools/device/serve_check.py)
+#     bench-8b   strata bench at Llama-3-8B shapes: decode at batch 1-64 and context 1K-32K, policies, prefill
 #     bench-70b  strata bench at Llama-3-70B layer shapes, with as many layers as the GPU's memory allows
-#     torch      tools/bench_torch_reference.py at the same shapes (PyTorch + transformers, dummy bf16 weights)
-# Everything goes to $OUT (at most 8 files come back from a call: each stage writes STAGE.json and STAGE.log, and
-# every command line run goes to commands.txt), so give a call at most three stages. A call keeps to the sum of
-# its stages' budgets (stage_seconds below; STRATA_CALL_SECONDS overrides): a run that would not end in time is
-# not started. A failing stage is reported and the next one runs.
+#     torch      tools/bench_torch_reference.py at the 8B shapes (PyTorch + transformers, dummy bf16 weights);
+#                STRATA_TORCH_70B=1 adds the 70B layers
+# Everything goes to $OUT (at most 8 files come back from a call: each stage writes STAGE.json, every stage's
+# output goes to gpu_run.log and every command line run to commands.txt), so a call can hold six stages. A call
+# keeps to the sum of its stages' budgets (stage_seconds below; STRATA_CALL_SECONDS overrides): a run that would
+# not end in time is not started. A failing stage is reported and the next one runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 root=$PWD
@@ -23,10 +27,12 @@ run_dir=$dev/run
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$out"
 commands=$out/commands.txt
+log=$out/gpu_run.log
 call_start=$(date +%s)
 # Seconds each stage may take; a call may take the sum of its stages' (at most 560, inside the tool's 600), so
-# that the four calls of docs/gpu.md fit the session's 30 minutes of device time with the machine's start.
-declare -A stage_seconds=([join]=20 [info]=40 [tests]=150 [compare]=200 [bench-8b]=400 [bench-70b]=400 [torch]=300)
+# that the two calls of docs/gpu.md fit a session's 15 minutes of device time with the machine's start.
+declare -A stage_seconds=([join]=20 [info]=30 [tests]=90 [compare]=120 [serve]=60 [bench-8b]=170 [bench-70b]=200
+                          [torch]=100)
 call_budget=0
 for stage in "$@"; do call_budget=$((call_budget + ${stage_seconds[$stage]:-0})); done
 (( call_budget > 560 )) && call_budget=560
@@ -149,7 +155,7 @@ bench_run() {
   local result=$dev/scratch/bench.json
   mkdir -p "$dev/scratch" && rm -f "$result"
   record packed timeout "$cap" "$STRATA" bench --config configs/smollm2-cpu.yaml --set engine.backend=cuda \
-    --copy-bandwidth-gbs "$(copy_bandwidth)" --out "$result" "$@" >>"$out/$stage.log" 2>&1
+    --copy-bandwidth-gbs "$(copy_bandwidth)" --out "$result" "$@" >>"$log" 2>&1
   local rc=$?
   (( rc == 0 )) || say "$stage: strata bench exited $rc: $*"
   [[ -f "$result" ]] && merge_json "$out/$stage.json" "$result"
@@ -159,7 +165,7 @@ bench_run() {
 # ----- stages -------------------------------------------------------------------------------------------------------
 
 stage_info() {
-  { nvidia-smi; nvidia-smi -q; } >"$out/info.log" 2>&1
+  { nvidia-smi; nvidia-smi -q; } >>"$log" 2>&1
   local bw
   bw=$(copy_bandwidth) || return 1
   python3 - "$bw" >"$out/info.json" <<'PY'
@@ -178,22 +184,25 @@ print(json.dumps({"gpu": dict(zip(query.split(","), fields)),
 PY
   if need_bin; then
     { echo "glibc here: $(ldd --version | head -1)"; echo "LD_LIBRARY_PATH for strata: $LIBPATH"
-      packed ldd "$STRATA"; cat "$run_dir/MANIFEST"; } >>"$out/info.log" 2>&1
+      packed ldd "$STRATA"; cat "$run_dir/MANIFEST"; } >>"$log" 2>&1
   fi
 }
 
 stage_tests() {
-  need_bin && need_model || return 1
-  local scratch=$dev/scratch/tests rc=0 exe name filter cap
+  need_bin || return 1
+  local scratch=$dev/scratch/tests rc=0 exe name filter cap without_model=""
+  need_model 2>/dev/null || { without_model="-*SmolLm2*"; say "tests: no model yet: *SmolLm2* tests left out"; }
   rm -rf "$scratch" && mkdir -p "$scratch"
   for exe in "$run_dir"/bin/tests/*_tests; do
     name=$(basename "$exe")
     filter='*Cuda*:*CUDA*:*cuda*:*Nccl*'
     [[ "$name" == kernels_tests ]] && filter='Cuda*'
+    [[ -n "${STRATA_TESTS_FILTER:-}" ]] && { [[ "$name" == kernels_tests ]] || continue; filter=$STRATA_TESTS_FILTER; }
+    filter=$filter$without_model
     [[ -n "$(packed "$exe" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep '^ ')" ]] || continue
-    cap=$(cap_seconds 400) || { say "tests: no time left for $name"; rc=1; break; }
+    cap=$(cap_seconds 120) || { say "tests: no time left for $name"; rc=1; break; }
     record packed timeout "$cap" "$exe" --gtest_filter="$filter" \
-      --gtest_output="json:$scratch/$name.json" >>"$out/tests.log" 2>&1 || rc=1
+      --gtest_output="json:$scratch/$name.json" >>"$log" 2>&1 || rc=1
   done
   python3 - "$scratch" >"$out/tests.json" <<'PY'
 import glob, json, os, sys
@@ -227,12 +236,12 @@ stage_compare() {
   for variant in greedy sampled spindlekv; do
     for ((i = 0; i < variant_prompts[$variant]; i++)); do
       for backend in cpu cuda; do
-        cap=$(cap_seconds 60) || { say "compare: no time left for $variant prompt $i"; break 3; }
+        cap=$(cap_seconds 30) || { say "compare: no time left for $variant prompt $i"; break 3; }
         # shellcheck disable=SC2086
         record packed timeout "$cap" "$STRATA" generate --config configs/smollm2-cpu.yaml --chat \
           --prompt "${prompts[$i]}" --max-tokens 64 --ignore-eos --json --top-logprobs 3 \
           --set engine.backend="$backend" ${variant_args[$variant]} \
-          >"$scratch/$variant.$i.$backend.jsonl" 2>>"$out/compare.log" ||
+          >"$scratch/$variant.$i.$backend.jsonl" 2>>"$log" ||
           say "compare: $backend failed on $variant prompt $i"
       done
     done
@@ -258,7 +267,7 @@ for variant in ("greedy", "sampled", "spindlekv"):
         first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), same_length)
         row = {"prompt": prompt, "cpu_tokens": a, "cuda_tokens": b, "first_difference": first}
         if not a or not b:
-            row["missing"] = "a backend printed no tokens: see compare.log"
+            row["missing"] = "a backend printed no tokens: see gpu_run.log"
         elif first is not None and first < min(len(a), len(b)):  # how close the top choices were where they part
             row["at_difference"] = {"cpu": cpu[first], "cuda": cuda[first]}
         rows.append(row)
@@ -274,14 +283,14 @@ stage_bench_8b() {
   local pool=$(( $(gpu_memory_mib) - 15400 - 6144 ))
   local common=(--model preset:llama-3-8b --set "kv_cache.memory_mib=$pool" --set engine.max_running=64)
   # In order of importance: a stage cut short by the call's time skips the last runs.
-  bench_run bench-8b 180 "${common[@]}" --context 1024,4096,16384,32768 --batch 1,8,32,64 --prompt-tokens 64 \
+  bench_run bench-8b 100 "${common[@]}" --context 1024,4096,16384,32768 --batch 1,8,32,64 --prompt-tokens 64 \
     --gen-tokens 32
-  bench_run bench-8b 90 "${common[@]}" --batch 1,8,32 --prompt-tokens 1024 --gen-tokens 32 \
-    --set engine.max_batch_tokens=8192
-  bench_run bench-8b 70 "${common[@]}" --context 16384,32768 --batch 1,8 --prompt-tokens 64 --gen-tokens 32 \
+  bench_run bench-8b 45 "${common[@]}" --context 16384,32768 --batch 1,8 --prompt-tokens 64 --gen-tokens 32 \
     --policy snapkv:budget=1024
-  bench_run bench-8b 70 "${common[@]}" --context 16384,32768 --batch 1,8 --prompt-tokens 64 --gen-tokens 32 \
+  bench_run bench-8b 45 "${common[@]}" --context 16384,32768 --batch 1,8 --prompt-tokens 64 --gen-tokens 32 \
     --set kv_cache.dtype=int4 --set kv_cache.block_size=32
+  bench_run bench-8b 45 "${common[@]}" --batch 1,8,32 --prompt-tokens 1024 --gen-tokens 16 \
+    --set engine.max_batch_tokens=8192
 }
 
 # Layers of the 70B shapes that fit: the bf16 embedding and head (4.0 GiB), 16 GiB of KV pool, 6 GiB of
@@ -304,26 +313,36 @@ stage_bench_70b() {
     --set engine.max_batch_tokens=8192
 }
 
-# The 8B shapes get half of the stage's time, the 70B ones what is left.
+# The 8B shapes; with STRATA_TORCH_70B=1 they get half of the time left and the 70B ones the rest.
 stage_torch() {
-  local result=$dev/scratch/torch.json share=2 cap shape
+  local result=$dev/scratch/torch.json share=1 cap shape shapes=("--model llama-3-8b")
+  [[ "${STRATA_TORCH_70B:-0}" == 1 ]] && { shapes+=("--model llama-3-70b --layers $(layers_70b)"); share=2; }
   mkdir -p "$dev/scratch"
-  for shape in "--model llama-3-8b" "--model llama-3-70b --layers $(layers_70b)"; do
+  for shape in "${shapes[@]}"; do
     cap=$(cap_seconds $(( ($(seconds_left) - 15) / share ))) || { say "torch: no time left for $shape"; return 1; }
     share=1
     rm -f "$result"
     # shellcheck disable=SC2086
     record timeout "$cap" env PYTHONUNBUFFERED=1 python3 tools/bench_torch_reference.py $shape \
-      --batch 1,8,32,64 --context 1024,4096,16384,32768 --gen-tokens 32 --prefill-tokens 1024,4096 \
-      --time-limit $((cap - 30)) --out "$result" >>"$out/torch.log" 2>&1 || say "torch: $shape failed"
+      --batch 1,8,32,64 --context 1024,4096,16384,32768 --gen-tokens 32 --prefill-tokens 1024 \
+      --time-limit $((cap - 30)) --out "$result" >>"$log" 2>&1 || say "torch: $shape failed"
     [[ -f "$result" ]] && merge_json "$out/torch.json" "$result"
   done
+}
+
+# strata serve on CUDA, with the engine's defaults and the requests' own compression policies.
+stage_serve() {
+  need_bin && need_model || return 1
+  local cap
+  cap=$(cap_seconds 60) || { say "serve: no time left"; return 1; }
+  record timeout "$cap" env STRATA_LIBRARY_PATH="$LIBPATH" python3 tools/device/serve_check.py "$STRATA" 8000 \
+    --set engine.backend=cuda >"$out/serve.json" 2>>"$log"
 }
 
 status=0
 for stage in "$@"; do
   case $stage in
-    info | tests | compare | torch) fn=stage_$stage ;;
+    info | tests | compare | serve | torch) fn=stage_$stage ;;
     join) fn=need_model ;;
     bench-8b) fn=stage_bench_8b ;;
     bench-70b) fn=stage_bench_70b ;;

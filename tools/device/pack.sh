@@ -2,10 +2,12 @@
 # Builds Strata with the CUDA backend (build-device/, Release, default options) and assembles .device/, what a
 # session with a GPU machine carries to it (docs/gpu.md). The machine has CUDA 13, python3 with PyTorch, and none
 # of Strata's other libraries, and each call carries at most 64 MiB of the working tree, so:
-#   .device/bin/strata-device.tar.xz  the strata binary, the test executables, every shared library they need
+#   .device/bin/strata-device.tar.xz  the strata binary, the test executables that hold CUDA or NCCL tests
+#                                     (stripped), every shared library they need
 #                                     except glibc's, libcuda and the CUDA libraries the image has (cuBLAS,
 #                                     cuBLASLt, NCCL: tools/device/gpu_run.sh finds them there), and MANIFEST
-#   .device/model-1/, .device/model-2/  models/SmolLM2-135M-Instruct.Q4_1.gguf in two parts and its .sha256
+#   .device/model-1/, .device/model-2/  models/SmolLM2-135M-Instruct.Q4_1.gguf in two parts and its .sha256:
+#                                     the first as large as fits beside the binaries in one call, the second alone
 # Then it checks the pack as the GPU machine will use it (an empty environment, only the carried libraries on
 # LD_LIBRARY_PATH): strata --help, the CPU kernel tests, and a CPU `strata generate` on the joined model; and it
 # prints each carry folder's size and the `run` calls to make.
@@ -36,7 +38,12 @@ rm -rf "$dev"
 stage=$dev/stage
 mkdir -p "$stage/bin/tests" "$stage/lib" "$dev/bin"
 cp "$build/strata" "$stage/bin/"
-cp "$build"/tests/*_tests "$stage/bin/tests/"
+# Only the test executables that hold CUDA or NCCL tests travel (the call's 64 MiB are short), stripped.
+for exe in "$build"/tests/*_tests; do
+  "$exe" --gtest_list_tests --gtest_filter='*Cuda*:*CUDA*:*cuda*:*Nccl*' 2>/dev/null | grep -q '^ ' &&
+    cp "$exe" "$stage/bin/tests/"
+done
+strip --strip-unneeded "$stage"/bin/strata "$stage"/bin/tests/*
 
 # Every library the binaries load, by the name they ask for, minus what the image has.
 for b in "$stage"/bin/strata "$stage"/bin/tests/*; do ldd "$b"; done |
@@ -59,15 +66,20 @@ missing=$(ldd "$stage/bin/strata" | grep 'not found' || true)
   echo "nvcc $(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")"
   (cd "$stage" && find bin lib -type f -printf '%p %s\n' | sort)
 } >"$stage/MANIFEST"
-(cd "$stage" && XZ_OPT='-6 -T0' tar -cJf "$root/$dev/bin/strata-device.tar.xz" MANIFEST bin lib)
+(cd "$stage" && XZ_OPT='-9e -T0' tar -cJf "$root/$dev/bin/strata-device.tar.xz" MANIFEST bin lib)
 
-# The model in three parts, each with its .sha256, so that every call can carry .device/bin and one part.
-split --number=3 --numeric-suffixes=1 --suffix-length=1 "$model" "$stage/part"
-for k in 1 2 3; do
-  mkdir -p "$dev/model-$k"
-  mv "$stage/part$k" "$dev/model-$k/$(basename "$model").part$k-of-3"
-  cp "$model.sha256" "$dev/model-$k/"
-done
+# The model in two parts, each with its .sha256: call 1 carries .device/bin and part 1, call 2 part 2 alone (the
+# binaries stay on the warm machine). A call moves at most 64 MiB; 63 leaves room for what git does not count.
+room=$((63 * 1048576))
+tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+first=$((room - tree_bytes - $(stat -c %s "$dev/bin/strata-device.tar.xz")))
+second=$(($(stat -c %s "$model") - first))
+(( first > 0 && second + tree_bytes < room )) ||
+  fail "the model does not fit two calls: $first bytes beside the binaries, $second bytes left for the second"
+mkdir -p "$dev/model-1" "$dev/model-2"
+head -c "$first" "$model" >"$dev/model-1/$(basename "$model").part1-of-2"
+tail -c "$second" "$model" >"$dev/model-2/$(basename "$model").part2-of-2"
+cp "$model.sha256" "$dev/model-1/" && cp "$model.sha256" "$dev/model-2/"
 # The check: unpack as gpu_run.sh does, then run with an empty environment and the carried libraries only.
 check=$dev/check
 mkdir -p "$check"
@@ -81,7 +93,7 @@ for b in "$check"/bin/strata "$check"/bin/tests/*; do
 done
 run_packed() { env -i PATH=/usr/bin:/bin HOME=/tmp LD_LIBRARY_PATH="$lib" "$@"; }
 run_packed "$check/bin/strata" --help >/dev/null || fail "strata --help failed from the pack"
-cat "$dev"/model-{1,2,3}/*.part*-of-3 >"$check/model.gguf"
+cat "$dev"/model-{1,2}/*.part*-of-2 >"$check/model.gguf"
 echo "$(cut -d' ' -f1 "$model.sha256")  $check/model.gguf" | sha256sum -c --quiet ||
   fail "the joined model does not match $model.sha256"
 run_packed nice -n 15 "$check/bin/tests/kernels_tests" --gtest_brief=1 --gtest_filter='-Cuda*' >/dev/null ||
@@ -95,19 +107,14 @@ rm -rf "$check" "$stage"
 echo "pack.sh: checked: strata --help, kernels_tests (CPU), strata generate on the joined model, from the pack"
 echo "pack.sh: carry folders (a call carries at most 64 MiB with the working tree):"
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
-tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-for d in bin model-1 model-2 model-3; do printf '  %-16s %6s MiB\n' "$dev/$d" "$(mib "$(du -sb "$dev/$d" | cut -f1)")"; done
+for d in bin model-1 model-2; do printf '  %-16s %6s MiB\n' "$dev/$d" "$(mib "$(du -sb "$dev/$d" | cut -f1)")"; done
 printf '  %-16s %6s MiB\n' "working tree" "$(mib "$tree_bytes")"
-largest=$(( $(du -sb "$dev/bin" | cut -f1) + $(du -sb "$dev/model-1" | cut -f1) + tree_bytes ))
-(( largest < 62 * 1048576 )) || fail "a call carrying .device/bin and one model part would move $(mib "$largest") MiB"
 cat <<'EOF'
-pack.sh: the device calls, one right after the other (the machine stays warm about 30 s after a call, and what was
-carried stays there while it is warm); timeout_s 600 each; every command is under 2,000 characters:
-  1. carry [".device/bin", ".device/model-1"]  command: tools/device/gpu_run.sh info bench-8b
-  2. carry [".device/bin", ".device/model-2"]  command: tools/device/gpu_run.sh bench-70b
-  3. carry [".device/bin", ".device/model-3"]  command: tools/device/gpu_run.sh tests compare
-  4. carry [".device/bin"]                     command: tools/device/gpu_run.sh torch
-Every call brings the binaries; only call 3 needs what earlier calls carried (model parts 1 and 2). If it says a
-part is missing, the machine went cold in between: for each missing K, carry [".device/bin", ".device/model-K"]
-with the command "tools/device/gpu_run.sh join", then make call 3 again.
+pack.sh: the device calls, the second right after the first (the machine stays warm about 30 s after a call, and
+what was carried stays there while it is warm); timeout_s 600 each; every command is under 2,000 characters:
+  1. carry [".device/bin", ".device/model-1"]  command: STRATA_CALL_SECONDS=340 tools/device/gpu_run.sh info tests bench-8b torch
+  2. carry [".device/model-2"]                 command: STRATA_TESTS_FILTER='*SmolLm2*' tools/device/gpu_run.sh join tests compare serve
+Call 2 needs the binaries and part 1 that call 1 left there. If it says they are missing, the machine went cold in
+between: carry [".device/bin", ".device/model-1"] with the command "tools/device/gpu_run.sh join" (it reports the
+part still missing), then make call 2 again.
 EOF
