@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine, from the repository root, over what tools/device/pack.sh packed (docs/gpu.md):
 #   tools/device/gpu_run.sh STAGE...      stages, in the order given:
-#     join       the model's parts carried so far, into models/ (says which are missing)
+#     join       unpacks the binaries, keeps the model parts carried so far and joins them into models/ once
+#                all are there (says which are missing)
 #     info       nvidia-smi, the driver, the GPU, python3's torch, and the device-to-device copy bandwidth
 #     tests      every CUDA and NCCL test (kernels_tests --gtest_filter='Cuda*', and the tests named
 #                *Cuda* or *Nccl* of the others: NCCL in a world of one); those on SmolLM2 (*SmolLm2*) only
@@ -23,7 +24,10 @@ cd "$(dirname "$0")/../.." || exit 1
 root=$PWD
 out=${OUT:-$root/.device/out}
 dev=$root/.device
-run_dir=$dev/run
+# What outlives a call while the machine stays warm: the tool removes, at each call, the carried paths that call
+# does not name, so the unpacked binaries and the model's parts are kept outside the repository.
+held=/tmp/strata-device
+run_dir=$held/run
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$out"
 commands=$out/commands.txt
@@ -59,8 +63,12 @@ cap_seconds() {
 
 need_bin() {
   local tarball=$dev/bin/strata-device.tar.xz sum
-  [[ -f "$tarball" ]] || { say "missing .device/bin: carry it"; return 1; }
-  sum=$(sha256sum <"$tarball")
+  if [[ ! -f "$tarball" ]]; then
+    [[ -f "$run_dir/MANIFEST" ]] || { say "missing .device/bin: carry it"; return 1; }
+    sum=$(cat "$run_dir/tarball.sha256")  # unpacked by an earlier call on this machine
+  else
+    sum=$(sha256sum <"$tarball")
+  fi
   if [[ ! -f "$run_dir/MANIFEST" || "$(cat "$run_dir/tarball.sha256" 2>/dev/null)" != "$sum" ]]; then
     rm -rf "$run_dir"
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$tarball" "$run_dir" || return 1
@@ -91,20 +99,23 @@ $(python3 -c 'import site; print(" ".join(p + "/nvidia" for p in site.getsitepac
 # Only Strata's binaries see the carried libraries (python3's torch keeps its own).
 packed() { LD_LIBRARY_PATH=$LIBPATH "$@"; }
 
-# Joins .device/model-K/*.partK-of-N (each call of the sequence carries one) into models/, checked by sha256.
+# Keeps the parts .device/model-K/*.partK-of-N this call carried (each call of the sequence carries one) with
+# those of earlier calls, and joins them into models/ once all are there, checked by sha256.
 need_model() {
   local name sum parts k part
   name=$(basename "$model")
-  sum=$(cat "$dev"/model-*/"$name.sha256" 2>/dev/null | head -1 | cut -d' ' -f1)
+  mkdir -p "$held/parts"
+  cp "$dev"/model-*/"$name".* "$held/parts/" 2>/dev/null
+  sum=$(cut -d' ' -f1 "$held/parts/$name.sha256" 2>/dev/null)
   [[ -n "$sum" ]] || { say "no model part was carried (.device/model-K)"; return 1; }
   [[ -f "$model" && "$(sha256sum <"$model" | cut -d' ' -f1)" == "$sum" ]] && return 0
-  parts=$(find "$dev" -path "*/model-*/$name.part*-of-*" | head -1 | sed 's/.*-of-//')
+  parts=$(find "$held/parts" -name "$name.part*-of-*" | head -1 | sed 's/.*-of-//')
   for ((k = 1; k <= parts; k++)); do
-    part=$dev/model-$k/$name.part$k-of-$parts
-    [[ -f "$part" ]] || { say "missing $part (the machine went cold?): carry .device/model-$k again"; return 1; }
+    part=$held/parts/$name.part$k-of-$parts
+    [[ -f "$part" ]] || { say "missing part $k of $parts (the machine went cold?): carry .device/model-$k again"; return 1; }
   done
   mkdir -p models
-  for ((k = 1; k <= parts; k++)); do cat "$dev/model-$k/$name.part$k-of-$parts"; done >"$model"
+  for ((k = 1; k <= parts; k++)); do cat "$held/parts/$name.part$k-of-$parts"; done >"$model"
   [[ "$(sha256sum <"$model" | cut -d' ' -f1)" == "$sum" ]] || { say "the joined model's sha256 differs"; return 1; }
 }
 
@@ -339,11 +350,17 @@ stage_serve() {
     --set engine.backend=cuda >"$out/serve.json" 2>>"$log"
 }
 
+# Unpacks the binaries and keeps the model's parts carried so far, joined once all are there.
+stage_join() {
+  need_bin
+  need_model
+}
+
 status=0
 for stage in "$@"; do
   case $stage in
     info | tests | compare | serve | torch) fn=stage_$stage ;;
-    join) fn=need_model ;;
+    join) fn=stage_join ;;
     bench-8b) fn=stage_bench_8b ;;
     bench-70b) fn=stage_bench_70b ;;
     *) say "unknown stage '$stage'"; status=2; continue ;;
