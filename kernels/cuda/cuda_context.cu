@@ -106,7 +106,7 @@ char* CudaContext::staging_alloc(size_t bytes) {
   const size_t need = align_up(bytes == 0 ? 1 : bytes, kAlign);
   if (f.chunks.empty() || f.used + need > f.chunks.back().size) {
     // The frame's existing chunks may still be read by queued copies: add one, never replace.
-    const size_t size = std::max(need, f.chunks.empty() ? kFirstChunk : 2 * f.chunks.back().size);
+    const size_t size = std::max(need, f.chunks.empty() ? kFirstStagingChunk : 2 * f.chunks.back().size);
     Chunk c{nullptr, size};
     check(cudaMallocHost(reinterpret_cast<void**>(&c.data), size), "cudaMallocHost (staging)");
     f.chunks.push_back(c);
@@ -117,16 +117,31 @@ char* CudaContext::staging_alloc(size_t bytes) {
   return p;
 }
 
-const void* CudaContext::upload_bytes(const void* host, size_t bytes) {
-  char* device = arena_alloc(bytes);
-  if (bytes == 0) return device;
-  char* staged = staging_alloc(bytes);
-  std::memcpy(staged, host, bytes);
-  check(cudaMemcpyAsync(device, staged, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
+const void* CudaContext::upload_bytes(const void* host, size_t bytes) { return upload_together({{host, bytes}})[0]; }
+
+std::vector<const void*> CudaContext::upload_together(std::initializer_list<HostBytes> arrays) {
+  constexpr size_t kArrayAlign = 16;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const HostBytes& a : arrays) {
+    offsets.push_back(total);
+    total = align_up(total + a.bytes, kArrayAlign);
+  }
+  char* device = arena_alloc(total);
+  std::vector<const void*> addresses;
+  for (size_t offset : offsets) addresses.push_back(device + offset);
+  if (total == 0) return addresses;
+  char* staged = staging_alloc(total);
+  size_t i = 0;
+  for (const HostBytes& a : arrays) {
+    if (a.bytes > 0) std::memcpy(staged + offsets[i], a.data, a.bytes);
+    ++i;
+  }
+  check(cudaMemcpyAsync(device, staged, total, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
   Frame& f = frames_[frame_];
   check(cudaEventRecord(f.done, stream_), "cudaEventRecord (staging frame)");
   f.pending = true;
-  return device;
+  return addresses;
 }
 
 const int32_t* CudaContext::upload(std::span<const int32_t> host) {

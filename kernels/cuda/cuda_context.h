@@ -16,8 +16,12 @@
 //   staging memory at once while the copy out of it runs later, so staging cannot be rewound like the arena:
 //   ops use kFrames staging frames in turn, and each frame carries an event recorded after the last copy out of
 //   it. begin_op() waits on the event of the frame it is about to reuse, which the GPU passed kFrames - 1 ops
-//   ago: a wait that in practice never blocks. A frame that overflows grows the same way as the arena (extra
-//   chunks for the rest of the op; one merged chunk once its event has passed).
+//   ago. kFrames bounds how far the host may run ahead of the GPU: a decode step's layer is about 20 ops, some
+//   a few microseconds of GPU time and shorter than their launch, others (the large matrix products) much
+//   longer, so the host must be able to queue several layers while a long product runs, or the GPU idles
+//   during the short ops that follow (4 frames held the 8B decode step at 0.39 of the copy bandwidth on an
+//   H200). A frame that overflows grows the same way as the arena (extra chunks for the rest of the op; one
+//   merged chunk once its event has passed). Frames take pinned memory only once an op uploads through them.
 //
 // A context belongs to one backend and is used from one thread at a time.
 #include <cublas_v2.h>
@@ -26,6 +30,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <vector>
 
@@ -55,6 +60,17 @@ class CudaContext {
   const int32_t* upload(std::span<const int32_t> host);
   const int64_t* upload(std::span<const int64_t> host);
   const float* upload(std::span<const float> host);
+  // Several host arrays in one copy (a copy costs the host a few microseconds, more than a small kernel's launch):
+  // their device addresses in the order given, each 16-byte aligned; as upload().
+  struct HostBytes {
+    const void* data;
+    size_t bytes;
+  };
+  template <class T>
+  static HostBytes bytes_of(std::span<const T> v) { return {v.data(), v.size_bytes()}; }
+  template <class T>
+  static HostBytes bytes_of(const std::vector<T>& v) { return {v.data(), v.size() * sizeof(T)}; }
+  std::vector<const void*> upload_together(std::initializer_list<HostBytes> arrays);
   // Uninitialised device memory, 256-byte aligned, valid until the next begin_op(). Never null.
   void* scratch(size_t bytes);
   // Waits for the work queued on stream(), then copies `bytes` from device memory to host memory.
@@ -80,9 +96,10 @@ class CudaContext {
     cudaEvent_t done = nullptr;    // recorded after the last copy out of this frame
     bool pending = false;          // `done` was recorded and may not have passed yet
   };
-  static constexpr int kFrames = 4;
+  static constexpr int kFrames = 128;
   static constexpr size_t kAlign = 256;
-  static constexpr size_t kFirstChunk = size_t(1) << 20;
+  static constexpr size_t kFirstChunk = size_t(1) << 20;         // of the device arena
+  static constexpr size_t kFirstStagingChunk = size_t(1) << 16;  // of a staging frame: uploads are small
 
   const void* upload_bytes(const void* host, size_t bytes);
   // Bump-allocates from the device arena / from the current staging frame.

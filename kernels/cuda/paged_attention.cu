@@ -607,9 +607,11 @@ void kv_write(CudaContext& ctx, const Tensor& k, const Tensor& v, std::span<cons
     }
   }
   if (rows.empty()) return;
+  const std::vector<const void*> up = ctx.upload_together(
+      {CudaContext::bytes_of(rows), CudaContext::bytes_of(slots), CudaContext::bytes_of(offsets)});
   kv_write_kernel<<<unsigned(rows.size()), kThreads, 0, ctx.stream()>>>(
-      k.f32(), v.f32(), ctx.upload(std::span<const int32_t>(rows)), ctx.upload(std::span<const int32_t>(slots)),
-      ctx.upload(std::span<const int64_t>(offsets)), static_cast<uint8_t*>(pool.base), geometry_of(L));
+      k.f32(), v.f32(), static_cast<const int32_t*>(up[0]), static_cast<const int32_t*>(up[1]),
+      static_cast<const int64_t*>(up[2]), static_cast<uint8_t*>(pool.base), geometry_of(L));
   check_launch("kv_write_kernel");
 }
 
@@ -641,8 +643,14 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
   const int64_t sums_floats = work.sums_floats;
   if (n_rows == 0) return;
 
-  const SeqDesc* descs_d = ctx.upload_structs<int32_t>(descs);
-  const int64_t* blocks_d = ctx.upload(std::span<const int64_t>(blocks));
+  // Every array the kernels read, in one copy.
+  using Ctx = CudaContext;
+  const std::vector<const void*> up = ctx.upload_together(
+      {Ctx::bytes_of(descs), Ctx::bytes_of(blocks), Ctx::bytes_of(decode_items), Ctx::bytes_of(decode_seqs),
+       Ctx::bytes_of(prefill_tiles), Ctx::bytes_of(sum_tiles), Ctx::bytes_of(work.sums_offset),
+       Ctx::bytes_of(work.stats_begin)});
+  const auto* descs_d = static_cast<const SeqDesc*>(up[0]);
+  const auto* blocks_d = static_cast<const int64_t*>(up[1]);
   const uint8_t* pool_d = static_cast<const uint8_t*>(pool.base);
   const KvGeometry geo = geometry_of(L);
   const KeyRopeTable rope = key_rope_of(pool);
@@ -658,11 +666,11 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
       auto* part_o = static_cast<float*>(ctx.scratch(cells * hd * sizeof(float)));
       const dim3 grid(unsigned(decode_items.size()), unsigned(L.n_kv_heads), unsigned(head_chunks));
       decode_kernel<C><<<grid, kThreads, 0, ctx.stream()>>>(
-          q.f32(), descs_d, ctx.upload_structs<int32_t>(decode_items), blocks_d, pool_d, geo, rope, n_heads, group,
+          q.f32(), descs_d, static_cast<const DecodeItem*>(up[2]), blocks_d, pool_d, geo, rope, n_heads, group,
           scale, part_m, part_l, part_o);
       check_launch("decode_kernel");
       decode_combine_kernel<<<dim3(unsigned(decode_seqs.size()), unsigned(n_heads)), hd, 0, ctx.stream()>>>(
-          descs_d, ctx.upload_structs<int32_t>(decode_seqs), part_m, part_l, part_o, n_heads, hd, out.f32(), row_m, row_l);
+          descs_d, static_cast<const DecodeSeq*>(up[3]), part_m, part_l, part_o, n_heads, hd, out.f32(), row_m, row_l);
       check_launch("decode_combine_kernel");
     }
     if (!prefill_tiles.empty()) {
@@ -670,16 +678,15 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
       check(cudaFuncSetAttribute(prefill_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
             "cudaFuncSetAttribute (prefill_kernel)");
       prefill_kernel<C><<<dim3(unsigned(prefill_tiles.size()), unsigned(n_heads)), kThreads, shared, ctx.stream()>>>(
-          q.f32(), descs_d, ctx.upload_structs<int32_t>(prefill_tiles), blocks_d, pool_d, geo, rope, n_heads, group,
+          q.f32(), descs_d, static_cast<const TileItem*>(up[4]), blocks_d, pool_d, geo, rope, n_heads, group,
           scale, out.f32(), row_m, row_l);
       check_launch("prefill_kernel");
     }
     if (!sum_tiles.empty()) {
       auto* sums_d = static_cast<float*>(ctx.scratch(size_t(sums_floats) * sizeof(float)));
       column_sums_kernel<C><<<dim3(unsigned(sum_tiles.size()), unsigned(n_heads)), kThreads, 0, ctx.stream()>>>(
-          q.f32(), descs_d, ctx.upload_structs<int32_t>(sum_tiles), ctx.upload(std::span<const int64_t>(work.sums_offset)),
-          ctx.upload(std::span<const int32_t>(work.stats_begin)), blocks_d, pool_d, geo, rope, n_heads, group, scale,
-          row_m, row_l, sums_d);
+          q.f32(), descs_d, static_cast<const TileItem*>(up[5]), static_cast<const int64_t*>(up[6]),
+          static_cast<const int32_t*>(up[7]), blocks_d, pool_d, geo, rope, n_heads, group, scale, row_m, row_l, sums_d);
       check_launch("column_sums_kernel");
       // The statistics are host memory: wait for them here (only in steps that collect statistics).
       std::vector<float> sums(static_cast<size_t>(sums_floats), 0.0f);

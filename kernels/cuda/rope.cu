@@ -65,10 +65,12 @@ void rope(CudaContext& ctx, Tensor& x, std::span<const int32_t> positions, int n
   if (positions.empty()) return;
   std::vector<float> inv_freq(size_t(head_dim / 2));
   cpu::rope_inv_freq(head_dim, params, inv_freq.data());
-  const float* inv_freq_d = ctx.upload(std::span<const float>(inv_freq));
+  const std::vector<const void*> up =
+      ctx.upload_together({CudaContext::bytes_of(inv_freq), CudaContext::bytes_of(positions)});
   const size_t shared = size_t(head_dim) * sizeof(float);
   rope_kernel<<<unsigned(positions.size()), kThreads, shared, ctx.stream()>>>(
-      x.f32(), ctx.upload(positions), inv_freq_d, n_heads, head_dim, params.style == RopeStyle::interleaved);
+      x.f32(), static_cast<const int32_t*>(up[1]), static_cast<const float*>(up[0]), n_heads, head_dim,
+      params.style == RopeStyle::interleaved);
   check(cudaGetLastError(), "rope_kernel");
 }
 
