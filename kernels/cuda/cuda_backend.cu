@@ -114,6 +114,10 @@ class CudaBackend final : public Backend {
     ctx_.begin_op();
     cuda::matmul(ctx_, x, w, out);
   }
+  void matmul_shared_input(const Tensor& x, std::span<const Tensor* const> w, std::span<Tensor* const> out) override {
+    ctx_.begin_op();
+    cuda::matmul_shared_input(ctx_, x, w, out);
+  }
   void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
             const RopeParams& params) override {
     ctx_.begin_op();

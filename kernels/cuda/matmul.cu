@@ -1,5 +1,5 @@
 // GEMM of the CUDA backend: out[T, out] = x[T, in] * w[out, in]^T, w in bf16, x cast to bf16 on the way in,
-// accumulation and out in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F).
+// accumulation and out in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F); a decode's few rows of x go to gemv.cu.
 #include <cuda_bf16.h>
 
 #include <stdexcept>
@@ -10,7 +10,9 @@
 
 namespace strata::cuda {
 
-void matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out) {
+namespace {
+
+void check_shapes(const Tensor& x, const Tensor& w, const Tensor& out) {
   if (w.dtype != DType::bf16) {
     throw std::invalid_argument("cuda backend: matmul: the weight must be bf16 (Backend::upload_weight)");
   }
@@ -23,7 +25,9 @@ void matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out) {
                                 "]^T does not fit out [" + std::to_string(out.rows) + ", " +
                                 std::to_string(out.cols) + "]");
   }
-  if (x.rows == 0) return;
+}
+
+void cublas_matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out) {
   void* xb = ctx.scratch(size_t(x.size()) * sizeof(__nv_bfloat16));
   f32_to_bf16(ctx, x.f32(), xb, x.size());
 
@@ -39,6 +43,24 @@ void matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out) {
                      xb, CUDA_R_16BF, n_in, &beta, out.data, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (matmul)");
+}
+
+}  // namespace
+
+void matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out) {
+  check_shapes(x, w, out);
+  const Tensor* weights[] = {&w};
+  Tensor* outs[] = {&out};
+  if (x.rows == 0 || gemv(ctx, x, weights, outs)) return;
+  cublas_matmul(ctx, x, w, out);
+}
+
+void matmul_shared_input(CudaContext& ctx, const Tensor& x, std::span<const Tensor* const> w,
+                         std::span<Tensor* const> out) {
+  if (w.size() != out.size()) throw std::invalid_argument("cuda backend: matmul: as many outputs as weights");
+  for (size_t i = 0; i < w.size(); ++i) check_shapes(x, *w[i], *out[i]);
+  if (x.rows == 0 || gemv(ctx, x, w, out)) return;
+  for (size_t i = 0; i < w.size(); ++i) cublas_matmul(ctx, x, *w[i], *out[i]);
 }
 
 }  // namespace strata::cuda

@@ -58,13 +58,14 @@ std::vector<float> bounds(const ExactProduct& p, double factor) {
 // Bounds per output element:
 //   x rounded to bf16 first (what the kernel multiplies): only fp32 accumulation errs, |error| <= K 2^-24 S
 //   (the worst case of any summation order; typical errors are sqrt(K) smaller);
-//   x as the model gives it: the device also rounds x, one bf16 rounding per product, |error| <= 2^-9 S plus the
-//   above.
+//   x as the model gives it: cuBLAS also rounds x, one bf16 rounding per product, |error| <= 2^-9 S plus the
+//   above (gemv.cu, which takes 1 to 8 rows of x with 8k inputs, multiplies x unrounded: within the first bound).
 TEST_F(CudaMatmul, MatchesTheExactProductForOddShapes) {
   struct Shape {
     int64_t t, in, out;
   };
-  for (const Shape& s : {Shape{1, 576, 1536}, Shape{517, 576, 49}, Shape{517, 1000, 333}, Shape{3, 64, 7}}) {
+  for (const Shape& s : {Shape{1, 576, 1536}, Shape{517, 576, 49}, Shape{517, 1000, 333}, Shape{3, 64, 7},
+                         Shape{8, 4096, 100}, Shape{2, 100, 33}, Shape{9, 64, 5}}) {
     const std::string name = std::to_string(s.t) + "x" + std::to_string(s.in) + " * " + std::to_string(s.out);
     const std::vector<float> w = bf16_rounded(random_values(size_t(s.out * s.in), rng));
     const std::vector<float> x = random_values(size_t(s.t * s.in), rng, -2.0f, 2.0f);
@@ -85,6 +86,33 @@ TEST_F(CudaMatmul, MatchesTheExactProductForOddShapes) {
   std::vector<float> w(4 * 5, 0.5f);
   EXPECT_THROW(gpu->matmul(x, gpu->upload_weight(WeightMatrix{w.data(), WeightFormat::f32, 4, 5}), out),
                std::invalid_argument);
+}
+
+// Weights that share their input, in one op: each output as the lone matmul gives it, bit for bit, on the decode
+// path (gemv.cu: several weights in one launch) and past it (9 rows of x: one cuBLAS call each).
+TEST_F(CudaMatmul, SharedInputGivesEachWeightsLoneProduct) {
+  const int64_t in = 576;
+  const int64_t rows[] = {7, 64, 33};
+  std::vector<Tensor> weights;
+  for (int64_t r : rows) {
+    const std::vector<float> w = bf16_rounded(random_values(size_t(r * in), rng));
+    weights.push_back(gpu->upload_weight(WeightMatrix{w.data(), WeightFormat::f32, r, in}));
+  }
+  for (int64_t t : {1, 5, 9}) {
+    const Tensor x = device(random_values(size_t(t * in), rng), t, in);
+    std::vector<Tensor> together, alone;
+    for (int64_t r : rows) {
+      together.push_back(gpu->alloc(t, r, DType::f32));
+      alone.push_back(gpu->alloc(t, r, DType::f32));
+    }
+    const Tensor* w[] = {&weights[0], &weights[1], &weights[2]};
+    Tensor* out[] = {&together[0], &together[1], &together[2]};
+    gpu->matmul_shared_input(x, w, out);
+    for (size_t i = 0; i < 3; ++i) {
+      gpu->matmul(x, weights[i], alone[i]);
+      EXPECT_EQ(host(together[i]), host(alone[i])) << "weight " << i << ", " << t << " rows of x";
+    }
+  }
 }
 
 // Quantized weights go up dequantized (on the host) and rounded to bf16: the product is the exact one over the
