@@ -14,8 +14,8 @@
 // cosines and indices, the encode's code rows and vectors; write-backs are the CPU's values rounded to bf16.
 //
 // Each op is in the file named like its CPU twin in kernels/cpu/: elementwise.cu (embedding, rmsnorm, silu_mul,
-// add, gather_rows, the f32 -> bf16 cast), token_sampling.cu (sample_rows), matmul.cu (cuBLAS; gemv.cu for a
-// decode's few rows), rope.cu,
+// add, gather_rows, the f32 -> bf16 cast), token_sampling.cu (sample_rows), matmul.cu (cuBLAS; gemv.cu for one
+// row of x), rope.cu,
 // paged_attention.cu (kv_write, paged attention, column sums), kv_compaction.cu, kv_quantization.cu,
 // kv_merge_ops.cu, pod_ops.cu, kv_codebook.cu; what the KV ops share is kv_device.cuh.
 #include <cstdint>
@@ -43,8 +43,8 @@ void sample_rows(CudaContext& ctx, Tensor& logits, std::span<const RowSampling> 
 void matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out);
 void matmul_shared_input(CudaContext& ctx, const Tensor& x, std::span<const Tensor* const> w,
                          std::span<Tensor* const> out);
-// matmul's decode path (gemv.cu), for 1 to 8 rows of x and 1 to 3 weights with 8k inputs, 16-byte aligned: false
-// (and nothing queued) when the product is not of that kind. Shapes checked by the caller.
+// matmul's path for one row of x (gemv.cu), 1 to 3 weights with 8k inputs, 16-byte aligned: false (and nothing
+// queued) when the product is not of that kind. Shapes checked by the caller.
 bool gemv(CudaContext& ctx, const Tensor& x, std::span<const Tensor* const> w, std::span<Tensor* const> out);
 
 void rope(CudaContext& ctx, Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,

@@ -1,5 +1,5 @@
 // GEMM of the CUDA backend: out[T, out] = x[T, in] * w[out, in]^T, w in bf16, x cast to bf16 on the way in,
-// accumulation and out in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F); a decode's few rows of x go to gemv.cu.
+// accumulation and out in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F); one row of x goes to gemv.cu.
 #include <cuda_bf16.h>
 
 #include <stdexcept>

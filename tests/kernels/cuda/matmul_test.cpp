@@ -59,7 +59,7 @@ std::vector<float> bounds(const ExactProduct& p, double factor) {
 //   x rounded to bf16 first (what the kernel multiplies): only fp32 accumulation errs, |error| <= K 2^-24 S
 //   (the worst case of any summation order; typical errors are sqrt(K) smaller);
 //   x as the model gives it: cuBLAS also rounds x, one bf16 rounding per product, |error| <= 2^-9 S plus the
-//   above (gemv.cu, which takes 1 to 8 rows of x with 8k inputs, multiplies x unrounded: within the first bound).
+//   above (gemv.cu, which takes one row of x with 8k inputs, multiplies x unrounded: within the first bound).
 TEST_F(CudaMatmul, MatchesTheExactProductForOddShapes) {
   struct Shape {
     int64_t t, in, out;
@@ -88,8 +88,8 @@ TEST_F(CudaMatmul, MatchesTheExactProductForOddShapes) {
                std::invalid_argument);
 }
 
-// Weights that share their input, in one op: each output as the lone matmul gives it, bit for bit, on the decode
-// path (gemv.cu: several weights in one launch) and past it (9 rows of x: one cuBLAS call each).
+// Weights that share their input, in one op: each output as the lone matmul gives it, bit for bit, for one row of
+// x (gemv.cu: the three weights in one launch) and for more (one cuBLAS call each).
 TEST_F(CudaMatmul, SharedInputGivesEachWeightsLoneProduct) {
   const int64_t in = 576;
   const int64_t rows[] = {7, 64, 33};
