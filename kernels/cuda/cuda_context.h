@@ -20,8 +20,9 @@
 //   a few microseconds of GPU time and shorter than their launch, others (the large matrix products) much
 //   longer, so the host must be able to queue several layers while a long product runs, or the GPU idles
 //   during the short ops that follow (on an H200, 128 frames instead of 4, with each op's uploads in one copy,
-//   made Llama-3-8B's decode 3 to 8% faster). A frame that overflows grows the same way as the arena (extra chunks for the rest of the op; one
-//   merged chunk once its event has passed). Frames take pinned memory only once an op uploads through them.
+//   made Llama-3-8B's decode 3 to 8% faster). A frame that overflows grows the same way as the arena (extra
+//   chunks for the rest of the op; one merged chunk once its event has passed). Frames take pinned memory only
+//   once an op uploads through them.
 //
 // A context belongs to one backend and is used from one thread at a time.
 #include <cublas_v2.h>
