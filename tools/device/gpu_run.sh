@@ -13,6 +13,8 @@
 #                then /metrics's per-layer KV series (tools/device/serve_check.py)
 #     bench-8b   strata bench at Llama-3-8B shapes: decode at batch 1-64 and context 1K-32K, policies, prefill
 #     bench-70b  strata bench at Llama-3-70B layer shapes, with as many layers as the GPU's memory allows
+#     profile    ncu's GPU time of every kernel of a few batch-1 decode steps at 8B shapes, summed per forward
+#                pass, beside the steps' time without the profiler: does the GPU's work or the host set the pace?
 #     torch      tools/bench_torch_reference.py at the 8B shapes (PyTorch + transformers, dummy bf16 weights);
 #                STRATA_TORCH_70B=1 adds the 70B layers
 # Everything goes to $OUT (at most 8 files come back from a call: each stage writes STAGE.json, every stage's
@@ -36,7 +38,7 @@ call_start=$(date +%s)
 # Seconds each stage may take; a call may take the sum of its stages' (at most 560, inside the tool's 600), so
 # that the two calls of docs/gpu.md fit a session's 15 minutes of device time with the machine's start.
 declare -A stage_seconds=([join]=20 [info]=30 [tests]=90 [compare]=120 [serve]=60 [bench-8b]=170 [bench-70b]=200
-                          [torch]=100)
+                          [torch]=100 [profile]=240)
 call_budget=0
 for stage in "$@"; do call_budget=$((call_budget + ${stage_seconds[$stage]:-0})); done
 (( call_budget > 560 )) && call_budget=560
@@ -341,6 +343,44 @@ stage_torch() {
   done
 }
 
+# One pass per kernel (gpu__time_duration needs no replay, so no memory is saved and restored), every kernel of the
+# run: the weights' upload, the prefill and the decode steps, each forward pass starting at its embedding_kernel.
+stage_profile() {
+  need_bin || return 1
+  command -v ncu >/dev/null || { say "profile: ncu is not on PATH"; return 1; }
+  local cap csv=$dev/scratch/ncu.csv
+  local args=(--model preset:llama-3-8b --set kv_cache.memory_mib=16384 --context 1024 --batch 1 --prompt-tokens 64
+              --gen-tokens 6)
+  bench_run profile 60 "${args[@]}" || return 1
+  cap=$(cap_seconds 240) || { say "profile: no time left for ncu"; return 1; }
+  rm -f "$csv"
+  record timeout "$cap" ncu --metrics gpu__time_duration.sum --csv --page raw --print-units base --log-file "$csv" \
+    env LD_LIBRARY_PATH="$LIBPATH" "$STRATA" bench --config configs/smollm2-cpu.yaml --set engine.backend=cuda \
+    --out "$dev/scratch/ncu-bench.json" "${args[@]}" >>"$log" 2>&1 || say "profile: ncu exited $?"
+  python3 - "$csv" "$out/profile.json" <<'PY'
+import collections, csv, json, sys
+lines = [line for line in open(sys.argv[1], errors="replace") if line.startswith('"')]
+rows = list(csv.DictReader(lines))
+passes, current = [], None
+for row in rows:
+    name, ns = row.get("Kernel Name", ""), row.get("gpu__time_duration.sum", "")
+    if not ns.replace(".", "").isdigit():
+        continue  # the units row
+    if name.startswith("embedding_kernel") or current is None:
+        current = {"kernels": 0, "gpu_seconds": 0.0, "by_kernel": collections.Counter()}
+        passes.append(current)
+    current["kernels"] += 1
+    current["gpu_seconds"] += float(ns) * 1e-9
+    current["by_kernel"][name.split("(")[0][:80]] += float(ns) * 1e-9
+report = json.load(open(sys.argv[2]))
+report["ncu"] = {"metric": "gpu__time_duration.sum, every kernel, one pass",
+                 "kernels": sum(p["kernels"] for p in passes),
+                 "passes": [{"kernels": p["kernels"], "gpu_seconds": p["gpu_seconds"],
+                             "top": p["by_kernel"].most_common(10)} for p in passes]}
+json.dump(report, open(sys.argv[2], "w"), indent=1)
+PY
+}
+
 # strata serve on CUDA, with the engine's defaults and the requests' own compression policies.
 stage_serve() {
   need_bin && need_model || return 1
@@ -359,7 +399,7 @@ stage_join() {
 status=0
 for stage in "$@"; do
   case $stage in
-    info | tests | compare | serve | torch) fn=stage_$stage ;;
+    info | tests | compare | serve | profile | torch) fn=stage_$stage ;;
     join) fn=stage_join ;;
     bench-8b) fn=stage_bench_8b ;;
     bench-70b) fn=stage_bench_70b ;;
