@@ -52,10 +52,10 @@ std::string budget_spec(const std::string& policy, const std::string& budget_tex
 
 std::string case_spec(const EvalCase& c, int prompt_len) {
   if (c.policy == "full" || c.budget.empty()) return c.policy;
-  const size_t colon = c.policy.find(':');
-  if (colon == std::string::npos) return budget_spec(c.policy, c.budget, prompt_len);
-  // The policy's own parameters, then those its budget makes.
-  const std::string spec = budget_spec(c.policy.substr(0, colon), c.budget, prompt_len);
+  const PolicySpec own = parse_policy_spec(c.policy);
+  const std::string spec = budget_spec(own.name, c.budget, prompt_len);
+  if (own.params.empty()) return spec;
+  // The policy's own parameters, as written, then those its budget makes.
   return c.policy + "," + spec.substr(spec.find(':') + 1);
 }
 

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "cache/policy_spec.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
 #include "daemon/commands/machine_info.h"
@@ -70,7 +71,7 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   settings.runner.share_prefill = !cl.has("no-shared-prefill");
   settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
   // By name, with or without parameters of its own ("pod:recent=64").
-  const auto is_pod = [](const std::string& p) { return p.substr(0, p.find(':')) == "pod"; };
+  const auto is_pod = [](const std::string& p) { return parse_policy_spec(p).name == "pod"; };
   const bool wants_pod =
       settings.policies.empty() || std::any_of(settings.policies.begin(), settings.policies.end(), is_pod);
   if (wants_pod && config.kv_cache.pod_blocks.empty()) {

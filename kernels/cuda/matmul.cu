@@ -27,17 +27,15 @@ void check_shapes(const Tensor& x, const Tensor& w, const Tensor& out) {
   }
 }
 
-void cublas_matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out) {
-  void* xb = ctx.scratch(size_t(x.size()) * sizeof(__nv_bfloat16));
-  f32_to_bf16(ctx, x.f32(), xb, x.size());
-
+// out = xb * w^T, xb: x already cast to bf16 (once for every weight that shares it).
+void cublas_matmul(CudaContext& ctx, const void* xb, int64_t x_rows, const Tensor& w, Tensor& out) {
   // cuBLAS is column-major: a row-major [r, c] matrix with leading dimension c is, to cuBLAS, the column-major
   // [c, r] matrix, its transpose. So with T = x.rows, K = in, N = out:
   //   out (row-major [T, N])  is  C = out^T  (column-major [N, T], ldc = N)
   //   w   (row-major [N, K])  is  A = w^T    (column-major [K, N], lda = K)
   //   x   (row-major [T, K])  is  B = x^T    (column-major [K, T], ldb = K)
   // and out = x * w^T  <=>  out^T = w * x^T  =  op(A) * B  with op = transpose:  C[N, T] = A^T[N, K] * B[K, T].
-  const int n_out = int(w.rows), n_in = int(w.cols), n_rows = int(x.rows);
+  const int n_out = int(w.rows), n_in = int(w.cols), n_rows = int(x_rows);
   const float alpha = 1.0f, beta = 0.0f;
   check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, n_out, n_rows, n_in, &alpha, w.data, CUDA_R_16BF, n_in,
                      xb, CUDA_R_16BF, n_in, &beta, out.data, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
@@ -48,11 +46,9 @@ void cublas_matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& o
 }  // namespace
 
 void matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& out) {
-  check_shapes(x, w, out);
   const Tensor* weights[] = {&w};
   Tensor* outs[] = {&out};
-  if (x.rows == 0 || gemv(ctx, x, weights, outs)) return;
-  cublas_matmul(ctx, x, w, out);
+  matmul_shared_input(ctx, x, weights, outs);
 }
 
 void matmul_shared_input(CudaContext& ctx, const Tensor& x, std::span<const Tensor* const> w,
@@ -60,7 +56,9 @@ void matmul_shared_input(CudaContext& ctx, const Tensor& x, std::span<const Tens
   if (w.size() != out.size()) throw std::invalid_argument("cuda backend: matmul: as many outputs as weights");
   for (size_t i = 0; i < w.size(); ++i) check_shapes(x, *w[i], *out[i]);
   if (x.rows == 0 || gemv(ctx, x, w, out)) return;
-  for (size_t i = 0; i < w.size(); ++i) cublas_matmul(ctx, x, *w[i], *out[i]);
+  void* xb = ctx.scratch(size_t(x.size()) * sizeof(__nv_bfloat16));
+  f32_to_bf16(ctx, x.f32(), xb, x.size());
+  for (size_t i = 0; i < w.size(); ++i) cublas_matmul(ctx, xb, x.rows, *w[i], *out[i]);
 }
 
 }  // namespace strata::cuda
