@@ -48,7 +48,6 @@ class BlockPool {
   bool can_allocate_quantized() const;
   int32_t allocate_quantized();  // may take the reserve; throws std::runtime_error when there is no room
   bool is_quantized(int32_t block) const { return view().is_quantized(block); }
-  int64_t quantized_block_bytes() const { return quantized() ? layout_.quantized_block_bytes() : 0; }
   // The slot a block lives in, and how many quantized blocks its slab holds (0 for a full-precision block).
   int32_t slot_of(int32_t block) const;
   int slab_used(int32_t slot) const { return slab_used_[size_t(slot)]; }
@@ -56,7 +55,6 @@ class BlockPool {
   // Coded blocks (an f32 pool only). Packed like quantized blocks; allocate_coded throws when there is no room.
   bool can_allocate_coded() const;
   int32_t allocate_coded();
-  int64_t coded_block_bytes() const { return quantized() ? 0 : layout_.coded_block_bytes(); }
   // The table coded keys are rotated with on read (KvKeyRope): the model's RoPE over n_positions positions.
   // Set once, before the first coded block is written.
   void set_key_rope(const RopeParams& rope, int n_positions);

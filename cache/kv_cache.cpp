@@ -88,8 +88,9 @@ LayerUsage KvCache::layer_usage(int global_layer) const {
   u.codebook_pages = c.codebook_pages;
   u.codebook_vectors = c.codebook_vectors;
   u.shared_key_entries = c.shared_key_entries;
-  u.bytes = c.full_blocks * pool_.layout().block_bytes() + c.quantized_blocks * pool_.quantized_block_bytes() +
-            c.coded_blocks * pool_.coded_block_bytes() + c.codebook_pages * pool_.layout().block_bytes();
+  const KvBlockLayout& L = pool_.layout();
+  u.bytes = (c.full_blocks + c.codebook_pages) * L.block_bytes() +
+            L.packed_pool_bytes(c.quantized_blocks + c.coded_blocks);
   u.uncompressed_bytes = c.uncompressed_blocks * pool_.layout().block_bytes();
   u.cached_blocks = n_cached_blocks();
   return u;
@@ -101,14 +102,15 @@ LayerUsage KvCache::sequence_usage(SeqId seq, int global_layer) const {
   u.entries = kv.n_entries;
   u.blocks = int64_t(kv.block_table.size()) - kv.n_paired;
   u.quantized_blocks = kv.n_quantized_blocks;
-  u.bytes = (u.blocks - u.quantized_blocks - kv.n_coded_blocks) * pool_.layout().block_bytes() +
-            u.quantized_blocks * pool_.quantized_block_bytes();
+  const KvBlockLayout& L = pool_.layout();
+  u.bytes = (u.blocks - u.quantized_blocks - kv.n_coded_blocks) * L.block_bytes() +
+            L.packed_pool_bytes(u.quantized_blocks);
   if (kv.codebook) {
     u.coded_blocks = kv.n_coded_blocks + (kv.codebook->open_block >= 0 ? 1 : 0);
     u.blocks += u.coded_blocks - kv.n_coded_blocks;
     u.codebook_pages = int64_t(kv.codebook->pages.size());
     u.codebook_vectors = kv.codebook->size();
-    u.bytes += u.coded_blocks * pool_.coded_block_bytes() + u.codebook_pages * pool_.layout().block_bytes();
+    u.bytes += L.packed_pool_bytes(u.coded_blocks) + u.codebook_pages * L.block_bytes();
   }
   u.shared_key_entries = shared_key_entries(kv);
   u.uncompressed_bytes = blocks_for(kv.n_appended, block_size()) * pool_.layout().block_bytes();

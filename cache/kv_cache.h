@@ -47,7 +47,7 @@ struct LayerUsage {
   int64_t codebook_pages = 0;      // slots holding codebook vectors (counted in bytes, not in blocks)
   int64_t codebook_vectors = 0;    // codebook entries, every head, keys and values
   int64_t shared_key_entries = 0;  // PoD: entries whose keys the layer no longer holds (its leader's are shared)
-  int64_t bytes = 0;               // the memory the blocks really take: each kind at its own size
+  int64_t bytes = 0;               // the pool memory the blocks take: packed ones at their share of a slot
   int64_t uncompressed_bytes = 0;  // what the same sequences would take with `full` at full precision
   // Prefix caching: the layer's blocks in the cache, used by sequences or not. A block a sequence shares counts in
   // that sequence's blocks and bytes above too (each sequence as if it held it alone).

@@ -238,8 +238,11 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
             << ", KV pool of " << n_blocks << " blocks x " << layout.block_size << " tokens ("
             << (config.kv_cache.memory_mib) << " MiB: room for "
             << (n_blocks * layout.block_size / (sh.layer_end - sh.layer_begin))
-            << " tokens in all layers at f32), KV dtype " << config.kv_cache.dtype << ", backend "
-            << rt.backend->name() << "\n";
+            << " tokens in all layers at " << (layout.dtype == DType::bf16 ? "bf16" : "f32") << "), KV dtype "
+            << config.kv_cache.dtype;
+  // How many sealed groups a block's memory packs: what quantization really saves (int8 on a bf16 pool: one).
+  if (layout.quant != KvQuant::none) std::cerr << " (" << layout.quantized_per_slot() << " sealed groups a block)";
+  std::cerr << ", backend " << rt.backend->name() << "\n";
 }
 
 }  // namespace

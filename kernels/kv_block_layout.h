@@ -12,10 +12,15 @@
 // channel) over the block's 32 entries), values per token (one per (head, entry, 32 consecutive channels)):
 //   K codes  [n_kv_heads][32][head_dim]          bytes; int4: two channels per byte, the even one in the low nibble
 //   V codes  [n_kv_heads][32][head_dim]          likewise
-//   K scale, K min  [n_kv_heads][head_dim]       fp32 each
-//   V scale, V min  [n_kv_heads][32][head_dim/32]  fp32 each
+//   K scale, K min  [n_kv_heads][head_dim]       fp16 each
+//   V scale, V min  [n_kv_heads][32][head_dim/32]  fp16 each
+// Scales and mins are fp16 as in KIVI: fp32 ones would add 2 bits to every 4-bit code, fp16 ones add 1 (int4
+// takes 5 bits an entry-channel). A group is fitted in fp32, its scale and min are rounded to fp16 (saturated at
+// +-65504, so a huge group clamps instead of turning to inf), and the codes are computed from the rounded pair,
+// so that min + code * scale is exactly what a reader dequantizes.
 // Quantized blocks are packed `quantized_per_slot()` to the memory of one full-precision block (a slot), so one
-// pool and one budget serve both (cache/block_pool.h).
+// pool and one budget serve both (cache/block_pool.h). What a packed block costs the pool is its share of a slot,
+// block_bytes() / quantized_per_slot(), not its own size: the rest of the slot is unused.
 //
 // Coded blocks (SpindleKV, a pool without quantization, f32 or bf16; docs/compression.md "SpindleKV"): block_size
 // entries whose keys and values were replaced by references to codebook vectors, one KvCodeRow per (head, entry):
@@ -35,6 +40,10 @@ namespace strata {
 
 // The quantization group of KIVI's configuration: 32 tokens per key group, 32 channels per value group.
 constexpr int kKvQuantGroup = 32;
+// Bytes of one stored scale or min (fp16).
+constexpr int kKvScaleBytes = 2;
+// The largest finite fp16: scales and mins saturate there.
+constexpr float kKvScaleMax = 65504.0f;
 
 enum class KvQuant : uint8_t { none, int8, int4 };
 
@@ -74,13 +83,15 @@ struct KvBlockLayout {
   int v_groups() const { return head_dim / kKvQuantGroup; }  // value groups per (head, entry)
   int64_t k_codes_offset(int head, int slot) const { return (int64_t(head) * block_size + slot) * code_row_bytes(); }
   int64_t v_codes_offset(int head, int slot) const { return codes_bytes() + k_codes_offset(head, slot); }
-  int64_t k_scale_offset(int head) const { return 2 * codes_bytes() + int64_t(head) * head_dim * 4; }
-  int64_t k_min_offset(int head) const { return k_scale_offset(n_kv_heads) + int64_t(head) * head_dim * 4; }
+  int64_t k_scale_offset(int head) const { return 2 * codes_bytes() + int64_t(head) * head_dim * kKvScaleBytes; }
+  int64_t k_min_offset(int head) const {
+    return k_scale_offset(n_kv_heads) + int64_t(head) * head_dim * kKvScaleBytes;
+  }
   int64_t v_scale_offset(int head, int slot) const {
-    return k_min_offset(n_kv_heads) + (int64_t(head) * block_size + slot) * v_groups() * 4;
+    return k_min_offset(n_kv_heads) + (int64_t(head) * block_size + slot) * v_groups() * kKvScaleBytes;
   }
   int64_t v_min_offset(int head, int slot) const {
-    return v_scale_offset(n_kv_heads, 0) + (int64_t(head) * block_size + slot) * v_groups() * 4;
+    return v_scale_offset(n_kv_heads, 0) + (int64_t(head) * block_size + slot) * v_groups() * kKvScaleBytes;
   }
   int64_t quantized_block_bytes() const { return v_min_offset(n_kv_heads, 0); }
   int quantized_per_slot() const {
@@ -94,6 +105,9 @@ struct KvBlockLayout {
   int64_t vectors_per_slot() const { return block_bytes() / (int64_t(head_dim) * 4); }  // fp32 codebook vectors
   // Small blocks packed into one slot: quantized blocks in a quantized pool, coded blocks otherwise.
   int packed_per_slot() const { return quant == KvQuant::none ? coded_per_slot() : quantized_per_slot(); }
+  // The pool memory n packed blocks take: their share of the slots that hold them (a slot's bytes over the blocks
+  // it packs), which counts the part of each slot too small for another block.
+  int64_t packed_pool_bytes(int64_t n) const { return n == 0 ? 0 : n * block_bytes() / packed_per_slot(); }
 };
 
 // The RoPE of the model's keys, for reading coded keys: table[p * head_dim + i] = cos(p * inv_freq[i]) and

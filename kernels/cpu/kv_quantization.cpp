@@ -11,12 +11,15 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/weight_format.h"
 
 namespace strata::cpu {
 namespace {
 
-float* floats_at(uint8_t* block, int64_t offset) { return reinterpret_cast<float*>(block + offset); }
-const float* floats_at(const uint8_t* block, int64_t offset) { return reinterpret_cast<const float*>(block + offset); }
+uint16_t* scales_at(uint8_t* block, int64_t offset) { return reinterpret_cast<uint16_t*>(block + offset); }
+const uint16_t* scales_at(const uint8_t* block, int64_t offset) {
+  return reinterpret_cast<const uint16_t*>(block + offset);
+}
 
 void put_code(uint8_t* row, int c, int code, KvQuant quant) {
   if (quant == KvQuant::int8) {
@@ -54,13 +57,25 @@ void require_pairs(std::span<const int32_t> src, std::span<const int32_t> dst, c
 
 }  // namespace
 
+uint16_t store_scale(float x) {
+  // Written so that NaN passes through (as a NaN) rather than being clamped.
+  return fp32_to_fp16(x > kKvScaleMax ? kKvScaleMax : x < -kKvScaleMax ? -kKvScaleMax : x);
+}
+
+float load_scale(uint16_t stored) { return fp16_to_fp32(stored); }
+
+void load_scales(const uint8_t* at, int n, float* out) {
+  const auto* stored = reinterpret_cast<const uint16_t*>(at);
+  for (int i = 0; i < n; ++i) out[i] = load_scale(stored[i]);
+}
+
 QuantGroup fit_group(const float* x, int n, int64_t stride, int levels) {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < n; ++i) {
     lo = std::min(lo, x[i * stride]);
     hi = std::max(hi, x[i * stride]);
   }
-  return QuantGroup{(hi - lo) / float(levels), lo};
+  return QuantGroup{load_scale(store_scale((hi - lo) / float(levels))), load_scale(store_scale(lo))};
 }
 
 int quantize_value(float x, const QuantGroup& g, int levels) {
@@ -72,12 +87,12 @@ int quantize_value(float x, const QuantGroup& g, int levels) {
 
 void quantize_keys(const float* k, int64_t stride, uint8_t* block, int head, const KvBlockLayout& L) {
   const int levels = kv_quant_levels(L.quant);
-  float* scale = floats_at(block, L.k_scale_offset(head));
-  float* min = floats_at(block, L.k_min_offset(head));
+  uint16_t* scale = scales_at(block, L.k_scale_offset(head));
+  uint16_t* min = scales_at(block, L.k_min_offset(head));
   for (int c = 0; c < L.head_dim; ++c) {
     const QuantGroup g = fit_group(k + c, L.block_size, stride, levels);
-    scale[c] = g.scale;
-    min[c] = g.min;
+    scale[c] = store_scale(g.scale);
+    min[c] = store_scale(g.min);
     for (int t = 0; t < L.block_size; ++t) {
       put_code(block + L.k_codes_offset(head, t), c, quantize_value(k[t * stride + c], g, levels), L.quant);
     }
@@ -86,14 +101,14 @@ void quantize_keys(const float* k, int64_t stride, uint8_t* block, int head, con
 
 void quantize_value_row(const float* v, uint8_t* block, int head, int slot, const KvBlockLayout& L) {
   const int levels = kv_quant_levels(L.quant);
-  float* scale = floats_at(block, L.v_scale_offset(head, slot));
-  float* min = floats_at(block, L.v_min_offset(head, slot));
+  uint16_t* scale = scales_at(block, L.v_scale_offset(head, slot));
+  uint16_t* min = scales_at(block, L.v_min_offset(head, slot));
   uint8_t* row = block + L.v_codes_offset(head, slot);
   for (int g = 0; g < L.v_groups(); ++g) {
     const float* x = v + g * kKvQuantGroup;
     const QuantGroup group = fit_group(x, kKvQuantGroup, 1, levels);
-    scale[g] = group.scale;
-    min[g] = group.min;
+    scale[g] = store_scale(group.scale);
+    min[g] = store_scale(group.min);
     for (int c = 0; c < kKvQuantGroup; ++c) {
       put_code(row, g * kKvQuantGroup + c, quantize_value(x[c], group, levels), L.quant);
     }
@@ -105,19 +120,21 @@ void unpack_codes(const uint8_t* row, const KvBlockLayout& L, float* out) {
 }
 
 void dequantize_key_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out) {
-  const float* scale = floats_at(block, L.k_scale_offset(head));
-  const float* min = floats_at(block, L.k_min_offset(head));
+  const uint16_t* scale = scales_at(block, L.k_scale_offset(head));
+  const uint16_t* min = scales_at(block, L.k_min_offset(head));
   const uint8_t* row = block + L.k_codes_offset(head, slot);
-  for (int c = 0; c < L.head_dim; ++c) out[c] = min[c] + float(get_code(row, c, L.quant)) * scale[c];
+  for (int c = 0; c < L.head_dim; ++c) {
+    out[c] = load_scale(min[c]) + float(get_code(row, c, L.quant)) * load_scale(scale[c]);
+  }
 }
 
 void dequantize_value_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out) {
-  const float* scale = floats_at(block, L.v_scale_offset(head, slot));
-  const float* min = floats_at(block, L.v_min_offset(head, slot));
+  const uint16_t* scale = scales_at(block, L.v_scale_offset(head, slot));
+  const uint16_t* min = scales_at(block, L.v_min_offset(head, slot));
   const uint8_t* row = block + L.v_codes_offset(head, slot);
   for (int c = 0; c < L.head_dim; ++c) {
     const int g = c / kKvQuantGroup;
-    out[c] = min[g] + float(get_code(row, c, L.quant)) * scale[g];
+    out[c] = load_scale(min[g]) + float(get_code(row, c, L.quant)) * load_scale(scale[g]);
   }
 }
 
@@ -126,9 +143,9 @@ void copy_value_entry(const uint8_t* src_block, int src_slot, uint8_t* dst_block
   std::memmove(dst_block + L.v_codes_offset(head, dst_slot), src_block + L.v_codes_offset(head, src_slot),
                size_t(L.code_row_bytes()));
   std::memmove(dst_block + L.v_scale_offset(head, dst_slot), src_block + L.v_scale_offset(head, src_slot),
-               sizeof(float) * size_t(L.v_groups()));
+               size_t(kKvScaleBytes) * size_t(L.v_groups()));
   std::memmove(dst_block + L.v_min_offset(head, dst_slot), src_block + L.v_min_offset(head, src_slot),
-               sizeof(float) * size_t(L.v_groups()));
+               size_t(kKvScaleBytes) * size_t(L.v_groups()));
 }
 
 void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) {

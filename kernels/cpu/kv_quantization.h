@@ -8,15 +8,22 @@
 
 namespace strata::cpu {
 
-// Asymmetric round-to-nearest over one group: scale = (max - min) / levels, code = round((x - min) / scale)
-// (ties to even, as torch.round), so |x - (min + code * scale)| <= scale / 2. A constant group has scale 0 and
-// every code 0: it comes back exactly.
+// Asymmetric round-to-nearest over one group: scale = (max - min) / levels and min, each rounded to fp16 as stored
+// (kernels/kv_block_layout.h), then code = round((x - min) / scale) with the rounded pair (ties to even, as
+// torch.round), so |x - (min + code * scale)| <= scale / 2 but for fp16's rounding of the two (2^-11 of the
+// group's range and of its min). A constant group has scale 0 and every code 0: it comes back as its min.
 struct QuantGroup {
   float scale = 0.0f;
   float min = 0.0f;
 };
 QuantGroup fit_group(const float* x, int n, int64_t stride, int levels);
 int quantize_value(float x, const QuantGroup& g, int levels);
+
+// A scale or min as stored: fp16, saturated at +-kKvScaleMax (NaN stays NaN); and back.
+uint16_t store_scale(float x);
+float load_scale(uint16_t stored);
+// n stored scales (or mins) from `at`, as floats.
+void load_scales(const uint8_t* at, int n, float* out);
 
 // Keys of one head: the block's 32 entries, entry t at k + t * stride, quantized per channel.
 void quantize_keys(const float* k, int64_t stride, uint8_t* block, int head, const KvBlockLayout& L);

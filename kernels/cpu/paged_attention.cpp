@@ -76,6 +76,8 @@ constexpr int kDimChunk = 64;  // output dimensions accumulated in registers
 struct Workspace {
   std::vector<float> scores;    // [kTileRows][stride]: the tile's scores, then probabilities
   std::vector<float> scaled_q;  // [head_dim]: q * key scale (quantized blocks)
+  std::vector<float> scales;    // [head_dim]: a quantized block's key scales, or one entry's value scales
+  std::vector<float> mins;      // [head_dim]: likewise its mins
   std::vector<float> codes;     // [head_dim]: one entry's codes (quantized and coded blocks)
 };
 
@@ -218,10 +220,10 @@ void packed_block_scores(const float* qv, const KvPoolView& pool, int32_t id, in
     return;
   }
   const uint8_t* block = pool.block_quantized(id);
-  const float* k_scale = reinterpret_cast<const float*>(block + L.k_scale_offset(kv_head));
-  const float* k_min = reinterpret_cast<const float*>(block + L.k_min_offset(kv_head));
-  for (int c = 0; c < hd; ++c) ws.scaled_q[size_t(c)] = qv[c] * k_scale[c];
-  const float bias = dot(qv, k_min, hd);
+  load_scales(block + L.k_scale_offset(kv_head), hd, ws.scales.data());
+  load_scales(block + L.k_min_offset(kv_head), hd, ws.mins.data());
+  for (int c = 0; c < hd; ++c) ws.scaled_q[size_t(c)] = qv[c] * ws.scales[size_t(c)];
+  const float bias = dot(qv, ws.mins.data(), hd);
   for (int j = 0; j < n; ++j) {
     unpack_codes(block + L.k_codes_offset(kv_head, j), L, ws.codes.data());
     scores[j] = (dot(ws.scaled_q.data(), ws.codes.data(), hd) + bias) * scale;
@@ -247,11 +249,11 @@ void block_values(const float* p, const KvPoolView& pool, int32_t id, int kv_hea
   }
   const uint8_t* block = pool.block_quantized(id);
   for (int j = 0; j < n; ++j) {
-    const float* v_scale = reinterpret_cast<const float*>(block + L.v_scale_offset(kv_head, j));
-    const float* v_min = reinterpret_cast<const float*>(block + L.v_min_offset(kv_head, j));
+    load_scales(block + L.v_scale_offset(kv_head, j), L.v_groups(), ws.scales.data());
+    load_scales(block + L.v_min_offset(kv_head, j), L.v_groups(), ws.mins.data());
     unpack_codes(block + L.v_codes_offset(kv_head, j), L, ws.codes.data());
     for (int g = 0; g < L.v_groups(); ++g) {
-      const float a = p[j] * v_scale[g], b = p[j] * v_min[g];
+      const float a = p[j] * ws.scales[size_t(g)], b = p[j] * ws.mins[size_t(g)];
       const float* code = ws.codes.data() + g * kKvQuantGroup;
       float* out = o + g * kKvQuantGroup;
       for (int d = 0; d < kKvQuantGroup; ++d) out[d] += a * code[d] + b;
@@ -396,6 +398,8 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
     thread_local Workspace ws;  // the pool's threads live on: their buffers are kept between calls
     ws.scaled_q.resize(size_t(hd));
     ws.codes.resize(size_t(hd));
+    ws.scales.resize(size_t(hd));
+    ws.mins.resize(size_t(hd));
     for (size_t it = size_t(begin); it < size_t(end); ++it) {
       const QueryItem& item = items[it];
       const AttentionSequence& s = seqs[item.seq];

@@ -6,7 +6,7 @@
 // them before returning. The caller (CudaBackend) starts each op with ctx.begin_op().
 //
 // Storage: activations are f32, weights bf16 (upload_weight). KV blocks (kernels/kv_block_layout.h): full-precision
-// blocks are bf16, quantized blocks have the CPU's byte layout (codes, fp32 scales and mins). Block tables, kept
+// blocks are bf16, quantized blocks have the CPU's byte layout (codes, fp16 scales and mins). Block tables, kept
 // lists, merges and encodings are host data, uploaded through the context.
 //
 // SpindleKV's codebook ops read entries from bf16 blocks and keep codebook vectors in fp32 (as in an f32 pool).

@@ -60,8 +60,8 @@ struct Gathered {
   float* values = nullptr;         // [records][head_dim], likewise
   int32_t* value_coded = nullptr;  // [records]: 1 when the value was quantized (its codes are below)
   uint8_t* v_codes = nullptr;      // [records][code_row_bytes]
-  float* v_scales = nullptr;       // [records][v_groups]
-  float* v_mins = nullptr;         // [records][v_groups]
+  uint16_t* v_scales = nullptr;    // [records][v_groups], as stored (fp16)
+  uint16_t* v_mins = nullptr;      // [records][v_groups]
 
   __device__ int64_t record(int j, int hh) const { return int64_t(j - first) * n_heads + hh; }
 };
@@ -86,8 +86,8 @@ __global__ void gather_entries(const uint8_t* base, const int64_t* blocks, int n
       out.v_codes[r * g.code_row_bytes + byte] = q[g.v_codes(head, slot) + byte];
     }
     for (int group = int(threadIdx.x); group < g.v_groups; group += int(blockDim.x)) {
-      out.v_scales[r * g.v_groups + group] = floats_at(q, g.v_scale(head, slot))[group];
-      out.v_mins[r * g.v_groups + group] = floats_at(q, g.v_min(head, slot))[group];
+      out.v_scales[r * g.v_groups + group] = scales_at(q, g.v_scale(head, slot))[group];
+      out.v_mins[r * g.v_groups + group] = scales_at(q, g.v_min(head, slot))[group];
     }
   } else {
     for (int c = int(threadIdx.x); c < g.head_dim; c += int(blockDim.x)) {
@@ -117,8 +117,8 @@ __global__ void scatter_groups(uint8_t* base, const int64_t* blocks, int first_g
       for (int byte = vg * group_bytes; byte < (vg + 1) * group_bytes; ++byte) {
         block[g.v_codes(head, t) + byte] = in.v_codes[r * g.code_row_bytes + byte];
       }
-      floats_at(block, g.v_scale(head, t))[vg] = in.v_scales[r * g.v_groups + vg];
-      floats_at(block, g.v_min(head, t))[vg] = in.v_mins[r * g.v_groups + vg];
+      scales_at(block, g.v_scale(head, t))[vg] = in.v_scales[r * g.v_groups + vg];
+      scales_at(block, g.v_min(head, t))[vg] = in.v_mins[r * g.v_groups + vg];
     } else {
       quantize_value_group([&](int c) { return in.values[r * g.head_dim + c]; }, block, head, t, vg, g);
     }
@@ -196,8 +196,8 @@ void compact_quantized(CudaContext& ctx, std::span<const int32_t> table, std::sp
   gathered.values = static_cast<float*>(ctx.scratch(sizeof(float) * records * size_t(g.head_dim)));
   gathered.value_coded = static_cast<int32_t*>(ctx.scratch(sizeof(int32_t) * records));
   gathered.v_codes = static_cast<uint8_t*>(ctx.scratch(records * size_t(g.code_row_bytes)));
-  gathered.v_scales = static_cast<float*>(ctx.scratch(sizeof(float) * records * size_t(g.v_groups)));
-  gathered.v_mins = static_cast<float*>(ctx.scratch(sizeof(float) * records * size_t(g.v_groups)));
+  gathered.v_scales = static_cast<uint16_t*>(ctx.scratch(sizeof(uint16_t) * records * size_t(g.v_groups)));
+  gathered.v_mins = static_cast<uint16_t*>(ctx.scratch(sizeof(uint16_t) * records * size_t(g.v_groups)));
   const int64_t* blocks = ctx.upload(offsets);
   auto* base = static_cast<uint8_t*>(pool.base);
 

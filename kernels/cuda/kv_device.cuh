@@ -11,6 +11,7 @@
 // The quantization arithmetic repeats kernels/cpu/kv_quantization.cpp operation by operation, with the rounding
 // intrinsics that forbid fused multiply-adds (the CPU build has none), so that the same inputs give the same codes.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -47,13 +48,13 @@ struct KvGeometry {
     return (int64_t(head) * block_size + slot) * code_row_bytes;
   }
   __host__ __device__ int64_t v_codes(int head, int slot) const { return codes_bytes + k_codes(head, slot); }
-  __host__ __device__ int64_t k_scale(int head) const { return k_scale0 + int64_t(head) * head_dim * 4; }
-  __host__ __device__ int64_t k_min(int head) const { return k_min0 + int64_t(head) * head_dim * 4; }
+  __host__ __device__ int64_t k_scale(int head) const { return k_scale0 + int64_t(head) * head_dim * kKvScaleBytes; }
+  __host__ __device__ int64_t k_min(int head) const { return k_min0 + int64_t(head) * head_dim * kKvScaleBytes; }
   __host__ __device__ int64_t v_scale(int head, int slot) const {
-    return v_scale0 + (int64_t(head) * block_size + slot) * v_groups * 4;
+    return v_scale0 + (int64_t(head) * block_size + slot) * v_groups * kKvScaleBytes;
   }
   __host__ __device__ int64_t v_min(int head, int slot) const {
-    return v_min0 + (int64_t(head) * block_size + slot) * v_groups * 4;
+    return v_min0 + (int64_t(head) * block_size + slot) * v_groups * kKvScaleBytes;
   }
 };
 
@@ -161,22 +162,32 @@ __device__ inline float load_bf16(const uint8_t* base, int64_t block_offset, int
 __device__ inline void store_bf16(uint8_t* base, int64_t block_offset, int64_t element, float x) {
   reinterpret_cast<__nv_bfloat16*>(base + block_offset)[element] = __float2bfloat16_rn(x);
 }
-__device__ inline float* floats_at(uint8_t* p, int64_t offset) { return reinterpret_cast<float*>(p + offset); }
-__device__ inline const float* floats_at(const uint8_t* p, int64_t offset) {
-  return reinterpret_cast<const float*>(p + offset);
+// Stored scales and mins (fp16 bits) at a byte offset of a quantized block.
+__device__ inline uint16_t* scales_at(uint8_t* p, int64_t offset) { return reinterpret_cast<uint16_t*>(p + offset); }
+__device__ inline const uint16_t* scales_at(const uint8_t* p, int64_t offset) {
+  return reinterpret_cast<const uint16_t*>(p + offset);
 }
+// The CPU's store_scale and load_scale: fp16 rounded to nearest even, saturated at +-kKvScaleMax, NaN kept.
+__device__ inline uint16_t store_scale(float x) {
+  return __half_as_ushort(__float2half_rn(x > kKvScaleMax ? kKvScaleMax : x < -kKvScaleMax ? -kKvScaleMax : x));
+}
+__device__ inline float load_scale(uint16_t stored) { return __half2float(__ushort_as_half(stored)); }
 
 // Code c of a code row: one byte per channel (int8) or two (int4, the even channel in the low nibble).
 __device__ inline int get_code(const uint8_t* row, int c, int bits) {
   return bits == 8 ? row[c] : (row[c / 2] >> ((c & 1) * 4)) & 0xF;
 }
 
-// fit_group + quantize_value of the CPU: scale = (max - min) / levels, code = round-half-even((x - min) / scale),
-// clamped; a constant group has scale 0 and codes 0; NaN gives 0.
+// fit_group + quantize_value of the CPU: scale = (max - min) / levels and min, each rounded to fp16 as stored, then
+// code = round-half-even((x - min) / scale) with the rounded pair, clamped; a constant group has scale 0 and codes
+// 0; NaN gives 0.
 struct QuantGroup {
   float scale;
   float min;
 };
+__device__ inline QuantGroup fitted_group(float lo, float hi, int levels) {
+  return QuantGroup{load_scale(store_scale(__fdiv_rn(__fsub_rn(hi, lo), float(levels)))), load_scale(store_scale(lo))};
+}
 __device__ inline int quantize_code(float x, QuantGroup g, int levels) {
   if (!(g.scale > 0.0f)) return 0;
   const float q = rintf(__fdiv_rn(__fsub_rn(x, g.min), g.scale));
@@ -204,8 +215,8 @@ template <class Key>
 __device__ void quantize_keys_strided(Key key_of, uint8_t* block, int head, const KvGeometry& g, int tid,
                                       int n_threads) {
   const int per_byte = 8 / g.bits;
-  float* scale = floats_at(block, g.k_scale(head));
-  float* min = floats_at(block, g.k_min(head));
+  uint16_t* scale = scales_at(block, g.k_scale(head));
+  uint16_t* min = scales_at(block, g.k_min(head));
   for (int byte = tid; byte < g.code_row_bytes; byte += n_threads) {
     for (int c = byte * per_byte; c < (byte + 1) * per_byte; ++c) {
       float lo = key_of(0, c), hi = lo;
@@ -214,13 +225,14 @@ __device__ void quantize_keys_strided(Key key_of, uint8_t* block, int head, cons
         lo = x < lo ? x : lo;  // std::min and std::max, as the CPU's fit_group
         hi = hi < x ? x : hi;
       }
-      scale[c] = __fdiv_rn(__fsub_rn(hi, lo), float(g.levels));
-      min[c] = lo;
+      const QuantGroup q = fitted_group(lo, hi, g.levels);
+      scale[c] = store_scale(q.scale);
+      min[c] = store_scale(q.min);
     }
     for (int t = 0; t < g.block_size; ++t) {
       block[g.k_codes(head, t) + byte] = code_byte(
           byte, g.bits, g.levels, [&](int c) { return key_of(t, c); },
-          [&](int c) { return QuantGroup{scale[c], min[c]}; });
+          [&](int c) { return QuantGroup{load_scale(scale[c]), load_scale(min[c])}; });
     }
   }
 }
@@ -237,9 +249,9 @@ __device__ void quantize_value_group(Value value_of, uint8_t* block, int head, i
     lo = x < lo ? x : lo;
     hi = hi < x ? x : hi;
   }
-  const QuantGroup q{__fdiv_rn(__fsub_rn(hi, lo), float(g.levels)), lo};
-  floats_at(block, g.v_scale(head, slot))[group] = q.scale;
-  floats_at(block, g.v_min(head, slot))[group] = q.min;
+  const QuantGroup q = fitted_group(lo, hi, g.levels);
+  scales_at(block, g.v_scale(head, slot))[group] = store_scale(q.scale);
+  scales_at(block, g.v_min(head, slot))[group] = store_scale(q.min);
   const int per_byte = 8 / g.bits;
   uint8_t* row = block + g.v_codes(head, slot);
   for (int byte = first / per_byte; byte < (first + kKvQuantGroup) / per_byte; ++byte) {
@@ -248,13 +260,14 @@ __device__ void quantize_value_group(Value value_of, uint8_t* block, int head, i
 }
 
 __device__ inline float dequantize_key(const uint8_t* block, int head, int slot, int c, const KvGeometry& g) {
-  return dequantize_code(get_code(block + g.k_codes(head, slot), c, g.bits), floats_at(block, g.k_scale(head))[c],
-                         floats_at(block, g.k_min(head))[c]);
+  return dequantize_code(get_code(block + g.k_codes(head, slot), c, g.bits),
+                         load_scale(scales_at(block, g.k_scale(head))[c]), load_scale(scales_at(block, g.k_min(head))[c]));
 }
 __device__ inline float dequantize_value(const uint8_t* block, int head, int slot, int c, const KvGeometry& g) {
   const int group = c / kKvQuantGroup;
   return dequantize_code(get_code(block + g.v_codes(head, slot), c, g.bits),
-                         floats_at(block, g.v_scale(head, slot))[group], floats_at(block, g.v_min(head, slot))[group]);
+                         load_scale(scales_at(block, g.v_scale(head, slot))[group]),
+                         load_scale(scales_at(block, g.v_min(head, slot))[group]));
 }
 
 // ---- SpindleKV's coded entries -------------------------------------------------------------------------------

@@ -28,11 +28,16 @@ KvBlockLayout quant_layout(KvQuant quant) {
   L.head_dim = 32;
   L.block_size = 32;
   L.quant = quant;
-  return L;  // full precision: 2 * 2 * 32 * 32 * 4 = 16,384 bytes; int4 block 3,072 bytes (5 a slot), int8 5,120 (3)
+  // full precision: 2 * 2 * 32 * 32 * 4 = 16,384 bytes. int4: codes 2 * 2 * 32 * 32 / 2 = 2,048 bytes, fp16 key
+  // scales and mins 2 * 2 * 32 * 2 = 256, value ones 256: 2,560 bytes, 6 a slot. int8: 4,608 bytes, 3 a slot.
+  return L;
 }
 
 constexpr int64_t kSlotBytes = 16384;
-constexpr int64_t kInt4Bytes = 3072;
+constexpr int64_t kInt4Bytes = 2560;
+constexpr int kInt4PerSlot = 6;
+// What n int4 blocks cost the pool: their share of the slots that pack them.
+constexpr int64_t int4_pool_bytes(int64_t n) { return n * kSlotBytes / kInt4PerSlot; }
 
 struct Fixture {
   std::unique_ptr<Backend> be = make_cpu_backend();
@@ -47,31 +52,31 @@ struct Fixture {
 TEST(QuantizedBlockPool, SlotsReserveAndSlabs) {
   auto be = make_cpu_backend();
   BlockPool pool(*be, quant_layout(KvQuant::int4), 4);
-  ASSERT_EQ(pool.layout().quantized_per_slot(), 5);
-  EXPECT_EQ(pool.quantized_block_bytes(), kInt4Bytes);
+  ASSERT_EQ(pool.layout().quantized_per_slot(), kInt4PerSlot);
+  EXPECT_EQ(pool.layout().quantized_block_bytes(), kInt4Bytes);
   EXPECT_EQ(pool.n_total(), 3) << "one slot is the sealing reserve";
   EXPECT_EQ(pool.n_free(), 3);
   std::set<int32_t> first_slab;
-  for (int i = 0; i < 5; ++i) first_slab.insert(pool.allocate_quantized());
-  EXPECT_EQ(first_slab.size(), 5u);
-  EXPECT_EQ(pool.n_free(), 2) << "five int4 blocks take one slot";
+  for (int i = 0; i < kInt4PerSlot; ++i) first_slab.insert(pool.allocate_quantized());
+  EXPECT_EQ(first_slab.size(), size_t(kInt4PerSlot));
+  EXPECT_EQ(pool.n_free(), 2) << "six int4 blocks take one slot";
   for (int32_t b : first_slab) {
     EXPECT_TRUE(pool.is_quantized(b));
     EXPECT_EQ(pool.slot_of(b), pool.slot_of(*first_slab.begin()));
   }
-  EXPECT_EQ(pool.slab_used(pool.slot_of(*first_slab.begin())), 5);
-  const int32_t sixth = pool.allocate_quantized();
-  EXPECT_NE(pool.slot_of(sixth), pool.slot_of(*first_slab.begin()));
+  EXPECT_EQ(pool.slab_used(pool.slot_of(*first_slab.begin())), kInt4PerSlot);
+  const int32_t seventh = pool.allocate_quantized();
+  EXPECT_NE(pool.slot_of(seventh), pool.slot_of(*first_slab.begin()));
   EXPECT_EQ(pool.n_free(), 1);
   // The fullest slab with room is used first: free one block of the first slab, and the next block goes there.
   pool.release(*first_slab.begin());
   const int32_t refill = pool.allocate_quantized();
   EXPECT_EQ(pool.slot_of(refill), pool.slot_of(*first_slab.begin()));
   // A slab gives its slot back when its last block goes.
-  pool.release(sixth);
+  pool.release(seventh);
   EXPECT_EQ(pool.n_free(), 2);
-  EXPECT_THROW(pool.release(sixth), std::logic_error);
-  EXPECT_THROW(pool.release(int32_t(4 + 4 * 5)), std::logic_error);  // past the last quantized id
+  EXPECT_THROW(pool.release(seventh), std::logic_error);
+  EXPECT_THROW(pool.release(int32_t(4 + 4 * kInt4PerSlot)), std::logic_error);  // past the last quantized id
 }
 
 TEST(QuantizedBlockPool, OnlyQuantizedBlocksMayTakeTheReserve) {
@@ -206,7 +211,7 @@ TEST(QuantizedKvCache, SealQuantizesFullGroupsAndAccountsTheirBytes) {
   EXPECT_EQ(u.entries, 70);
   EXPECT_EQ(u.blocks, 3);
   EXPECT_EQ(u.quantized_blocks, 2);
-  EXPECT_EQ(u.bytes, 2 * kInt4Bytes + kSlotBytes);
+  EXPECT_EQ(u.bytes, int4_pool_bytes(2) + kSlotBytes);
   EXPECT_EQ(u.uncompressed_bytes, 3 * kSlotBytes);
   EXPECT_EQ(f.pool.n_free(), 19 - 5) << "two full-precision blocks out, one slab in";
   expect_tags(f, 1, 0, iota_n(70), 0.0f);
@@ -267,7 +272,7 @@ TEST(QuantizedKvCache, RetainOnQuantizedLayersMovesValuesAndRebuildsKeyGroups) {
   EXPECT_EQ(kv.block_table.size(), 2u);
   EXPECT_EQ(kv.n_entries, 40);
   const LayerUsage u = f.cache.layer_usage(0);
-  EXPECT_EQ(u.bytes, kInt4Bytes + kSlotBytes);
+  EXPECT_EQ(u.bytes, int4_pool_bytes(1) + kSlotBytes);
   EXPECT_EQ(u.uncompressed_bytes, 4 * kSlotBytes) << "what 100 entries take at full precision";
   expect_tags(f, 7, 0, kept40, 1.0f);
   f.cache.release(7);
@@ -280,6 +285,7 @@ TEST(QuantizedKvCache, RetainPerHeadOnAQuantizedLayer) {
   write_tags(f.cache, 3, 0, 0);
   ASSERT_EQ(f.cache.seal(3, 0), 2);
   f.cache.append(3, 1);  // a decode step's entry, as at every policy hook
+  const std::vector<std::vector<float>> sealed = read_layer(f, 3, 0);
   std::vector<std::vector<int32_t>> kept = {iota_n(40), {}};
   for (int e = 25; e < 65; ++e) kept[1].push_back(e);
   f.cache.retain(3, 0, kept);
@@ -291,9 +297,11 @@ TEST(QuantizedKvCache, RetainPerHeadOnAQuantizedLayer) {
       const int original = kept[size_t(h)][size_t(j)];
       if (original == 64) continue;  // never written
       for (int d = 0; d < 32; ++d) {
-        // int8 on a 0..15 grid: scale 15 / 255, so rebuilt keys stay within 0.03.
+        // int8 on a 0..15 grid: scale 15 / 255, so rebuilt keys stay within 0.03. Values move as they were
+        // sealed, codes and scales, without a second rounding.
         ASSERT_NEAR(entries[size_t(j)][size_t(h * 32 + d)], key_tag(original, h, d), 0.03f) << j;
-        ASSERT_EQ(entries[size_t(j)][size_t(64 + h * 32 + d)], value_tag(original, h, d)) << j;
+        ASSERT_NEAR(entries[size_t(j)][size_t(64 + h * 32 + d)], value_tag(original, h, d), 0.03f) << j;
+        ASSERT_EQ(entries[size_t(j)][size_t(64 + h * 32 + d)], sealed[size_t(original)][size_t(64 + h * 32 + d)]);
       }
     }
   }

@@ -61,12 +61,13 @@ TEST(SpindleKvStorage, ReplaceDecodeAndRelease) {
   EXPECT_TRUE(f.cache.pool_view().is_coded(kv.block_table[0]));
   EXPECT_FALSE(f.cache.pool_view().is_coded(kv.block_table[1]));  // entries 4-5: reconstructions, codes in the open block
   EXPECT_GE(kv.codebook->open_block, 0);
-  // Memory: one full-precision block, two coded blocks (one open), one page of codebook vectors.
+  // Memory: one full-precision block, two coded blocks (one open), one page of codebook vectors. A coded block
+  // takes 80 bytes, so a 128-byte slot packs one and each costs the pool the whole slot.
   LayerUsage u = f.cache.layer_usage(0);
   EXPECT_EQ(u.coded_blocks, 2);
   EXPECT_EQ(u.codebook_pages, 1);
   EXPECT_EQ(u.codebook_vectors, 4);
-  EXPECT_EQ(u.bytes, 128 + 2 * 80 + 128);
+  EXPECT_EQ(u.bytes, 128 + 2 * 128 + 128);
   EXPECT_EQ(f.cache.sequence_usage(1, 0).bytes, u.bytes);
   EXPECT_EQ(f.pool.n_free(), 16 - 4);                     // 1 block, 1 page, 2 slabs
   EXPECT_EQ(f.cache.blocks_held(1), 4);
@@ -97,7 +98,7 @@ TEST(SpindleKvStorage, ReplaceDecodeAndRelease) {
   EXPECT_EQ(kv.block_table.size(), 2u);
   u = f.cache.layer_usage(0);
   EXPECT_EQ(u.codebook_vectors, 5);
-  EXPECT_EQ(u.bytes, 2 * 80 + 128);
+  EXPECT_EQ(u.bytes, 2 * 128 + 128);
   const KvCodeRow* rows = f.cache.pool_view().block_coded(kv.block_table[1]);
   EXPECT_EQ(rows[2].k_vector, kv.codebook->keys[0][0]);
   EXPECT_EQ(rows[3].k_vector, kv.codebook->keys[0][3]);

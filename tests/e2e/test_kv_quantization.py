@@ -1,8 +1,8 @@
 """KV quantization (kv_cache.dtype) through the shipped binary: the same ~1,000-token prompt with SimLayerKV, on a
 server with an f32 cache and on one with int4 (the seed's headline configuration). While the request decodes,
-/metrics shows every layer at the bytes its blocks really take (sealed groups at the int4 block size, the rest
-at full precision: computed here from the documented block format), far below the f32 run, and /v1/kv_state
-agrees; afterwards every block is back in the pool."""
+/metrics shows every layer at the pool memory its blocks take (sealed groups at their share of the slots that pack
+them, the rest at full precision: computed here from the documented block format), far below the f32 run, and
+/v1/kv_state agrees; afterwards every block is back in the pool."""
 import pytest
 import requests
 
@@ -12,10 +12,18 @@ from support import ROOT, metric, metrics, tokenizer
 N_LAYERS = 30
 N_KV_HEADS, HEAD_DIM, GROUP = 3, 64, 32
 F32_BLOCK_BYTES = 2 * N_KV_HEADS * GROUP * HEAD_DIM * 4  # 49,152: 32 entries of K and V at fp32
-# int4 block (kernels/kv_block_layout.h): 4-bit codes of K and V, fp32 scale and min per (head, channel) for the
+# int4 block (kernels/kv_block_layout.h): 4-bit codes of K and V, an fp16 scale and min per (head, channel) for the
 # keys and per (head, entry, 32 channels) for the values.
-INT4_BLOCK_BYTES = 2 * N_KV_HEADS * GROUP * HEAD_DIM // 2 + 2 * N_KV_HEADS * HEAD_DIM * 4 + \
-    2 * N_KV_HEADS * GROUP * (HEAD_DIM // GROUP) * 4  # 9,216
+INT4_BLOCK_BYTES = 2 * N_KV_HEADS * GROUP * HEAD_DIM // 2 + 2 * N_KV_HEADS * HEAD_DIM * 2 + \
+    2 * N_KV_HEADS * GROUP * (HEAD_DIM // GROUP) * 2  # 7,680
+# A slot (the memory of one f32 block) packs as many int4 blocks as fit, and each costs the pool its share.
+INT4_PER_SLOT = F32_BLOCK_BYTES // INT4_BLOCK_BYTES  # 6
+
+
+def int4_pool_bytes(n_blocks):
+    return n_blocks * F32_BLOCK_BYTES // INT4_PER_SLOT
+
+
 PROMPT_TOKENS = 1000
 POLICY = {"policy": "simlayerkv", "window": 128, "n_init": 4}
 
@@ -91,8 +99,8 @@ def test_simlayerkv_int4_holds_its_layers_at_the_quantized_block_size(servers):
     for layer in range(N_LAYERS):
         t = tokens["int4"][layer]
         assert t <= PROMPT_TOKENS + 48
-        # Sealed groups at the int4 size, the newest entries (fewer than a group) at full precision.
-        expected = (t // GROUP) * INT4_BLOCK_BYTES + (F32_BLOCK_BYTES if t % GROUP else 0)
+        # Sealed groups at their share of a slot, the newest entries (fewer than a group) at full precision.
+        expected = int4_pool_bytes(t // GROUP) + (F32_BLOCK_BYTES if t % GROUP else 0)
         assert held["int4"][layer] == expected, (layer, t, held["int4"][layer], expected)
         f = tokens["f32"][layer]
         assert held["f32"][layer] == -(-f // GROUP) * F32_BLOCK_BYTES, (layer, f)

@@ -48,16 +48,17 @@ struct QuantPool {
 int code_of(const uint8_t* row, int c, KvQuant q) {
   return q == KvQuant::int8 ? row[c] : (row[c / 2] >> (4 * (c % 2))) & 0xF;
 }
-float f32_at(const uint8_t* p) {
-  float x;
+// A stored scale or min (fp16), read with the compiler's _Float16 rather than the code under test.
+float scale_at(const uint8_t* p) {
+  _Float16 x;
   std::memcpy(&x, p, sizeof x);
-  return x;
+  return float(x);
 }
 float key_scale(const KvPoolView& pool, int32_t block, int head, int c) {
-  return f32_at(pool.block_quantized(block) + pool.layout.k_scale_offset(head) + 4 * c);
+  return scale_at(pool.block_quantized(block) + pool.layout.k_scale_offset(head) + kKvScaleBytes * c);
 }
 float key_min(const KvPoolView& pool, int32_t block, int head, int c) {
-  return f32_at(pool.block_quantized(block) + pool.layout.k_min_offset(head) + 4 * c);
+  return scale_at(pool.block_quantized(block) + pool.layout.k_min_offset(head) + kKvScaleBytes * c);
 }
 int key_code(const KvPoolView& pool, int32_t block, int head, int slot, int c) {
   return code_of(pool.block_quantized(block) + pool.layout.k_codes_offset(head, slot), c, pool.layout.quant);
@@ -66,10 +67,10 @@ double decoded_key(const KvPoolView& pool, int32_t block, int head, int slot, in
   return double(key_min(pool, block, head, c)) + double(key_code(pool, block, head, slot, c)) * key_scale(pool, block, head, c);
 }
 float value_scale(const KvPoolView& pool, int32_t block, int head, int slot, int g) {
-  return f32_at(pool.block_quantized(block) + pool.layout.v_scale_offset(head, slot) + 4 * g);
+  return scale_at(pool.block_quantized(block) + pool.layout.v_scale_offset(head, slot) + kKvScaleBytes * g);
 }
 float value_min(const KvPoolView& pool, int32_t block, int head, int slot, int g) {
-  return f32_at(pool.block_quantized(block) + pool.layout.v_min_offset(head, slot) + 4 * g);
+  return scale_at(pool.block_quantized(block) + pool.layout.v_min_offset(head, slot) + kKvScaleBytes * g);
 }
 int value_code(const KvPoolView& pool, int32_t block, int head, int slot, int c) {
   return code_of(pool.block_quantized(block) + pool.layout.v_codes_offset(head, slot), c, pool.layout.quant);
@@ -114,11 +115,15 @@ TEST(KvQuantFormat, BlockSizesAndPacking) {
   // SmolLM2: 3 KV heads of 64. Full precision: 2 x 3 x 32 x 64 x 4 = 49,152 bytes a block.
   const KvBlockLayout i8 = quant_layout(KvQuant::int8, 3, 64), i4 = quant_layout(KvQuant::int4, 3, 64);
   EXPECT_EQ(i8.block_bytes(), 49152);
-  // int8: codes 2 x 6,144; key scale and min 2 x 3 x 64 x 4; value scale and min 2 x 3 x 32 x 2 x 4.
-  EXPECT_EQ(i8.quantized_block_bytes(), 12288 + 1536 + 1536);
+  // int8: codes 2 x 6,144; key scale and min 2 x 3 x 64 x 2 (fp16); value scale and min 2 x 3 x 32 x 2 x 2.
+  EXPECT_EQ(i8.quantized_block_bytes(), 12288 + 768 + 768);
   EXPECT_EQ(i8.quantized_per_slot(), 3);
-  EXPECT_EQ(i4.quantized_block_bytes(), 6144 + 1536 + 1536);
-  EXPECT_EQ(i4.quantized_per_slot(), 5);
+  EXPECT_EQ(i4.quantized_block_bytes(), 6144 + 768 + 768);
+  EXPECT_EQ(i4.quantized_per_slot(), 6);
+  // What packed blocks cost the pool: a slot's share, 49,152 / 6 = 8,192 bytes an int4 block, 16,384 an int8 one.
+  EXPECT_EQ(i4.packed_pool_bytes(3), 3 * 8192);
+  EXPECT_EQ(i8.packed_pool_bytes(3), 3 * 16384);
+  EXPECT_EQ(i4.packed_pool_bytes(0), 0);
   EXPECT_EQ(quant_layout(KvQuant::none, 3, 64).quantized_per_slot(), 0);
 }
 
@@ -159,9 +164,12 @@ TEST(KvQuantize, HandComputedKeyChannelsInt8) {
   const int32_t q = p.quantized(1, 0);
   be->kv_quantize(std::vector<int32_t>{0}, std::vector<int32_t>{q}, p.view);
 
-  EXPECT_FLOAT_EQ(key_scale(p.view, q, 0, 0), 31.0f / 255.0f);
+  // Scales are stored in fp16: 31 / 255 = 0.1215686... becomes 0.12158203125 (1992 * 2^-14).
+  const float scale0 = float(_Float16(31.0f / 255.0f));
+  ASSERT_EQ(scale0, 1992.0f / 16384.0f);
+  EXPECT_EQ(key_scale(p.view, q, 0, 0), scale0);
   EXPECT_EQ(key_min(p.view, q, 0, 0), 0.0f);
-  // t * 255 / 31: 1 -> 8.23 -> 8, 2 -> 16.45 -> 16, 3 -> 24.68 -> 25, 16 -> 131.6 -> 132, 31 -> 255.
+  // t / scale0: 1 -> 8.22 -> 8, 2 -> 16.45 -> 16, 3 -> 24.67 -> 25, 16 -> 131.6 -> 132, 31 -> 254.97 -> 255.
   EXPECT_EQ(key_code(p.view, q, 0, 1, 0), 8);
   EXPECT_EQ(key_code(p.view, q, 0, 2, 0), 16);
   EXPECT_EQ(key_code(p.view, q, 0, 3, 0), 25);
@@ -173,11 +181,14 @@ TEST(KvQuantize, HandComputedKeyChannelsInt8) {
   EXPECT_EQ(key_code(p.view, q, 0, 31, 2), 255);
 
   be->kv_dequantize(std::vector<int32_t>{q}, std::vector<int32_t>{0}, p.view);
-  EXPECT_NEAR(p.k(0, 0, 3)[0], 25.0 * 31.0 / 255.0, 1e-6);  // 3.0392
-  EXPECT_NEAR(p.k(0, 0, 16)[0], 132.0 * 31.0 / 255.0, 1e-5);
+  EXPECT_EQ(p.k(0, 0, 3)[0], 25.0f * scale0);  // 3.0396
+  EXPECT_EQ(p.k(0, 0, 16)[0], 132.0f * scale0);
   for (int t = 0; t < 32; ++t) EXPECT_EQ(p.k(0, 0, t)[1], 5.0f);
   for (int t = 0; t < 31; ++t) EXPECT_EQ(p.k(0, 0, t)[2], -1.0f);
-  EXPECT_NEAR(p.k(0, 0, 31)[2], 10000.0f, 1e-2);
+  // The outlier's scale, 10001 / 255 = 39.22, is stored as 39.21875 (fp16 keeps 2^-5 there): 9,999.78 comes back.
+  const float scale2 = float(_Float16(10001.0f / 255.0f));
+  ASSERT_EQ(scale2, 39.21875f);
+  EXPECT_EQ(p.k(0, 0, 31)[2], -1.0f + 255.0f * scale2);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -190,7 +201,11 @@ double worst_bound_ratio(const QuantPool& p, const std::vector<float>& original,
   double worst = 0.0;
   auto check = [&](double x, double y, double lo, double hi) {
     const double half_scale = (hi - lo) / levels / 2.0;
-    const double slack = 4e-7 * std::max(std::fabs(lo), std::fabs(hi));  // float arithmetic of min + code * scale
+    // fp16's rounding of the stored min and scale (kernels/kv_block_layout.h): half an ulp, at most 2^-11 of the
+    // value (2^-25 absolute below fp16's smallest normal), the scale's times up to `levels` codes; then the float
+    // arithmetic of min + code * scale.
+    const double stored = 0x1p-11 * (std::fabs(lo) + (hi - lo)) + (levels + 1) * 0x1p-25;
+    const double slack = stored + 4e-7 * std::max(std::fabs(lo), std::fabs(hi));
     const double err = std::fabs(x - y);
     if (err > slack) worst = std::max(worst, half_scale > 0 ? (err - slack) / half_scale : INFINITY);
   };

@@ -19,11 +19,12 @@
 
 namespace strata::test {
 
-// Element `offset` (bytes) of a quantized block as an fp32 number.
-inline double quantized_f32(const uint8_t* block, int64_t offset) {
-  float x;
+// The scale or min stored at byte `offset` of a quantized block (fp16), read with the compiler's _Float16 rather
+// than the code under test.
+inline double quantized_scale(const uint8_t* block, int64_t offset) {
+  _Float16 x;
   std::memcpy(&x, block + offset, sizeof x);
-  return x;
+  return double(x);
 }
 
 // Channel c of a row of codes: a byte each (int8), or two channels a byte, the even one in the low nibble (int4).
@@ -41,9 +42,12 @@ inline std::vector<double> quantized_entry(const KvPoolView& pool, int32_t id, i
   std::vector<double> x(size_t(L.head_dim));
   for (int c = 0; c < L.head_dim; ++c) {
     const int64_t group = c / kKvQuantGroup;
-    const int64_t scale_at = key ? L.k_scale_offset(kv_head) + 4 * c : L.v_scale_offset(kv_head, slot) + 4 * group;
-    const int64_t min_at = key ? L.k_min_offset(kv_head) + 4 * c : L.v_min_offset(kv_head, slot) + 4 * group;
-    x[size_t(c)] = quantized_f32(block, min_at) + quantized_code(codes, c, L.quant) * quantized_f32(block, scale_at);
+    const int64_t scale_at = key ? L.k_scale_offset(kv_head) + kKvScaleBytes * c
+                                 : L.v_scale_offset(kv_head, slot) + kKvScaleBytes * group;
+    const int64_t min_at = key ? L.k_min_offset(kv_head) + kKvScaleBytes * c
+                               : L.v_min_offset(kv_head, slot) + kKvScaleBytes * group;
+    x[size_t(c)] =
+        quantized_scale(block, min_at) + quantized_code(codes, c, L.quant) * quantized_scale(block, scale_at);
   }
   return x;
 }

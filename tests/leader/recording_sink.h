@@ -19,6 +19,8 @@ class RecordingSink final : public GenerationSink {
       text[d->choice] += d->text;
       auto& ids = tokens[d->choice];
       ids.insert(ids.end(), d->token_ids.begin(), d->token_ids.end());
+      auto& entries = logprobs[d->choice];
+      entries.insert(entries.end(), d->logprobs.begin(), d->logprobs.end());
       n_deltas++;
     } else if (auto* f = std::get_if<ChoiceFinished>(&event)) {
       finish_reason[f->choice] = f->finish_reason;
@@ -34,6 +36,7 @@ class RecordingSink final : public GenerationSink {
   std::mutex mutex_;
   std::map<int, std::string> text, finish_reason;
   std::map<int, std::vector<int32_t>> tokens;
+  std::map<int, std::vector<LogprobEntry>> logprobs;  // when the request asked for them
   Usage usage;
   bool finished = false;
   std::string error;

@@ -177,10 +177,10 @@ struct PoolReader {
   static int code(const uint8_t* row, int c, KvQuant quant) {
     return quant == KvQuant::int8 ? row[c] : (row[c / 2] >> (4 * (c % 2))) & 0xF;
   }
-  static float f32_at(const uint8_t* p) {
-    float x;
+  static float scale_at(const uint8_t* p) {  // a stored scale or min (fp16)
+    _Float16 x;
     std::memcpy(&x, p, sizeof x);
-    return x;
+    return float(x);
   }
   // Channel c of the key (or value) of (head, slot) in block `id`.
   float at(int32_t id, bool key, int head, int slot, int c) const {
@@ -202,14 +202,14 @@ struct PoolReader {
     if (!view.is_quantized(id)) return 0.0f;
     const KvBlockLayout& L = view.layout;
     const uint8_t* q = view.block_quantized(id);
-    return key ? f32_at(q + L.k_scale_offset(head) + 4 * c)
-               : f32_at(q + L.v_scale_offset(head, slot) + 4 * (c / kKvQuantGroup));
+    return key ? scale_at(q + L.k_scale_offset(head) + kKvScaleBytes * c)
+               : scale_at(q + L.v_scale_offset(head, slot) + kKvScaleBytes * (c / kKvQuantGroup));
   }
   float min(int32_t id, bool key, int head, int slot, int c) const {
     const KvBlockLayout& L = view.layout;
     const uint8_t* q = view.block_quantized(id);
-    return key ? f32_at(q + L.k_min_offset(head) + 4 * c)
-               : f32_at(q + L.v_min_offset(head, slot) + 4 * (c / kKvQuantGroup));
+    return key ? scale_at(q + L.k_min_offset(head) + kKvScaleBytes * c)
+               : scale_at(q + L.v_min_offset(head, slot) + kKvScaleBytes * (c / kKvQuantGroup));
   }
 };
 
