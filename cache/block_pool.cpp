@@ -28,7 +28,7 @@ BlockPool::BlockPool(Backend& backend, KvBlockLayout layout, int64_t n_slots)
       throw std::invalid_argument("block pool: quantized blocks need block_size " + std::to_string(kKvQuantGroup) +
                                   " and a head_dim that is a multiple of it");
     }
-    if (per_slot_ < 1 || per_slot_ > 8) throw std::logic_error("block pool: unexpected quantized block size");
+    if (per_slot_ < 1) throw std::logic_error("block pool: a quantized block larger than a slot");
   }
   per_slot_ = std::min(per_slot_, 32);  // coded blocks: one bit each in a slab's 32-bit mask
   storage_ = backend_.alloc(n_slots, layout_.elements_per_block(), layout_.dtype);

@@ -3,7 +3,7 @@
 // entries of ONE layer (all of the rank's KV heads), so a block freed by one layer serves any layer or sequence.
 //
 // The pool is an array of slots, each the size of one full-precision block. In a quantized pool
-// (layout.quant int8 | int4, kernels/kv_block_layout.h) a slot either holds a full-precision block (the staging
+// (layout.quant int8 | int4 | int2, kernels/kv_block_layout.h) a slot either holds a full-precision block (the staging
 // blocks that new entries are written to) or serves as a slab of quantized_per_slot() quantized blocks (sealed
 // groups). One budget therefore serves both formats, and memory moves between them as groups are sealed: a long
 // prompt may fill the pool at full precision and shrink once it is quantized. Quantized blocks are taken from

@@ -33,6 +33,11 @@ struct PolicyContext {
   // Reductions over the other ranks that hold this layer's heads, and the per-layer gather along the pipeline
   // (cache/policy_collectives.h). Never null; a world of one uses the single-rank instance.
   PolicyCollectives* collectives = &single_rank_collectives();
+  // How far past its budget a layer may grow while decoding before a policy that evicts every step cuts it back:
+  // 1 (cut at every step), or one quantization group on a quantized pool. There a cut moves every later entry, and
+  // each key group whose entries change is quantized again (Backend::kv_compact); cutting a whole group's worth at
+  // once moves the groups after it intact, and costs one staging block's worth of entries at most.
+  int decode_eviction_batch = 1;
 };
 
 // The attention statistics a policy asks the forward pass for. Both are column sums: for every query head h and
@@ -120,7 +125,7 @@ class CompressionPolicy {
   virtual std::optional<Selection> on_decode_step(const LayerState& state) = 0;
   // SimLayerKV's verdict once taken: true for a lazy layer. nullopt for policies without one.
   virtual std::optional<bool> lazy() const { return std::nullopt; }
-  // Whether a decision still to come must read this layer's cache unquantized (kv_cache.dtype int8 | int4:
+  // Whether a decision still to come must read this layer's cache unquantized (kv_cache.dtype int8 | int4 | int2:
   // decide on the unquantized cache, then quantize, as SimLayerKV + KIVI does). The executor seals the layer's
   // full groups only once this is false. The default holds the cache until the hooks of the first decode step
   // have run, which covers every decision taken at prefill end or at the first decode step; a policy that

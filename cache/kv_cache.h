@@ -3,7 +3,7 @@
 // Layers hold different numbers of entries once a compression policy has run; `n_appended` keeps the count the
 // same sequence would hold uncompressed, for the accounting.
 //
-// In a quantized pool (kv_cache.dtype int8 | int4) a layer's table starts with quantized blocks, each one sealed
+// In a quantized pool (kv_cache.dtype int8 | int4 | int2) a layer's table starts with quantized blocks, each one sealed
 // group of 32 entries, and continues with full-precision blocks: new entries are written there, and seal()
 // quantizes them once a group is full and the layer's policy no longer needs them unquantized. Entry e is in
 // block e / 32 either way, so the model and the attention op address both kinds alike.

@@ -61,7 +61,7 @@ KvBlockLayout kv_pool_layout(const ServerConfig& config, const LlamaModel& model
   KvBlockLayout layout = model.kv_layout(config.kv_cache.block_size);
   const std::string& dtype = config.kv_cache.dtype;
   if (dtype == "f32") return layout;
-  layout.quant = dtype == "int8" ? KvQuant::int8 : KvQuant::int4;
+  layout.quant = dtype == "int8" ? KvQuant::int8 : dtype == "int4" ? KvQuant::int4 : KvQuant::int2;
   if (layout.block_size != kKvQuantGroup) {
     throw ConfigError(config.file + ": kv_cache.block_size: kv_cache.dtype " + dtype + " needs " +
                       std::to_string(kKvQuantGroup) + " (one quantization group per block), got " +

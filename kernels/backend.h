@@ -99,8 +99,9 @@ class Backend {
   // whose entries change is dequantized and quantized again (its error adds up over repeated compactions).
   virtual void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept,
                           const KvPoolView& pool, int head) = 0;
-  // Seals KV groups (kv_cache.dtype int8 | int4): the 32 entries of full-precision block src[i] are quantized into
-  // quantized block dst[i] (keys per channel, values per token; kernels/kv_block_layout.h). Every KV head.
+  // Seals KV groups (kv_cache.dtype int8 | int4 | int2): the 32 entries of full-precision block src[i] are
+  // quantized into quantized block dst[i] (keys per channel, values per token; kernels/kv_block_layout.h). Every KV
+  // head.
   virtual void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) = 0;
   // The inverse: quantized block src[i] is written, dequantized, into full-precision block dst[i].
   virtual void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, const KvPoolView& pool) = 0;

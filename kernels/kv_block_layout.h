@@ -6,11 +6,11 @@
 //   K: [n_kv_heads][block_size][head_dim]  then  V: [n_kv_heads][block_size][head_dim]
 // Head-major inside a block so that one head's keys are contiguous for the attention dot products.
 //
-// Quantized blocks (kv_cache.dtype int8 | int4, KIVI: ../shared/specs/simlayerkv.md "4-bit quantization"), one
+// Quantized blocks (kv_cache.dtype int8 | int4 | int2, KIVI: ../shared/specs/simlayerkv.md "4-bit quantization"), one
 // full group of kKvQuantGroup entries. Codes are unsigned, asymmetric round-to-nearest: x ≈ min + code * scale,
 // scale = (max - min) / (2^bits - 1) over the group. Keys are grouped per channel (one scale and min per (head,
 // channel) over the block's 32 entries), values per token (one per (head, entry, 32 consecutive channels)):
-//   K codes  [n_kv_heads][32][head_dim]          bytes; int4: two channels per byte, the even one in the low nibble
+//   K codes  [n_kv_heads][32][head_dim]          8 / bits channels a byte, channel c at bit (c % (8 / bits)) * bits
 //   V codes  [n_kv_heads][32][head_dim]          likewise
 //   K scale, K min  [n_kv_heads][head_dim]       fp16 each
 //   V scale, V min  [n_kv_heads][32][head_dim/32]  fp16 each
@@ -45,9 +45,14 @@ constexpr int kKvScaleBytes = 2;
 // The largest finite fp16: scales and mins saturate there.
 constexpr float kKvScaleMax = 65504.0f;
 
-enum class KvQuant : uint8_t { none, int8, int4 };
+enum class KvQuant : uint8_t { none, int8, int4, int2 };
 
-inline int kv_quant_bits(KvQuant q) { return q == KvQuant::int8 ? 8 : q == KvQuant::int4 ? 4 : 32; }
+inline int kv_quant_bits(KvQuant q) {
+  return q == KvQuant::int8 ? 8 : q == KvQuant::int4 ? 4 : q == KvQuant::int2 ? 2 : 32;
+}
+inline const char* kv_quant_name(KvQuant q) {
+  return q == KvQuant::int8 ? "int8" : q == KvQuant::int4 ? "int4" : q == KvQuant::int2 ? "int2" : "none";
+}
 // The largest code: 2^bits - 1.
 inline int kv_quant_levels(KvQuant q) { return (1 << kv_quant_bits(q)) - 1; }
 

@@ -19,8 +19,13 @@ ShardCompression::ShardCompression(LlamaModel& model, KvCache& cache, Compressio
       counters(size_t(cache.n_layers())) {}
 
 PolicyContext ShardCompression::context(int global_layer) const {
-  return PolicyContext{global_layer,           model.config().n_layers, model.n_heads_local(),
-                       model.n_kv_heads_local(), model_name,              &collectives};
+  return PolicyContext{global_layer,
+                       model.config().n_layers,
+                       model.n_heads_local(),
+                       model.n_kv_heads_local(),
+                       model_name,
+                       &collectives,
+                       cache.pool().quantized() ? kKvQuantGroup : 1};
 }
 
 void ShardCompression::check_fits(const PolicyTraits& traits, const std::string& policy_name) const {
@@ -232,8 +237,8 @@ void SequenceCompression::cross_layer_step() {
   }
 }
 
-// kv_cache.dtype int8 | int4: after the hooks, the full groups of every layer whose policy has taken the decisions
-// that read the unquantized cache are quantized (CompressionPolicy::needs_unquantized).
+// kv_cache.dtype int8 | int4 | int2: after the hooks, the full groups of every layer whose policy has taken the
+// decisions that read the unquantized cache are quantized (CompressionPolicy::needs_unquantized).
 void SequenceCompression::seal_groups(const PlannedWork& work) {
   KvCache& cache = shard_.cache;
   if (!cache.pool().quantized() || policies_.empty()) return;

@@ -153,7 +153,7 @@ class D2oPolicy final : public CompressionPolicy {
   }
 
   // Merging rewrites kept entries at every step, and Backend::kv_merge works on full-precision blocks only: with
-  // kv_cache.dtype int8 | int4 a merging layer is never sealed and stays at full precision. Without merges (or
+  // kv_cache.dtype int8 | int4 | int2 a merging layer is never sealed and stays at full precision. Without merges (or
   // in an exempt layer) the default applies: sealed once the first decode step has decided.
   bool needs_unquantized(const LayerState& state) const override {
     const bool merges_every_step = params_.merge && !exempt_ && !too_short(state.prompt_len);

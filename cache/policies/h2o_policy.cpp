@@ -45,7 +45,7 @@ class H2oPolicy final : public CompressionPolicy {
     require_sums(state, "on_prefill_end");
     scores_ = reduce_to_kv_heads(state.column_sums, state.sums_stride, context_.n_heads, context_.n_kv_heads,
                                  state.n_entries, reduction_);
-    std::optional<Selection> selection = evict(state);
+    std::optional<Selection> selection = evict(state, 1);
     if (!per_step_) scores_.clear();
     return selection;
   }
@@ -68,7 +68,7 @@ class H2oPolicy final : public CompressionPolicy {
       for (int j = 0; j < n - 1; ++j) acc[j] += step[g][j];
       acc.push_back(step[g][n - 1]);
     }
-    return evict(state);
+    return evict(state, context_.decode_eviction_batch);
   }
 
  private:
@@ -76,12 +76,13 @@ class H2oPolicy final : public CompressionPolicy {
   // leaves this open; the recent window is the policy's fixed part and is never cut).
   int capacity(int prompt_len) const { return std::max(budget_.resolve(prompt_len), window_); }
 
-  // Per KV head: the top C - window of the non-recent entries by accumulated score, plus the window. scores_ is
-  // compacted the same way, so that index j stays the layer's entry j.
-  std::optional<Selection> evict(const LayerState& state) {
+  // Per KV head: the top C - window of the non-recent entries by accumulated score, plus the window, once the
+  // layer holds at least C + batch entries. scores_ is compacted the same way, so that index j stays the layer's
+  // entry j.
+  std::optional<Selection> evict(const LayerState& state, int batch) {
     const int n = state.n_entries;
     const int cap = capacity(state.prompt_len);
-    if (n <= cap) return std::nullopt;
+    if (n < cap + batch) return std::nullopt;
     const int scored = n - window_;
     Selection selection;
     for (std::vector<float>& acc : scores_) {

@@ -103,7 +103,11 @@ class SimLayerKvPolicy final : public CompressionPolicy {
  public:
   SimLayerKvPolicy(const SimLayerKvParams& params, std::unique_ptr<CompressionPolicy> kept,
                    const PolicyContext& context)
-      : params_(params), kept_(std::move(kept)), n_heads_(context.n_heads), collectives_(*context.collectives) {}
+      : params_(params),
+        kept_(std::move(kept)),
+        n_heads_(context.n_heads),
+        decode_eviction_batch_(context.decode_eviction_batch),
+        collectives_(*context.collectives) {}
 
   std::string_view name() const override { return "simlayerkv"; }
 
@@ -132,8 +136,11 @@ class SimLayerKvPolicy final : public CompressionPolicy {
 
   std::optional<Selection> on_decode_step(const LayerState& state) override {
     if (!decided_ && params_.strategy == Strategy::decode) return decide(state, 1);
-    // Only a bounded lazy layer changes after its decision: it slides its window by the token just appended.
-    if (lazy_ && params_.bounded && trimmable(state.n_entries)) return retained(state.n_entries);
+    // Only a bounded lazy layer changes after its decision: it slides its window past the tokens appended, once
+    // they are decode_eviction_batch.
+    if (lazy_ && params_.bounded && trimmable(state.n_entries - decode_eviction_batch_ + 1)) {
+      return retained(state.n_entries);
+    }
     if (!lazy_ && kept_) return kept_->on_decode_step(state);
     return std::nullopt;
   }
@@ -178,6 +185,7 @@ class SimLayerKvPolicy final : public CompressionPolicy {
   SimLayerKvParams params_;
   std::unique_ptr<CompressionPolicy> kept_;  // the composition's policy of the layers found not lazy, or null
   int n_heads_;
+  int decode_eviction_batch_;  // PolicyContext::decode_eviction_batch
   PolicyCollectives& collectives_;
   bool decided_ = false;
   bool lazy_ = false;

@@ -18,26 +18,27 @@ namespace {
 
 class StreamingPolicy final : public CompressionPolicy {
  public:
-  StreamingPolicy(Budget budget, int sinks, bool rolling) : budget_(budget), sinks_(sinks), rolling_(rolling) {}
+  StreamingPolicy(Budget budget, int sinks, bool rolling, int decode_eviction_batch)
+      : budget_(budget), sinks_(sinks), rolling_(rolling), decode_eviction_batch_(decode_eviction_batch) {}
 
   std::string_view name() const override { return "streaming"; }
   PolicyNeeds needs(const LayerState&) const override { return {}; }
 
-  std::optional<Selection> on_prefill_end(const LayerState& state) override { return cut(state); }
+  std::optional<Selection> on_prefill_end(const LayerState& state) override { return cut(state, 1); }
 
   std::optional<Selection> on_decode_step(const LayerState& state) override {
     if (!rolling_) return std::nullopt;
-    return cut(state);
+    return cut(state, decode_eviction_batch_);
   }
 
  private:
-  // Keeps [0, sinks) and the last C - sinks entries when the layer holds more than C. A fraction budget resolves
-  // against the prompt; one that falls below the sinks keeps the sinks alone (spec 9.2 leaves the choice open:
-  // the sinks are the policy's fixed part, like a window).
-  std::optional<Selection> cut(const LayerState& state) const {
+  // Keeps [0, sinks) and the last C - sinks entries when the layer holds at least C + batch entries. A fraction
+  // budget resolves against the prompt; one that falls below the sinks keeps the sinks alone (spec 9.2 leaves the
+  // choice open: the sinks are the policy's fixed part, like a window).
+  std::optional<Selection> cut(const LayerState& state, int batch) const {
     const int recent = std::max(0, budget_.resolve(state.prompt_len) - sinks_);
     const int n = state.n_entries;
-    if (n <= sinks_ + recent) return std::nullopt;
+    if (n < sinks_ + recent + batch) return std::nullopt;
     std::vector<int32_t> kept;
     kept.reserve(sinks_ + recent);
     for (int j = 0; j < sinks_; ++j) kept.push_back(j);
@@ -48,11 +49,12 @@ class StreamingPolicy final : public CompressionPolicy {
   Budget budget_;
   int sinks_;
   bool rolling_;
+  int decode_eviction_batch_;  // PolicyContext::decode_eviction_batch
 };
 
 }  // namespace
 
-std::unique_ptr<CompressionPolicy> make_streaming_policy(const PolicySpec& spec, const PolicyContext&) {
+std::unique_ptr<CompressionPolicy> make_streaming_policy(const PolicySpec& spec, const PolicyContext& context) {
   ParamReader reader(spec);
   const Budget budget = reader.get_budget("budget", Budget{128});
   const int sinks = reader.get_int("sinks", 4, 0, 1 << 20);
@@ -62,7 +64,7 @@ std::unique_ptr<CompressionPolicy> make_streaming_policy(const PolicySpec& spec,
     throw PolicyError("budget", spec.name + ": budget: must exceed sinks (" + std::to_string(sinks) + "), got " +
                                     std::to_string(budget.tokens));
   }
-  return std::make_unique<StreamingPolicy>(budget, sinks, rolling);
+  return std::make_unique<StreamingPolicy>(budget, sinks, rolling, context.decode_eviction_batch);
 }
 
 }  // namespace strata

@@ -18,7 +18,7 @@ namespace {
 // torch.nn.functional.cosine_similarity clamps each norm to this.
 constexpr double kNormEpsilon = 1e-8;
 
-// Full-precision f32 blocks only: a quantized layer (kv_cache.dtype int8 | int4) is never merged into, because
+// Full-precision f32 blocks only: a quantized layer (kv_cache.dtype int8 | int4 | int2) is never merged into, because
 // D2O keeps its merging layers unsealed (CompressionPolicy::needs_unquantized).
 void require_f32(std::span<const int32_t> block_table, const KvPoolView& pool, const char* op) {
   bool quantized = false;

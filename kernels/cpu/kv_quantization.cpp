@@ -21,17 +21,16 @@ const uint16_t* scales_at(const uint8_t* block, int64_t offset) {
   return reinterpret_cast<const uint16_t*>(block + offset);
 }
 
+// Channel c of a code row: 8 / bits channels a byte, the lowest channel in the lowest bits.
 void put_code(uint8_t* row, int c, int code, KvQuant quant) {
-  if (quant == KvQuant::int8) {
-    row[c] = uint8_t(code);
-  } else {
-    const int shift = (c & 1) * 4;
-    row[c / 2] = uint8_t((row[c / 2] & ~(0xF << shift)) | (code << shift));
-  }
+  const int bits = kv_quant_bits(quant), per_byte = 8 / bits, shift = (c % per_byte) * bits;
+  const int mask = kv_quant_levels(quant) << shift;
+  row[c / per_byte] = uint8_t((row[c / per_byte] & ~mask) | (code << shift));
 }
 
 int get_code(const uint8_t* row, int c, KvQuant quant) {
-  return quant == KvQuant::int8 ? row[c] : (row[c / 2] >> ((c & 1) * 4)) & 0xF;
+  const int bits = kv_quant_bits(quant), per_byte = 8 / bits;
+  return (row[c / per_byte] >> ((c % per_byte) * bits)) & kv_quant_levels(quant);
 }
 
 void require_quantized_pool(const KvPoolView& pool, const char* op) {

@@ -30,7 +30,7 @@ struct KvGeometry {
   int n_kv_heads = 0;
   int head_dim = 0;
   int block_size = 0;
-  int bits = 0;    // 8 or 4 in a quantized pool, 0 otherwise
+  int bits = 0;    // 8, 4 or 2 in a quantized pool, 0 otherwise
   int levels = 0;  // the largest code, 2^bits - 1
   int v_groups = 0;
   int64_t region_elements = 0;  // one region (all heads' K, or all heads' V) of a full-precision block
@@ -173,9 +173,10 @@ __device__ inline uint16_t store_scale(float x) {
 }
 __device__ inline float load_scale(uint16_t stored) { return __half2float(__ushort_as_half(stored)); }
 
-// Code c of a code row: one byte per channel (int8) or two (int4, the even channel in the low nibble).
+// Code c of a code row: 8 / bits channels a byte, the lowest channel in the lowest bits.
 __device__ inline int get_code(const uint8_t* row, int c, int bits) {
-  return bits == 8 ? row[c] : (row[c / 2] >> ((c & 1) * 4)) & 0xF;
+  const int per_byte = 8 / bits;
+  return (row[c / per_byte] >> ((c % per_byte) * bits)) & ((1 << bits) - 1);
 }
 
 // fit_group + quantize_value of the CPU: scale = (max - min) / levels and min, each rounded to fp16 as stored, then
@@ -199,13 +200,16 @@ __device__ inline float dequantize_code(int code, float scale, float min) {
 
 // The byte of a code row that holds channels [first, first + per_byte), per_byte = 8 / bits, quantized with the
 // groups `group_of(channel)` from values `x_of(channel)`. Whole bytes are written, so threads that own different
-// bytes never race on an int4 row.
+// bytes never race on a row of several codes a byte.
 template <class Value, class Group>
 __device__ inline uint8_t code_byte(int byte, int bits, int levels, Value x_of, Group group_of) {
-  if (bits == 8) return uint8_t(quantize_code(x_of(byte), group_of(byte), levels));
-  const int lo = quantize_code(x_of(2 * byte), group_of(2 * byte), levels);
-  const int hi = quantize_code(x_of(2 * byte + 1), group_of(2 * byte + 1), levels);
-  return uint8_t(lo | (hi << 4));
+  const int per_byte = 8 / bits;
+  int packed = 0;
+  for (int i = 0; i < per_byte; ++i) {
+    const int c = byte * per_byte + i;
+    packed |= quantize_code(x_of(c), group_of(c), levels) << (i * bits);
+  }
+  return uint8_t(packed);
 }
 
 // One head's keys of a quantized block from 32 fp32 entries key_of(t, c): per channel, the scale and min over the
@@ -261,7 +265,8 @@ __device__ void quantize_value_group(Value value_of, uint8_t* block, int head, i
 
 __device__ inline float dequantize_key(const uint8_t* block, int head, int slot, int c, const KvGeometry& g) {
   return dequantize_code(get_code(block + g.k_codes(head, slot), c, g.bits),
-                         load_scale(scales_at(block, g.k_scale(head))[c]), load_scale(scales_at(block, g.k_min(head))[c]));
+                         load_scale(scales_at(block, g.k_scale(head))[c]),
+                         load_scale(scales_at(block, g.k_min(head))[c]));
 }
 __device__ inline float dequantize_value(const uint8_t* block, int head, int slot, int c, const KvGeometry& g) {
   const int group = c / kKvQuantGroup;

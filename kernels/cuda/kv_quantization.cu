@@ -13,9 +13,9 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// Grid (pairs, KV heads), kThreads threads. The block's threads first own the code bytes of the keys (one
-// channel, or an int4 channel pair, each: per-channel groups over the 32 entries), then the (entry, value group)
-// items: disjoint bytes of the destination, so no synchronisation is needed.
+// Grid (pairs, KV heads), kThreads threads. The block's threads first own the code bytes of the keys (the channels
+// of one code byte each: per-channel groups over the 32 entries), then the (entry, value group) items: disjoint
+// bytes of the destination, so no synchronisation is needed.
 __global__ void quantize_blocks(uint8_t* base, const int64_t* src, const int64_t* dst, KvGeometry g) {
   const int pair = blockIdx.x, head = blockIdx.y;
   const int64_t from = src[pair];

@@ -1,5 +1,5 @@
 // The cache write and causal paged attention of the CUDA backend (kernels/cpu/paged_attention.cpp is the
-// reference). Keys and values are read from bf16 full-precision blocks, from KIVI-quantized blocks (int8 | int4,
+// reference). Keys and values are read from bf16 full-precision blocks, from KIVI-quantized blocks (int8 | int4 | int2,
 // dequantized as they are read: x = min + code * scale) or from SpindleKV's coded blocks (reconstructed as they
 // are read: K = RoPE(k_magnitude * C[k_vector], position) with the pool's key RoPE table, V = v_magnitude *
 // C[v_vector], the codebook vectors fp32; kernels/kv_block_layout.h). All arithmetic is fp32, the softmax online

@@ -304,7 +304,7 @@ TEST(D2oPolicy, ShortPromptsAreLeftAlone) {
 }
 
 TEST(D2oPolicy, MergingLayersStayUnquantized) {
-  // kv_cache.dtype int8 | int4 seals a layer's groups once needs_unquantized is false.
+  // kv_cache.dtype int8 | int4 | int2 seals a layer's groups once needs_unquantized is false.
   auto merging = d2o("", 2, 30);
   EXPECT_TRUE(merging->needs_unquantized(at(100, 100, 0, {})));
   EXPECT_TRUE(merging->needs_unquantized(at(100, 30, 50, {})));  // merges rewrite kept entries every step

@@ -157,6 +157,20 @@ TEST(H2oPolicy, PerStepAfterAShortPromptAccumulatesUntilTheBudgetIsExceeded) {
   EXPECT_EQ(next->kept[0], (Ids{0, 1, 2, 4}));
 }
 
+TEST(H2oPolicy, PerStepOnAQuantizedPoolEvictsAGroupsWorthAtOnce) {
+  // decode_eviction_batch 2 stands in for a quantized pool's 32: the layer may hold one entry past the budget, and
+  // the step that brings it two past evicts both, the two lowest accumulated scores.
+  PolicyContext context = test::policy_context(1, 1);
+  context.decode_eviction_batch = 2;
+  auto p = make_h2o_policy(parse_policy_spec("h2o:budget=4,window=1,mode=per_step"), context);
+  ASSERT_FALSE(p->on_prefill_end(at(4, 4, 0, {1, 0.25, 0.5, 2})).has_value());
+  EXPECT_FALSE(p->on_decode_step(at(4, 5, 1, {0, 0, 0, 0, 0})).has_value()) << "one past the budget: kept";
+  // Accumulated 1 .25 .5 2 0 | window: the new token. The lowest two of the first five go: entries 1 and 4.
+  const std::optional<Selection> sel = p->on_decode_step(at(4, 6, 2, {0, 0, 0, 0, 0, 1}));
+  ASSERT_TRUE(sel.has_value());
+  EXPECT_EQ(sel->kept[0], (Ids{0, 2, 3, 5}));
+}
+
 TEST(H2oPolicy, PerStepRejectsHooksWithoutTheirStatistics) {
   auto p = h2o("budget=4,window=1,mode=per_step");
   EXPECT_THROW(p->on_prefill_end(at(5, 5, 0, {})), std::logic_error);

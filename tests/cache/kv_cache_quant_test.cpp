@@ -1,4 +1,4 @@
-// A quantized KV pool (kv_cache.dtype int8 | int4): the block pool packs quantized blocks into slabs of one slot
+// A quantized KV pool (kv_cache.dtype int8 | int4 | int2): the block pool packs quantized blocks into slabs of one slot
 // and keeps a slot in reserve for sealing; the cache seals full groups, compacts layers that hold quantized
 // blocks, and accounts the bytes each kind really takes.
 //

@@ -278,6 +278,24 @@ TEST(SimLayerKvPolicy, BoundedLazyLayerSlidesItsWindow) {
   }
 }
 
+TEST(SimLayerKvPolicy, BoundedLazyLayerOnAQuantizedPoolSlidesAGroupsWorthAtOnce) {
+  // decode_eviction_batch 3 stands in for a quantized pool's 32: after the decision the lazy layer holds
+  // n_init + window = 6 entries, grows to 8, and the step that brings it to 9 slides the window by 3.
+  PolicySpec spec;
+  spec.name = "simlayerkv";
+  spec.params = small({{"bounded", "true"}});
+  PolicyContext context;
+  context.n_heads = 2;
+  context.decode_eviction_batch = 3;
+  auto p = make_simlayerkv_policy(spec, context);
+  ASSERT_TRUE(p->on_decode_step(first_step_sums(1.0f, 1.0f).state(9, 1)).has_value());
+  EXPECT_FALSE(p->on_decode_step(bare_state(9, 7, 2)).has_value());
+  EXPECT_FALSE(p->on_decode_step(bare_state(9, 8, 3)).has_value());
+  const auto sel = p->on_decode_step(bare_state(9, 9, 4));
+  ASSERT_TRUE(sel.has_value());
+  EXPECT_EQ(sel->kept[0], (std::vector<int32_t>{0, 1, 5, 6, 7, 8}));
+}
+
 TEST(SimLayerKvPolicy, BoundedNonLazyLayerKeepsEverything) {
   auto p = make(small({{"bounded", "true"}}));
   ASSERT_FALSE(p->on_decode_step(first_step_sums(0.5f, 0.5f).state(9, 1)).has_value());

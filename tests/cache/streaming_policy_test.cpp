@@ -107,6 +107,23 @@ TEST(StreamingPolicy, RollingAfterAShortPromptWaitsUntilTheBudgetIsExceeded) {
   EXPECT_EQ(sel->kept[0], (Ids{0, 1, 3, 4, 5}));
 }
 
+TEST(StreamingPolicy, RollingOnAQuantizedPoolCutsAGroupsWorthAtOnce) {
+  // decode_eviction_batch 32 (a quantized pool): the prompt is cut to the budget exactly, then the layer grows to
+  // 31 past it and the 32nd step cuts 32 entries back to the budget, all of them just after the sinks.
+  PolicyContext context;
+  context.decode_eviction_batch = 32;
+  auto p = make_streaming_policy(parse_policy_spec("streaming:budget=40,sinks=4,mode=rolling"), context);
+  const std::optional<Selection> pre = p->on_prefill_end(at(100, 100, 0));
+  ASSERT_TRUE(pre.has_value());
+  EXPECT_EQ(pre->kept[0], concat(range(0, 4), range(64, 100)));
+  for (int step = 1; step < 32; ++step) {
+    EXPECT_FALSE(p->on_decode_step(at(100, 40 + step, step)).has_value()) << "step " << step;
+  }
+  const std::optional<Selection> cut = p->on_decode_step(at(100, 72, 32));
+  ASSERT_TRUE(cut.has_value());
+  EXPECT_EQ(cut->kept[0], concat(range(0, 4), range(36, 72)));
+}
+
 TEST(StreamingPolicy, ZeroSinksIsAPlainRecentWindow) {
   const std::optional<Selection> sel = streaming("budget=3,sinks=0")->on_prefill_end(at(8, 8, 0));
   ASSERT_TRUE(sel.has_value());

@@ -359,13 +359,13 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
 TEST_F(ServerConfigTest, KvDtypeIsOneOfTheFormats) {
   ServerConfig c;
   EXPECT_EQ(c.kv_cache.dtype, "f32");
-  for (const std::string dtype : {"f32", "int8", "int4"}) {
+  for (const std::string dtype : {"f32", "int8", "int4", "int2"}) {
     apply_config_override(c, "kv_cache.dtype=" + dtype);
     EXPECT_EQ(c.kv_cache.dtype, dtype);
   }
-  const std::string e = override_error(c, "kv_cache.dtype=int2");
+  const std::string e = override_error(c, "kv_cache.dtype=int3");
   EXPECT_CONTAINS(e, "kv_cache.dtype");
-  EXPECT_CONTAINS(e, "int2");
+  EXPECT_CONTAINS(e, "int3");
 }
 
 TEST_F(ServerConfigTest, CompressionKeysAreCheckedWhereTheyAreRead) {

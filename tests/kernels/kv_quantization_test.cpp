@@ -46,7 +46,8 @@ struct QuantPool {
 
 // The documented format, decoded directly from the bytes.
 int code_of(const uint8_t* row, int c, KvQuant q) {
-  return q == KvQuant::int8 ? row[c] : (row[c / 2] >> (4 * (c % 2))) & 0xF;
+  const int bits = kv_quant_bits(q), per_byte = 8 / bits;
+  return (row[c / per_byte] >> (bits * (c % per_byte))) & ((1 << bits) - 1);
 }
 // A stored scale or min (fp16), read with the compiler's _Float16 rather than the code under test.
 float scale_at(const uint8_t* p) {
@@ -124,7 +125,38 @@ TEST(KvQuantFormat, BlockSizesAndPacking) {
   EXPECT_EQ(i4.packed_pool_bytes(3), 3 * 8192);
   EXPECT_EQ(i8.packed_pool_bytes(3), 3 * 16384);
   EXPECT_EQ(i4.packed_pool_bytes(0), 0);
+  // int2: codes 2 x 1,536: 4,608 bytes, 10 a slot (10.67 would fit).
+  const KvBlockLayout i2 = quant_layout(KvQuant::int2, 3, 64);
+  EXPECT_EQ(i2.quantized_block_bytes(), 3072 + 768 + 768);
+  EXPECT_EQ(i2.quantized_per_slot(), 10);
   EXPECT_EQ(quant_layout(KvQuant::none, 3, 64).quantized_per_slot(), 0);
+}
+
+TEST(KvQuantize, HandComputedValueGroupInt2PacksFourChannelsAByte) {
+  auto be = make_cpu_backend();
+  QuantPool p(*be, quant_layout(KvQuant::int2, 1, 32), 2);
+  // Value row of entry 0: min -3, max 6, scale 3 exactly (3 levels); channel c holds -3 + 3 * (c % 4), except
+  // channels 8..11, half-way between codes (-1.5, 1.5, 4.5 -> 0.5, 1.5, 2.5 -> 0, 2, 2) and 5.9 (-> 2.97 -> 3).
+  std::vector<float> row(32);
+  for (int c = 0; c < 32; ++c) row[size_t(c)] = -3.0f + 3.0f * float(c % 4);
+  const float odd[] = {-1.5f, 1.5f, 4.5f, 5.9f};
+  for (int c = 8; c < 12; ++c) row[size_t(c)] = odd[c - 8];
+  std::copy(row.begin(), row.end(), p.v(0, 0, 0));
+  const int32_t q = p.quantized(1, 0);
+  be->kv_quantize(std::vector<int32_t>{0}, std::vector<int32_t>{q}, p.view);
+
+  EXPECT_EQ(value_scale(p.view, q, 0, 0, 0), 3.0f);
+  EXPECT_EQ(value_min(p.view, q, 0, 0, 0), -3.0f);
+  for (int c = 0; c < 32; ++c) {
+    const int expected = c >= 8 && c < 12 ? std::vector<int>{0, 2, 2, 3}[size_t(c - 8)] : c % 4;
+    EXPECT_EQ(value_code(p.view, q, 0, 0, c), expected) << "channel " << c;
+  }
+  // The packing itself: channels 0..3 (codes 0 1 2 3) are the byte 0b11'10'01'00.
+  EXPECT_EQ(p.view.block_quantized(q)[p.view.layout.v_codes_offset(0, 0)], 0xE4);
+  be->kv_dequantize(std::vector<int32_t>{q}, std::vector<int32_t>{0}, p.view);
+  const float expected[] = {-3, 3, 3, 6};
+  for (int c = 8; c < 12; ++c) EXPECT_EQ(p.v(0, 0, 0)[c], expected[c - 8]) << "channel " << c;
+  EXPECT_EQ(p.v(0, 0, 0)[13], 0.0f);
 }
 
 TEST(KvQuantize, HandComputedValueGroupInt4TiesGoToEven) {
@@ -273,8 +305,8 @@ TEST_P(KvQuantRoundTrip, RandomAndAdversarialGroupsStayWithinHalfAScale) {
   for (int64_t i = 0; i < L.elements_per_block(); ++i) ASSERT_NEAR(p.view.block_f32(7)[i], again[size_t(i)], 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, KvQuantRoundTrip, ::testing::Values(KvQuant::int8, KvQuant::int4),
-                         [](const auto& info) { return info.param == KvQuant::int8 ? "int8" : "int4"; });
+INSTANTIATE_TEST_SUITE_P(Formats, KvQuantRoundTrip, ::testing::Values(KvQuant::int8, KvQuant::int4, KvQuant::int2),
+                         [](const auto& info) { return std::string(kv_quant_name(info.param)); });
 
 TEST(KvQuantize, RejectsPairsThatDoNotGoBetweenTheFormats) {
   auto be = make_cpu_backend();
@@ -292,7 +324,7 @@ TEST(KvQuantize, RejectsPairsThatDoNotGoBetweenTheFormats) {
 // Attention over quantized blocks against attention over their dequantized copies
 
 TEST(KvQuantAttention, QuantizedBlocksReadAsTheirDequantizedValues) {
-  for (KvQuant quant : {KvQuant::int8, KvQuant::int4}) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
     auto be = make_cpu_backend();
     const int n_heads = 6, hd = 64;
     QuantPool p(*be, quant_layout(quant, 2, hd), 16);
@@ -404,7 +436,7 @@ void check_compacted(const QuantPool& p, const QuantLayer& layer, const std::vec
 }
 
 TEST(KvQuantCompaction, EvictingInsideAGroupRebuildsOnlyTheGroupsFromThere) {
-  for (KvQuant quant : {KvQuant::int8, KvQuant::int4}) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
     auto be = make_cpu_backend();
     QuantPool p(*be, quant_layout(quant, 2, 64), 12);
     const QuantLayer layer = make_quant_layer(*be, p);

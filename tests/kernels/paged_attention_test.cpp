@@ -174,9 +174,9 @@ TEST(CpuPagedAttention, FullPrecisionBlocksMatchTheDoubleReference) {
 TEST(CpuPagedAttention, QuantizedBlocksMatchTheDoubleReference) {
   // Groups of 32 before each sequence's new rows, then full-precision blocks.
   const std::vector<SeqSpec> specs = {{1, 100, 3, 0}, {1, 64, 2}, {30, 70, 2, 5}, {6, 32, 1}};
-  for (KvQuant quant : {KvQuant::int8, KvQuant::int4}) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
     const KvBlockLayout layout{2, 64, kKvQuantGroup, DType::f32, quant};
-    expect_matches_reference(layout, 8, specs, RopeParams{}, 4, quant == KvQuant::int8 ? "int8" : "int4");
+    expect_matches_reference(layout, 8, specs, RopeParams{}, 4, kv_quant_name(quant));
   }
 }
 

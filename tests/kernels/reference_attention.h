@@ -27,10 +27,12 @@ inline double quantized_scale(const uint8_t* block, int64_t offset) {
   return double(x);
 }
 
-// Channel c of a row of codes: a byte each (int8), or two channels a byte, the even one in the low nibble (int4).
+// Channel c of a row of codes: a byte each (int8), two channels a byte, the even one in the low nibble (int4), or
+// four (int2).
 inline int quantized_code(const uint8_t* row, int c, KvQuant quant) {
   if (quant == KvQuant::int8) return row[c];
-  return c % 2 == 0 ? row[c / 2] & 0xF : row[c / 2] >> 4;
+  if (quant == KvQuant::int4) return c % 2 == 0 ? row[c / 2] & 0xF : row[c / 2] >> 4;
+  return (row[c / 4] >> (2 * (c % 4))) & 0x3;  // int2: four channels a byte, channel 4i in bits 0-1
 }
 
 // The key (or value) of (KV head, slot) of quantized block `id`: keys have a scale and min per channel, values per

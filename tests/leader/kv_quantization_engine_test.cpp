@@ -1,4 +1,4 @@
-// kv_cache.dtype int8 | int4 on the real SmolLM2 model, in-process: greedy output against the f32 cache on
+// kv_cache.dtype int8 | int4 | int2 on the real SmolLM2 model, in-process: greedy output against the f32 cache on
 // prompts of a few hundred tokens (so that many groups are quantized from the first decode step on), preemption
 // by recompute under int4, and every block back in the pool at the end.
 #include <fstream>
@@ -98,7 +98,7 @@ TEST(KvQuantizationEngine, GreedyOutputAgainstTheF32Cache) {
     auto rt = make("f32", 64);
     reference = generate(*rt, texts, kTokens);
   }
-  for (const std::string dtype : {"int8", "int4"}) {
+  for (const std::string dtype : {"int8", "int4", "int2"}) {
     auto rt = make(dtype, 64);
     const auto got = generate(*rt, texts, kTokens);
     size_t total = 0;

@@ -50,10 +50,10 @@ TEST_F(CudaKvCompaction, CompactionOfFullPrecisionLayersMovesEntriesExactly) {
 }
 
 TEST_F(CudaKvCompaction, CompactionOfQuantizedLayersMatchesTheCpu) {
-  for (KvQuant quant : {KvQuant::int8, KvQuant::int4}) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
     for (int head : {-1, 1}) {
       for (double keep : {0.9, 0.5, 0.2}) {
-        SCOPED_TRACE(std::string(quant == KvQuant::int8 ? "int8" : "int4") + ", head " + std::to_string(head) +
+        SCOPED_TRACE(std::string(kv_quant_name(quant)) + ", head " + std::to_string(head) +
                      ", keep " + std::to_string(keep));
         // The layer: 3 quantized groups (96 entries) and then 2 full-precision blocks (40 entries in use).
         TwinPool pool(quantized_layout(quant), 24);

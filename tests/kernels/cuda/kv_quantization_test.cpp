@@ -26,8 +26,8 @@ using test::within_code_steps;
 using CudaKvQuantization = test::CudaTest;
 
 TEST_F(CudaKvQuantization, QuantizeAndDequantizeMatchTheCpuWithinACodeStep) {
-  for (KvQuant quant : {KvQuant::int8, KvQuant::int4}) {
-    SCOPED_TRACE(quant == KvQuant::int8 ? "int8" : "int4");
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
+    SCOPED_TRACE(kv_quant_name(quant));
     TwinPool pool(quantized_layout(quant), 24);
     for (int32_t b = 0; b < 3; ++b) pool.fill(b, rng);
     const std::vector<int32_t> src = {2, 0, 1};

@@ -295,7 +295,7 @@ void quantized_attention(Backend& gpu, Backend& cpu, KvQuant quant, int n_heads,
     }
   }
   compare_attention(gpu, pools, n_heads, specs, Tables(specs, kKvQuantGroup, slot_ids(n_full), leading, rng), rng,
-                    std::string(quant == KvQuant::int8 ? "int8" : "int4") + " pool, GQA " + std::to_string(n_heads) +
+                    std::string(kv_quant_name(quant)) + " pool, GQA " + std::to_string(n_heads) +
                         "/" + std::to_string(n_kv_heads));
 }
 
@@ -304,6 +304,8 @@ TEST_F(CudaPagedAttention, ReadsInt8Blocks) { quantized_attention(*gpu, *cpu, Kv
 TEST_F(CudaPagedAttention, ReadsInt4Blocks) {
   quantized_attention(*gpu, *cpu, KvQuant::int4, 32, 8, 128, rng);
 }
+
+TEST_F(CudaPagedAttention, ReadsInt2Blocks) { quantized_attention(*gpu, *cpu, KvQuant::int2, 9, 3, 64, rng); }
 
 // SpindleKV pools: each table starts with coded blocks and continues in bf16 blocks. Both pools hold the same code
 // rows and the same fp32 codebook vectors and both views the same key RoPE table; the reference reconstructs a

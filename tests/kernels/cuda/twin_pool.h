@@ -175,7 +175,8 @@ struct PoolReader {
   KvPoolView view;  // base: host memory holding the pool's bytes
 
   static int code(const uint8_t* row, int c, KvQuant quant) {
-    return quant == KvQuant::int8 ? row[c] : (row[c / 2] >> (4 * (c % 2))) & 0xF;
+    const int bits = kv_quant_bits(quant), per_byte = 8 / bits;
+    return (row[c / per_byte] >> (bits * (c % per_byte))) & ((1 << bits) - 1);
   }
   static float scale_at(const uint8_t* p) {  // a stored scale or min (fp16)
     _Float16 x;
