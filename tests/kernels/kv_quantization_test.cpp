@@ -226,6 +226,13 @@ TEST(KvQuantize, HandComputedKeyChannelsInt8) {
 // ---------------------------------------------------------------------------------------------------------------
 // Round trip within the bound: every element within half its group's scale (min and max computed here)
 
+// How far a value of a group spanning [lo, hi] may come back from where it was: half a code step, plus fp16's
+// rounding of the stored min and scale (kernels/kv_block_layout.h): half an ulp, at most 2^-11 of the value (2^-25
+// absolute below fp16's smallest normal), the scale's times up to `levels` codes.
+double quantization_bound(double lo, double hi, int levels) {
+  return (hi - lo) / levels / 2 + 0x1p-11 * (std::fabs(lo) + (hi - lo)) + (levels + 1) * 0x1p-25;
+}
+
 // Largest |x - x'| / (scale / 2) over every group of a block, with float rounding allowed for.
 double worst_bound_ratio(const QuantPool& p, const std::vector<float>& original, int32_t restored) {
   const KvBlockLayout& L = p.view.layout;
@@ -233,11 +240,9 @@ double worst_bound_ratio(const QuantPool& p, const std::vector<float>& original,
   double worst = 0.0;
   auto check = [&](double x, double y, double lo, double hi) {
     const double half_scale = (hi - lo) / levels / 2.0;
-    // fp16's rounding of the stored min and scale (kernels/kv_block_layout.h): half an ulp, at most 2^-11 of the
-    // value (2^-25 absolute below fp16's smallest normal), the scale's times up to `levels` codes; then the float
-    // arithmetic of min + code * scale.
-    const double stored = 0x1p-11 * (std::fabs(lo) + (hi - lo)) + (levels + 1) * 0x1p-25;
-    const double slack = stored + 4e-7 * std::max(std::fabs(lo), std::fabs(hi));
+    // fp16's rounding of the stored pair, then the float arithmetic of min + code * scale.
+    const double slack =
+        quantization_bound(lo, hi, levels) - half_scale + 4e-7 * std::max(std::fabs(lo), std::fabs(hi));
     const double err = std::fabs(x - y);
     if (err > slack) worst = std::max(worst, half_scale > 0 ? (err - slack) / half_scale : INFINITY);
   };
@@ -410,7 +415,8 @@ void check_compacted(const QuantPool& p, const QuantLayer& layer, const std::vec
           lo = std::min(lo, was.v[size_t(g * 32 + i)]);
           hi = std::max(hi, was.v[size_t(g * 32 + i)]);
         }
-        ASSERT_LE(std::fabs(now.v[size_t(c)] - was.v[size_t(c)]), (hi - lo) / levels / 2 + 1e-6) << "entry " << j;
+        ASSERT_LE(std::fabs(now.v[size_t(c)] - was.v[size_t(c)]), quantization_bound(lo, hi, levels) + 1e-6)
+            << "entry " << j;
       }
     }
     if (!now_quantized) {
@@ -428,7 +434,7 @@ void check_compacted(const QuantPool& p, const QuantLayer& layer, const std::vec
       for (int t = 0; t < 32; ++t) {
         const double x = layer.before[size_t(head)][size_t(kept[size_t(group * 32 + t)])].k[size_t(c)];
         ASSERT_LE(std::fabs(decoded_key(p.view, table_after[size_t(group)], head, t, c) - x),
-                  (hi - lo) / levels / 2 + 1e-5)
+                  quantization_bound(lo, hi, levels) + 1e-5)
             << "key of entry " << group * 32 + t << " channel " << c;
       }
     }
@@ -451,6 +457,31 @@ TEST(KvQuantCompaction, EvictingInsideAGroupRebuildsOnlyTheGroupsFromThere) {
     const std::vector<uint8_t> group0_before(group0, group0 + L.quantized_block_bytes());
     be->kv_compact(layer.table, kept, p.view, -1);
     EXPECT_TRUE(std::equal(group0_before.begin(), group0_before.end(), group0)) << "group 0 must stay untouched";
+    for (int h = 0; h < 2; ++h) check_compacted(p, layer, layer.table, kept, h);
+  }
+}
+
+TEST(KvQuantCompaction, EvictingAWholeGroupMovesTheGroupsAfterItIntact) {
+  // What decode-time eviction on a quantized pool relies on (PolicyContext::decode_eviction_batch): group 2 moves
+  // into group 1's block whole, and its rebuilt keys come back with the same codes, scales and mins, because a
+  // group's min and top code are on its own grid.
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
+    SCOPED_TRACE(kv_quant_name(quant));
+    auto be = make_cpu_backend();
+    QuantPool p(*be, quant_layout(quant, 2, 64), 12);
+    const QuantLayer layer = make_quant_layer(*be, p);
+    const KvBlockLayout& L = p.view.layout;
+    std::vector<int32_t> kept;
+    for (int e = 0; e < layer.n_entries; ++e) {
+      if (e < 32 || e >= 64) kept.push_back(e);
+    }
+    const uint8_t* group2 = p.view.block_quantized(layer.table[2]);
+    const std::vector<uint8_t> group2_before(group2, group2 + L.quantized_block_bytes());
+    be->kv_compact(layer.table, kept, p.view, -1);
+    const uint8_t* group1 = p.view.block_quantized(layer.table[1]);
+    size_t differing = 0;
+    for (size_t i = 0; i < group2_before.size(); ++i) differing += group1[i] != group2_before[i];
+    EXPECT_EQ(differing, 0u) << "bytes of the moved group that changed";
     for (int h = 0; h < 2; ++h) check_compacted(p, layer, layer.table, kept, h);
   }
 }
