@@ -103,11 +103,6 @@ EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const Ch
     throw std::invalid_argument("eval: " + std::to_string(settings_.agreement_prompts) + " agreement prompts asked, " +
                                 std::to_string(instructions_.size()) + " instructions in " + settings_.data_dir);
   }
-  if (settings_.policies.empty()) {
-    for (const std::string& p : policy_names()) {
-      if (p != "full") settings_.policies.push_back(p);
-    }
-  }
   // A budget a policy rejects (below its window, say) fails here, before hours of running, naming the parameter.
   for (const EvalCase& c : cases()) validate_policy(parse_policy_spec(case_spec(c, 1000)));
 }

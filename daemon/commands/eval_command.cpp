@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "cache/compression_policy.h"
 #include "cache/policy_spec.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
@@ -39,16 +40,24 @@ constexpr const char* kUsage =
     "                   [--no-shared-prefill] [--seed S] [--data DIR] [--set section.key=value]\n"
     "Runs `full` and every policy at every budget over perplexity, long generation, retrieval, passkey\n"
     "retrieval and agreement with full, and writes the raw results as JSON (default eval-results.json).\n"
-    "Empty lists and zero counts skip a task. Every prompt is prefilled once and shared by the rows\n"
-    "(--no-shared-prefill: each row prefills alone; the same numbers, slower). A policy may carry\n"
-    "parameters of its own besides the budget: --policies h2o,h2o:mode=per_step,streaming:mode=rolling.\n";
+    "Empty lists and zero counts skip a task (--policies '': only the --quantized rows). Every prompt is\n"
+    "prefilled once and shared by the rows (--no-shared-prefill: each row prefills alone; the same numbers,\n"
+    "slower). A policy may carry parameters of its own besides the budget:\n"
+    "--policies h2o,h2o:mode=per_step,streaming:mode=rolling.\n";
 
 // The suite's settings from the command line; a policy that cannot run with the configuration fails here, before
 // the model loads.
 EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& config) {
   EvalSettings settings;
   if (cl.has("data")) settings.data_dir = cl.get("data");
-  if (cl.has("policies")) settings.policies = join_policy_parameters(cl.get_list("policies"));
+  // Every policy but full when the option is absent; an empty list: only the quantized rows.
+  if (cl.has("policies")) {
+    settings.policies = join_policy_parameters(cl.get_list("policies"));
+  } else {
+    for (const std::string& p : policy_names()) {
+      if (p != "full") settings.policies.push_back(p);
+    }
+  }
   if (cl.has("budgets")) settings.budgets = cl.get_list("budgets");
   if (cl.has("quantized")) settings.quantized_policies = join_policy_parameters(cl.get_list("quantized"));
   if (cl.has("quantized-dtypes")) settings.quantized_dtypes = cl.get_list("quantized-dtypes");
@@ -72,8 +81,7 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
   // By name, with or without parameters of its own ("pod:recent=64").
   const auto is_pod = [](const std::string& p) { return parse_policy_spec(p).name == "pod"; };
-  const bool wants_pod =
-      settings.policies.empty() || std::any_of(settings.policies.begin(), settings.policies.end(), is_pod);
+  const bool wants_pod = std::any_of(settings.policies.begin(), settings.policies.end(), is_pod);
   if (wants_pod && config.kv_cache.pod_blocks.empty()) {
     throw ConfigError(config.file + ": kv_cache.pod_blocks: policy pod needs the layer blocks of strata calibrate "
                       "(--set kv_cache.pod_blocks=configs/smollm2-pod-blocks.txt), or leave pod out of --policies");

@@ -1,0 +1,45 @@
+"""`strata eval` through the shipped binary: which rows a command line asks for. A tiny perplexity task (one
+document, a 64-token prefix, 8 scored tokens) keeps each run to seconds; the rows' numbers are the eval's own
+tests' business (tests/eval/)."""
+import json
+import subprocess
+
+from serve_process import CONFIG, strata_binary
+from support import ROOT
+
+TINY_TASK = ["--documents", "sqlite_btree", "--ppl-prefixes", "64", "--ppl-tokens", "8", "--long-docs", "0",
+             "--retrieval-lengths", "", "--passkey-lengths", "", "--agreement-prompts", "0",
+             "--set", "kv_cache.memory_mib=64"]
+
+
+def run_eval(tmp_path, *args):
+    out = tmp_path / "results.json"
+    result = subprocess.run([str(strata_binary()), "eval", "--config", str(CONFIG), "--out", str(out), *TINY_TASK,
+                             *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return result, out
+
+
+def labels(out):
+    return [case["label"] for case in json.loads(out.read_text(encoding="utf-8"))["cases"]]
+
+
+def test_an_empty_policy_list_runs_only_full_and_the_quantized_rows(tmp_path):
+    result, out = run_eval(tmp_path, "--policies", "", "--budgets", "50%", "--quantized", "full,snapkv",
+                           "--quantized-dtypes", "int4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert labels(out) == ["full", "full+int4", "snapkv@50%+int4"]
+
+
+def test_listed_policies_get_their_full_precision_rows(tmp_path):
+    result, out = run_eval(tmp_path, "--policies", "streaming", "--budgets", "50%", "--quantized", "")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert labels(out) == ["full", "streaming@50%"]
+
+
+def test_without_policies_every_policy_runs_and_pod_asks_for_its_blocks(tmp_path):
+    """The default is every policy, PoD among them, which needs the blocks of `strata calibrate`: the run stops
+    before the model loads, naming the key."""
+    result, out = run_eval(tmp_path, "--budgets", "50%", "--quantized", "")
+    assert result.returncode != 0
+    assert "kv_cache.pod_blocks" in result.stderr
+    assert not out.exists()
