@@ -441,49 +441,41 @@ void check_compacted(const QuantPool& p, const QuantLayer& layer, const std::vec
   }
 }
 
-TEST(KvQuantCompaction, EvictingInsideAGroupRebuildsOnlyTheGroupsFromThere) {
+// Compacts the test layer, in every format, to the entries `evicted` rejects; quantized group `from` must then be
+// in group `to`'s block byte for byte, and every kept entry within check_compacted's bounds.
+template <class Evicted>
+void expect_group_intact_after_compaction(Evicted evicted, int from, int to) {
   for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
+    SCOPED_TRACE(kv_quant_name(quant));
     auto be = make_cpu_backend();
     QuantPool p(*be, quant_layout(quant, 2, 64), 12);
     const QuantLayer layer = make_quant_layer(*be, p);
-    const KvBlockLayout& L = p.view.layout;
-    // Drop entry 40 (group 1) and entries 100 and 101 (full precision): 133 kept, still 3 quantized groups, and
-    // entries 96 and 97 move from the full-precision region into group 2.
     std::vector<int32_t> kept;
     for (int e = 0; e < layer.n_entries; ++e) {
-      if (e != 40 && e != 100 && e != 101) kept.push_back(e);
+      if (!evicted(e)) kept.push_back(e);
     }
-    const uint8_t* group0 = p.view.block_quantized(layer.table[0]);
-    const std::vector<uint8_t> group0_before(group0, group0 + L.quantized_block_bytes());
+    const uint8_t* before = p.view.block_quantized(layer.table[size_t(from)]);
+    const std::vector<uint8_t> group_before(before, before + p.view.layout.quantized_block_bytes());
     be->kv_compact(layer.table, kept, p.view, -1);
-    EXPECT_TRUE(std::equal(group0_before.begin(), group0_before.end(), group0)) << "group 0 must stay untouched";
+    const uint8_t* after = p.view.block_quantized(layer.table[size_t(to)]);
+    size_t differing = 0;
+    for (size_t i = 0; i < group_before.size(); ++i) differing += after[i] != group_before[i];
+    EXPECT_EQ(differing, 0u) << "bytes of group " << from << " that changed";
     for (int h = 0; h < 2; ++h) check_compacted(p, layer, layer.table, kept, h);
   }
+}
+
+TEST(KvQuantCompaction, EvictingInsideAGroupRebuildsOnlyTheGroupsFromThere) {
+  // Drop entry 40 (group 1) and entries 100 and 101 (full precision): 133 kept, still 3 quantized groups, entries
+  // 96 and 97 move from the full-precision region into group 2, and group 0 stays untouched.
+  expect_group_intact_after_compaction([](int e) { return e == 40 || e == 100 || e == 101; }, 0, 0);
 }
 
 TEST(KvQuantCompaction, EvictingAWholeGroupMovesTheGroupsAfterItIntact) {
   // What decode-time eviction on a quantized pool relies on (PolicyContext::decode_eviction_batch): group 2 moves
   // into group 1's block whole, and its rebuilt keys come back with the same codes, scales and mins, because a
   // group's min and top code are on its own grid.
-  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
-    SCOPED_TRACE(kv_quant_name(quant));
-    auto be = make_cpu_backend();
-    QuantPool p(*be, quant_layout(quant, 2, 64), 12);
-    const QuantLayer layer = make_quant_layer(*be, p);
-    const KvBlockLayout& L = p.view.layout;
-    std::vector<int32_t> kept;
-    for (int e = 0; e < layer.n_entries; ++e) {
-      if (e < 32 || e >= 64) kept.push_back(e);
-    }
-    const uint8_t* group2 = p.view.block_quantized(layer.table[2]);
-    const std::vector<uint8_t> group2_before(group2, group2 + L.quantized_block_bytes());
-    be->kv_compact(layer.table, kept, p.view, -1);
-    const uint8_t* group1 = p.view.block_quantized(layer.table[1]);
-    size_t differing = 0;
-    for (size_t i = 0; i < group2_before.size(); ++i) differing += group1[i] != group2_before[i];
-    EXPECT_EQ(differing, 0u) << "bytes of the moved group that changed";
-    for (int h = 0; h < 2; ++h) check_compacted(p, layer, layer.table, kept, h);
-  }
+  expect_group_intact_after_compaction([](int e) { return e >= 32 && e < 64; }, 2, 1);
 }
 
 TEST(KvQuantCompaction, PerHeadSelectionsThatGiveUpQuantizedGroups) {
