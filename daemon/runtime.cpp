@@ -72,6 +72,13 @@ KvBlockLayout kv_pool_layout(const ServerConfig& config, const LlamaModel& model
                       std::to_string(kKvQuantGroup) + " channels; the model's head dim is " +
                       std::to_string(layout.head_dim));
   }
+  // A slot that packs one group saves nothing and still rounds every entry (int8 in CUDA's bf16 blocks).
+  if (layout.quantized_per_slot() < 2) {
+    throw ConfigError(config.file + ": kv_cache.dtype: " + dtype + " packs " +
+                      std::to_string(layout.quantized_per_slot()) + " group into a " +
+                      (layout.dtype == DType::bf16 ? "bf16" : "f32") +
+                      " block of this backend, so it would save no memory; use int4");
+  }
   return layout;
 }
 

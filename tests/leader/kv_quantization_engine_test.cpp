@@ -254,5 +254,24 @@ TEST(KvQuantizationEngine, QuantizedFormatsNeedBlocksOfOneGroup) {
   }
 }
 
+TEST(KvQuantizationEngine, Int8IsRefusedWhereItWouldSaveNoMemory) {
+  // CUDA's blocks are bf16: an int8 group (codes, fp16 scales and mins) is more than half a block, so a slot packs
+  // one and the pool would hold no more tokens than without quantization.
+  ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
+  config.model.path = test::smollm2_gguf_path();
+  config.engine.backend = "cuda";
+  config.kv_cache.dtype = "int8";
+  config.kv_cache.block_size = 32;
+  try {
+    make_runtime(config);
+    ADD_FAILURE() << "int8 on a bf16 pool was accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    if (what.find("engine.backend") != std::string::npos) GTEST_SKIP() << "no CUDA device here: " << what;
+    EXPECT_NE(what.find("kv_cache.dtype"), std::string::npos) << what;
+    EXPECT_NE(what.find("save no memory"), std::string::npos) << what;
+  }
+}
+
 }  // namespace
 }  // namespace strata
