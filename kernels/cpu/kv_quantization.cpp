@@ -28,9 +28,15 @@ void put_code(uint8_t* row, int c, int code, KvQuant quant) {
   row[c / per_byte] = uint8_t((row[c / per_byte] & ~mask) | (code << shift));
 }
 
-int get_code(const uint8_t* row, int c, KvQuant quant) {
-  const int bits = kv_quant_bits(quant), per_byte = 8 / bits;
-  return (row[c / per_byte] >> ((c % per_byte) * bits)) & kv_quant_levels(quant);
+// The first n codes of a row as floats. per_byte is a constant, so the compiler turns the divisions into shifts:
+// unpacking is the inner loop of attention over quantized blocks.
+template <int kBits>
+void unpack_row(const uint8_t* row, int n, float* out) {
+  constexpr int per_byte = 8 / kBits, mask = (1 << kBits) - 1;
+  for (int byte = 0; byte < n / per_byte; ++byte) {
+    const int b = row[byte];
+    for (int i = 0; i < per_byte; ++i) out[byte * per_byte + i] = float((b >> (i * kBits)) & mask);
+  }
 }
 
 void require_quantized_pool(const KvPoolView& pool, const char* op) {
@@ -115,25 +121,29 @@ void quantize_value_row(const float* v, uint8_t* block, int head, int slot, cons
 }
 
 void unpack_codes(const uint8_t* row, const KvBlockLayout& L, float* out) {
-  for (int c = 0; c < L.head_dim; ++c) out[c] = float(get_code(row, c, L.quant));
+  switch (L.quant) {
+    case KvQuant::int8: return unpack_row<8>(row, L.head_dim, out);
+    case KvQuant::int4: return unpack_row<4>(row, L.head_dim, out);
+    case KvQuant::int2: return unpack_row<2>(row, L.head_dim, out);
+    case KvQuant::none: break;
+  }
+  throw std::logic_error("unpack_codes: the pool is not quantized");
 }
 
 void dequantize_key_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out) {
   const uint16_t* scale = scales_at(block, L.k_scale_offset(head));
   const uint16_t* min = scales_at(block, L.k_min_offset(head));
-  const uint8_t* row = block + L.k_codes_offset(head, slot);
-  for (int c = 0; c < L.head_dim; ++c) {
-    out[c] = load_scale(min[c]) + float(get_code(row, c, L.quant)) * load_scale(scale[c]);
-  }
+  unpack_codes(block + L.k_codes_offset(head, slot), L, out);
+  for (int c = 0; c < L.head_dim; ++c) out[c] = load_scale(min[c]) + out[c] * load_scale(scale[c]);
 }
 
 void dequantize_value_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out) {
   const uint16_t* scale = scales_at(block, L.v_scale_offset(head, slot));
   const uint16_t* min = scales_at(block, L.v_min_offset(head, slot));
-  const uint8_t* row = block + L.v_codes_offset(head, slot);
+  unpack_codes(block + L.v_codes_offset(head, slot), L, out);
   for (int c = 0; c < L.head_dim; ++c) {
     const int g = c / kKvQuantGroup;
-    out[c] = load_scale(min[g]) + float(get_code(row, c, L.quant)) * load_scale(scale[g]);
+    out[c] = load_scale(min[g]) + out[c] * load_scale(scale[g]);
   }
 }
 
