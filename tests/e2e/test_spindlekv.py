@@ -4,7 +4,7 @@
 - on a 600-token prompt every layer holds the corrected schedule's k + window tokens (computed here from the
   spec's formulas), /v1/kv_state shows each layer's codebook sizes, and /metrics shows the same tokens, the same
   codebook sizes and the bytes the coded storage takes (full-precision blocks of the partial group, coded blocks
-  of 20-byte rows, codebook pages), below what pyramid-style eviction alone would hold; the blocks return;
+  of 20-byte rows at their share of a slot, codebook pages), below what pyramid-style eviction alone would hold; the blocks return;
 - bad SpindleKV parameters get a 400 naming the field."""
 import math
 import time
@@ -95,6 +95,7 @@ def test_spindlekv_layers_hold_the_schedule_and_report_codebooks(server, model_n
     assert block_bytes == 2 * N_KV_HEADS * BLOCK_SIZE * HEAD_DIM * 4
     vectors_per_page = block_bytes // (HEAD_DIM * 4)
     coded_block_bytes = N_KV_HEADS * BLOCK_SIZE * CODE_ROW_BYTES
+    coded_per_slot = block_bytes // coded_block_bytes  # a slot packs 25 coded blocks; each costs its share
     total_bytes = eviction_only_bytes = 0
     for layer in seq["layers"]:
         l = layer["layer"]
@@ -109,9 +110,10 @@ def test_spindlekv_layers_hold_the_schedule_and_report_codebooks(server, model_n
         assert metric(samples, "strata_kv_layer_tokens", layer=l, pp_stage=0, tp_rank=0) == tokens
         assert metric(samples, "strata_kv_layer_codebook_vectors", layer=l, pp_stage=0, tp_rank=0) == vectors
         # Every entry is coded: full groups in coded blocks, the partial group's codes in an open coded block
-        # beside the full-precision block that holds its reconstructions; vectors in whole pages.
+        # beside the full-precision block that holds its reconstructions; vectors in whole pages. Coded blocks
+        # count at their share of the slots that pack them.
         groups, partial = divmod(tokens, BLOCK_SIZE)
-        expected = (groups + (partial > 0)) * coded_block_bytes + (partial > 0) * block_bytes + \
+        expected = (groups + (partial > 0)) * block_bytes // coded_per_slot + (partial > 0) * block_bytes + \
             -(-vectors // vectors_per_page) * block_bytes
         layer_bytes = metric(samples, "strata_kv_layer_bytes", layer=l, pp_stage=0, tp_rank=0)
         assert layer_bytes == expected, (l, tokens, vectors, layer_bytes, expected)
