@@ -591,11 +591,12 @@ def method_section(full_row, backend):
             f"`full`'s answer: the leading\n  tokens equal (as a share of `full`'s answer), the share of answers "
             f"equal throughout, and bag-of-tokens F1.")
     lines.append("- **Compression ratio**: the KV bytes `full` would hold over the bytes held, summed over all layers "
-                 "and all jobs\n  of the row, at each job's end (whole blocks, as the pool and `/metrics` count them).")
+                 "and all jobs\n  of the row, at each job's end (whole blocks, as the pool and `/metrics` count them; "
+                 "a quantized block\n  at its share of the slot that packs it).")
     if backend == "cpu":
-        lines.append("  `full` holds f32 entries on the CPU backend. CUDA holds bf16 ones, half the bytes: there the "
-                     "ratio of a row\n  on int8 or int4 (whose codes and scales take the same bytes on both) is half "
-                     "the one measured here.")
+        lines.append("  `full` holds f32 entries on the CPU backend. CUDA holds bf16 ones, half the bytes, and a bf16 "
+                     "slot packs half as\n  many int4 groups (3, against 6): there an int4 row's ratio is half the one "
+                     "measured here.")
     return "\n".join(lines)
 
 
@@ -651,9 +652,17 @@ def retrieval_section(rows, chosen, out):
 
 
 def copy_inputs(args):
-    """Copies the JSON beside the report; returns the copies' names and the --timing-before copy's name."""
+    """Copies the JSON beside the report; returns the copies' names and the --timing-before copy's name. An input
+    already in the output folder keeps its name (the order of the inputs is their precedence, not their names);
+    the others are named results.json, results-2.json, ... by position, which must not name another input there."""
     os.makedirs(args.out, exist_ok=True)
-    pairs = [(path, "results.json" if i == 0 else f"results-{i + 1}.json") for i, path in enumerate(args.results)]
+    out = os.path.abspath(args.out)
+    pairs = [(path, os.path.basename(path) if os.path.dirname(os.path.abspath(path)) == out
+              else "results.json" if i == 0 else f"results-{i + 1}.json") for i, path in enumerate(args.results)]
+    inside = {os.path.basename(path) for path in args.results if os.path.dirname(os.path.abspath(path)) == out}
+    for path, name in pairs:
+        if os.path.dirname(os.path.abspath(path)) != out and name in inside:
+            raise SystemExit(f"eval_report: copying {path} to {name} would overwrite another input")
     if args.timing_before:
         pairs.append((args.timing_before, "timing-before.json"))
     for path, name in pairs:

@@ -248,3 +248,30 @@ def test_timing_before_needs_a_timing(tmp_path):
     before = write(tmp_path / "old.json", make_run([]))
     with pytest.raises(SystemExit, match="no \"timing\" to compare"):
         er.main([results, "--out", str(tmp_path / "report"), "--timing-before", before])
+
+
+def test_inputs_in_the_report_folder_keep_their_names_in_any_order(tmp_path):
+    """The order of the inputs is their precedence: a newer run listed first must not be copied over the older
+    files it shares the folder with."""
+    out = tmp_path / "report"
+    out.mkdir()
+    older = write(out / "results.json", make_run([make_case("snapkv", "128", ratio=4.0, ppl=0.05)],
+                                                 timing=(100.0, True, 8)))
+    newer = write(out / "results-2.json", make_run([make_case("snapkv", "128", ratio=4.0, ppl=0.01)],
+                                                   timing=(50.0, True, 8)))
+    er.main([newer, older, "--out", str(out)])
+    assert json.loads((out / "results.json").read_text())["timing"]["wall_seconds"] == 100.0
+    assert json.loads((out / "results-2.json").read_text())["timing"]["wall_seconds"] == 50.0
+    text = (out / "README.md").read_text()
+    assert "`results-2.json` 50.0 s" in text and "`results.json` 100.0 s" in text
+    assert "| snapkv@128 | +1.00% [" in text, "the first input's measurement wins"
+
+
+def test_an_input_from_elsewhere_never_overwrites_one_in_the_report_folder(tmp_path):
+    out = tmp_path / "report"
+    out.mkdir()
+    inside = write(out / "results-2.json", make_run([], timing=(50.0, True, 8)))
+    outside = write(tmp_path / "new.json", make_run([], timing=(10.0, True, 8)))
+    with pytest.raises(SystemExit, match="would overwrite another input"):
+        er.main([inside, outside, "--out", str(out)])
+    assert json.loads((out / "results-2.json").read_text())["timing"]["wall_seconds"] == 50.0
