@@ -18,7 +18,8 @@ struct EvalSettings {
   std::string data_dir = "eval/data";
   // The rows at full precision besides `full` (empty: none, only quantized_policies'): any policy make_policy
   // knows; also the compositions simlayerkv+snapkv and simlayerkv+pyramidkv (SimLayerKV whose layers found not
-  // lazy run the other policy; case_spec), and a policy with parameters of its own besides the budget ("h2o:mode=per_step", "streaming:mode=rolling": the modes that evict while decoding).
+  // lazy run the other policy; case_spec), and a policy with parameters of its own besides the budget
+  // ("h2o:mode=per_step", "streaming:mode=rolling": the modes that evict while decoding).
   std::vector<std::string> policies;
   std::vector<std::string> budgets = {"64", "128", "256", "512", "1024", "10%", "20%", "50%"};
   // Run again over a quantized cache, at the same budgets, for every format of quantized_dtypes ("full" among them:

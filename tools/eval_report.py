@@ -656,12 +656,12 @@ def copy_inputs(args):
     already in the output folder keeps its name (the order of the inputs is their precedence, not their names);
     the others are named results.json, results-2.json, ... by position, which must not name another input there."""
     os.makedirs(args.out, exist_ok=True)
-    out = os.path.abspath(args.out)
-    pairs = [(path, os.path.basename(path) if os.path.dirname(os.path.abspath(path)) == out
-              else "results.json" if i == 0 else f"results-{i + 1}.json") for i, path in enumerate(args.results)]
-    inside = {os.path.basename(path) for path in args.results if os.path.dirname(os.path.abspath(path)) == out}
+    inside = {path: os.path.dirname(os.path.abspath(path)) == os.path.abspath(args.out) for path in args.results}
+    pairs = [(path, os.path.basename(path) if inside[path] else "results.json" if i == 0 else f"results-{i + 1}.json")
+             for i, path in enumerate(args.results)]
+    kept = {name for path, name in pairs if inside[path]}
     for path, name in pairs:
-        if os.path.dirname(os.path.abspath(path)) != out and name in inside:
+        if not inside[path] and name in kept:
             raise SystemExit(f"eval_report: copying {path} to {name} would overwrite another input")
     if args.timing_before:
         pairs.append((args.timing_before, "timing-before.json"))

@@ -23,11 +23,17 @@ namespace {
 
 using test::RecordingSink;
 
-std::unique_ptr<RankRuntime> make(const std::string& dtype, int64_t memory_mib, const std::string& policy = "full") {
+// The CPU configuration on SmolLM2 with a KV cache of `dtype` in blocks of one quantization group.
+ServerConfig quantized_config(const std::string& dtype) {
   ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
   config.model.path = test::smollm2_gguf_path();
   config.kv_cache.dtype = dtype;
   config.kv_cache.block_size = 32;
+  return config;
+}
+
+std::unique_ptr<RankRuntime> make(const std::string& dtype, int64_t memory_mib, const std::string& policy = "full") {
+  ServerConfig config = quantized_config(dtype);
   config.kv_cache.memory_mib = memory_mib;
   config.kv_cache.policy = policy;
   return make_runtime(config);
@@ -241,9 +247,7 @@ TEST(KvQuantizationEngine, PerStepEvictionOnAQuantizedCache) {
 }
 
 TEST(KvQuantizationEngine, QuantizedFormatsNeedBlocksOfOneGroup) {
-  ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
-  config.model.path = test::smollm2_gguf_path();
-  config.kv_cache.dtype = "int8";
+  ServerConfig config = quantized_config("int8");
   config.kv_cache.block_size = 16;
   try {
     make_runtime(config);
@@ -257,11 +261,8 @@ TEST(KvQuantizationEngine, QuantizedFormatsNeedBlocksOfOneGroup) {
 TEST(KvQuantizationEngine, Int8IsRefusedWhereItWouldSaveNoMemory) {
   // CUDA's blocks are bf16: an int8 group (codes, fp16 scales and mins) is more than half a block, so a slot packs
   // one and the pool would hold no more tokens than without quantization.
-  ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
-  config.model.path = test::smollm2_gguf_path();
+  ServerConfig config = quantized_config("int8");
   config.engine.backend = "cuda";
-  config.kv_cache.dtype = "int8";
-  config.kv_cache.block_size = 32;
   try {
     make_runtime(config);
     ADD_FAILURE() << "int8 on a bf16 pool was accepted";
