@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "daemon/build_commit.h"
 #include "daemon/commands/machine_info.h"
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/quantized_matmul.h"
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
   std::string command = "build/bench/quantized_matmul_paths";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
   const nlohmann::json report = {{"command", command},
+                                 {"commit", build_commit()},
                                  {"machine", machine_json()},
                                  {"threads", cpu::compute_pool().size()},
                                  {"isa", std::string(cpu::cpu_isa_name(cpu::best_cpu_isa()))},

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "daemon/build_commit.h"
 #include "daemon/commands/machine_info.h"
 #include "grammar/json_schema.h"
 #include "grammar/token_mask.h"
@@ -132,7 +133,8 @@ int main(int argc, char** argv) {
   std::string command = "build/bench/schema_compile";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
   const nlohmann::json report = {{"what", "schema compilation and token mask times on SmolLM2's vocabulary"},
-                                 {"command", command}, {"machine", machine_json()}, {"vocabulary", bytes.size()},
+                                 {"command", command},
+                                 {"commit", build_commit()}, {"machine", machine_json()}, {"vocabulary", bytes.size()},
                                  {"trie_build_ms", trie_s * 1e3}, {"trie_nodes", trie->node_count()},
                                  {"reps", reps}, {"steps", steps}, {"schemas", schemas}};
   std::ofstream(out_path) << report.dump(1) << "\n";

@@ -3,12 +3,13 @@
 #include <iostream>
 #include <string>
 
+#include "daemon/build_commit.h"
 #include "daemon/commands/commands.h"
 
 namespace {
 
 void print_usage() {
-  std::cout << "usage: strata <command> [flags]\n"
+  std::cout << "usage: strata <command> [flags]   (strata --version: the commit of the build)\n"
                "  serve     --config FILE [--port N] [--host H] [--set section.key=value]...\n"
                "            serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)\n"
                "  generate  --config FILE --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S]\n"
@@ -30,6 +31,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     print_usage();
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
+    std::cout << "strata " << strata::build_commit() << "\n";
+    return 0;
   }
   const std::string command = argv[1];
   int sub_argc = argc - 2;

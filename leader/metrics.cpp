@@ -187,6 +187,12 @@ void ServerMetrics::set_kv_blocks(int64_t n_free, int64_t n_total, int block_siz
   kv_usage_ratio_.Set(n_total > 0 ? static_cast<double>(n_total - n_free) / static_cast<double>(n_total) : 0.0);
 }
 
+void ServerMetrics::set_build_info(const std::string& commit, const std::string& backend) {
+  gauge_family(*registry_, "strata_build_info", "1, labelled with the commit built and the backend.")
+      .Add({{"commit", commit}, {"backend", backend}})
+      .Set(1);
+}
+
 void ServerMetrics::set_requests(int n_running, int n_waiting) {
   requests_running_.Set(n_running);
   requests_waiting_.Set(n_waiting);

@@ -540,8 +540,11 @@ def timing_section(runs, sources, before=None, before_source=None):
     timed = [(source, run_timing(run)) for run, source in zip(runs, sources) if run_timing(run)]
     if not timed:
         return ""
-    text = "**Wall time:** " + "; ".join(f"`{source}` {wall:,.1f} s, prefill {shared} ({prefills} prefills)"
-                                         for source, (wall, shared, prefills) in timed) + "."
+    commits = {source: run["commit"] for run, source in zip(runs, sources) if "commit" in run}
+    text = "**Wall time:** " + "; ".join(
+        f"`{source}` {wall:,.1f} s, prefill {shared} ({prefills} prefills)"
+        + (f", built from {commits[source]}" if source in commits else "")
+        for source, (wall, shared, prefills) in timed) + "."
     if before is not None:
         old, now = run_timing(before), sum(t[0] for _, t in timed)
         text += (f" **Before and after:** {old[0]:,.1f} s in [`{before_source}`]({before_source}) (prefill "

@@ -29,6 +29,7 @@
 #include "cache/compression_policy.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
+#include "daemon/build_commit.h"
 #include "daemon/commands/machine_info.h"
 #include "daemon/runtime.h"
 #include "leader/engine.h"
@@ -429,6 +430,7 @@ nlohmann::json bench_report(const std::string& command, const ServerConfig& conf
   const ModelConfig& mc = rt.weights.config;
   nlohmann::json report = {
       {"command", command},
+      {"commit", build_commit()},
       {"machine", machine_json()},
       {"backend", rt.backend->name()},
       {"model", {{"path", config.model.path}, {"layers", mc.n_layers}, {"d_model", mc.d_model},

@@ -10,6 +10,7 @@
 #include "cache/policy_spec.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
+#include "daemon/build_commit.h"
 #include "daemon/commands/machine_info.h"
 #include "daemon/runtime.h"
 #include "eval/eval_report.h"
@@ -94,6 +95,7 @@ nlohmann::ordered_json eval_report(const std::string& command, const ServerConfi
                                    const EvalSuite& suite) {
   nlohmann::ordered_json report;
   report["command"] = command;
+  report["commit"] = build_commit();
   report["machine"] = machine_json();
   report["backend"] = rt.backend->name();
   report["model"] = {{"path", config.model.path}, {"name", rt.model_name}, {"layers", rt.weights.config.n_layers}};

@@ -15,6 +15,7 @@
 #include <stop_token>
 #include <thread>
 
+#include "daemon/build_commit.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
 #include "daemon/rank_world.h"
@@ -230,6 +231,7 @@ int serve_command(int argc, char** argv) {
     if (!rt->tokenizer) throw ConfigError(config.file + ": model.path: a served model needs a tokenizer");
     std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
     ServerMetrics metrics(rt->weights.config.max_context);
+    metrics.set_build_info(build_commit(), rt->backend->name());
     EngineOptions engine_settings = engine_options(config, *rt);
     std::mutex failure_mutex;
     std::string rank_failure;

@@ -1,20 +1,16 @@
-"""`strata eval` through the shipped binary: which rows a command line asks for. A tiny perplexity task (one
-document, a 64-token prefix, 8 scored tokens) keeps each run to seconds; the rows' numbers are the eval's own
-tests' business (tests/eval/)."""
+"""`strata eval` through the shipped binary: which rows a command line asks for. A tiny perplexity task
+(EVAL_TINY_TASK) keeps each run to seconds; the rows' numbers are the eval's own tests' business (tests/eval/)."""
 import json
 import subprocess
 
 from serve_process import CONFIG, strata_binary
-from support import ROOT
+from support import EVAL_TINY_TASK, ROOT
 
-TINY_TASK = ["--documents", "sqlite_btree", "--ppl-prefixes", "64", "--ppl-tokens", "8", "--long-docs", "0",
-             "--retrieval-lengths", "", "--passkey-lengths", "", "--agreement-prompts", "0",
-             "--set", "kv_cache.memory_mib=64"]
 
 
 def run_eval(tmp_path, *args):
     out = tmp_path / "results.json"
-    result = subprocess.run([str(strata_binary()), "eval", "--config", str(CONFIG), "--out", str(out), *TINY_TASK,
+    result = subprocess.run([str(strata_binary()), "eval", "--config", str(CONFIG), "--out", str(out), *EVAL_TINY_TASK,
                              *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     return result, out
 

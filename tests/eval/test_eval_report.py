@@ -225,12 +225,12 @@ def test_new_format_report(tmp_path):
     four = [(n, d, ok and (n, d) != (1000, 1.0)) for n, d, ok in FULL_RETRIEVAL]  # 4 of full's 5
     cases = [make_case("snapkv", "128", ratio=14.0, ppl=0.2, long=0.3, retrieval=four),
              make_case("simlayerkv", "20%", ratio=7.0, ppl=0.004, dtype="int4", retrieval=FULL_RETRIEVAL)]
-    results = write(tmp_path / "new.json", make_run(cases, timing=(50.0, True, 10)))
-    before = write(tmp_path / "old.json", make_run([], timing=(100.0, False, 40)))
+    results = write(tmp_path / "new.json", {**make_run(cases, timing=(50.0, True, 10)), "commit": "abc1234"})
+    before = write(tmp_path / "old.json", make_run([], timing=(100.0, False, 40)))  # older runs name no commit
     out = tmp_path / "report"
     er.main([results, "--out", str(out), "--timing-before", before])
     text = (out / "README.md").read_text()
-    assert "**Wall time:** `results.json` 50.0 s, prefill shared (10 prefills)." in text
+    assert "**Wall time:** `results.json` 50.0 s, prefill shared (10 prefills), built from abc1234." in text
     assert "100.0 s in [`timing-before.json`](timing-before.json) (prefill not shared, 40 prefills)" in text
     assert "before / after = 2.00×" in text
     assert f"--out {out} --layer-budget 128 --timing-before {out}/timing-before.json" in text
