@@ -75,7 +75,7 @@ constexpr int kDimChunk = 64;  // output dimensions accumulated in registers
 // Per-thread buffers.
 struct Workspace {
   std::vector<float> scores;    // [kTileRows][stride]: the tile's scores, then probabilities
-  std::vector<float> scaled_q;  // [head_dim]: q * key scale (quantized blocks)
+  std::vector<float> scaled_q;  // [kTileRows][head_dim]: each vector's q * key scale (quantized blocks)
   std::vector<float> scales;    // [head_dim]: a quantized block's key scales, or one entry's value scales
   std::vector<float> mins;      // [head_dim]: likewise its mins
   std::vector<float> codes;     // [head_dim]: one entry's codes (quantized and coded blocks)
@@ -206,57 +206,76 @@ void prefetch_block(const KvPoolView& pool, int32_t id, int head, bool values) {
   for (int64_t at = 0; at < n; at += 64) __builtin_prefetch(bytes + at);
 }
 
-// scores[j] = scale * q . k_j for the first n entries of a quantized or coded block.
-void packed_block_scores(const float* qv, const KvPoolView& pool, int32_t id, int kv_head, int n, float scale,
-                         Workspace& ws, float* scores) {
+// scores[t * stride + j] = scale * q_t . k_j for the tile's vectors and the first n entries of a quantized or coded
+// block. Each key is unpacked (or rebuilt from its codebook vector) once for all the vectors: they are the query
+// heads of one KV head.
+void packed_block_scores(const float* const* q_rows, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
+                         int n, float scale, int64_t stride, Workspace& ws, float* scores) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   if (pool.is_coded(id)) {
     const KvCodeRow* rows = pool.block_coded(id) + L.code_row_index(kv_head, 0);
     for (int j = 0; j < n; ++j) {
       coded_key(pool, rows[j], ws.codes.data());
-      scores[j] = dot(qv, ws.codes.data(), hd) * scale;
+      for (int t = 0; t < vectors; ++t) scores[t * stride + j] = dot(q_rows[t], ws.codes.data(), hd) * scale;
     }
     return;
   }
   const uint8_t* block = pool.block_quantized(id);
   load_scales(block + L.k_scale_offset(kv_head), hd, ws.scales.data());
   load_scales(block + L.k_min_offset(kv_head), hd, ws.mins.data());
-  for (int c = 0; c < hd; ++c) ws.scaled_q[size_t(c)] = qv[c] * ws.scales[size_t(c)];
-  const float bias = dot(qv, ws.mins.data(), hd);
+  float bias[kTileRows];
+  for (int t = 0; t < vectors; ++t) {
+    float* scaled_q = ws.scaled_q.data() + int64_t(t) * hd;
+    for (int c = 0; c < hd; ++c) scaled_q[c] = q_rows[t][c] * ws.scales[size_t(c)];
+    bias[t] = dot(q_rows[t], ws.mins.data(), hd);
+  }
   for (int j = 0; j < n; ++j) {
     unpack_codes(block + L.k_codes_offset(kv_head, j), L, ws.codes.data());
-    scores[j] = (dot(ws.scaled_q.data(), ws.codes.data(), hd) + bias) * scale;
+    for (int t = 0; t < vectors; ++t) {
+      scores[t * stride + j] = (dot(ws.scaled_q.data() + int64_t(t) * hd, ws.codes.data(), hd) + bias[t]) * scale;
+    }
   }
 }
 
-// o += sum_j p[j] * v_j over the first n entries of one block.
-void block_values(const float* p, const KvPoolView& pool, int32_t id, int kv_head, int n, Workspace& ws, float* o) {
+// o_t += sum_j p_t[j] * v_j for the tile's vectors over the first n_t entries of one block (n_t <= 0: none).
+// Each value of a quantized block is unpacked once for all the vectors; every vector adds its terms in entry
+// order, as it would alone.
+void block_values(const float* const* p, const int* n, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
+                  Workspace& ws, float* const* o) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   if (pool.is_coded(id)) {
     const KvCodeRow* rows = pool.block_coded(id) + L.code_row_index(kv_head, 0);
-    for (int j = 0; j < n; ++j) {
-      const float a = p[j] * rows[j].v_magnitude;
-      const float* c = pool.codebook_vector(rows[j].v_vector);
-      for (int d = 0; d < hd; ++d) o[d] += a * c[d];
+    for (int t = 0; t < vectors; ++t) {
+      for (int j = 0; j < n[t]; ++j) {
+        const float a = p[t][j] * rows[j].v_magnitude;
+        const float* c = pool.codebook_vector(rows[j].v_vector);
+        for (int d = 0; d < hd; ++d) o[t][d] += a * c[d];
+      }
     }
     return;
   }
   if (!pool.is_quantized(id)) {
-    rows_values(p, pool.block_f32(id) + L.v_offset(kv_head, 0), n, hd, o);
+    for (int t = 0; t < vectors; ++t) {
+      if (n[t] > 0) rows_values(p[t], pool.block_f32(id) + L.v_offset(kv_head, 0), n[t], hd, o[t]);
+    }
     return;
   }
   const uint8_t* block = pool.block_quantized(id);
-  for (int j = 0; j < n; ++j) {
+  const int n_max = *std::max_element(n, n + vectors);
+  for (int j = 0; j < n_max; ++j) {
     load_scales(block + L.v_scale_offset(kv_head, j), L.v_groups(), ws.scales.data());
     load_scales(block + L.v_min_offset(kv_head, j), L.v_groups(), ws.mins.data());
     unpack_codes(block + L.v_codes_offset(kv_head, j), L, ws.codes.data());
-    for (int g = 0; g < L.v_groups(); ++g) {
-      const float a = p[j] * ws.scales[size_t(g)], b = p[j] * ws.mins[size_t(g)];
-      const float* code = ws.codes.data() + g * kKvQuantGroup;
-      float* out = o + g * kKvQuantGroup;
-      for (int d = 0; d < kKvQuantGroup; ++d) out[d] += a * code[d] + b;
+    for (int t = 0; t < vectors; ++t) {
+      if (j >= n[t]) continue;
+      for (int g = 0; g < L.v_groups(); ++g) {
+        const float a = p[t][j] * ws.scales[size_t(g)], b = p[t][j] * ws.mins[size_t(g)];
+        const float* code = ws.codes.data() + g * kKvQuantGroup;
+        float* out = o[t] + g * kKvQuantGroup;
+        for (int d = 0; d < kKvQuantGroup; ++d) out[d] += a * code[d] + b;
+      }
     }
   }
 }
@@ -341,9 +360,7 @@ void tile_scores(const float* const* q_rows, int vectors, const AttentionSequenc
       prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/false);
     }
     if (pool.is_quantized(id) || pool.is_coded(id)) {
-      for (int t = 0; t < vectors; ++t) {
-        packed_block_scores(q_rows[t], pool, id, kv_head, n, scale, ws, scores + t * stride + e0);
-      }
+      packed_block_scores(q_rows, vectors, pool, id, kv_head, n, scale, stride, ws, scores + e0);
     } else if (keys_t.n_blocks > 0) {
       for (int c0 = 0, c = 0; c0 < n; c0 += kKeyChunk, ++c) {
         chunk_scores(q_rows, vectors, keys_t.data.data() + keys_t.offset(kv_head, e0 / L.block_size, c, hd), hd,
@@ -357,24 +374,44 @@ void tile_scores(const float* const* q_rows, int vectors, const AttentionSequenc
   }
 }
 
-// Query vector t of the tile: row r0 + t / heads, head head_begin + t % heads, whose scores are at p. Takes its
-// softmax over the keys its row sees, adds them to the head's column sums, and writes the weighted sum of values.
-void vector_output(const AttentionSequence& s, int row, int head, int kv_head, const KvPoolView& pool, float* p,
-                   int64_t q_row, Workspace& ws, float* out) {
-  const KvBlockLayout& L = pool.layout;
+// Query vector t of the tile (row, head), whose scores are at p: its softmax over the keys its row sees, added to
+// the head's column sums.
+void vector_probabilities(const AttentionSequence& s, int row, int head, float* p) {
   const int n_keys = s.n_ctx_before + row + 1;
   softmax(p, n_keys);
   float* sums = s.column_sums ? s.column_sums + int64_t(head) * s.sums_stride : nullptr;
   if (sums && row >= s.stats_row_begin) {
     for (int e = 0; e < n_keys; ++e) sums[e] += p[e];
   }
-  float* o = out + int64_t(s.q_begin + row) * q_row + int64_t(head) * L.head_dim;
-  std::fill(o, o + L.head_dim, 0.0f);
-  for (int e0 = 0; e0 < n_keys; e0 += L.block_size) {
-    if (e0 + L.block_size < n_keys) {
+}
+
+// The outputs of the tile's vectors (vector t: row r0 + t / heads, head head_begin + t % heads, probabilities at
+// scores + t * stride): the weighted sums of the values each row sees, block by block for all vectors at once.
+void tile_outputs(const AttentionSequence& s, int r0, int vectors, int heads, int head_begin, int kv_head,
+                  const KvPoolView& pool, const float* scores, int64_t stride, int64_t q_row, Workspace& ws,
+                  float* out) {
+  const KvBlockLayout& L = pool.layout;
+  const float* p[kTileRows];
+  float* o[kTileRows];
+  int n_keys[kTileRows], n_block[kTileRows];
+  for (int t = 0; t < vectors; ++t) {
+    const int row = r0 + t / heads;
+    p[t] = scores + t * stride;
+    n_keys[t] = s.n_ctx_before + row + 1;
+    o[t] = out + int64_t(s.q_begin + row) * q_row + int64_t(head_begin + t % heads) * L.head_dim;
+    std::fill(o[t], o[t] + L.head_dim, 0.0f);
+  }
+  const int n_tile_keys = *std::max_element(n_keys, n_keys + vectors);
+  for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
+    if (e0 + L.block_size < n_tile_keys) {
       prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/true);
     }
-    block_values(p + e0, pool, s.block_table[e0 / L.block_size], kv_head, std::min(L.block_size, n_keys - e0), ws, o);
+    const float* p_block[kTileRows];
+    for (int t = 0; t < vectors; ++t) {
+      p_block[t] = p[t] + e0;
+      n_block[t] = std::min(L.block_size, n_keys[t] - e0);
+    }
+    block_values(p_block, n_block, vectors, pool, s.block_table[e0 / L.block_size], kv_head, ws, o);
   }
 }
 
@@ -396,7 +433,7 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
   const int64_t grain = std::clamp<int64_t>(int64_t(items.size()) / (8 * compute_pool().size()), 1, 4);
   parallel_for(int64_t(items.size()), grain, [&](int64_t begin, int64_t end) {
     thread_local Workspace ws;  // the pool's threads live on: their buffers are kept between calls
-    ws.scaled_q.resize(size_t(hd));
+    ws.scaled_q.resize(size_t(kTileRows) * hd);
     ws.codes.resize(size_t(hd));
     ws.scales.resize(size_t(hd));
     ws.mins.resize(size_t(hd));
@@ -420,9 +457,9 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
         tile_scores(q_rows, vectors, s, n_tile_keys, pool, kv_head, transposed[size_t(item.seq)], scale, ws,
                     ws.scores.data());
         for (int t = 0; t < vectors; ++t) {
-          vector_output(s, r0 + t / heads, item.head_begin + t % heads, kv_head, pool, ws.scores.data() + t * stride,
-                        q_row, ws, out);
+          vector_probabilities(s, r0 + t / heads, item.head_begin + t % heads, ws.scores.data() + t * stride);
         }
+        tile_outputs(s, r0, vectors, heads, item.head_begin, kv_head, pool, ws.scores.data(), stride, q_row, ws, out);
       }
     }
   });
