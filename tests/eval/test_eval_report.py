@@ -194,6 +194,20 @@ def test_files_merge_by_label_unless_their_settings_differ():
     assert later == pytest.approx(((0.2 + (math.e - 1)) / 2, 0.2, math.e - 1))
 
 
+def test_a_share_of_the_prompt_is_one_row_whatever_prompt_its_example_was_resolved_at():
+    """SimLayerKV at 50% resolves to a window of half the run's longest prompt: runs of other tasks (other prompt
+    lengths) measure the same row. A budget in tokens resolves alike everywhere, so a different spec is a
+    different row."""
+    def case(budget, spec):
+        return {**make_case("simlayerkv", budget, ratio=2.0), "example_spec": spec}
+    perplexity = without(make_run([case("50%", "simlayerkv:window=3964")]), "retrieval")
+    retrieval = without(make_run([case("50%", "simlayerkv:window=3496")]), "perplexity", "long_generation")
+    assert sorted(by_name(rows_of(perplexity, retrieval))) == ["full", "simlayerkv@50%"]
+    tokens = without(make_run([case("512", "simlayerkv:window=512")]), "retrieval")
+    changed = without(make_run([case("512", "simlayerkv:window=480")]), "perplexity", "long_generation")
+    assert len([name for name in by_name(rows_of(tokens, changed)) if name.startswith("simlayerkv@512")]) == 2
+
+
 def without(run, *tasks):
     for case in run["cases"]:
         case.update({task: [] for task in tasks})
