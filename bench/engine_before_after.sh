@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The engine's speed before and after a change: `strata bench` (batch 1 and 8, 128 prompt tokens, 64 generated)
-# with this build and with an earlier commit's, alternating which goes first in each repetition:
+# The engine's speed before and after a change: `strata bench` (by default batch 1 and 8, 128 prompt tokens, 64
+# generated) with this build and with an earlier commit's, alternating which goes first in each repetition:
 #
 #   bench/engine_before_after.sh [--before-commit 1faafb9] [--reps 5] [--out bench/results/FILE.json]
+#       [--batch 1,8] [--prompt-tokens 128] [--gen-tokens 64] [--flags 'MORE BENCH FLAGS']
 #
+# --flags go to both builds' `strata bench` as they are (split as a shell splits words): for example
+# '--set kv_cache.dtype=int4 --set kv_cache.block_size=32 --context 2048,7936'.
 # The commit before is built once in build-before-COMMIT/ (bench/build_commit.sh). Medians of prefill and decode
 # tokens/s and their after/before ratios, every run, the machine and the commands go to --out. Run it on an
 # otherwise idle machine.
@@ -14,6 +17,10 @@ SCRIPT_COMMAND="bench/engine_before_after.sh${*:+ $*}"
 
 BEFORE=1faafb9
 REPS=5
+BATCH=1,8
+PROMPT_TOKENS=128
+GEN_TOKENS=64
+FLAGS=""
 OUT=bench/results/cpu-engine-before-after.json
 CONFIG=configs/smollm2-cpu.yaml
 while (($#)); do
@@ -21,7 +28,11 @@ while (($#)); do
     --before-commit) BEFORE=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    --batch) BATCH=$2; shift 2 ;;
+    --prompt-tokens) PROMPT_TOKENS=$2; shift 2 ;;
+    --gen-tokens) GEN_TOKENS=$2; shift 2 ;;
+    --flags) FLAGS=$2; shift 2 ;;
+    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
     *) echo "engine_before_after.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -39,7 +50,9 @@ for rep in $(seq "$REPS"); do
     # The commit before reads its own configuration file (it would refuse keys added since).
     [ "$label" = before ] && bin=$before_bin config=$before_dir/$CONFIG
     json=$tmp/$label-$rep.json
-    cmd=("$bin" bench --config "$config" --batch 1,8 --prompt-tokens 128 --gen-tokens 64 --out "$json")
+    # shellcheck disable=SC2206  # --flags is split into words on purpose
+    cmd=("$bin" bench --config "$config" --batch "$BATCH" --prompt-tokens "$PROMPT_TOKENS" --gen-tokens "$GEN_TOKENS"
+         $FLAGS --out "$json")
     printf '[before-after] %s, run %s: %s\n' "$label" "$rep" "${cmd[*]}" >&2
     "${cmd[@]}" >/dev/null 2>&1
     results+=("$label|$rep|${cmd[*]}|$json")
@@ -56,21 +69,26 @@ rows = []
 for run in runs:
     label, rep, command, path = run.split("|")
     for r in json.load(open(path))["results"]:
-        rows.append({"build": label, "rep": int(rep), "batch": r["batch"], "command": command,
+        if "skipped" in r:
+            raise SystemExit(f"engine_before_after.sh: {command}: a cell was skipped: {r['skipped']}")
+        rows.append({"build": label, "rep": int(rep), "batch": r["batch"], "context": r.get("context"),
+                     "command": command,
                      "prefill_tokens_per_second": r["prefill_tokens_per_second"],
                      "decode_tokens_per_second": r["decode_tokens_per_second"]})
 median = {}
+cells = sorted({(r["batch"], r["context"]) for r in rows}, key=lambda c: (c[0], c[1] or 0))
 for phase in ("prefill", "decode"):
-    for batch in (1, 8):
+    for batch, context in cells:
+        cell = f"batch {batch}" + (f" context {context}" if context else "")
         for build in ("before", "after"):
-            median[f"{build} {phase} batch {batch}"] = statistics.median(
-                r[f"{phase}_tokens_per_second"] for r in rows if (r["build"], r["batch"]) == (build, batch))
-        median[f"{phase} batch {batch}: after / before"] = (median[f"after {phase} batch {batch}"] /
-                                                            median[f"before {phase} batch {batch}"])
-json.dump({"what": "strata bench tokens/s (batch 1 and 8, 128 prompt tokens, 64 generated), medians over runs "
-                   "that alternate which build goes first",
+            median[f"{build} {phase} {cell}"] = statistics.median(
+                r[f"{phase}_tokens_per_second"] for r in rows if (r["build"], r["batch"], r["context"]) ==
+                (build, batch, context))
+        median[f"{phase} {cell}: after / before"] = median[f"after {phase} {cell}"] / median[f"before {phase} {cell}"]
+json.dump({"what": "strata bench tokens/s (the runs' commands below), medians over runs that alternate which build "
+                   "goes first",
            "before_commit": before, "after_commit": head, "machine": machine(), "command": script_command,
            "median": median, "runs": rows}, open(out, "w"), indent=1)
 for k, v in median.items():
-    print(f"{k:36s} {v:8.3f}")
+    print(f"{k:50s} {v:8.3f}")
 PY
