@@ -546,18 +546,17 @@ def run_timing(run):
 
 def timing_section(runs, sources, before=None, before_source=None):
     """The wall time of each run that recorded it, and the comparison with --timing-before; '' if none."""
-    timed = [(source, run_timing(run)) for run, source in zip(runs, sources) if run_timing(run)]
+    timed = [(source, run_timing(run), run.get("commit")) for run, source in zip(runs, sources) if run_timing(run)]
     if not timed:
         return ""
-    commits = {source: run["commit"] for run, source in zip(runs, sources) if "commit" in run}
     text = "**Wall time:** " + "; ".join(
         f"`{source}` {wall:,.1f} s, prefill {shared} ({prefills} prefills)"
-        + (f", built from {commits[source]}" if source in commits else "")
-        for source, (wall, shared, prefills) in timed) + "."
+        + (f", built from {commit}" if commit else "")
+        for source, (wall, shared, prefills), commit in timed) + "."
     if before is not None:
-        old, now = run_timing(before), sum(t[0] for _, t in timed)
+        old, now = run_timing(before), sum(t[0] for _, t, _ in timed)
         text += (f" **Before and after:** {old[0]:,.1f} s in [`{before_source}`]({before_source}) (prefill "
-                 f"{old[1]}, {old[2]} prefills) against {now:,.1f} s now ({sum(t[2] for _, t in timed)} "
+                 f"{old[1]}, {old[2]} prefills) against {now:,.1f} s now ({sum(t[2] for _, t, _ in timed)} "
                  f"prefills): before / after = {old[0] / now:.2f}×.")
     return text
 

@@ -4,7 +4,8 @@
 - on a 600-token prompt every layer holds the corrected schedule's k + window tokens (computed here from the
   spec's formulas), /v1/kv_state shows each layer's codebook sizes, and /metrics shows the same tokens, the same
   codebook sizes and the bytes the coded storage takes (full-precision blocks of the partial group, coded blocks
-  of 20-byte rows at their share of a slot, codebook pages), below what pyramid-style eviction alone would hold; the blocks return;
+  of 20-byte rows at their share of a slot, codebook pages), below what pyramid-style eviction alone would hold;
+  the blocks return;
 - bad SpindleKV parameters get a 400 naming the field."""
 import math
 import time
