@@ -48,20 +48,13 @@ void quantize_row_q8_0(const float* src, void* dst, int64_t n);
 // IEEE binary16 (subnormals, inf and NaN included) and bfloat16 bit patterns to fp32; fp32 to binary16, rounding
 // to nearest even. fp16_to_fp32 is inline: the portable kernels convert every block's scale with it.
 inline float fp16_to_fp32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1F;
-  const uint32_t mantissa = h & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24 is exact in fp32.
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign ? -magnitude : magnitude;
-  } else if (exponent == 31) {
-    bits = sign | 0x7F800000u | (mantissa << 13);  // inf, or NaN keeping its payload
-  } else {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // rebias 15 -> 127
-  }
-  return std::bit_cast<float>(bits);
+  // Without branches, so that loops of conversions vectorise: the magnitude's bits moved to fp32's places read as
+  // a float times 2^112 (fp32's exponent bias less fp16's, 127 - 15, as a power of two) is exact for normal and
+  // subnormal halves alike; exponent 31 (inf, NaN with its payload) becomes fp32's 255 instead.
+  const uint32_t moved = static_cast<uint32_t>(h & 0x7FFF) << 13;
+  const uint32_t finite = std::bit_cast<uint32_t>(std::bit_cast<float>(moved) * 0x1p112f);
+  const uint32_t magnitude = (h & 0x7C00) == 0x7C00 ? (moved | 0x7F800000u) : finite;
+  return std::bit_cast<float>(magnitude | (static_cast<uint32_t>(h & 0x8000) << 16));
 }
 float bf16_to_fp32(uint16_t bits);
 uint16_t fp32_to_fp16(float value);

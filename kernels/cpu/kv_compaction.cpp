@@ -65,7 +65,7 @@ GatheredEntries gather(std::span<const int32_t> table, std::span<const int32_t> 
     float* key = g.keys.data() + size_t(i) * L.head_dim;
     if (pool.is_quantized(block)) {
       const uint8_t* q = pool.block_quantized(block);
-      dequantize_key_row(q, head, slot, L, key);
+      dequantize_keys(q, head, slot, 1, L, key);
       uint8_t* scratch = g.quantized.data() + size_t(i / L.block_size) * size_t(L.quantized_block_bytes());
       copy_value_entry(q, slot, scratch, i % L.block_size, head, L);
       g.value_quantized[size_t(i)] = true;
@@ -119,7 +119,7 @@ void compact_quantized_head(std::span<const int32_t> table, std::span<const int3
                 sizeof(float) * L.head_dim);
     float* value = block + L.v_offset(head, index % bs);
     if (g.value_quantized[size_t(j - first)]) {
-      dequantize_value_row(scratch_block(j), head, (j - first) % bs, L, value);
+      dequantize_values(scratch_block(j), head, (j - first) % bs, 1, L, value);
     } else {
       std::memcpy(value, g.values.data() + size_t(j - first) * L.head_dim, sizeof(float) * L.head_dim);
     }

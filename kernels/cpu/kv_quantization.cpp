@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd_clones.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/weight_format.h"
 
@@ -26,17 +27,6 @@ void put_code(uint8_t* row, int c, int code, KvQuant quant) {
   const int bits = kv_quant_bits(quant), per_byte = 8 / bits, shift = (c % per_byte) * bits;
   const int mask = kv_quant_levels(quant) << shift;
   row[c / per_byte] = uint8_t((row[c / per_byte] & ~mask) | (code << shift));
-}
-
-// The first n codes of a row as floats. per_byte is a constant, so the compiler turns the divisions into shifts:
-// unpacking is the inner loop of attention over quantized blocks.
-template <int kBits>
-void unpack_row(const uint8_t* row, int n, float* out) {
-  constexpr int per_byte = 8 / kBits, mask = (1 << kBits) - 1;
-  for (int byte = 0; byte < n / per_byte; ++byte) {
-    const int b = row[byte];
-    for (int i = 0; i < per_byte; ++i) out[byte * per_byte + i] = float((b >> (i * kBits)) & mask);
-  }
 }
 
 void require_quantized_pool(const KvPoolView& pool, const char* op) {
@@ -60,18 +50,74 @@ void require_pairs(std::span<const int32_t> src, std::span<const int32_t> dst, c
   }
 }
 
+// The bodies of dequantize_keys and dequantize_values for one code width. The width is a constant, so the loops
+// over a row's bytes vectorise; `omp simd` says that the rows written do not overlap the bytes read.
+template <int kBits>
+[[gnu::always_inline]] inline void dequantize_keys(const uint8_t* block, int head, int first, int n,
+                                                   const KvBlockLayout& L, float* out) {
+  constexpr int kPerByte = 8 / kBits, kMask = (1 << kBits) - 1, kChunk = 64;
+  const uint16_t* scale = scales_at(block, L.k_scale_offset(head));
+  const uint16_t* min = scales_at(block, L.k_min_offset(head));
+  for (int c0 = 0; c0 < L.head_dim; c0 += kChunk) {  // a chunk's scales and mins as floats, on the stack
+    const int m = std::min(kChunk, L.head_dim - c0);
+    float s[kChunk], b[kChunk];
+    for (int c = 0; c < m; ++c) {
+      s[c] = load_scale(scale[c0 + c]);
+      b[c] = load_scale(min[c0 + c]);
+    }
+    for (int t = 0; t < n; ++t) {
+      const uint8_t* row = block + L.k_codes_offset(head, first + t) + c0 / kPerByte;
+      float* o = out + int64_t(t) * L.head_dim + c0;
+#pragma omp simd
+      for (int i = 0; i < m / kPerByte; ++i) {
+        for (int k = 0; k < kPerByte; ++k) {
+          const int c = i * kPerByte + k;
+          o[c] = b[c] + float((row[i] >> (k * kBits)) & kMask) * s[c];
+        }
+      }
+    }
+  }
+}
+
+template <int kBits>
+[[gnu::always_inline]] inline void dequantize_values(const uint8_t* block, int head, int first, int n,
+                                                     const KvBlockLayout& L, float* out) {
+  constexpr int kPerByte = 8 / kBits, kMask = (1 << kBits) - 1, kGroupBytes = kKvQuantGroup / kPerByte;
+  constexpr int kChunk = 64;  // scales (and mins) converted together: those of kChunk / groups entries
+  const int groups = L.v_groups(), chunk_entries = std::max(1, kChunk / groups);
+  // A head's entries keep their scales one after another, as they do their mins.
+  const uint16_t* scale = scales_at(block, L.v_scale_offset(head, first));
+  const uint16_t* min = scales_at(block, L.v_min_offset(head, first));
+  for (int t0 = 0; t0 < n; t0 += chunk_entries) {
+    const int m = std::min(chunk_entries, n - t0);
+    float s[kChunk], b[kChunk];
+    for (int i = 0; i < std::min(kChunk, m * groups); ++i) {
+      s[i] = load_scale(scale[t0 * groups + i]);
+      b[i] = load_scale(min[t0 * groups + i]);
+    }
+    for (int t = t0; t < t0 + m; ++t) {
+      const uint8_t* row = block + L.v_codes_offset(head, first + t);
+      for (int g = 0; g < groups; ++g) {
+        // A head_dim past 64 groups would take more scales than the chunk: those load one by one.
+        const int at = (t - t0) * groups + g;
+        const float scale_g = at < kChunk ? s[at] : load_scale(scale[t * groups + g]);
+        const float min_g = at < kChunk ? b[at] : load_scale(min[t * groups + g]);
+        const uint8_t* r = row + g * kGroupBytes;
+        float* o = out + int64_t(t) * L.head_dim + g * kKvQuantGroup;
+#pragma omp simd
+        for (int i = 0; i < kGroupBytes; ++i) {
+          for (int k = 0; k < kPerByte; ++k) o[i * kPerByte + k] = min_g + float((r[i] >> (k * kBits)) & kMask) * scale_g;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 uint16_t store_scale(float x) {
   // Written so that NaN passes through (as a NaN) rather than being clamped.
   return fp32_to_fp16(x > kKvScaleMax ? kKvScaleMax : x < -kKvScaleMax ? -kKvScaleMax : x);
-}
-
-float load_scale(uint16_t stored) { return fp16_to_fp32(stored); }
-
-void load_scales(const uint8_t* at, int n, float* out) {
-  const auto* stored = reinterpret_cast<const uint16_t*>(at);
-  for (int i = 0; i < n; ++i) out[i] = load_scale(stored[i]);
 }
 
 QuantGroup fit_group(const float* x, int n, int64_t stride, int levels) {
@@ -120,31 +166,26 @@ void quantize_value_row(const float* v, uint8_t* block, int head, int slot, cons
   }
 }
 
-void unpack_codes(const uint8_t* row, const KvBlockLayout& L, float* out) {
+STRATA_SIMD_CLONES
+void dequantize_keys(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out) {
   switch (L.quant) {
-    case KvQuant::int8: return unpack_row<8>(row, L.head_dim, out);
-    case KvQuant::int4: return unpack_row<4>(row, L.head_dim, out);
-    case KvQuant::int2: return unpack_row<2>(row, L.head_dim, out);
+    case KvQuant::int8: return dequantize_keys<8>(block, head, first, n, L, out);
+    case KvQuant::int4: return dequantize_keys<4>(block, head, first, n, L, out);
+    case KvQuant::int2: return dequantize_keys<2>(block, head, first, n, L, out);
     case KvQuant::none: break;
   }
-  throw std::logic_error("unpack_codes: the pool is not quantized");
+  throw std::logic_error("dequantize_keys: the pool is not quantized");
 }
 
-void dequantize_key_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out) {
-  const uint16_t* scale = scales_at(block, L.k_scale_offset(head));
-  const uint16_t* min = scales_at(block, L.k_min_offset(head));
-  unpack_codes(block + L.k_codes_offset(head, slot), L, out);
-  for (int c = 0; c < L.head_dim; ++c) out[c] = load_scale(min[c]) + out[c] * load_scale(scale[c]);
-}
-
-void dequantize_value_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out) {
-  const uint16_t* scale = scales_at(block, L.v_scale_offset(head, slot));
-  const uint16_t* min = scales_at(block, L.v_min_offset(head, slot));
-  unpack_codes(block + L.v_codes_offset(head, slot), L, out);
-  for (int c = 0; c < L.head_dim; ++c) {
-    const int g = c / kKvQuantGroup;
-    out[c] = load_scale(min[g]) + out[c] * load_scale(scale[g]);
+STRATA_SIMD_CLONES
+void dequantize_values(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out) {
+  switch (L.quant) {
+    case KvQuant::int8: return dequantize_values<8>(block, head, first, n, L, out);
+    case KvQuant::int4: return dequantize_values<4>(block, head, first, n, L, out);
+    case KvQuant::int2: return dequantize_values<2>(block, head, first, n, L, out);
+    case KvQuant::none: break;
   }
+  throw std::logic_error("dequantize_values: the pool is not quantized");
 }
 
 void copy_value_entry(const uint8_t* src_block, int src_slot, uint8_t* dst_block, int dst_slot, int head,
@@ -184,10 +225,8 @@ void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, c
       const int h = int(item % L.n_kv_heads);
       const uint8_t* from = pool.block_quantized(src[i]);
       float* to = pool.block_f32(dst[i]);
-      for (int t = 0; t < L.block_size; ++t) {
-        dequantize_key_row(from, h, t, L, to + L.k_offset(h, t));
-        dequantize_value_row(from, h, t, L, to + L.v_offset(h, t));
-      }
+      dequantize_keys(from, h, 0, L.block_size, L, to + L.k_offset(h, 0));
+      dequantize_values(from, h, 0, L.block_size, L, to + L.v_offset(h, 0));
     }
   });
 }

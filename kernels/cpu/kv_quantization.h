@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/kv_block_layout.h"
+#include "kernels/weight_format.h"
 
 namespace strata::cpu {
 
@@ -21,19 +22,16 @@ int quantize_value(float x, const QuantGroup& g, int levels);
 
 // A scale or min as stored: fp16, saturated at +-kKvScaleMax (NaN stays NaN); and back.
 uint16_t store_scale(float x);
-float load_scale(uint16_t stored);
-// n stored scales (or mins) from `at`, as floats.
-void load_scales(const uint8_t* at, int n, float* out);
+inline float load_scale(uint16_t stored) { return fp16_to_fp32(stored); }
 
 // Keys of one head: the block's 32 entries, entry t at k + t * stride, quantized per channel.
 void quantize_keys(const float* k, int64_t stride, uint8_t* block, int head, const KvBlockLayout& L);
 // One entry's value vector (head_dim floats), quantized per group of 32 channels into entry `slot`.
 void quantize_value_row(const float* v, uint8_t* block, int head, int slot, const KvBlockLayout& L);
-// Entry `slot` of one head, dequantized into head_dim floats.
-void dequantize_key_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out);
-void dequantize_value_row(const uint8_t* block, int head, int slot, const KvBlockLayout& L, float* out);
-// The codes of one entry as floats 0 .. levels (head_dim of them).
-void unpack_codes(const uint8_t* row, const KvBlockLayout& L, float* out);
+// Entries [first, first + n) of one head, dequantized into n rows of head_dim floats at out: min + code * scale,
+// as kv_dequantize writes them (attention reads a quantized block this way).
+void dequantize_keys(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out);
+void dequantize_values(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out);
 
 // A value entry with its codes and per-token scales, as stored (values move without requantization).
 void copy_value_entry(const uint8_t* src_block, int src_slot, uint8_t* dst_block, int dst_slot, int head,

@@ -3,9 +3,9 @@
 // [0, n_ctx_before + i]. Entries are in cache order, which is also causal order, also after compression
 // (policies only remove entries; new ones are always appended).
 //
-// Quantized blocks (kernels/kv_block_layout.h) are dequantized as they are read, folded into the arithmetic as
-// KIVI's kernels do: q . (min + code * scale) = (q * scale) . code + q . min for a key (per-channel scale and min),
-// and p * (min + code * scale) = (p * scale) * code + p * min for a value (per-token, per 32 channels).
+// Quantized blocks (kernels/kv_block_layout.h) are dequantized as they are read, one KV head's keys (or values) of
+// a block at a time into a buffer that stays in the L1 cache, for all the query heads of that KV head; then they
+// take the full-precision path.
 // Coded blocks (SpindleKV) are reconstructed as they are read: K = RoPE(m * C[r], position), V = m * C[r].
 #include <algorithm>
 #include <bit>
@@ -74,11 +74,9 @@ constexpr int kDimChunk = 64;  // output dimensions accumulated in registers
 
 // Per-thread buffers.
 struct Workspace {
-  std::vector<float> scores;    // [kTileRows][stride]: the tile's scores, then probabilities
-  std::vector<float> scaled_q;  // [kTileRows][head_dim]: each vector's q * key scale (quantized blocks)
-  std::vector<float> scales;    // [head_dim]: a quantized block's key scales, or one entry's value scales
-  std::vector<float> mins;      // [head_dim]: likewise its mins
-  std::vector<float> codes;     // [head_dim]: one entry's codes (quantized and coded blocks)
+  std::vector<float> scores;       // [kTileRows][stride]: the tile's scores, then probabilities
+  std::vector<float> dequantized;  // [block_size][head_dim]: a quantized block's keys or values of one KV head
+  std::vector<float> coded_key;    // [head_dim]: a coded block's key, rebuilt
 };
 
 // scores[t * stride + j] = scale * q_t . k_j for the tile's rows and the first n keys of a chunk held
@@ -195,19 +193,38 @@ void transpose_block(const KvPoolView& pool, int32_t id, int kv_head, int n, flo
   }
 }
 
-// Asks for the keys (or values) of KV head `head` in a full-precision block ahead of their use: blocks are a few
-// KiB apart from one another, too short a run for the hardware prefetcher to find on its own.
+void prefetch_bytes(const void* at, int64_t n) {
+  const auto* bytes = static_cast<const char*>(at);
+  for (int64_t offset = 0; offset < n; offset += 64) __builtin_prefetch(bytes + offset);
+}
+
+// Asks for the keys (or values) of KV head `head` in a full-precision or quantized block ahead of their use: blocks
+// are a few KiB apart from one another, too short a run for the hardware prefetcher to find on its own, and a
+// quantized block keeps its codes, scales and mins in three places.
 void prefetch_block(const KvPoolView& pool, int32_t id, int head, bool values) {
-  if (pool.is_quantized(id) || pool.is_coded(id)) return;
   const KvBlockLayout& L = pool.layout;
-  const float* first = pool.block_f32(id) + (values ? L.v_offset(head, 0) : L.k_offset(head, 0));
-  const auto* bytes = reinterpret_cast<const char*>(first);
-  const int64_t n = int64_t(L.block_size) * L.head_dim * int64_t(sizeof(float));
-  for (int64_t at = 0; at < n; at += 64) __builtin_prefetch(bytes + at);
+  if (pool.is_coded(id)) return;
+  if (!pool.is_quantized(id)) {
+    const float* first = pool.block_f32(id) + (values ? L.v_offset(head, 0) : L.k_offset(head, 0));
+    prefetch_bytes(first, int64_t(L.block_size) * L.head_dim * int64_t(sizeof(float)));
+    return;
+  }
+  const uint8_t* block = pool.block_quantized(id);
+  const int64_t codes = int64_t(L.block_size) * L.code_row_bytes();
+  if (values) {
+    const int64_t scales = int64_t(L.block_size) * L.v_groups() * kKvScaleBytes;
+    prefetch_bytes(block + L.v_codes_offset(head, 0), codes);
+    prefetch_bytes(block + L.v_scale_offset(head, 0), scales);
+    prefetch_bytes(block + L.v_min_offset(head, 0), scales);
+  } else {
+    prefetch_bytes(block + L.k_codes_offset(head, 0), codes);
+    prefetch_bytes(block + L.k_scale_offset(head), int64_t(L.head_dim) * kKvScaleBytes);
+    prefetch_bytes(block + L.k_min_offset(head), int64_t(L.head_dim) * kKvScaleBytes);
+  }
 }
 
 // scores[t * stride + j] = scale * q_t . k_j for the tile's vectors and the first n entries of a quantized or coded
-// block. Each key is unpacked (or rebuilt from its codebook vector) once for all the vectors: they are the query
+// block. Each key is dequantized (or rebuilt from its codebook vector) once for all the vectors: they are the query
 // heads of one KV head.
 void packed_block_scores(const float* const* q_rows, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
                          int n, float scale, int64_t stride, Workspace& ws, float* scores) {
@@ -216,31 +233,17 @@ void packed_block_scores(const float* const* q_rows, int vectors, const KvPoolVi
   if (pool.is_coded(id)) {
     const KvCodeRow* rows = pool.block_coded(id) + L.code_row_index(kv_head, 0);
     for (int j = 0; j < n; ++j) {
-      coded_key(pool, rows[j], ws.codes.data());
-      for (int t = 0; t < vectors; ++t) scores[t * stride + j] = dot(q_rows[t], ws.codes.data(), hd) * scale;
+      coded_key(pool, rows[j], ws.coded_key.data());
+      for (int t = 0; t < vectors; ++t) scores[t * stride + j] = dot(q_rows[t], ws.coded_key.data(), hd) * scale;
     }
     return;
   }
-  const uint8_t* block = pool.block_quantized(id);
-  load_scales(block + L.k_scale_offset(kv_head), hd, ws.scales.data());
-  load_scales(block + L.k_min_offset(kv_head), hd, ws.mins.data());
-  float bias[kTileRows];
-  for (int t = 0; t < vectors; ++t) {
-    float* scaled_q = ws.scaled_q.data() + int64_t(t) * hd;
-    for (int c = 0; c < hd; ++c) scaled_q[c] = q_rows[t][c] * ws.scales[size_t(c)];
-    bias[t] = dot(q_rows[t], ws.mins.data(), hd);
-  }
-  for (int j = 0; j < n; ++j) {
-    unpack_codes(block + L.k_codes_offset(kv_head, j), L, ws.codes.data());
-    for (int t = 0; t < vectors; ++t) {
-      scores[t * stride + j] = (dot(ws.scaled_q.data() + int64_t(t) * hd, ws.codes.data(), hd) + bias[t]) * scale;
-    }
-  }
+  dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, ws.dequantized.data());
+  for (int t = 0; t < vectors; ++t) row_scores(q_rows[t], ws.dequantized.data(), n, hd, scale, scores + t * stride);
 }
 
 // o_t += sum_j p_t[j] * v_j for the tile's vectors over the first n_t entries of one block (n_t <= 0: none).
-// Each value of a quantized block is unpacked once for all the vectors; every vector adds its terms in entry
-// order, as it would alone.
+// A quantized block is dequantized once for all the vectors.
 void block_values(const float* const* p, const int* n, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
                   Workspace& ws, float* const* o) {
   const KvBlockLayout& L = pool.layout;
@@ -256,27 +259,14 @@ void block_values(const float* const* p, const int* n, int vectors, const KvPool
     }
     return;
   }
+  const float* values = ws.dequantized.data();
   if (!pool.is_quantized(id)) {
-    for (int t = 0; t < vectors; ++t) {
-      if (n[t] > 0) rows_values(p[t], pool.block_f32(id) + L.v_offset(kv_head, 0), n[t], hd, o[t]);
-    }
-    return;
+    values = pool.block_f32(id) + L.v_offset(kv_head, 0);
+  } else if (const int n_max = *std::max_element(n, n + vectors); n_max > 0) {
+    dequantize_values(pool.block_quantized(id), kv_head, 0, n_max, L, ws.dequantized.data());
   }
-  const uint8_t* block = pool.block_quantized(id);
-  const int n_max = *std::max_element(n, n + vectors);
-  for (int j = 0; j < n_max; ++j) {
-    load_scales(block + L.v_scale_offset(kv_head, j), L.v_groups(), ws.scales.data());
-    load_scales(block + L.v_min_offset(kv_head, j), L.v_groups(), ws.mins.data());
-    unpack_codes(block + L.v_codes_offset(kv_head, j), L, ws.codes.data());
-    for (int t = 0; t < vectors; ++t) {
-      if (j >= n[t]) continue;
-      for (int g = 0; g < L.v_groups(); ++g) {
-        const float a = p[t][j] * ws.scales[size_t(g)], b = p[t][j] * ws.mins[size_t(g)];
-        const float* code = ws.codes.data() + g * kKvQuantGroup;
-        float* out = o[t] + g * kKvQuantGroup;
-        for (int d = 0; d < kKvQuantGroup; ++d) out[d] += a * code[d] + b;
-      }
-    }
+  for (int t = 0; t < vectors; ++t) {
+    if (n[t] > 0) rows_values(p[t], values, n[t], hd, o[t]);
   }
 }
 
@@ -434,10 +424,8 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
   const int64_t grain = std::clamp<int64_t>(int64_t(items.size()) / (8 * compute_pool().size()), 1, 4);
   parallel_for(int64_t(items.size()), grain, [&](int64_t begin, int64_t end) {
     thread_local Workspace ws;  // the pool's threads live on: their buffers are kept between calls
-    ws.scaled_q.resize(size_t(kTileRows) * hd);
-    ws.codes.resize(size_t(hd));
-    ws.scales.resize(size_t(hd));
-    ws.mins.resize(size_t(hd));
+    ws.dequantized.resize(size_t(L.block_size) * hd);
+    ws.coded_key.resize(size_t(hd));
     for (size_t it = size_t(begin); it < size_t(end); ++it) {
       const QueryItem& item = items[it];
       const AttentionSequence& s = seqs[item.seq];
@@ -457,7 +445,7 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
         }
         tile_scores(q_rows, vectors, s, n_tile_keys, pool, kv_head, transposed[size_t(item.seq)], scale, ws,
                     ws.scores.data());
-        // In a quantized pool the vectors share each unpacked block, so they sum their values together; elsewhere
+        // In a quantized pool the vectors share each dequantized block, so they sum their values together; elsewhere
         // each goes alone, its softmax then its values, while its probabilities are in the L1 cache (3% faster at
         // f32 than together: bench/results/cpu-f32-attention-before-after.json).
         const int together = L.quant == KvQuant::none ? 1 : vectors;

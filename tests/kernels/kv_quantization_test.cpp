@@ -313,6 +313,34 @@ TEST_P(KvQuantRoundTrip, RandomAndAdversarialGroupsStayWithinHalfAScale) {
 INSTANTIATE_TEST_SUITE_P(Formats, KvQuantRoundTrip, ::testing::Values(KvQuant::int8, KvQuant::int4, KvQuant::int2),
                          [](const auto& info) { return std::string(kv_quant_name(info.param)); });
 
+// kv_dequantize writes min + code * scale in float arithmetic, which is exact up to the one rounding of the sum:
+// the same float as this test's decode of the bytes. head_dim 96: keys' scales in more than one chunk of 64,
+// three value groups.
+TEST_P(KvQuantRoundTrip, DequantizedBlocksAreTheDocumentedDecodeOfTheirBytes) {
+  auto be = make_cpu_backend();
+  QuantPool p(*be, quant_layout(GetParam(), 2, 96), 6);
+  const KvBlockLayout& L = p.view.layout;
+  for (int b = 0; b < 3; ++b) fill_random(p, b, 20 + uint32_t(b), -4.0f, 3.0f);
+  std::vector<int32_t> quantized;
+  for (int b = 0; b < 3; ++b) {
+    quantized.push_back(p.quantized(3 + b / L.quantized_per_slot(), b % L.quantized_per_slot()));
+  }
+  be->kv_quantize(std::vector<int32_t>{0, 1, 2}, quantized, p.view);
+  be->kv_dequantize(quantized, std::vector<int32_t>{0, 1, 2}, p.view);
+  for (int b = 0; b < 3; ++b) {
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      for (int t = 0; t < L.block_size; ++t) {
+        for (int c = 0; c < L.head_dim; ++c) {
+          ASSERT_EQ(p.k(b, h, t)[c], float(decoded_key(p.view, quantized[size_t(b)], h, t, c)))
+              << "block " << b << " head " << h << " entry " << t << " key channel " << c;
+          ASSERT_EQ(p.v(b, h, t)[c], float(decoded_value(p.view, quantized[size_t(b)], h, t, c)))
+              << "block " << b << " head " << h << " entry " << t << " value channel " << c;
+        }
+      }
+    }
+  }
+}
+
 TEST(KvQuantize, RejectsPairsThatDoNotGoBetweenTheFormats) {
   auto be = make_cpu_backend();
   QuantPool p(*be, quant_layout(KvQuant::int4, 1, 32), 3);

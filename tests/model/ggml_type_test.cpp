@@ -1,6 +1,8 @@
 #include "model/ggml_type.h"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -88,6 +90,24 @@ TEST(GgmlType, F16HandComputed) {
   std::vector<uint8_t> raw = {0x00, 0x3C, 0x01, 0x00, 0x00, 0xFC};
   EXPECT_EQ(dequantize(GgmlType::f16, raw, 3), (std::vector<float>{1.0f, std::ldexp(1.0f, -24),
                                                                   -std::numeric_limits<float>::infinity()}));
+}
+
+// Every one of the 65,536 halves against binary16's definition evaluated in double precision: (-1)^s 2^(e-15)
+// (1 + m/1024) for normal numbers, (-1)^s 2^-14 (m/1024) for subnormals; inf and NaN (with its payload) at e = 31.
+TEST(GgmlType, F16EveryBitPatternMatchesTheDefinition) {
+  for (uint32_t h = 0; h <= 0xFFFF; ++h) {
+    const int sign = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    const float got = fp16_to_fp32(uint16_t(h));
+    ASSERT_EQ(std::signbit(got), sign == 1) << std::hex << h;
+    if (e == 31) {
+      ASSERT_EQ(std::isnan(got), m != 0) << std::hex << h;
+      if (m == 0) ASSERT_TRUE(std::isinf(got)) << std::hex << h;
+      else ASSERT_EQ((std::bit_cast<uint32_t>(got) >> 13) & 0x3FF, uint32_t(m)) << std::hex << h;  // payload
+      continue;
+    }
+    const double magnitude = e == 0 ? std::ldexp(m / 1024.0, -14) : std::ldexp(1.0 + m / 1024.0, e - 15);
+    ASSERT_EQ(double(got), sign ? -magnitude : magnitude) << std::hex << h;
+  }
 }
 
 TEST(GgmlType, Bf16HandComputed) {
