@@ -173,10 +173,11 @@ __device__ inline uint16_t store_scale(float x) {
 }
 __device__ inline float load_scale(uint16_t stored) { return __half2float(__ushort_as_half(stored)); }
 
-// Code c of a code row: 8 / bits channels a byte, the lowest channel in the lowest bits.
+// Code c of a code row: 8 / bits channels a byte, the lowest channel in the lowest bits. Bits divide 8, so code c
+// starts at bit c * bits of the row and never straddles two bytes (shifts, where c / (8 / bits) would divide).
 __device__ inline int get_code(const uint8_t* row, int c, int bits) {
-  const int per_byte = 8 / bits;
-  return (row[c / per_byte] >> ((c % per_byte) * bits)) & ((1 << bits) - 1);
+  const int bit = c * bits;
+  return (row[bit >> 3] >> (bit & 7)) & ((1 << bits) - 1);
 }
 
 // fit_group + quantize_value of the CPU: scale = (max - min) / levels and min, each rounded to fp16 as stored, then
@@ -242,7 +243,7 @@ __device__ void quantize_keys_strided(Key key_of, uint8_t* block, int head, cons
 }
 
 // Value group `group` (channels [32 * group, 32 * group + 32)) of entry `slot` of one head, from fp32 values
-// value_of(c): the group's scale and min, then its codes (whole bytes: 32 channels are 32 or 16 bytes).
+// value_of(c): the group's scale and min, then its codes (whole bytes: 32 channels are 32, 16 or 8 bytes).
 template <class Value>
 __device__ void quantize_value_group(Value value_of, uint8_t* block, int head, int slot, int group,
                                      const KvGeometry& g) {

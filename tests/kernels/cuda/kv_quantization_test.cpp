@@ -1,6 +1,6 @@
 // The CUDA backend's kv_quantize and kv_dequantize (kernels/cuda/kv_quantization.cu) against their CPU twins on
-// random pools (tests/kernels/cuda/twin_pool.h): quantized values within one code step of the CPU's group, the
-// dequantization of the CPU's own blocks exactly (in bf16).
+// random pools (tests/kernels/cuda/twin_pool.h): quantized values within one code step of the CPU's group, sealed
+// blocks byte for byte the CPU's, the dequantization of the CPU's own blocks exactly (in bf16).
 // Without a GPU every test skips itself with cuda_unavailable_reason().
 #ifdef STRATA_HAVE_CUDA
 
@@ -65,27 +65,58 @@ TEST_F(CudaKvQuantization, QuantizeAndDequantizeMatchTheCpuWithinACodeStep) {
   }
 }
 
+// Both pools hold the same bf16 numbers, and the device's seal repeats the CPU's arithmetic operation by operation
+// (fp16 scales and mins rounded to nearest even, codes rounded half to even with the rounded pair): the sealed
+// blocks are the CPU's byte for byte, scales, mins and codes alike.
+TEST_F(CudaKvQuantization, SealedBlocksAreTheCpusByteForByte) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
+    SCOPED_TRACE(kv_quant_name(quant));
+    TwinPool pool(quantized_layout(quant), 24);
+    for (int32_t b = 0; b < 3; ++b) pool.fill(b, rng);
+    const std::vector<int32_t> src = {0, 1, 2};
+    const std::vector<int32_t> dst = {pool.packed_id(6, 0), pool.packed_id(6, 1), pool.packed_id(6, 2)};
+    cpu->kv_quantize(src, dst, pool.cpu);
+    gpu->kv_quantize(src, dst, pool.gpu);
+    const DevicePoolCopy copy(pool);
+    const size_t n = size_t(pool.cpu_layout.quantized_block_bytes());
+    for (int32_t id : dst) {
+      const uint8_t* host = pool.cpu.block_quantized(id);
+      const uint8_t* device = copy.reader.view.block_quantized(id);
+      int differ = 0, first = -1;
+      for (size_t i = 0; i < n; ++i) {
+        if (host[i] != device[i] && differ++ == 0) first = int(i);
+      }
+      EXPECT_EQ(differ, 0) << "block " << id << ": " << differ << " of " << n << " bytes differ, the first at byte "
+                           << first;
+    }
+  }
+}
+
 TEST_F(CudaKvQuantization, DequantizingTheCpusBlocksGivesTheCpusValuesInBf16) {
-  TwinPool pool(quantized_layout(KvQuant::int4), 12);
-  pool.fill(0, rng);
-  const int32_t q = pool.packed_id(4, 0);
-  pool.seal_on_cpu(*cpu, 0, q);
-  const std::vector<int32_t> src = {q}, dst = {1};
-  cpu->kv_dequantize(src, dst, pool.cpu);
-  gpu->kv_dequantize(src, dst, pool.gpu);
-  const DevicePoolCopy copy(pool);
-  const PoolReader host{pool.cpu};
-  int mismatches = 0;
-  for (int h = 0; h < 2; ++h) {
-    for (int s = 0; s < kKvQuantGroup; ++s) {
-      for (int c = 0; c < 64; ++c) {
-        for (bool key : {true, false}) {
-          mismatches += copy.reader.at(1, key, h, s, c) != round_bf16(host.at(1, key, h, s, c));
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
+    SCOPED_TRACE(kv_quant_name(quant));
+    TwinPool pool(quantized_layout(quant), 12);
+    const KvBlockLayout& L = pool.cpu_layout;
+    pool.fill(0, rng);
+    const int32_t q = pool.packed_id(4, 0);
+    pool.seal_on_cpu(*cpu, 0, q);
+    const std::vector<int32_t> src = {q}, dst = {1};
+    cpu->kv_dequantize(src, dst, pool.cpu);
+    gpu->kv_dequantize(src, dst, pool.gpu);
+    const DevicePoolCopy copy(pool);
+    const PoolReader host{pool.cpu};
+    int mismatches = 0;
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      for (int s = 0; s < kKvQuantGroup; ++s) {
+        for (int c = 0; c < L.head_dim; ++c) {
+          for (bool key : {true, false}) {
+            mismatches += copy.reader.at(1, key, h, s, c) != round_bf16(host.at(1, key, h, s, c));
+          }
         }
       }
     }
+    EXPECT_EQ(mismatches, 0);
   }
-  EXPECT_EQ(mismatches, 0);
 }
 
 }  // namespace
