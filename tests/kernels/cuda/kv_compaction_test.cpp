@@ -1,6 +1,6 @@
 // The CUDA backend's kv_compact (kernels/cuda/kv_compaction.cu) against its CPU twin on random pools
 // (tests/kernels/cuda/twin_pool.h): full-precision moves must match exactly, the entries of layers that start with
-// quantized blocks within a code step of the CPU's group.
+// quantized blocks within a code step of the CPU's group, and their quantized blocks byte for byte.
 // Without a GPU every test skips itself with cuda_unavailable_reason().
 #ifdef STRATA_HAVE_CUDA
 
@@ -94,6 +94,60 @@ TEST_F(CudaKvCompaction, CompactionOfQuantizedLayersMatchesTheCpu) {
           }
         }
         EXPECT_EQ(far, 0);
+      }
+    }
+  }
+}
+
+// The quantized blocks of a compacted layer, on the device, against the CPU's byte for byte: both dequantize keys
+// to fp32 and requantize them per channel, and copy or seal values, with the same arithmetic from the same bf16
+// numbers. With head 1 alone, head 0's bytes stay as they were on both sides. When a whole group is evicted (what
+// decode-time eviction on a quantized pool does), group 2 moves into group 1's block exactly as the CPU sealed it.
+TEST_F(CudaKvCompaction, QuantizedBlocksAfterCompactionAreTheCpusByteForByte) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
+    for (int head : {-1, 1}) {
+      for (bool whole_group : {true, false}) {
+        SCOPED_TRACE(std::string(kv_quant_name(quant)) + ", head " + std::to_string(head) +
+                     (whole_group ? ", group 1 evicted" : ", half kept at random"));
+        TwinPool pool(quantized_layout(quant), 24);
+        for (int32_t b = 0; b < 5; ++b) pool.fill(b, rng);
+        std::vector<int32_t> table;
+        for (int g = 0; g < 3; ++g) {
+          table.push_back(pool.packed_id(5, g));
+          pool.seal_on_cpu(*cpu, g, table.back());
+        }
+        table.push_back(3);
+        table.push_back(4);
+        const size_t n = size_t(pool.cpu_layout.quantized_block_bytes());
+        const uint8_t* sealed_group_2 = pool.cpu.block_quantized(table[2]);
+        const std::vector<uint8_t> group_2(sealed_group_2, sealed_group_2 + n);
+        std::vector<int32_t> kept;
+        if (whole_group) {
+          for (int e = 0; e < 96 + 40; ++e) {
+            if (e < 32 || e >= 64) kept.push_back(e);
+          }
+        } else {
+          kept = random_kept(96 + 40, 0.5, rng);
+        }
+        cpu->kv_compact(table, kept, pool.cpu, head);
+        gpu->kv_compact(table, kept, pool.gpu, head);
+
+        const DevicePoolCopy copy(pool);
+        const int kept_quantized = compacted_quantized_blocks(3, int(kept.size()));
+        for (int b = 0; b < kept_quantized; ++b) {
+          const uint8_t* host = pool.cpu.block_quantized(table[size_t(b)]);
+          const uint8_t* device = copy.reader.view.block_quantized(table[size_t(b)]);
+          int differ = 0, first = -1;
+          for (size_t i = 0; i < n; ++i) {
+            if (host[i] != device[i] && differ++ == 0) first = int(i);
+          }
+          EXPECT_EQ(differ, 0) << "quantized block " << b << ": " << differ << " of " << n
+                               << " bytes differ, the first at byte " << first;
+        }
+        if (whole_group && head < 0) {
+          const uint8_t* device = copy.reader.view.block_quantized(table[1]);
+          EXPECT_TRUE(std::equal(group_2.begin(), group_2.end(), device)) << "group 2 did not move intact";
+        }
       }
     }
   }
