@@ -101,8 +101,9 @@ $(python3 -c 'import site; print(" ".join(p + "/nvidia" for p in site.getsitepac
 # Only Strata's binaries see the carried libraries (python3's torch keeps its own).
 packed() { LD_LIBRARY_PATH=$LIBPATH "$@"; }
 
-# Keeps the parts .device/model-K/*.partK-of-N this call carried (each call of the sequence carries one) with
-# those of earlier calls, and joins them into models/ once all are there, checked by sha256.
+# Keeps the parts .device/model-K/*.xz.partK-of-N this call carried (each call of the sequence carries one) with
+# those of earlier calls, and once all are there joins them and decompresses the model into models/, checked by
+# sha256.
 need_model() {
   local name sum parts k part
   name=$(basename "$model")
@@ -111,13 +112,15 @@ need_model() {
   sum=$(cut -d' ' -f1 "$held/parts/$name.sha256" 2>/dev/null)
   [[ -n "$sum" ]] || { say "no model part was carried (.device/model-K)"; return 1; }
   [[ -f "$model" && "$(sha256sum <"$model" | cut -d' ' -f1)" == "$sum" ]] && return 0
-  parts=$(find "$held/parts" -name "$name.part*-of-*" | head -1 | sed 's/.*-of-//')
+  parts=$(find "$held/parts" -name "$name.xz.part*-of-*" | head -1 | sed 's/.*-of-//')
+  [[ -n "$parts" ]] || { say "no part of $name.xz was carried (.device/model-K)"; return 1; }
   for ((k = 1; k <= parts; k++)); do
-    part=$held/parts/$name.part$k-of-$parts
+    part=$held/parts/$name.xz.part$k-of-$parts
     [[ -f "$part" ]] || { say "missing part $k of $parts (the machine went cold?): carry .device/model-$k again"; return 1; }
   done
   mkdir -p models
-  for ((k = 1; k <= parts; k++)); do cat "$held/parts/$name.part$k-of-$parts"; done >"$model"
+  for ((k = 1; k <= parts; k++)); do cat "$held/parts/$name.xz.part$k-of-$parts"; done >"$held/$name.xz"
+  python3 tools/device/unxz.py "$held/$name.xz" "$model" || { say "$name.xz did not decompress"; return 1; }
   [[ "$(sha256sum <"$model" | cut -d' ' -f1)" == "$sum" ]] || { say "the joined model's sha256 differs"; return 1; }
 }
 

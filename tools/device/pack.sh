@@ -6,8 +6,9 @@
 #                                     (stripped), every shared library they need
 #                                     except glibc's, libcuda and the CUDA libraries the image has (cuBLAS,
 #                                     cuBLASLt, NCCL: tools/device/gpu_run.sh finds them there), and MANIFEST
-#   .device/model-1/, .device/model-2/  models/SmolLM2-135M-Instruct.Q4_1.gguf in two parts and its .sha256:
-#                                     the first as large as fits beside the binaries in one call, the second alone
+#   .device/model-1/, .device/model-2/  models/SmolLM2-135M-Instruct.Q4_1.gguf compressed with xz (98 MB to 90),
+#                                     in two parts, and its .sha256: the first as large as fits beside the binaries
+#                                     in one call, the second alone
 # Then it checks the pack as the GPU machine will use it (an empty environment, only the carried libraries on
 # LD_LIBRARY_PATH): strata --help, the CPU kernel tests, and a CPU `strata generate` on the joined model; and it
 # prints each carry folder's size and the `run` calls to make.
@@ -68,17 +69,22 @@ missing=$(ldd "$stage/bin/strata" | grep 'not found' || true)
 } >"$stage/MANIFEST"
 (cd "$stage" && XZ_OPT='-9e -T0' tar -cJf "$root/$dev/bin/strata-device.tar.xz" MANIFEST bin lib)
 
-# The model in two parts, each with its .sha256: call 1 carries .device/bin and part 1, call 2 part 2 alone (the
-# binaries stay on the warm machine). A call moves at most 64 MiB; 63 leaves room for what git does not count.
+# The model compressed, in two parts, each with its .sha256 (of the model itself): call 1 carries .device/bin and
+# part 1, call 2 part 2 alone (the binaries stay on the warm machine). A call moves at most 64 MiB with the working
+# tree; 63 leaves room for what git does not count. Uncompressed, the model stopped fitting two calls once the tree
+# passed 8 MB (stop 30). The compressed model is kept in .device/ until the model changes.
 room=$((63 * 1048576))
 tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+compressed=$dev/$(basename "$model").xz
+[[ -f "$compressed" && "$compressed" -nt "$model" ]] || xz -T0 -6 -c "$model" >"$compressed"
 first=$((room - tree_bytes - $(stat -c %s "$dev/bin/strata-device.tar.xz")))
-second=$(($(stat -c %s "$model") - first))
+second=$(($(stat -c %s "$compressed") - first))
 (( first > 0 && second + tree_bytes < room )) ||
   fail "the model does not fit two calls: $first bytes beside the binaries, $second bytes left for the second"
+rm -rf "$dev/model-1" "$dev/model-2"
 mkdir -p "$dev/model-1" "$dev/model-2"
-head -c "$first" "$model" >"$dev/model-1/$(basename "$model").part1-of-2"
-tail -c "$second" "$model" >"$dev/model-2/$(basename "$model").part2-of-2"
+head -c "$first" "$compressed" >"$dev/model-1/$(basename "$compressed").part1-of-2"
+tail -c "$second" "$compressed" >"$dev/model-2/$(basename "$compressed").part2-of-2"
 cp "$model.sha256" "$dev/model-1/" && cp "$model.sha256" "$dev/model-2/"
 # The check: unpack as gpu_run.sh does, then run with an empty environment and the carried libraries only.
 check=$dev/check
@@ -93,7 +99,8 @@ for b in "$check"/bin/strata "$check"/bin/tests/*; do
 done
 run_packed() { env -i PATH=/usr/bin:/bin HOME=/tmp LD_LIBRARY_PATH="$lib" "$@"; }
 run_packed "$check/bin/strata" --help >/dev/null || fail "strata --help failed from the pack"
-cat "$dev"/model-{1,2}/*.part*-of-2 >"$check/model.gguf"
+cat "$dev"/model-{1,2}/*.part*-of-2 >"$check/model.gguf.xz"
+python3 "$root/tools/device/unxz.py" "$check/model.gguf.xz" "$check/model.gguf"
 echo "$(cut -d' ' -f1 "$model.sha256")  $check/model.gguf" | sha256sum -c --quiet ||
   fail "the joined model does not match $model.sha256"
 run_packed nice -n 15 "$check/bin/tests/kernels_tests" --gtest_brief=1 --gtest_filter='-Cuda*' >/dev/null ||
