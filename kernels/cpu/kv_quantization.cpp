@@ -83,31 +83,27 @@ template <int kBits>
 [[gnu::always_inline]] inline void dequantize_values(const uint8_t* block, int head, int first, int n,
                                                      const KvBlockLayout& L, float* out) {
   constexpr int kPerByte = 8 / kBits, kMask = (1 << kBits) - 1, kGroupBytes = kKvQuantGroup / kPerByte;
-  constexpr int kChunk = 64;  // scales (and mins) converted together: those of kChunk / groups entries
-  const int groups = L.v_groups(), chunk_entries = std::max(1, kChunk / groups);
-  // A head's entries keep their scales one after another, as they do their mins.
+  constexpr int kChunk = 64;
+  // A head's entries keep their groups' scales one after another, entry by entry, as they do their mins: group
+  // p % groups of entry p / groups is number p of both, and kChunk of them are converted at a time.
+  const int groups = L.v_groups(), n_groups = n * groups;
   const uint16_t* scale = scales_at(block, L.v_scale_offset(head, first));
   const uint16_t* min = scales_at(block, L.v_min_offset(head, first));
-  for (int t0 = 0; t0 < n; t0 += chunk_entries) {
-    const int m = std::min(chunk_entries, n - t0);
+  for (int p0 = 0; p0 < n_groups; p0 += kChunk) {
+    const int m = std::min(kChunk, n_groups - p0);
     float s[kChunk], b[kChunk];
-    for (int i = 0; i < std::min(kChunk, m * groups); ++i) {
-      s[i] = load_scale(scale[t0 * groups + i]);
-      b[i] = load_scale(min[t0 * groups + i]);
+    for (int i = 0; i < m; ++i) {
+      s[i] = load_scale(scale[p0 + i]);
+      b[i] = load_scale(min[p0 + i]);
     }
-    for (int t = t0; t < t0 + m; ++t) {
-      const uint8_t* row = block + L.v_codes_offset(head, first + t);
-      for (int g = 0; g < groups; ++g) {
-        // A head_dim past 64 groups would take more scales than the chunk: those load one by one.
-        const int at = (t - t0) * groups + g;
-        const float scale_g = at < kChunk ? s[at] : load_scale(scale[t * groups + g]);
-        const float min_g = at < kChunk ? b[at] : load_scale(min[t * groups + g]);
-        const uint8_t* r = row + g * kGroupBytes;
-        float* o = out + int64_t(t) * L.head_dim + g * kKvQuantGroup;
+    for (int i = 0; i < m; ++i) {
+      const int t = (p0 + i) / groups, g = (p0 + i) % groups;
+      const uint8_t* r = block + L.v_codes_offset(head, first + t) + g * kGroupBytes;
+      float* o = out + int64_t(t) * L.head_dim + g * kKvQuantGroup;
+      const float scale_g = s[i], min_g = b[i];
 #pragma omp simd
-        for (int i = 0; i < kGroupBytes; ++i) {
-          for (int k = 0; k < kPerByte; ++k) o[i * kPerByte + k] = min_g + float((r[i] >> (k * kBits)) & kMask) * scale_g;
-        }
+      for (int j = 0; j < kGroupBytes; ++j) {
+        for (int k = 0; k < kPerByte; ++k) o[j * kPerByte + k] = min_g + float((r[j] >> (k * kBits)) & kMask) * scale_g;
       }
     }
   }
