@@ -13,8 +13,9 @@
 #                then /metrics's per-layer KV series (tools/device/serve_check.py)
 #     bench-8b   strata bench at Llama-3-8B shapes: decode at batch 1-64 and context 1K-32K, policies, prefill
 #     bench-70b  strata bench at Llama-3-70B layer shapes, with as many layers as the GPU's memory allows
-#     profile    ncu's GPU time of every kernel of a few batch-1 decode steps at 8B shapes, summed per forward
-#                pass, beside the steps' time without the profiler: does the GPU's work or the host set the pace?
+#     profile    the GPU time of every kernel of a few batch-1 decode steps at 8B shapes (ncu; nsys's trace where
+#                ncu is refused the counters, with the host's gaps), summed per forward pass, beside the steps'
+#                time without the profiler (tools/device/profile_report.py): does the GPU or the host set the pace?
 #     torch      tools/bench_torch_reference.py at the 8B shapes (PyTorch + transformers, dummy bf16 weights);
 #                STRATA_TORCH_70B=1 adds the 70B layers
 # Everything goes to $OUT (at most 8 files come back from a call: each stage writes STAGE.json, every stage's
@@ -100,6 +101,12 @@ $(python3 -c 'import site; print(" ".join(p + "/nvidia" for p in site.getsitepac
 
 # Only Strata's binaries see the carried libraries (python3's torch keeps its own).
 packed() { LD_LIBRARY_PATH=$LIBPATH "$@"; }
+
+# A profiler's path: on PATH, or where the CUDA toolkit and the Nsight packages put it; nothing if none.
+find_tool() {
+  { command -v "$1"; ls -d /usr/local/cuda/bin/"$1" /opt/nvidia/nsight-*/"$1" /opt/nvidia/nsight-*/*/"$1" \
+    /opt/nvidia/nsight-*/*/*/"$1"; } 2>/dev/null | head -1
+}
 
 # Keeps the parts .device/model-K/*.xz.partK-of-N this call carried (each call of the sequence carries one) with
 # those of earlier calls, and once all are there joins them and decompresses the model into models/, checked by
@@ -198,6 +205,7 @@ print(json.dumps({"gpu": dict(zip(query.split(","), fields)),
                   "copy_bandwidth_method": "torch: 2 GiB device-to-device copies, mean of 20 after 5 warm-ups, "
                                            "bytes read plus bytes written"}, indent=1))
 PY
+  echo "profilers: ncu $(find_tool ncu), nsys $(find_tool nsys)" >>"$log"
   if need_bin; then
     { echo "glibc here: $(ldd --version | head -1)"; echo "LD_LIBRARY_PATH for strata: $LIBPATH"
       packed ldd "$STRATA"; cat "$run_dir/MANIFEST"; } >>"$log" 2>&1
@@ -350,38 +358,29 @@ stage_torch() {
 # run: the weights' upload, the prefill and the decode steps, each forward pass starting at its embedding_kernel.
 stage_profile() {
   need_bin || return 1
-  command -v ncu >/dev/null || { say "profile: ncu is not on PATH"; return 1; }
-  local cap csv=$dev/scratch/ncu.csv
   local args=(--model preset:llama-3-8b --set kv_cache.memory_mib=16384 --context 1024 --batch 1 --prompt-tokens 64
               --gen-tokens 6)
   bench_run profile 60 "${args[@]}" || return 1
-  cap=$(cap_seconds 240) || { say "profile: no time left for ncu"; return 1; }
-  rm -f "$csv"
-  record timeout "$cap" ncu --metrics gpu__time_duration.sum --csv --page raw --print-units base --log-file "$csv" \
-    env LD_LIBRARY_PATH="$LIBPATH" "$STRATA" bench --config configs/smollm2-cpu.yaml --set engine.backend=cuda \
-    --out "$dev/scratch/ncu-bench.json" "${args[@]}" >>"$log" 2>&1 || say "profile: ncu exited $?"
-  python3 - "$csv" "$out/profile.json" <<'PY'
-import collections, csv, json, sys
-lines = [line for line in open(sys.argv[1], errors="replace") if line.startswith('"')]
-rows = list(csv.DictReader(lines))
-passes, current = [], None
-for row in rows:
-    name, ns = row.get("Kernel Name", ""), row.get("gpu__time_duration.sum", "")
-    if not ns.replace(".", "").isdigit():
-        continue  # the units row
-    if name.startswith("embedding_kernel") or current is None:
-        current = {"kernels": 0, "gpu_seconds": 0.0, "by_kernel": collections.Counter()}
-        passes.append(current)
-    current["kernels"] += 1
-    current["gpu_seconds"] += float(ns) * 1e-9
-    current["by_kernel"][name.split("(")[0][:80]] += float(ns) * 1e-9
-report = json.load(open(sys.argv[2]))
-report["ncu"] = {"metric": "gpu__time_duration.sum, every kernel, one pass",
-                 "kernels": sum(p["kernels"] for p in passes),
-                 "passes": [{"kernels": p["kernels"], "gpu_seconds": p["gpu_seconds"],
-                             "top": p["by_kernel"].most_common(10)} for p in passes]}
-json.dump(report, open(sys.argv[2], "w"), indent=1)
-PY
+  local bench=(env LD_LIBRARY_PATH="$LIBPATH" "$STRATA" bench --config configs/smollm2-cpu.yaml
+               --set engine.backend=cuda --out "$dev/scratch/profiled-bench.json" "${args[@]}")
+  local ncu nsys cap scratch=$dev/scratch
+  ncu=$(find_tool ncu) nsys=$(find_tool nsys)
+  if [[ -n "$ncu" ]] && cap=$(cap_seconds 240); then
+    rm -f "$scratch/ncu.csv"
+    record timeout "$cap" "$ncu" --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+      --log-file "$scratch/ncu.csv" "${bench[@]}" >>"$log" 2>&1 || say "profile: ncu exited $?"
+    python3 tools/device/profile_report.py ncu "$scratch/ncu.csv" "$out/profile.json" 2>>"$log" && return 0
+    say "profile: ncu gave no kernel times (a container may refuse it the GPU's counters): trying nsys"
+  fi
+  [[ -n "$nsys" ]] || { say "profile: nsys is not here either (PATH, /usr/local/cuda/bin, /opt/nvidia)"; return 1; }
+  cap=$(cap_seconds 120) || { say "profile: no time left for nsys"; return 1; }
+  rm -f "$scratch"/profile.*
+  # CUDA tracing only: CPU sampling and context switches need perf events, which a container may not allow.
+  record timeout "$cap" "$nsys" profile --trace cuda --sample none --cpuctxsw none --force-overwrite true \
+    --output "$scratch/profile" "${bench[@]}" >>"$log" 2>&1 || say "profile: nsys profile exited $?"
+  record "$nsys" stats --report cuda_gpu_trace --format csv --force-export true --output "$scratch/profile" \
+    "$scratch/profile.nsys-rep" >>"$log" 2>&1 || say "profile: nsys stats exited $?"
+  python3 tools/device/profile_report.py nsys "$scratch/profile_cuda_gpu_trace.csv" "$out/profile.json" 2>>"$log"
 }
 
 # strata serve on CUDA, with the engine's defaults and the requests' own compression policies.
