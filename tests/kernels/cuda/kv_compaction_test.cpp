@@ -19,6 +19,8 @@
 namespace strata {
 namespace {
 
+using test::byte_difference;
+using test::ByteDifference;
 using test::DevicePoolCopy;
 using test::PoolReader;
 using test::quantized_layout;
@@ -33,6 +35,20 @@ std::vector<int32_t> random_kept(int n_entries, double keep, std::mt19937& rng) 
     if (take(rng)) kept.push_back(e);
   }
   return kept;
+}
+
+// The test layer: random numbers in slots 0-4, slots 0-2 sealed on the CPU into 3 quantized groups (96 entries),
+// the same bytes given to the device, then full-precision blocks 3 and 4 (40 entries in use).
+std::vector<int32_t> quantized_layer(TwinPool& pool, Backend& cpu, std::mt19937& rng) {
+  for (int32_t b = 0; b < 5; ++b) pool.fill(b, rng);
+  std::vector<int32_t> table;
+  for (int g = 0; g < 3; ++g) {
+    table.push_back(pool.packed_id(5, g));
+    pool.seal_on_cpu(cpu, g, table.back());
+  }
+  table.push_back(3);
+  table.push_back(4);
+  return table;
 }
 
 TEST_F(CudaKvCompaction, CompactionOfFullPrecisionLayersMovesEntriesExactly) {
@@ -55,16 +71,8 @@ TEST_F(CudaKvCompaction, CompactionOfQuantizedLayersMatchesTheCpu) {
       for (double keep : {0.9, 0.5, 0.2}) {
         SCOPED_TRACE(std::string(kv_quant_name(quant)) + ", head " + std::to_string(head) +
                      ", keep " + std::to_string(keep));
-        // The layer: 3 quantized groups (96 entries) and then 2 full-precision blocks (40 entries in use).
         TwinPool pool(quantized_layout(quant), 24);
-        for (int32_t b = 0; b < 5; ++b) pool.fill(b, rng);
-        std::vector<int32_t> table;
-        for (int g = 0; g < 3; ++g) {
-          table.push_back(pool.packed_id(5, g));
-          pool.seal_on_cpu(*cpu, g, table.back());
-        }
-        table.push_back(3);
-        table.push_back(4);
+        const std::vector<int32_t> table = quantized_layer(pool, *cpu, rng);
         const std::vector<int32_t> kept = random_kept(96 + 40, keep, rng);
         cpu->kv_compact(table, kept, pool.cpu, head);
         gpu->kv_compact(table, kept, pool.gpu, head);
@@ -110,15 +118,8 @@ TEST_F(CudaKvCompaction, QuantizedBlocksAfterCompactionAreTheCpusByteForByte) {
         SCOPED_TRACE(std::string(kv_quant_name(quant)) + ", head " + std::to_string(head) +
                      (whole_group ? ", group 1 evicted" : ", half kept at random"));
         TwinPool pool(quantized_layout(quant), 24);
-        for (int32_t b = 0; b < 5; ++b) pool.fill(b, rng);
-        std::vector<int32_t> table;
-        for (int g = 0; g < 3; ++g) {
-          table.push_back(pool.packed_id(5, g));
-          pool.seal_on_cpu(*cpu, g, table.back());
-        }
-        table.push_back(3);
-        table.push_back(4);
-        const size_t n = size_t(pool.cpu_layout.quantized_block_bytes());
+        const std::vector<int32_t> table = quantized_layer(pool, *cpu, rng);
+        const int64_t n = pool.cpu_layout.quantized_block_bytes();
         const uint8_t* sealed_group_2 = pool.cpu.block_quantized(table[2]);
         const std::vector<uint8_t> group_2(sealed_group_2, sealed_group_2 + n);
         std::vector<int32_t> kept;
@@ -135,18 +136,15 @@ TEST_F(CudaKvCompaction, QuantizedBlocksAfterCompactionAreTheCpusByteForByte) {
         const DevicePoolCopy copy(pool);
         const int kept_quantized = compacted_quantized_blocks(3, int(kept.size()));
         for (int b = 0; b < kept_quantized; ++b) {
-          const uint8_t* host = pool.cpu.block_quantized(table[size_t(b)]);
-          const uint8_t* device = copy.reader.view.block_quantized(table[size_t(b)]);
-          int differ = 0, first = -1;
-          for (size_t i = 0; i < n; ++i) {
-            if (host[i] != device[i] && differ++ == 0) first = int(i);
-          }
-          EXPECT_EQ(differ, 0) << "quantized block " << b << ": " << differ << " of " << n
-                               << " bytes differ, the first at byte " << first;
+          const ByteDifference d = byte_difference(
+              pool.cpu.block_quantized(table[size_t(b)]), copy.reader.view.block_quantized(table[size_t(b)]), n);
+          EXPECT_EQ(d.count, 0) << "quantized block " << b << ": " << d.count << " bytes differ, the first at byte "
+                                << d.first;
         }
         if (whole_group && head < 0) {
-          const uint8_t* device = copy.reader.view.block_quantized(table[1]);
-          EXPECT_TRUE(std::equal(group_2.begin(), group_2.end(), device)) << "group 2 did not move intact";
+          const ByteDifference d = byte_difference(group_2.data(), copy.reader.view.block_quantized(table[1]), n);
+          EXPECT_EQ(d.count, 0) << "group 2 in group 1's block: " << d.count << " bytes differ, the first at byte "
+                                << d.first;
         }
       }
     }

@@ -1,6 +1,6 @@
 // The CUDA backend's kv_quantize and kv_dequantize (kernels/cuda/kv_quantization.cu) against their CPU twins on
-// random pools (tests/kernels/cuda/twin_pool.h): quantized values within one code step of the CPU's group, sealed
-// blocks byte for byte the CPU's, the dequantization of the CPU's own blocks exactly (in bf16).
+// random pools (tests/kernels/cuda/twin_pool.h): sealed blocks byte for byte the CPU's, quantized values within one
+// code step of the CPU's group, the dequantization of the CPU's own blocks exactly (in bf16).
 // Without a GPU every test skips itself with cuda_unavailable_reason().
 #ifdef STRATA_HAVE_CUDA
 
@@ -17,6 +17,8 @@
 namespace strata {
 namespace {
 
+using test::byte_difference;
+using test::ByteDifference;
 using test::DevicePoolCopy;
 using test::PoolReader;
 using test::quantized_layout;
@@ -25,7 +27,11 @@ using test::TwinPool;
 using test::within_code_steps;
 using CudaKvQuantization = test::CudaTest;
 
-TEST_F(CudaKvQuantization, QuantizeAndDequantizeMatchTheCpuWithinACodeStep) {
+// Both pools hold the same bf16 numbers, and the device's seal repeats the CPU's arithmetic operation by operation
+// (fp16 scales and mins rounded to nearest even, codes rounded half to even with the rounded pair): the sealed
+// blocks are the CPU's byte for byte, scales, mins and codes alike. Dequantized, each side's values are within a
+// code step of the other's.
+TEST_F(CudaKvQuantization, SealedBlocksAreTheCpusAndDequantizeWithinACodeStep) {
   for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
     SCOPED_TRACE(kv_quant_name(quant));
     TwinPool pool(quantized_layout(quant), 24);
@@ -62,32 +68,10 @@ TEST_F(CudaKvQuantization, QuantizeAndDequantizeMatchTheCpuWithinACodeStep) {
     }
     EXPECT_EQ(far, 0);
     EXPECT_EQ(codes_far, 0);
-  }
-}
-
-// Both pools hold the same bf16 numbers, and the device's seal repeats the CPU's arithmetic operation by operation
-// (fp16 scales and mins rounded to nearest even, codes rounded half to even with the rounded pair): the sealed
-// blocks are the CPU's byte for byte, scales, mins and codes alike.
-TEST_F(CudaKvQuantization, SealedBlocksAreTheCpusByteForByte) {
-  for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
-    SCOPED_TRACE(kv_quant_name(quant));
-    TwinPool pool(quantized_layout(quant), 24);
-    for (int32_t b = 0; b < 3; ++b) pool.fill(b, rng);
-    const std::vector<int32_t> src = {0, 1, 2};
-    const std::vector<int32_t> dst = {pool.packed_id(6, 0), pool.packed_id(6, 1), pool.packed_id(6, 2)};
-    cpu->kv_quantize(src, dst, pool.cpu);
-    gpu->kv_quantize(src, dst, pool.gpu);
-    const DevicePoolCopy copy(pool);
-    const size_t n = size_t(pool.cpu_layout.quantized_block_bytes());
     for (int32_t id : dst) {
-      const uint8_t* host = pool.cpu.block_quantized(id);
-      const uint8_t* device = copy.reader.view.block_quantized(id);
-      int differ = 0, first = -1;
-      for (size_t i = 0; i < n; ++i) {
-        if (host[i] != device[i] && differ++ == 0) first = int(i);
-      }
-      EXPECT_EQ(differ, 0) << "block " << id << ": " << differ << " of " << n << " bytes differ, the first at byte "
-                           << first;
+      const ByteDifference d = byte_difference(pool.cpu.block_quantized(id),
+                                                           device.view.block_quantized(id), L.quantized_block_bytes());
+      EXPECT_EQ(d.count, 0) << "block " << id << ": " << d.count << " bytes differ, the first at byte " << d.first;
     }
   }
 }

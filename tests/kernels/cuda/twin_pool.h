@@ -224,6 +224,19 @@ struct DevicePoolCopy {
   DevicePoolCopy& operator=(const DevicePoolCopy&) = delete;
 };
 
+// How many of n bytes differ between a and b, and the first that does (-1: none).
+struct ByteDifference {
+  int64_t count = 0;
+  int64_t first = -1;
+};
+inline ByteDifference byte_difference(const uint8_t* a, const uint8_t* b, int64_t n) {
+  ByteDifference d;
+  for (int64_t i = 0; i < n; ++i) {
+    if (a[i] != b[i] && d.count++ == 0) d.first = i;
+  }
+  return d;
+}
+
 // Every element of every slot, read as full precision, is the same in both pools.
 inline void expect_same_full_pool(const TwinPool& pool) {
   const DevicePoolCopy device(pool);
