@@ -147,10 +147,24 @@ __device__ inline void read_entry(const uint8_t* pool, int64_t blk, const KvGeom
     }
     return;
   }
+  // A quantized entry, as dequantize_key and dequantize_value read it, with fewer loads: the lane's C codes lie in
+  // one aligned 32-bit word of their row (C * bits divides 32, rows start at multiples of 4 bytes), and its C value
+  // channels in one group of 32 (one scale and min).
+  static_assert(C * 8 <= 32, "a lane's codes must fit one 32-bit word");
+  const uint8_t* block = pool + ~blk;
+  const int first_bit = lane * C * g.bits, mask = (1 << g.bits) - 1;
+  const uint32_t k_word = reinterpret_cast<const uint32_t*>(block + g.k_codes(head, slot))[first_bit / 32];
+  const uint32_t v_word = reinterpret_cast<const uint32_t*>(block + g.v_codes(head, slot))[first_bit / 32];
+  const uint16_t* k_scale = scales_at(block, g.k_scale(head));
+  const uint16_t* k_min = scales_at(block, g.k_min(head));
+  const int group = lane * C / kKvQuantGroup;
+  const float v_scale = load_scale(scales_at(block, g.v_scale(head, slot))[group]);
+  const float v_min = load_scale(scales_at(block, g.v_min(head, slot))[group]);
 #pragma unroll
   for (int j = 0; j < C; ++j) {
-    k[j] = dequantize_key(pool + ~blk, head, slot, lane * C + j, g);
-    v[j] = dequantize_value(pool + ~blk, head, slot, lane * C + j, g);
+    const int c = lane * C + j, shift = first_bit % 32 + j * g.bits;
+    k[j] = dequantize_code(int((k_word >> shift) & mask), load_scale(k_scale[c]), load_scale(k_min[c]));
+    v[j] = dequantize_code(int((v_word >> shift) & mask), v_scale, v_min);
   }
 }
 

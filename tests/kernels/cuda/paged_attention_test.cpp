@@ -299,13 +299,22 @@ void quantized_attention(Backend& gpu, Backend& cpu, KvQuant quant, int n_heads,
                         "/" + std::to_string(n_kv_heads));
 }
 
-TEST_F(CudaPagedAttention, ReadsInt8Blocks) { quantized_attention(*gpu, *cpu, KvQuant::int8, 9, 3, 64, rng); }
+// Each width at both head_dims the kernels are built for: a lane's codes are 2 or 4 channels of its word (64: 4 to
+// 16 bits of it, 128: 8 to 32).
+TEST_F(CudaPagedAttention, ReadsInt8Blocks) {
+  quantized_attention(*gpu, *cpu, KvQuant::int8, 9, 3, 64, rng);
+  quantized_attention(*gpu, *cpu, KvQuant::int8, 32, 8, 128, rng);
+}
 
 TEST_F(CudaPagedAttention, ReadsInt4Blocks) {
+  quantized_attention(*gpu, *cpu, KvQuant::int4, 9, 3, 64, rng);
   quantized_attention(*gpu, *cpu, KvQuant::int4, 32, 8, 128, rng);
 }
 
-TEST_F(CudaPagedAttention, ReadsInt2Blocks) { quantized_attention(*gpu, *cpu, KvQuant::int2, 9, 3, 64, rng); }
+TEST_F(CudaPagedAttention, ReadsInt2Blocks) {
+  quantized_attention(*gpu, *cpu, KvQuant::int2, 9, 3, 64, rng);
+  quantized_attention(*gpu, *cpu, KvQuant::int2, 32, 8, 128, rng);
+}
 
 // SpindleKV pools: each table starts with coded blocks and continues in bf16 blocks. Both pools hold the same code
 // rows and the same fp32 codebook vectors and both views the same key RoPE table; the reference reconstructs a
