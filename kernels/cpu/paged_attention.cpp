@@ -445,10 +445,13 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
         }
         tile_scores(q_rows, vectors, s, n_tile_keys, pool, kv_head, transposed[size_t(item.seq)], scale, ws,
                     ws.scores.data());
-        // In a quantized pool the vectors share each dequantized block, so they sum their values together; elsewhere
-        // each goes alone, its softmax then its values, while its probabilities are in the L1 cache (3% faster at
-        // f32 than together: bench/results/cpu-f32-attention-before-after.json).
-        const int together = L.quant == KvQuant::none ? 1 : vectors;
+        // The vectors sum their values together, block by block, so that each block comes into the L1 cache once
+        // for all of them (a quantized block is dequantized once; at f32, prefill over 4K entries is 1.25x faster
+        // than vector by vector: bench/results/cpu-f32-prefill-together-before-after.json). Except one row at f32
+        // (decode): each vector then goes alone, its softmax then its values, while its probabilities are in the
+        // L1 cache (3% faster: bench/results/cpu-f32-attention-before-after.json). Either way a vector adds its
+        // values in the same order, so the results are the same bits.
+        const int together = L.quant == KvQuant::none && rows == 1 ? 1 : vectors;
         for (int t0 = 0; t0 < vectors; t0 += together) {
           for (int t = t0; t < t0 + together; ++t) {
             vector_probabilities(s, r0 + t / heads, item.head_begin + t % heads, ws.scores.data() + t * stride);
