@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine, from the repository root, over what tools/device/pack.sh packed (docs/gpu.md):
 #   tools/device/gpu_run.sh STAGE...      stages, in the order given:
-#     join       unpacks the binaries, keeps the model parts carried so far and joins them into models/ once
-#                all are there (says which are missing)
+#     join       unpacks the binaries, keeps the model parts carried so far and, once all are there, joins
+#                and decompresses them into models/ (says which are missing)
 #     info       nvidia-smi, the driver, the GPU, python3's torch, and the device-to-device copy bandwidth
 #     tests      every CUDA and NCCL test (kernels_tests --gtest_filter='Cuda*', and the tests named
 #                *Cuda* or *Nccl* of the others: NCCL in a world of one); those on SmolLM2 (*SmolLm2*) only
