@@ -1,16 +1,14 @@
 """What the benchmark scripts share: a free port, waiting for a server's /health, and the machine they ran on."""
 import platform
-import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import requests
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from listen_port import free_port  # noqa: E402,F401  (the benchmarks import it from here)
 
 
 def wait_healthy(process, port, timeout_s):

@@ -1,7 +1,6 @@
 """Helpers shared by the end-to-end tests: the reference fixtures, token ids from what the API returns, metrics."""
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ EVAL_TINY_TASK = ["--documents", "sqlite_btree", "--ppl-prefixes", "64", "--ppl-
                   "--set", "kv_cache.memory_mib=64"]
 
 sys.path.insert(0, str(ROOT / "tools"))
+from listen_port import free_port  # noqa: E402,F401  (the tests import it from here)
 from reference_tokenizer import build_reference_tokenizer, encode_without_specials  # noqa: E402
 
 
@@ -132,12 +132,6 @@ def metric(samples, name, **labels):
     key = frozenset((k, str(v)) for k, v in labels.items())
     assert key in values, f"/metrics has no {name} with labels {labels}: {sorted(map(dict, values))[:5]}"
     return values[key]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_ready(process, url, name, timeout_s, log_tail, interval_s=0.2):
