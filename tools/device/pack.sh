@@ -119,7 +119,7 @@ printf '  %-16s %6s MiB\n' "working tree" "$(mib "$tree_bytes")"
 cat <<'EOF'
 pack.sh: the device calls, the second right after the first (the machine stays warm about 30 s after a call, and
 what was carried stays there while it is warm); timeout_s 600 each; every command is under 2,000 characters:
-  1. carry [".device/bin", ".device/model-1"]  command: STRATA_CALL_SECONDS=340 tools/device/gpu_run.sh info tests bench-8b torch
+  1. carry [".device/bin", ".device/model-1"]  command: STRATA_CALL_SECONDS=420 tools/device/gpu_run.sh info tests profile bench-8b
   2. carry [".device/model-2"]                 command: STRATA_TESTS_FILTER='*SmolLm2*' tools/device/gpu_run.sh join tests compare serve
 Call 2 needs the binaries and part 1 that call 1 left there. If it says they are missing, the machine went cold in
 between: carry [".device/bin", ".device/model-1"] with the command "tools/device/gpu_run.sh join" (it reports the
