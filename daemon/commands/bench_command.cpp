@@ -27,9 +27,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/compression_policy.h"
+#include "daemon/build_commit.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
-#include "daemon/build_commit.h"
 #include "daemon/commands/machine_info.h"
 #include "daemon/runtime.h"
 #include "leader/engine.h"

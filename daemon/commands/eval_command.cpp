@@ -8,9 +8,9 @@
 
 #include "cache/compression_policy.h"
 #include "cache/policy_spec.h"
+#include "daemon/build_commit.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
-#include "daemon/build_commit.h"
 #include "daemon/commands/machine_info.h"
 #include "daemon/runtime.h"
 #include "eval/eval_report.h"

@@ -62,13 +62,11 @@ def ncu_kernels(path):
 
 def nsys_kernels(path):
     lines = [line for line in open(path, errors="replace") if "," in line]
-    rows = list(csv.DictReader(lines))
-    for row in rows:
+    for row in csv.DictReader(lines):
         start, duration = number(row.get("Start (ns)", "")), number(row.get("Duration (ns)", ""))
-        name = row.get("Name", "")
         # The trace holds memory copies and sets too; kernels are the rows with a grid.
         if start is not None and duration is not None and row.get("GrdX", "").strip():
-            yield name, start, duration
+            yield row.get("Name", ""), start, duration
 
 
 def main():
