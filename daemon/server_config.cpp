@@ -89,6 +89,10 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"server.max_n",
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.server.max_n = int(parse_int(t, w, 1, 128)); }},
+      {"server.max_prompts",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.server.max_prompts = int(parse_int(t, w, 1, 4096));
+       }},
       {"server.ignore_unknown_fields",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.server.ignore_unknown_fields = parse_choice(t, w, {"true", "false"}) == "true";

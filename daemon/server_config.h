@@ -31,6 +31,7 @@ struct ServerConfig {
     int threads = 2;                        // HTTP I/O threads
     int64_t max_body_bytes = 4 << 20;
     int max_n = 16;                         // largest `n` a request may ask for
+    int max_prompts = 64;                   // most prompts in one completions request (a batch)
     bool ignore_unknown_fields = false;     // request fields unknown to the OpenAI API: ignored, not refused
     int max_connections = 512;              // connections held at once; more get 503 (must fit the fd limit)
     int idle_timeout_s = 15;                // a keep-alive connection idle this long is closed

@@ -25,6 +25,7 @@
 #include "routing/api_keys.h"
 #include "routing/connection_limit.h"
 #include "routing/openai_protocol.h"
+#include "routing/prompt_batch.h"
 
 namespace strata {
 namespace {
@@ -218,6 +219,7 @@ struct ServerContext {
     limits.max_context = options.max_context;
     limits.vocab_size = tokenizer.vocab_size();
     limits.max_n = options.max_n;
+    limits.max_prompts = options.max_prompts;
     limits.max_top_logprobs = options.max_top_logprobs;
     limits.kv_policies = options.kv_policies;
     limits.check_kv_policy = options.check_kv_policy;
@@ -456,23 +458,30 @@ net::awaitable<bool> Session::answer_error(const Request& request, const ApiErro
 }
 
 net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dialect) {
-  ParsedCompletion parsed = parse_completion_request(request.body(), dialect, server_.limits);
-  encode_prompt(parsed, server_.tokenizer, server_.chat_template, server_.limits);
-  parsed.request.id = make_request_id(dialect);
-  ResponseContext context = make_response_context(parsed, server_.chat_template, unix_now());
+  std::vector<ParsedCompletion> batch = parse_completion_request(request.body(), dialect, server_.limits);
+  const std::string id = make_request_id(dialect);
+  for (ParsedCompletion& prompt : batch) {
+    encode_prompt(prompt, server_.tokenizer, server_.chat_template, server_.limits);
+    prompt.request.id = id;
+  }
+  ResponseContext context = make_response_context(batch, server_.chat_template, unix_now());
 
   auto sink = std::make_shared<EventQueueSink>();
-  parsed.request.sink = sink;
+  std::vector<std::shared_ptr<GenerationSink>> prompt_sinks =
+      prompt_batch_sinks(sink, int(batch.size()), context.n_per_prompt);
   net::steady_timer timer(stream_.get_executor());
-  SinkLease lease(server_.sinks, sink, timer);
-  try {
-    server_.service.submit(std::move(parsed.request));
-  } catch (const std::invalid_argument& e) {
-    throw ApiError::invalid_request("", e.what());
-  } catch (const std::runtime_error& e) {  // the queue is full
-    throw ApiError(503, "server_error", e.what(), "", "overloaded");
+  SinkLease lease(server_.sinks, sink, timer);  // a batch's prompts submitted before an error are cancelled with it
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].request.sink = std::move(prompt_sinks[i]);
+    try {
+      server_.service.submit(std::move(batch[i].request));
+    } catch (const std::invalid_argument& e) {
+      throw ApiError::invalid_request(batch.size() == 1 ? "" : batch[i].prompt_param, e.what());
+    } catch (const std::runtime_error& e) {  // the queue is full
+      throw ApiError(503, "server_error", e.what(), "", "overloaded");
+    }
   }
-  if (parsed.stream) co_return co_await stream(request, context, *sink, timer, lease);
+  if (batch.front().stream) co_return co_await stream(request, context, *sink, timer, lease);
   co_return co_await collect(request, context, *sink, timer, lease);
 }
 

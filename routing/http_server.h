@@ -29,7 +29,8 @@ struct ServerOptions {
   std::chrono::seconds write_timeout{30};        // each response write (each chunk when streaming)
   std::string model_name;                        // the served model id (/v1/models, "model" checks)
   int max_context = 2048;                        // tokens of prompt + completion
-  int max_n = 16;                                // choices per request
+  int max_n = 16;                                // choices per prompt
+  int max_prompts = 64;                          // prompts in one completions request (a batch)
   int max_top_logprobs = 20;
   std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
   std::function<void(const PolicySpec&)> check_kv_policy;  // see ProtocolLimits

@@ -40,45 +40,54 @@ void parse_model(const json& root, const ProtocolLimits& limits, ParsedCompletio
   }
 }
 
-std::vector<int32_t> read_token_ids(const json& array, const ProtocolLimits& limits) {
+std::vector<int32_t> read_token_ids(const json& array, const std::string& param, const ProtocolLimits& limits) {
+  if (array.empty()) throw ApiError::invalid_request(param, quoted(param) + " must not be empty");
   std::vector<int32_t> ids;
   ids.reserve(array.size());
   for (size_t i = 0; i < array.size(); ++i) {
     const json& id = array[i];
-    if (!id.is_number_integer()) throw_type("prompt", "a string or an array of token ids", id);
-    int64_t value = read_integer(id, "prompt");
+    if (!id.is_number_integer()) throw_type(param, "a string or an array of token ids", id);
+    int64_t value = read_integer(id, param);
     if (value < 0 || value >= limits.vocab_size) {
-      throw ApiError::invalid_request("prompt", "prompt token id " + id.dump() + " at index " + std::to_string(i) +
-                                                    " is outside the vocabulary [0, " +
-                                                    std::to_string(limits.vocab_size) + ")");
+      throw ApiError::invalid_request(param, param + " token id " + id.dump() + " at index " + std::to_string(i) +
+                                                 " is outside the vocabulary [0, " +
+                                                 std::to_string(limits.vocab_size) + ")");
     }
     ids.push_back(int32_t(value));
   }
   return ids;
 }
 
-// prompt: "text" | [ids] | ["text"] | [[ids]]; more than one prompt is a batch, which we do not serve.
-void parse_prompt(const json& root, const ProtocolLimits& limits, ParsedCompletion& parsed) {
+// What errors about prompt i of a request's n name: "prompt", or "prompt[i]" in a batch.
+std::string prompt_param(size_t i, size_t n) { return n == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]"; }
+
+// prompt: "text" | [ids] | a batch of them, ["text", ...] or [[ids], ...] (each element either form), answered as
+// one response whose choices are each prompt's in turn.
+std::vector<PromptInput> parse_prompts(const json& root, const ProtocolLimits& limits) {
   const json* prompt = find_field(root, "prompt");
   if (!prompt) throw ApiError::invalid_request("prompt", "'prompt' is required");
-  if (prompt->is_string()) {
-    parsed.prompt = prompt->get<std::string>();
-    return;
-  }
+  if (prompt->is_string()) return {prompt->get<std::string>()};
   if (!prompt->is_array()) throw_type("prompt", "a string or an array of token ids", *prompt);
   if (prompt->empty()) throw ApiError::invalid_request("prompt", "'prompt' must not be empty");
-  const json& first = prompt->front();
-  if (first.is_string() || first.is_array()) {
-    if (prompt->size() > 1) throw ApiError::invalid_request("prompt", "batched prompts are not supported");
-    if (first.is_string()) {
-      parsed.prompt = first.get<std::string>();
-      return;
-    }
-    if (first.empty()) throw ApiError::invalid_request("prompt", "'prompt' must not be empty");
-    parsed.prompt = read_token_ids(first, limits);
-    return;
+  if (!prompt->front().is_string() && !prompt->front().is_array()) return {read_token_ids(*prompt, "prompt", limits)};
+  if (prompt->size() > size_t(limits.max_prompts)) {
+    throw ApiError::invalid_request("prompt", "a batch of " + std::to_string(prompt->size()) +
+                                                  " prompts; this server answers at most " +
+                                                  std::to_string(limits.max_prompts) + " in one request");
   }
-  parsed.prompt = read_token_ids(*prompt, limits);
+  std::vector<PromptInput> prompts;
+  for (size_t i = 0; i < prompt->size(); ++i) {
+    const json& element = (*prompt)[i];
+    const std::string param = prompt_param(i, prompt->size());
+    if (element.is_string()) {
+      prompts.emplace_back(element.get<std::string>());
+    } else if (element.is_array()) {
+      prompts.emplace_back(read_token_ids(element, param, limits));
+    } else {
+      throw_type(param, "a string or an array of token ids", element);
+    }
+  }
+  return prompts;
 }
 
 std::string read_content(const json& message, const std::string& param, const std::string& role) {
@@ -159,7 +168,7 @@ ChatMessage read_message(const json& message, const std::string& param) {
   return out;
 }
 
-void parse_messages(const json& root, ParsedCompletion& parsed) {
+std::vector<ChatMessage> parse_messages(const json& root) {
   const json* messages = find_field(root, "messages");
   if (!messages) throw ApiError::invalid_request("messages", "'messages' is required");
   if (!messages->is_array()) throw_type("messages", "an array", *messages);
@@ -167,7 +176,7 @@ void parse_messages(const json& root, ParsedCompletion& parsed) {
   std::vector<ChatMessage> out;
   out.reserve(messages->size());
   for (size_t i = 0; i < messages->size(); ++i) out.push_back(read_message((*messages)[i], "messages[" + std::to_string(i) + "]"));
-  parsed.prompt = std::move(out);
+  return out;
 }
 
 void parse_max_tokens(const json& root, ApiDialect dialect, const ProtocolLimits& limits, ParsedCompletion& parsed) {
@@ -471,7 +480,8 @@ void check_choice(int choice, size_t n) {
 
 // -----------------------------------------------------------------------------------------------------------------
 
-ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dialect, const ProtocolLimits& limits) {
+std::vector<ParsedCompletion> parse_completion_request(std::string_view body, ApiDialect dialect,
+                                                       const ProtocolLimits& limits) {
   json root;
   try {
     root = json::parse(body);
@@ -487,10 +497,11 @@ ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dial
   ParsedCompletion parsed;
   parsed.dialect = dialect;
   parse_model(root, limits, parsed);
+  std::vector<PromptInput> prompts;
   if (dialect == ApiDialect::chat) {
-    parse_messages(root, parsed);
+    prompts.push_back(parse_messages(root));
   } else {
-    parse_prompt(root, limits, parsed);
+    prompts = parse_prompts(root, limits);
   }
   parse_max_tokens(root, dialect, limits, parsed);
   parse_sampling(root, limits, parsed);
@@ -499,13 +510,18 @@ ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dial
   parse_stream(root, parsed);
   parse_kv_compression(root, parsed, limits);
   parsed.output_format = parse_output_format(root, dialect);
-  return parsed;
+  std::vector<ParsedCompletion> batch(prompts.size(), parsed);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    batch[i].prompt = std::move(prompts[i]);
+    batch[i].prompt_param = dialect == ApiDialect::chat ? "messages" : prompt_param(i, prompts.size());
+  }
+  return batch;
 }
 
 void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
                    const ProtocolLimits& limits) {
   std::vector<int32_t>& ids = parsed.request.prompt_ids;
-  const char* param = parsed.dialect == ApiDialect::chat ? "messages" : "prompt";
+  const std::string& param = parsed.prompt_param;
   bool from_text = true;
   if (auto* messages = std::get_if<std::vector<ChatMessage>>(&parsed.prompt)) {
     std::string text;
@@ -531,10 +547,11 @@ void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const C
   std::optional<int32_t> bos = tokenizer.bos_id();
   if (from_text && tokenizer.add_bos() && bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
 
-  if (ids.empty()) throw ApiError::invalid_request(param, std::string("the ") + param + " is empty");
+  if (ids.empty()) throw ApiError::invalid_request(param, "the " + param + " is empty");
   int prompt_tokens = int(ids.size());
   if (prompt_tokens >= limits.max_context) {
-    throw ApiError::invalid_request(param, "the prompt is " + std::to_string(prompt_tokens) +
+    throw ApiError::invalid_request(param, "the " + (param == "messages" ? "prompt" : param) + " is " +
+                                               std::to_string(prompt_tokens) +
                                                " tokens, but the model's context is " +
                                                std::to_string(limits.max_context) +
                                                " tokens and must leave room for at least one generated token");
@@ -562,23 +579,32 @@ std::string make_request_id(ApiDialect dialect) {
   return (dialect == ApiDialect::chat ? "chatcmpl-" : "cmpl-") + std::string(hex);
 }
 
-ResponseContext make_response_context(const ParsedCompletion& parsed, const ChatTemplate& chat_template,
+ResponseContext make_response_context(const std::vector<ParsedCompletion>& batch, const ChatTemplate& chat_template,
                                       int64_t created) {
+  const ParsedCompletion& parsed = batch.front();
   ResponseContext context;
   context.dialect = parsed.dialect;
   context.id = parsed.request.id;
   context.model = parsed.model;
   context.created = created;
-  context.n = parsed.request.n;
+  context.n = parsed.request.n * int(batch.size());
+  context.n_per_prompt = parsed.request.n;
   context.logprobs = parsed.logprobs;
   context.include_usage = parsed.include_usage;
-  context.echo_text = parsed.echo_text;
+  if (parsed.echo) {
+    for (const ParsedCompletion& prompt : batch) context.echo_texts.push_back(prompt.echo_text);
+  }
   if (parsed.output_format.answers_with_tools()) {
     std::vector<std::string> names;
     for (const ToolDefinition& tool : parsed.output_format.prompt_tools()) names.push_back(tool.name);
     context.tool_calls.emplace(chat_template, std::move(names));
   }
   return context;
+}
+
+const std::string& echo_text(const ResponseContext& context, int choice) {
+  static const std::string none;
+  return context.echo_texts.empty() ? none : context.echo_texts.at(size_t(choice / context.n_per_prompt));
 }
 
 std::string sse_event(std::string_view data) {
@@ -624,9 +650,10 @@ std::string CompletionCollector::body() const {
       if (context_.logprobs) logprobs = chat_logprobs_json(choice.logprobs);
       out["message"] = message(choice, finish_reason);
     } else {
-      size_t text_offset = context_.echo_text.size();
+      const std::string& echo = echo_text(context_, int(i));
+      size_t text_offset = echo.size();
       if (context_.logprobs) logprobs = completion_logprobs_json(choice.logprobs, text_offset);
-      out["text"] = context_.echo_text + choice.text;
+      out["text"] = echo + choice.text;
     }
     out["logprobs"] = std::move(logprobs);
     out["finish_reason"] = finish_reason_json(finish_reason);
@@ -654,8 +681,10 @@ json CompletionCollector::message(const Choice& choice, std::string& finish_reas
 
 StreamEncoder::StreamEncoder(ResponseContext context)
     : context_(std::move(context)),
-      text_offsets_(size_t(context_.n), context_.echo_text.size()),
-      held_(context_.tool_calls ? size_t(context_.n) : 0) {}
+      text_offsets_(size_t(context_.n)),
+      held_(context_.tool_calls ? size_t(context_.n) : 0) {
+  for (int i = 0; i < context_.n; ++i) text_offsets_[size_t(i)] = echo_text(context_, i).size();
+}
 
 std::string StreamEncoder::begin() {
   std::string events;
@@ -665,9 +694,8 @@ std::string StreamEncoder::begin() {
                                        {"delta", {{"role", "assistant"}, {"content", ""}}},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}});
-    } else if (!context_.echo_text.empty()) {
-      events += chunk_event(context_,
-                            {{"index", i}, {"text", context_.echo_text}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+    } else if (const std::string& echo = echo_text(context_, i); !echo.empty()) {
+      events += chunk_event(context_, {{"index", i}, {"text", echo}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
     }
   }
   return events;

@@ -27,7 +27,8 @@ struct ProtocolLimits {
   std::string model_name;    // the served model id; a request naming another gets 404 model_not_found
   int max_context = 0;       // tokens of prompt + completion
   int vocab_size = 0;        // token ids in a prompt must be below it
-  int max_n = 16;            // choices per request
+  int max_n = 16;            // choices per prompt
+  int max_prompts = 64;      // prompts in one completions request (a batch)
   int max_top_logprobs = 20;
   int max_stop = 4;          // stop strings per request
   std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
@@ -45,6 +46,7 @@ struct ParsedCompletion {
   ApiDialect dialect = ApiDialect::completions;
   std::string model;              // the served model id
   PromptInput prompt;
+  std::string prompt_param;       // what errors about the prompt name: "messages", "prompt", or "prompt[i]" in a batch
   GenerationRequest request;      // sampling, n, kv_policy; encode_prompt fills prompt_ids; id and sink are the caller's
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
@@ -56,8 +58,12 @@ struct ParsedCompletion {
   OutputFormat output_format;     // response_format, tools, tool_choice
 };
 
-// Parses and validates a request body. Throws ApiError: 400 naming the field, 404 for a model not served.
-ParsedCompletion parse_completion_request(std::string_view body, ApiDialect dialect, const ProtocolLimits& limits);
+// Parses and validates a request body into one ParsedCompletion per prompt: a batch of completions prompts
+// ("prompt": ["a", "b"]) gives one for each, otherwise the same; the server runs them as separate engine requests
+// answered as one response (routing/prompt_batch.h). Throws ApiError: 400 naming the field, 404 for a model not
+// served.
+std::vector<ParsedCompletion> parse_completion_request(std::string_view body, ApiDialect dialect,
+                                                       const ProtocolLimits& limits);
 
 // Turns the prompt into token ids (chat: rendered through the template), checks them against the context and
 // fills max_tokens when the request left it out (completions: 16, chat: the rest of the context), and compiles the
@@ -74,16 +80,21 @@ struct ResponseContext {
   std::string id;
   std::string model;
   int64_t created = 0;        // unix seconds
-  int n = 1;                  // choices
+  int n = 1;                  // choices in all: each prompt's in turn (prompt i's choice j is i * n_per_prompt + j)
+  int n_per_prompt = 1;       // the request's n
   bool logprobs = false;
   bool include_usage = false;
-  std::string echo_text;      // completions with echo: written before each choice's text
+  std::vector<std::string> echo_texts;  // completions with echo: per prompt, written before each of its choices' text
   std::optional<ToolCallReader> tool_calls;  // chat with tools: answers that are calls come back as tool_calls
 };
 
-// chat_template: the server's, which parses tool calls (it must outlive the context).
-ResponseContext make_response_context(const ParsedCompletion& parsed, const ChatTemplate& chat_template,
+// batch: a request's prompts, encoded, and with their id; chat_template: the server's, which parses tool calls (it
+// must outlive the context).
+ResponseContext make_response_context(const std::vector<ParsedCompletion>& batch, const ChatTemplate& chat_template,
                                       int64_t created);
+
+// The echo written before a choice's text ("" without echo).
+const std::string& echo_text(const ResponseContext& context, int choice);
 
 // A non-streaming response: collects a request's events, then builds the completion / chat.completion body.
 class CompletionCollector {

@@ -75,6 +75,7 @@ TEST_F(ServerConfigTest, DefaultCpuConfigLoads) {
   EXPECT_EQ(c.server.threads, 2);
   EXPECT_EQ(c.server.max_body_bytes, 4194304);
   EXPECT_EQ(c.server.max_n, 16);
+  EXPECT_EQ(c.server.max_prompts, 64);
   EXPECT_EQ(c.engine.max_running, 16);
   EXPECT_EQ(c.engine.max_batch_tokens, 512);
   EXPECT_EQ(c.engine.max_waiting, 256);
@@ -99,6 +100,7 @@ TEST_F(ServerConfigTest, EveryKeyIsRead) {
                                  "  threads: 8\n"
                                  "  max_body_bytes: 2048\n"
                                  "  max_n: 4\n"
+                                 "  max_prompts: 8\n"
                                  "engine:\n"
                                  "  max_running: 64\n"
                                  "  max_batch_tokens: 2048\n"
@@ -121,6 +123,7 @@ TEST_F(ServerConfigTest, EveryKeyIsRead) {
   EXPECT_EQ(c.server.threads, 8);
   EXPECT_EQ(c.server.max_body_bytes, 2048);
   EXPECT_EQ(c.server.max_n, 4);
+  EXPECT_EQ(c.server.max_prompts, 8);
   EXPECT_EQ(c.engine.max_running, 64);
   EXPECT_EQ(c.engine.max_batch_tokens, 2048);
   EXPECT_EQ(c.engine.max_waiting, 1000);
@@ -188,6 +191,7 @@ TEST_F(ServerConfigTest, OutOfRangeValuesNameFileAndKey) {
       {"server", "port: 65536"},          {"server", "port: -1"},
       {"server", "threads: 0"},           {"server", "max_body_bytes: 1023"},
       {"server", "max_n: 129"},           {"engine", "max_running: 0"},
+      {"server", "max_prompts: 0"},       {"server", "max_prompts: 4097"},
       {"engine", "max_batch_tokens: 0"},  {"engine", "max_waiting: -5"},
       {"engine", "threads: -1"},          {"engine", "threads: 1025"},
       {"kv_cache", "block_size: 0"},      {"kv_cache", "block_size: 1025"},
@@ -325,7 +329,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
   const std::set<std::string> expected = {
       "model.path",          "model.name",           "model.chat_template", "model.system_prompt",
       "model.weight_dtype",  "server.host",         "server.port",          "server.threads",      "server.max_body_bytes",
-      "server.max_n",        "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
+      "server.max_n",        "server.max_prompts",  "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",      "engine.backend",       "engine.device",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
       "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "kv_cache.prefix_caching", "parallel.tp", "parallel.pp",

@@ -115,6 +115,8 @@ CHAT_TOOLS = json.dumps({"messages": [
     "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
     "tool_choice": "required", "max_tokens": 16}).encode()
+BATCH = json.dumps({"prompt": ["The capital of France is", [1, 2, 3]], "n": 2, "max_tokens": 2, "echo": True,
+                    "stream": True}).encode()
 CHAT_SCHEMA = json.dumps({"messages": [{"role": "user", "content": "A person."}], "max_tokens": 16, "stream": True,
                           "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True,
                               "schema": {"type": "object", "properties": {"age": {"type": "integer", "maximum": 9}},
@@ -134,7 +136,7 @@ SEEDS = {
                            "llama3": b"\x0duser\x1f  padded  \x1eassistant\x1fok",
                            "mistral_jinja": b"\x02{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"},
     "openai_request_fuzz": {"completion": b"\0" + COMPLETION, "chat": b"\1" + CHAT, "token_ids": b"\2" + TOKENS,
-                            "chat_tools": b"\1" + CHAT_TOOLS, "chat_schema": b"\1" + CHAT_SCHEMA},
+                            "chat_tools": b"\1" + CHAT_TOOLS, "chat_schema": b"\1" + CHAT_SCHEMA, "batch": b"\0" + BATCH},
     "http_session_fuzz": {
         "completion": http_request("POST", "/v1/completions", COMPLETION),
         "chat_stream": http_request("POST", "/v1/chat/completions", CHAT),

@@ -5,14 +5,18 @@
 // would answer 500), a crash, a sanitizer report, a request accepted beyond its limits, a response that is not JSON.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "cache/compression_policy.h"
 #include "routing/api_error.h"
 #include "routing/openai_protocol.h"
+#include "routing/prompt_batch.h"
 #include "tests/fuzz/fuzz_support.h"
 #include "tests/fuzz/generation_events.h"
 
@@ -45,13 +49,29 @@ void check_accepted(const strata::ParsedCompletion& parsed, const strata::Protoc
   }
 }
 
-// The response bodies: one JSON document, or server-sent events of JSON documents ending in [DONE].
-void check_responses(const strata::ParsedCompletion& parsed) {
-  const strata::ResponseContext context = strata::make_response_context(parsed, strata::fuzz::smollm2_chat_template(), 1700000000);
+// Records what a batch's prompt sinks pass on.
+class RecordingSink final : public strata::GenerationSink {
+ public:
+  void on_event(strata::GenerationEvent event) override { events.push_back(std::move(event)); }
+  bool cancelled() const override { return false; }
+  std::vector<strata::GenerationEvent> events;
+};
+
+// The response bodies: one JSON document, or server-sent events of JSON documents ending in [DONE]; a batch's
+// prompts report through their sinks (routing/prompt_batch.h), one after the other.
+void check_responses(const std::vector<strata::ParsedCompletion>& batch) {
+  const strata::ResponseContext context = strata::make_response_context(batch, strata::fuzz::smollm2_chat_template(), 1700000000);
+  auto recorder = std::make_shared<RecordingSink>();
+  const auto sinks = strata::prompt_batch_sinks(recorder, int(batch.size()), context.n_per_prompt);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (strata::GenerationEvent& event : strata::fuzz::generation_events(batch[i].request)) {
+      sinks[i]->on_event(std::move(event));
+    }
+  }
   strata::CompletionCollector collector(context);
   strata::StreamEncoder encoder(context);
   std::string events = encoder.begin();
-  for (const strata::GenerationEvent& event : strata::fuzz::generation_events(parsed.request)) {
+  for (const strata::GenerationEvent& event : recorder->events) {
     collector.add(event);
     events += encoder.encode(event);
   }
@@ -79,15 +99,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const strata::ProtocolLimits strict = smollm2_limits(false), lenient = smollm2_limits(true);
   const strata::ProtocolLimits& limits = (data[0] & 2) != 0 ? lenient : strict;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
-  strata::ParsedCompletion parsed;
+  std::vector<strata::ParsedCompletion> batch;
   try {
-    parsed = strata::parse_completion_request(body, dialect, limits);
-    strata::encode_prompt(parsed, strata::fuzz::smollm2_tokenizer(), strata::fuzz::smollm2_chat_template(), limits);
+    batch = strata::parse_completion_request(body, dialect, limits);
+    for (strata::ParsedCompletion& prompt : batch) {
+      strata::encode_prompt(prompt, strata::fuzz::smollm2_tokenizer(), strata::fuzz::smollm2_chat_template(), limits);
+    }
   } catch (const strata::ApiError& e) {
     if (e.http_status() != 400 && e.http_status() != 404) fail("status " + std::to_string(e.http_status()));
     return 0;
   }
-  check_accepted(parsed, limits);
-  check_responses(parsed);
+  if (batch.empty() || int(batch.size()) > limits.max_prompts) fail(std::to_string(batch.size()) + " prompts accepted");
+  for (const strata::ParsedCompletion& prompt : batch) check_accepted(prompt, limits);
+  check_responses(batch);
   return 0;
 }

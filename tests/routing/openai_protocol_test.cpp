@@ -32,8 +32,15 @@ ProtocolLimits test_limits() {
   return limits;
 }
 
-ParsedCompletion parse(const json& body, ApiDialect dialect = ApiDialect::completions) {
+std::vector<ParsedCompletion> parse_batch(const json& body, ApiDialect dialect = ApiDialect::completions) {
   return parse_completion_request(body.dump(), dialect, test_limits());
+}
+
+// A request of one prompt.
+ParsedCompletion parse(const json& body, ApiDialect dialect = ApiDialect::completions) {
+  std::vector<ParsedCompletion> batch = parse_batch(body, dialect);
+  EXPECT_EQ(batch.size(), 1u) << body.dump();
+  return batch.at(0);
 }
 
 ParsedCompletion parse_chat(const json& body) { return parse(body, ApiDialect::chat); }
@@ -228,6 +235,44 @@ TEST(OpenAiProtocol, PromptForms) {
             (std::vector<int32_t>{5, 6}));
 }
 
+TEST(OpenAiProtocol, ABatchOfPromptsIsOneRequestPerPrompt) {
+  const json body = with(kCompletion, {{"prompt", {"one", {5, 6}, "three"}}, {"n", 2}, {"max_tokens", 3}, {"echo", true}});
+  std::vector<ParsedCompletion> batch = parse_batch(body);
+  ASSERT_EQ(batch.size(), 3u);
+  EXPECT_EQ(std::get<std::string>(batch[0].prompt), "one");
+  EXPECT_EQ(std::get<std::vector<int32_t>>(batch[1].prompt), (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(std::get<std::string>(batch[2].prompt), "three");
+  for (size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_EQ(batch[i].prompt_param, "prompt[" + std::to_string(i) + "]");
+    EXPECT_EQ(batch[i].request.n, 2);
+    EXPECT_EQ(batch[i].request.sampling.max_tokens, 3);
+    EXPECT_TRUE(batch[i].echo);
+  }
+  EXPECT_EQ(parse(with(kCompletion, {{"prompt", {"one"}}})).prompt_param, "prompt");
+
+  ProtocolLimits limits = test_limits();
+  limits.max_prompts = 2;
+  ApiError e = error_of([&] { parse_completion_request(body.dump(), ApiDialect::completions, limits); });
+  EXPECT_EQ(e.param(), "prompt");
+  EXPECT_NE(std::string(e.what()).find("at most 2"), std::string::npos) << e.what();
+
+  // Each prompt is encoded alone; the context names the prompt an error is about, and echoes each one's own.
+  Tokenizer tokenizer = byte_tokenizer();
+  ChatTemplate chatml(ChatTemplateKind::chatml);
+  for (ParsedCompletion& prompt : batch) encode_prompt(prompt, tokenizer, chatml, test_limits());
+  EXPECT_EQ(batch[1].request.prompt_ids, (std::vector<int32_t>{5, 6}));
+  const ResponseContext context = make_response_context(batch, chatml, 1700000000);
+  EXPECT_EQ(context.n, 6);
+  EXPECT_EQ(context.n_per_prompt, 2);
+  EXPECT_EQ(echo_text(context, 1), "one");
+  EXPECT_EQ(echo_text(context, 2), tokenizer.decode(std::vector<int32_t>{5, 6}, /*skip_special=*/false));
+  EXPECT_EQ(echo_text(context, 5), "three");
+  std::vector<ParsedCompletion> long_one = parse_batch(with(kCompletion, {{"prompt", {"a", std::string(64, 'a')}}}));
+  e = error_of([&] { encode_prompt(long_one[1], tokenizer, chatml, test_limits()); });
+  EXPECT_EQ(e.param(), "prompt[1]");
+  EXPECT_NE(std::string(e.what()).find("prompt[1] is 64 tokens"), std::string::npos) << e.what();
+}
+
 TEST(OpenAiProtocol, PromptErrors) {
   json missing = kCompletion;
   missing.erase("prompt");
@@ -239,14 +284,13 @@ TEST(OpenAiProtocol, PromptErrors) {
   expect_bad(with(kCompletion, {{"prompt", {-1}}}), "prompt");
   expect_bad(with(kCompletion, {{"prompt", {1.5}}}), "prompt");
 
-  ApiError e = error_of([] { parse(with(kCompletion, {{"prompt", {"one", "two"}}})); });
-  EXPECT_EQ(e.http_status(), 400);
-  EXPECT_EQ(e.param(), "prompt");
-  EXPECT_STREQ(e.what(), "batched prompts are not supported");
-  e = error_of([] { parse(with(kCompletion, {{"prompt", {{1}, {2}}}})); });
-  EXPECT_STREQ(e.what(), "batched prompts are not supported");
+  expect_bad(with(kCompletion, {{"prompt", {json::array()}}}), "prompt");
+  expect_bad(with(kCompletion, {{"prompt", {"one", 2}}}), "prompt[1]");  // a batch names the prompt
+  expect_bad(with(kCompletion, {{"prompt", {{1}, {2, 258}}}}), "prompt[1]");
+  expect_bad(with(kCompletion, {{"prompt", {"one", json::array()}}}), "prompt[1]");
+  expect_bad(with(kCompletion, {{"prompt", json(std::vector<std::string>(65, "a"))}}), "prompt");  // max_prompts
 
-  e = error_of([] { parse(with(kCompletion, {{"prompt", {1, 300}}})); });
+  ApiError e = error_of([] { parse(with(kCompletion, {{"prompt", {1, 300}}})); });
   EXPECT_NE(std::string(e.what()).find("300"), std::string::npos) << e.what();
 }
 
@@ -405,7 +449,7 @@ TEST(OpenAiProtocol, KvCompressionExtension) {
   ProtocolLimits limits = test_limits();
   limits.kv_policies.push_back("snapkv");
   const json body = with(kCompletion, {{"kv_compression", {{"policy", "snapkv"}, {"budget", 64}, {"window", 8}}}});
-  EXPECT_EQ(parse_completion_request(body.dump(), ApiDialect::completions, limits).request.kv_policy,
+  EXPECT_EQ(parse_completion_request(body.dump(), ApiDialect::completions, limits).at(0).request.kv_policy,
             (PolicySpec{"snapkv", {{"budget", "64"}, {"window", "8"}}}));
   try {
     parse_completion_request(with(kCompletion, {{"kv_compression", {{"policy", "snapkv"}, {"budget", -3}}}}).dump(),
@@ -536,6 +580,7 @@ ResponseContext context_for(ApiDialect dialect, int n = 1, bool logprobs = false
   context.model = "smol";
   context.created = 1700000000;
   context.n = n;
+  context.n_per_prompt = n;
   context.logprobs = logprobs;
   return context;
 }
@@ -606,7 +651,7 @@ TEST(CompletionCollector, BuildsAChatCompletionWithLogprobsAndRawBytes) {
 
 TEST(CompletionCollector, EchoAndMissingFinishReason) {
   ResponseContext context = context_for(ApiDialect::completions);
-  context.echo_text = "Q: ";
+  context.echo_texts = {"Q: "};
   CompletionCollector collector(context);
   collector.add(ChoiceDelta{0, "A", {1}, {}});
   collector.add(RequestFinished{Usage{2, 1}});
@@ -614,6 +659,20 @@ TEST(CompletionCollector, EchoAndMissingFinishReason) {
   EXPECT_EQ(body["choices"][0]["text"], "Q: A");
   EXPECT_EQ(body["choices"][0]["logprobs"], nullptr);
   EXPECT_EQ(body["choices"][0]["finish_reason"], nullptr);
+}
+
+TEST(CompletionCollector, ABatchsChoicesEchoTheirOwnPrompts) {
+  ResponseContext context = context_for(ApiDialect::completions, 4);
+  context.n_per_prompt = 2;
+  context.echo_texts = {"A:", "B:"};
+  CompletionCollector collector(context);
+  for (int i = 0; i < 4; ++i) collector.add(ChoiceDelta{i, std::to_string(i), {1}, {}});
+  collector.add(RequestFinished{Usage{4, 4}});
+  json body = json::parse(collector.body());
+  ASSERT_EQ(body["choices"].size(), 4u);
+  EXPECT_EQ(body["choices"][1]["text"], "A:1");
+  EXPECT_EQ(body["choices"][2]["text"], "B:2");
+  EXPECT_EQ(body["choices"][3]["index"], 3);
 }
 
 TEST(CompletionCollector, FailureAndBadChoice) {
@@ -692,7 +751,7 @@ TEST(StreamEncoder, ChatChunks) {
 
 TEST(StreamEncoder, EchoOpensEachChoiceWithThePrompt) {
   ResponseContext context = context_for(ApiDialect::completions, 2);
-  context.echo_text = "Q:";
+  context.echo_texts = {"Q:"};
   StreamEncoder encoder(context);
   std::vector<std::string> events = sse_data(encoder.begin());
   ASSERT_EQ(events.size(), 2u);
