@@ -161,22 +161,50 @@ class SinkLease {
 // ---------------------------------------------------------------------------------------------------------------
 // Routes
 
-enum class Route { completions, chat_completions, models, health, metrics, kv_state };
+enum class Route { completions, chat_completions, models, model, health, metrics, kv_state };
 
 struct RouteEntry {
   std::string_view path;
   http::verb method;
   Route route;
+  bool prefix = false;  // the path continues with an argument (/v1/models/{model})
 };
 
 constexpr RouteEntry kRoutes[] = {
     {"/v1/completions", http::verb::post, Route::completions},
     {"/v1/chat/completions", http::verb::post, Route::chat_completions},
     {"/v1/models", http::verb::get, Route::models},
+    {"/v1/models/", http::verb::get, Route::model, true},
     {"/health", http::verb::get, Route::health},
     {"/metrics", http::verb::get, Route::metrics},
     {"/v1/kv_state", http::verb::get, Route::kv_state},
 };
+
+bool matches(const RouteEntry& route, std::string_view path) {
+  if (!route.prefix) return path == route.path;
+  return path.size() > route.path.size() && path.starts_with(route.path);
+}
+
+// A path segment with its %XX escapes decoded (a model id may hold '/', which clients send as is or as %2F); an
+// escape that is not two hex digits stays as it is.
+std::string percent_decoded(std::string_view text) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
+      out += char(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
 
 Response make_response(unsigned version, bool keep_alive, http::status status, std::string body,
                        std::string_view content_type) {
@@ -238,6 +266,15 @@ struct ServerContext {
   ConnectionLimit refusals{kMaxRefusalsInFlight};
   std::atomic<bool> draining{false};
 };
+
+// The served model as /v1/models lists it.
+nlohmann::json model_object(const ServerContext& server) {
+  return {{"id", server.options.model_name},
+          {"object", "model"},
+          {"created", server.started_at},
+          {"owned_by", kServerName},
+          {"max_model_len", server.options.max_context}};
+}
 
 // Whether a path needs an API key (when keys are configured): the API under /v1, and /metrics if so configured.
 bool needs_key(const ServerOptions& options, std::string_view path) {
@@ -388,7 +425,7 @@ net::awaitable<bool> Session::dispatch(Request& request) {
   std::string_view path = target.substr(0, target.find('?'));
   const RouteEntry* entry = nullptr;
   for (const RouteEntry& candidate : kRoutes) {
-    if (candidate.path == path) entry = &candidate;
+    if (matches(candidate, path)) entry = &candidate;
   }
   unsigned version = request.version();
   bool keep_alive = request.keep_alive();
@@ -421,13 +458,18 @@ net::awaitable<bool> Session::dispatch(Request& request) {
     case Route::chat_completions:
       co_return co_await serve_generation(request, ApiDialect::chat);
     case Route::models: {
-      nlohmann::json model = {{"id", server_.options.model_name},
-                              {"object", "model"},
-                              {"created", server_.started_at},
-                              {"owned_by", kServerName},
-                              {"max_model_len", server_.options.max_context}};
-      nlohmann::json list = {{"object", "list"}, {"data", nlohmann::json::array({model})}};
+      nlohmann::json list = {{"object", "list"}, {"data", nlohmann::json::array({model_object(server_)})}};
       response = make_response(version, keep_alive, http::status::ok, list.dump(), "application/json");
+      break;
+    }
+    case Route::model: {
+      const std::string id = percent_decoded(path.substr(entry->path.size()));
+      if (id != server_.options.model_name) {
+        throw ApiError(404, "invalid_request_error",
+                       "The model '" + id + "' does not exist; this server serves '" + server_.options.model_name + "'",
+                       "model", "model_not_found");
+      }
+      response = make_response(version, keep_alive, http::status::ok, model_object(server_).dump(), "application/json");
       break;
     }
     case Route::health: {

@@ -2,6 +2,7 @@
 usage, finish reasons, stop strings, logprobs, n and seeds."""
 import math
 
+import openai
 import pytest
 import requests
 
@@ -15,6 +16,14 @@ def test_models_lists_the_served_model(server, client, model_name):
     models = client.models.list()
     assert [m.id for m in models.data] == [model_name]
     assert models.data[0].object == "model"
+
+
+def test_models_retrieves_the_served_model_and_only_it(server, client, model_name):
+    assert client.models.retrieve(model_name) == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
+    assert missing.value.code == "model_not_found"
+    assert "gpt-4o" in missing.value.message
 
 
 @pytest.fixture(scope="module")

@@ -268,6 +268,14 @@ TEST_F(HttpServerTest, HealthModelsMetricsKvState) {
   EXPECT_EQ(list["data"][0]["id"], "smol");
   EXPECT_EQ(list["data"][0]["object"], "model");
   EXPECT_EQ(list["data"][0]["max_model_len"], 128);
+  auto one = c.get("/v1/models/smol");
+  ASSERT_EQ(one.result_int(), 200) << one.body();
+  EXPECT_EQ(json::parse(one.body()), list["data"][0]);
+  EXPECT_EQ(c.get("/v1/models/sm%6Fl").result_int(), 200);  // percent-encoded as clients may send it
+  auto other = c.get("/v1/models/gpt-4");
+  expect_error(other, 404, "invalid_request_error");
+  EXPECT_EQ(json::parse(other.body())["error"]["code"], "model_not_found");
+  expect_error(c.get("/v1/models/sm%6"), 404, "invalid_request_error");  // "sm%6": not an escape, another name
 
   auto metrics = c.get("/metrics");
   EXPECT_EQ(metrics.result_int(), 200);
@@ -640,6 +648,39 @@ TEST_F(HttpServerTest, SubmitErrorsMapTo400And503) {
   service_.submit_hook = [] { throw std::runtime_error("queue full"); };
   auto busy = c.post("/v1/completions", with_fields(kCompletion, {{"stream", true}}));
   expect_error(busy, 503, "server_error");
+}
+
+TEST_F(HttpServerTest, ABatchOfPromptsIsOneResponse) {
+  start();
+  Client c = client();
+  auto response = c.post("/v1/completions", with_fields(kCompletion, {{"prompt", {"Hi", "Yo!"}}, {"echo", true}}));
+  ASSERT_EQ(response.result_int(), 200) << response.body();
+  json body = json::parse(response.body());
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][0]["text"], "HiHello world");
+  EXPECT_EQ(body["choices"][1]["text"], "Yo!Hello world");
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 4);  // each scripted request reports 2
+  auto requests = service_.requests();
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[1].prompt_ids, (std::vector<int32_t>{'Y', 'o', '!'}));
+  EXPECT_EQ(requests[0].id, requests[1].id);
+  EXPECT_EQ(requests[0].id, body["id"]);
+}
+
+TEST_F(HttpServerTest, ABatchPromptTheServiceRefusesCancelsThoseSubmittedBeforeIt) {
+  service_.hold_after = 0;
+  int submits = 0;
+  service_.submit_hook = [&submits] {
+    if (++submits == 2) throw std::invalid_argument("the prompt needs 9 KV blocks");
+  };
+  start();
+  Client c = client();
+  auto refused = c.post("/v1/completions", with_fields(kCompletion, {{"prompt", {"Hi", "Yo"}}}));
+  expect_error(refused, 400, "invalid_request_error");
+  EXPECT_EQ(json::parse(refused.body())["error"]["param"], "prompt[1]");
+  ASSERT_EQ(service_.requests().size(), 1u);
+  EXPECT_TRUE(eventually([&] { return service_.sink(0)->cancelled(); }));
 }
 
 TEST_F(HttpServerTest, HandlerExceptionIs500AndTheServerLivesOn) {
