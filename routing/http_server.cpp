@@ -248,6 +248,7 @@ struct ServerContext {
     limits.vocab_size = tokenizer.vocab_size();
     limits.max_n = options.max_n;
     limits.max_prompts = options.max_prompts;
+    limits.max_sequences = options.max_sequences;
     limits.max_top_logprobs = options.max_top_logprobs;
     limits.kv_policies = options.kv_policies;
     limits.check_kv_policy = options.check_kv_policy;

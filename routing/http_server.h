@@ -31,6 +31,7 @@ struct ServerOptions {
   int max_context = 2048;                        // tokens of prompt + completion
   int max_n = 16;                                // choices per prompt
   int max_prompts = 64;                          // prompts in one completions request (a batch)
+  int max_sequences = 256;                       // see ProtocolLimits
   int max_top_logprobs = 20;
   std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
   std::function<void(const PolicySpec&)> check_kv_policy;  // see ProtocolLimits

@@ -330,6 +330,18 @@ void parse_stream(const json& root, ParsedCompletion& parsed) {
   }
 }
 
+// The engine queues at most max_sequences choices: a request for more could never start, so it is a 400 and not
+// the 503 of a queue that is full for now.
+void check_sequences(size_t prompts, int n, const ProtocolLimits& limits) {
+  if (int64_t(prompts) * n <= limits.max_sequences) return;
+  const std::string asked = prompts == 1 ? std::to_string(n) + " choices"
+                                         : std::to_string(n) + " choices for each of " + std::to_string(prompts) +
+                                               " prompts";
+  throw ApiError::invalid_request(prompts == 1 ? "n" : "prompt",
+                                  asked + " ask for more sequences than this server queues at once (" +
+                                      std::to_string(limits.max_sequences) + ")");
+}
+
 void parse_echo(const json& root, ParsedCompletion& parsed) {
   const json* v = find_field(root, "echo");
   if (!v) return;
@@ -505,6 +517,7 @@ std::vector<ParsedCompletion> parse_completion_request(std::string_view body, Ap
   }
   parse_max_tokens(root, dialect, limits, parsed);
   parse_sampling(root, limits, parsed);
+  check_sequences(prompts.size(), parsed.request.n, limits);
   parse_logprobs(root, dialect, limits, parsed);
   if (dialect == ApiDialect::completions) parse_echo(root, parsed);
   parse_stream(root, parsed);

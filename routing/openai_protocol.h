@@ -29,6 +29,7 @@ struct ProtocolLimits {
   int vocab_size = 0;        // token ids in a prompt must be below it
   int max_n = 16;            // choices per prompt
   int max_prompts = 64;      // prompts in one completions request (a batch)
+  int max_sequences = 256;   // choices in all (n x prompts): the engine queues no more (engine.max_waiting)
   int max_top_logprobs = 20;
   int max_stop = 4;          // stop strings per request
   std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose

@@ -113,6 +113,7 @@ ServerOptions server_options(const ServerConfig& config, const RankRuntime& rt) 
   options.max_context = rt.weights.config.max_context;
   options.max_n = config.server.max_n;
   options.max_prompts = config.server.max_prompts;
+  options.max_sequences = config.engine.max_waiting;
   options.kv_policies = request_policy_names(config);
   options.check_kv_policy = [&executor = *rt.executor](const PolicySpec& spec) { executor.check_request_policy(spec); };
   options.ignore_unknown_fields = config.server.ignore_unknown_fields;

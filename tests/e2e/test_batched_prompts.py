@@ -1,8 +1,8 @@
 """/v1/completions with a batch of prompts ("prompt": ["a", "b"], or lists of token ids), through the openai client
 and raw HTTP: each prompt's choices are what the prompt alone gets (greedy, so the same text), in OpenAI's order
 (prompt i's choice j is index i * n + j), usage summed over the prompts, streamed as well as whole, with each echo
-its own prompt; a batch over server.max_prompts, or with one prompt the engine refuses, is a 400 naming the prompt,
-and what was already submitted of it is cancelled."""
+its own prompt; a batch over server.max_prompts or asking for more sequences than the engine queues, or with one
+prompt the engine refuses, is a 400 naming the prompt, and what was already submitted of it is cancelled."""
 import json
 import time
 
@@ -76,6 +76,9 @@ def test_a_bad_prompt_in_a_batch_is_named(server, model_name):
     assert error(["Hi", 7])["param"] == "prompt[1]"
     too_many = error(["Hi"] * 65)  # configs/smollm2-cpu.yaml: server.max_prompts 64
     assert too_many["param"] == "prompt" and "64" in too_many["message"], too_many
+    # 17 x 16 = 272 sequences, beyond engine.max_waiting (256): a request that could never be queued.
+    never = error(["Hi"] * 17, n=16, max_tokens=1)
+    assert never["param"] == "prompt" and "(256)" in never["message"], never
 
 
 def test_a_prompt_the_engine_refuses_cancels_the_ones_submitted_before_it(model_name):

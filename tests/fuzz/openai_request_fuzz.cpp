@@ -110,6 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (batch.empty() || int(batch.size()) > limits.max_prompts) fail(std::to_string(batch.size()) + " prompts accepted");
+  if (int64_t(batch.size()) * batch.front().request.n > limits.max_sequences) fail("more sequences than queue accepted");
   for (const strata::ParsedCompletion& prompt : batch) check_accepted(prompt, limits);
   check_responses(batch);
   return 0;

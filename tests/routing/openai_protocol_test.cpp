@@ -393,6 +393,24 @@ TEST(OpenAiProtocol, ChoicesPerRequest) {
     parse_completion_request(with(kCompletion, {{"n", 3}}).dump(), ApiDialect::completions, limits);
   });
   EXPECT_EQ(e.param(), "n");
+
+  // No more choices in all than the engine queues: such a request could never start.
+  limits = test_limits();
+  limits.max_sequences = 8;
+  EXPECT_NO_THROW(parse_completion_request(with(kCompletion, {{"n", 8}}).dump(), ApiDialect::completions, limits));
+  e = error_of([&] {
+    parse_completion_request(with(kCompletion, {{"n", 9}}).dump(), ApiDialect::completions, limits);
+  });
+  EXPECT_EQ(e.param(), "n");
+  EXPECT_NE(std::string(e.what()).find("(8)"), std::string::npos) << e.what();
+  EXPECT_NO_THROW(parse_completion_request(with(kCompletion, {{"n", 4}, {"prompt", {"a", "b"}}}).dump(),
+                                           ApiDialect::completions, limits));
+  e = error_of([&] {
+    parse_completion_request(with(kCompletion, {{"n", 3}, {"prompt", {"a", "b", "c"}}}).dump(),
+                             ApiDialect::completions, limits);
+  });
+  EXPECT_EQ(e.param(), "prompt");
+  EXPECT_NE(std::string(e.what()).find("3 choices for each of 3 prompts"), std::string::npos) << e.what();
 }
 
 TEST(OpenAiProtocol, StopStrings) {
