@@ -26,6 +26,7 @@
 #include "routing/connection_limit.h"
 #include "routing/openai_protocol.h"
 #include "routing/prompt_batch.h"
+#include "routing/tokenizer_endpoints.h"
 
 namespace strata {
 namespace {
@@ -161,7 +162,7 @@ class SinkLease {
 // ---------------------------------------------------------------------------------------------------------------
 // Routes
 
-enum class Route { completions, chat_completions, models, model, health, metrics, kv_state };
+enum class Route { completions, chat_completions, models, model, tokenize, detokenize, health, metrics, kv_state };
 
 struct RouteEntry {
   std::string_view path;
@@ -175,6 +176,8 @@ constexpr RouteEntry kRoutes[] = {
     {"/v1/chat/completions", http::verb::post, Route::chat_completions},
     {"/v1/models", http::verb::get, Route::models},
     {"/v1/models/", http::verb::get, Route::model, true},
+    {"/tokenize", http::verb::post, Route::tokenize},
+    {"/detokenize", http::verb::post, Route::detokenize},
     {"/health", http::verb::get, Route::health},
     {"/metrics", http::verb::get, Route::metrics},
     {"/v1/kv_state", http::verb::get, Route::kv_state},
@@ -277,9 +280,53 @@ nlohmann::json model_object(const ServerContext& server) {
           {"max_model_len", server.options.max_context}};
 }
 
-// Whether a path needs an API key (when keys are configured): the API under /v1, and /metrics if so configured.
+// The answer of a route other than generation.
+struct PlainAnswer {
+  http::status status = http::status::ok;
+  std::string body;
+  std::string_view content_type = "application/json";
+};
+
+PlainAnswer plain_answer(ServerContext& server, const RouteEntry& route, std::string_view path,
+                         std::string_view body) {
+  switch (route.route) {
+    case Route::models:
+      return {.body = nlohmann::json({{"object", "list"}, {"data", nlohmann::json::array({model_object(server)})}})
+                          .dump()};
+    case Route::model: {
+      const std::string id = percent_decoded(path.substr(route.path.size()));
+      if (id != server.options.model_name) {
+        throw ApiError(404, "invalid_request_error",
+                       "The model '" + id + "' does not exist; this server serves '" + server.options.model_name + "'",
+                       "model", "model_not_found");
+      }
+      return {.body = model_object(server).dump()};
+    }
+    case Route::tokenize:
+      return {.body = tokenize_response(body, server.tokenizer, server.chat_template, server.limits)};
+    case Route::detokenize:
+      return {.body = detokenize_response(body, server.tokenizer, server.limits)};
+    case Route::health: {
+      const bool healthy = server.service.healthy() && !server.draining;
+      const nlohmann::json status = {{"status", server.draining ? "draining" : healthy ? "ok" : "unavailable"}};
+      return {healthy ? http::status::ok : http::status::service_unavailable, status.dump()};
+    }
+    case Route::metrics:
+      return {.body = server.service.metrics_text(), .content_type = "text/plain; version=0.0.4; charset=utf-8"};
+    case Route::kv_state:
+      return {.body = server.service.kv_state_json()};
+    case Route::completions:
+    case Route::chat_completions:
+      break;
+  }
+  throw std::logic_error("generation is not a plain answer");
+}
+
+// Whether a path needs an API key (when keys are configured): the API under /v1 and the tokenizer's, and /metrics
+// if so configured.
 bool needs_key(const ServerOptions& options, std::string_view path) {
-  return path == "/v1" || path.starts_with("/v1/") || (options.metrics_require_key && path == "/metrics");
+  return path == "/v1" || path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize" ||
+         (options.metrics_require_key && path == "/metrics");
 }
 
 // Why the request may not use the path, as the OpenAI API answers it, or none.
@@ -451,43 +498,10 @@ net::awaitable<bool> Session::dispatch(Request& request) {
     co_return co_await answer_error(request, error, http::field::allow, allowed);
   }
 
-  GenerationService& service = server_.service;
-  Response response;
-  switch (entry->route) {
-    case Route::completions:
-      co_return co_await serve_generation(request, ApiDialect::completions);
-    case Route::chat_completions:
-      co_return co_await serve_generation(request, ApiDialect::chat);
-    case Route::models: {
-      nlohmann::json list = {{"object", "list"}, {"data", nlohmann::json::array({model_object(server_)})}};
-      response = make_response(version, keep_alive, http::status::ok, list.dump(), "application/json");
-      break;
-    }
-    case Route::model: {
-      const std::string id = percent_decoded(path.substr(entry->path.size()));
-      if (id != server_.options.model_name) {
-        throw ApiError(404, "invalid_request_error",
-                       "The model '" + id + "' does not exist; this server serves '" + server_.options.model_name + "'",
-                       "model", "model_not_found");
-      }
-      response = make_response(version, keep_alive, http::status::ok, model_object(server_).dump(), "application/json");
-      break;
-    }
-    case Route::health: {
-      bool healthy = service.healthy() && !server_.draining;
-      nlohmann::json status = {{"status", server_.draining ? "draining" : healthy ? "ok" : "unavailable"}};
-      response = make_response(version, keep_alive, healthy ? http::status::ok : http::status::service_unavailable,
-                               status.dump(), "application/json");
-      break;
-    }
-    case Route::metrics:
-      response = make_response(version, keep_alive, http::status::ok, service.metrics_text(),
-                               "text/plain; version=0.0.4; charset=utf-8");
-      break;
-    case Route::kv_state:
-      response = make_response(version, keep_alive, http::status::ok, service.kv_state_json(), "application/json");
-      break;
-  }
+  if (entry->route == Route::completions) co_return co_await serve_generation(request, ApiDialect::completions);
+  if (entry->route == Route::chat_completions) co_return co_await serve_generation(request, ApiDialect::chat);
+  PlainAnswer answer = plain_answer(server_, *entry, path, request.body());
+  Response response = make_response(version, keep_alive, answer.status, std::move(answer.body), answer.content_type);
   co_return co_await do_write(response) && keep_alive;
 }
 

@@ -9,6 +9,20 @@ namespace strata {
 
 std::string quoted(const std::string& param) { return "'" + param + "'"; }
 
+RequestJson parse_request_body(std::string_view body) {
+  RequestJson root;
+  try {
+    root = RequestJson::parse(body);
+  } catch (const RequestJson::exception& e) {  // parse_error, and out_of_range for a number beyond a double (1e999)
+    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
+    size_t start = what.find("] ");
+    throw ApiError::invalid_request("", "request body is not valid JSON: " +
+                                            (start == std::string::npos ? what : what.substr(start + 2)));
+  }
+  if (!root.is_object()) throw ApiError::invalid_request("", "request body must be a JSON object");
+  return root;
+}
+
 const RequestJson* find_field(const RequestJson& object, const char* name) {
   auto it = object.find(name);
   if (it == object.end() || it->is_null()) return nullptr;
@@ -43,6 +57,25 @@ bool read_bool(const RequestJson& value, const std::string& param) {
 const std::string& read_string(const RequestJson& value, const std::string& param) {
   if (!value.is_string()) throw_type(param, "a string", value);
   return value.get_ref<const std::string&>();
+}
+
+std::vector<int32_t> read_token_ids(const RequestJson& array, const std::string& param, int vocab_size) {
+  if (!array.is_array()) throw_type(param, "an array of token ids", array);
+  if (array.empty()) throw ApiError::invalid_request(param, quoted(param) + " must not be empty");
+  std::vector<int32_t> ids;
+  ids.reserve(array.size());
+  for (size_t i = 0; i < array.size(); ++i) {
+    const RequestJson& id = array[i];
+    if (!id.is_number_integer()) throw_type(param, "an array of token ids", id);
+    const int64_t value = read_integer(id, param);
+    if (value < 0 || value >= vocab_size) {
+      throw ApiError::invalid_request(param, param + " token id " + id.dump() + " at index " + std::to_string(i) +
+                                                 " is outside the vocabulary [0, " + std::to_string(vocab_size) +
+                                                 ")");
+    }
+    ids.push_back(int32_t(value));
+  }
+  return ids;
 }
 
 void check_range(double value, double low, double high, bool low_open, const std::string& param,

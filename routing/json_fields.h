@@ -3,6 +3,8 @@
 // message and `param` name the field ("messages[2].content", "response_format.json_schema.name").
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +13,9 @@ namespace strata {
 using RequestJson = nlohmann::ordered_json;
 
 std::string quoted(const std::string& param);  // 'param'
+
+// A request body: a JSON object, or 400 saying why it is not.
+RequestJson parse_request_body(std::string_view body);
 
 // The field's value, or nullptr when it is absent or null (OpenAI clients send null for "not set").
 const RequestJson* find_field(const RequestJson& object, const char* name);
@@ -23,6 +28,9 @@ double read_number(const RequestJson& value, const std::string& param);
 int64_t read_integer(const RequestJson& value, const std::string& param);
 bool read_bool(const RequestJson& value, const std::string& param);
 const std::string& read_string(const RequestJson& value, const std::string& param);
+
+// A non-empty array of token ids, each in [0, vocab_size); the error names param and the index.
+std::vector<int32_t> read_token_ids(const RequestJson& array, const std::string& param, int vocab_size);
 
 // value in [low, high], or (low, high] when low_open; `given` is quoted in the error.
 void check_range(double value, double low, double high, bool low_open, const std::string& param,

@@ -28,36 +28,6 @@ using json = RequestJson;
 // ---------------------------------------------------------------------------------------------------------------
 // Request parts
 
-void parse_model(const json& root, const ProtocolLimits& limits, ParsedCompletion& parsed) {
-  parsed.model = limits.model_name;
-  const json* model = find_field(root, "model");
-  if (!model) return;  // like vLLM: the one served model
-  const std::string& name = read_string(*model, "model");
-  if (name != limits.model_name) {
-    throw ApiError(404, "invalid_request_error",
-                   "The model '" + name + "' does not exist; this server serves '" + limits.model_name + "'",
-                   "model", "model_not_found");
-  }
-}
-
-std::vector<int32_t> read_token_ids(const json& array, const std::string& param, const ProtocolLimits& limits) {
-  if (array.empty()) throw ApiError::invalid_request(param, quoted(param) + " must not be empty");
-  std::vector<int32_t> ids;
-  ids.reserve(array.size());
-  for (size_t i = 0; i < array.size(); ++i) {
-    const json& id = array[i];
-    if (!id.is_number_integer()) throw_type(param, "a string or an array of token ids", id);
-    int64_t value = read_integer(id, param);
-    if (value < 0 || value >= limits.vocab_size) {
-      throw ApiError::invalid_request(param, param + " token id " + id.dump() + " at index " + std::to_string(i) +
-                                                 " is outside the vocabulary [0, " +
-                                                 std::to_string(limits.vocab_size) + ")");
-    }
-    ids.push_back(int32_t(value));
-  }
-  return ids;
-}
-
 // What errors about prompt i of a request's n name: "prompt", or "prompt[i]" in a batch.
 std::string prompt_param(size_t i, size_t n) { return n == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]"; }
 
@@ -69,7 +39,7 @@ std::vector<PromptInput> parse_prompts(const json& root, const ProtocolLimits& l
   if (prompt->is_string()) return {prompt->get<std::string>()};
   if (!prompt->is_array()) throw_type("prompt", "a string or an array of token ids", *prompt);
   if (prompt->empty()) throw ApiError::invalid_request("prompt", "'prompt' must not be empty");
-  if (!prompt->front().is_string() && !prompt->front().is_array()) return {read_token_ids(*prompt, "prompt", limits)};
+  if (!prompt->front().is_string() && !prompt->front().is_array()) return {read_token_ids(*prompt, "prompt", limits.vocab_size)};
   if (prompt->size() > size_t(limits.max_prompts)) {
     throw ApiError::invalid_request("prompt", "a batch of " + std::to_string(prompt->size()) +
                                                   " prompts; this server answers at most " +
@@ -82,7 +52,7 @@ std::vector<PromptInput> parse_prompts(const json& root, const ProtocolLimits& l
     if (element.is_string()) {
       prompts.emplace_back(element.get<std::string>());
     } else if (element.is_array()) {
-      prompts.emplace_back(read_token_ids(element, param, limits));
+      prompts.emplace_back(read_token_ids(element, param, limits.vocab_size));
     } else {
       throw_type(param, "a string or an array of token ids", element);
     }
@@ -492,23 +462,26 @@ void check_choice(int choice, size_t n) {
 
 // -----------------------------------------------------------------------------------------------------------------
 
+const std::string& requested_model(const RequestJson& root, const ProtocolLimits& limits) {
+  const json* model = find_field(root, "model");
+  if (!model) return limits.model_name;  // like vLLM: the one served model
+  const std::string& name = read_string(*model, "model");
+  if (name != limits.model_name) {
+    throw ApiError(404, "invalid_request_error",
+                   "The model '" + name + "' does not exist; this server serves '" + limits.model_name + "'",
+                   "model", "model_not_found");
+  }
+  return limits.model_name;
+}
+
 std::vector<ParsedCompletion> parse_completion_request(std::string_view body, ApiDialect dialect,
                                                        const ProtocolLimits& limits) {
-  json root;
-  try {
-    root = json::parse(body);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond a double (1e999)
-    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
-    size_t start = what.find("] ");
-    throw ApiError::invalid_request("", "request body is not valid JSON: " +
-                                            (start == std::string::npos ? what : what.substr(start + 2)));
-  }
-  if (!root.is_object()) throw ApiError::invalid_request("", "request body must be a JSON object");
+  const json root = parse_request_body(body);
   check_request_fields(root, dialect, limits.ignore_unknown_fields);
 
   ParsedCompletion parsed;
   parsed.dialect = dialect;
-  parse_model(root, limits, parsed);
+  parsed.model = requested_model(root, limits);
   std::vector<PromptInput> prompts;
   if (dialect == ApiDialect::chat) {
     prompts.push_back(parse_messages(root));
@@ -531,15 +504,13 @@ std::vector<ParsedCompletion> parse_completion_request(std::string_view body, Ap
   return batch;
 }
 
-void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
-                   const ProtocolLimits& limits) {
-  std::vector<int32_t>& ids = parsed.request.prompt_ids;
-  const std::string& param = parsed.prompt_param;
-  bool from_text = true;
+std::vector<int32_t> prompt_token_ids(const ParsedCompletion& parsed, const Tokenizer& tokenizer,
+                                      const ChatTemplate& chat_template, bool add_generation_prompt, bool add_special) {
+  std::vector<int32_t> ids;
   if (auto* messages = std::get_if<std::vector<ChatMessage>>(&parsed.prompt)) {
     std::string text;
     try {
-      text = chat_template.render(*messages, parsed.output_format.prompt_tools(), /*add_generation_prompt=*/true);
+      text = chat_template.render(*messages, parsed.output_format.prompt_tools(), add_generation_prompt);
     } catch (const std::invalid_argument& e) {
       // The templates name the field first ("messages[2].tool_calls[0].function.arguments: not valid JSON").
       const std::string what = e.what();
@@ -550,15 +521,26 @@ void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const C
     ids = tokenizer.encode(text, /*parse_special=*/true);
   } else if (auto* text = std::get_if<std::string>(&parsed.prompt)) {
     ids = tokenizer.encode(*text, /*parse_special=*/false);  // user text never becomes control tokens
-    if (parsed.echo) parsed.echo_text = *text;
   } else {
-    ids = std::get<std::vector<int32_t>>(parsed.prompt);  // the client chose every id, BOS included or not
-    from_text = false;
-    if (parsed.echo) parsed.echo_text = tokenizer.decode(ids, /*skip_special=*/false);
+    return std::get<std::vector<int32_t>>(parsed.prompt);  // the client chose every id, BOS included or not
+  }
+  std::optional<int32_t> bos = tokenizer.bos_id();
+  if (add_special && tokenizer.add_bos() && bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
+  return ids;
+}
+
+void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                   const ProtocolLimits& limits) {
+  std::vector<int32_t>& ids = parsed.request.prompt_ids;
+  const std::string& param = parsed.prompt_param;
+  ids = prompt_token_ids(parsed, tokenizer, chat_template);
+  if (parsed.echo) {
+    if (auto* text = std::get_if<std::string>(&parsed.prompt)) parsed.echo_text = *text;
+    if (std::holds_alternative<std::vector<int32_t>>(parsed.prompt)) {
+      parsed.echo_text = tokenizer.decode(ids, /*skip_special=*/false);
+    }
   }
   parsed.request.grammar = output_grammar(parsed.output_format, chat_template.tool_call_syntax());
-  std::optional<int32_t> bos = tokenizer.bos_id();
-  if (from_text && tokenizer.add_bos() && bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
 
   if (ids.empty()) throw ApiError::invalid_request(param, "the " + param + " is empty");
   int prompt_tokens = int(ids.size());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "leader/generation.h"
+#include "routing/json_fields.h"
 #include "model/chat_template.h"
 #include "routing/output_format.h"
 #include "routing/tool_call_output.h"
@@ -59,6 +60,9 @@ struct ParsedCompletion {
   OutputFormat output_format;     // response_format, tools, tool_choice
 };
 
+// The model a request body names (404 model_not_found for another), or the served one when it names none.
+const std::string& requested_model(const RequestJson& root, const ProtocolLimits& limits);
+
 // Parses and validates a request body into one ParsedCompletion per prompt: a batch of completions prompts
 // ("prompt": ["a", "b"]) gives one for each, otherwise the same; the server runs them as separate engine requests
 // answered as one response (routing/prompt_batch.h). Throws ApiError: 400 naming the field, 404 for a model not
@@ -66,7 +70,15 @@ struct ParsedCompletion {
 std::vector<ParsedCompletion> parse_completion_request(std::string_view body, ApiDialect dialect,
                                                        const ProtocolLimits& limits);
 
-// Turns the prompt into token ids (chat: rendered through the template), checks them against the context and
+// The ids generation sees for the prompt: messages rendered through the template with the request's tools (and
+// the assistant's generation prompt when add_generation_prompt), then tokenized with control tokens parsed; text
+// tokenized as user text (control-token strings stay text); both with the model's BOS first where it adds one and
+// add_special. Token ids as given. Throws ApiError for messages the template cannot render.
+std::vector<int32_t> prompt_token_ids(const ParsedCompletion& parsed, const Tokenizer& tokenizer,
+                                      const ChatTemplate& chat_template, bool add_generation_prompt = true,
+                                      bool add_special = true);
+
+// Turns the prompt into token ids (prompt_token_ids), checks them against the context and
 // fills max_tokens when the request left it out (completions: 16, chat: the rest of the context), and compiles the
 // grammar a response_format or a forced tool call decodes under (request.grammar). Throws ApiError.
 void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const ChatTemplate& chat_template,

@@ -4,10 +4,10 @@
     .venv/bin/python tools/soak.py --streams 64 --minutes 30 --out bench/results/cpu-soak-64x30.json
 
 Starts build/strata serve (configs/smollm2-cpu.yaml, with any --set) on a free port. Each client loops over a mix
-of what production traffic holds: chat and completions, streamed or not, prompts that share a document (the prefix
-cache) or a system prompt, the KV compression policies a request may pick, clients that hang up mid-stream, and bad
-requests (which must get their 4xx). Every 10 s it samples the server's RSS, requests done and errors, and the
-KV blocks free. At the end it waits until the server is idle and checks /v1/kv_state: no sequence, no cached block in
+of what production traffic holds: chat and completions (some with a batch of prompts), streamed or not, prompts that
+share a document (the prefix cache) or a system prompt, the KV compression policies a request may pick, clients
+that hang up mid-stream, and bad requests (which must get their 4xx). Every 10 s it samples the server's RSS,
+requests done and errors, and the KV blocks free. At the end it waits until the server is idle and checks /v1/kv_state: no sequence, no cached block in
 use, every block free or cached.
 
 Fails (exit 1) on any unexpected answer, an RSS growth over --max-rss-growth (from the first sample after the
@@ -70,7 +70,10 @@ def one_request(base_url, rng, docs, tally):
     if chat:
         body["messages"] = [{"role": "user", "content": rng.choice(QUESTIONS) + f" ({rng.randint(0, 999)})"}]
     else:
-        body["prompt"] = rng.choice(docs) + "\nQuestion: " + rng.choice(QUESTIONS) + "\nAnswer:"
+        # A fifth of the completions are batches of prompts (one engine request each, answered as one).
+        prompts = [rng.choice(docs) + "\nQuestion: " + rng.choice(QUESTIONS) + "\nAnswer:"
+                   for _ in range(rng.randint(2, 4) if rng.random() < 0.2 else 1)]
+        body["prompt"] = prompts if len(prompts) > 1 else prompts[0]
     url = f"{base_url}/v1/{'chat/completions' if chat else 'completions'}"
     hang_up = body["stream"] and rng.random() < 0.1
     with requests.post(url, json=body, timeout=600, stream=body["stream"]) as response:
@@ -78,7 +81,11 @@ def one_request(base_url, rng, docs, tally):
             tally.add("errors", (url, response.status_code, response.text[:300]))
             return
         if not body["stream"]:
-            response.json()
+            choices = response.json()["choices"]
+            expected = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
+            if sorted(c["index"] for c in choices) != list(range(expected)):
+                tally.add("errors", (url, "choices", [c["index"] for c in choices], expected))
+                return
         else:
             for n, line in enumerate(response.iter_lines()):
                 if line.startswith(b"data: {\"error\""):

@@ -282,6 +282,14 @@ TEST_F(HttpServerTest, HealthModelsMetricsKvState) {
   EXPECT_EQ(metrics[http::field::content_type], "text/plain; version=0.0.4; charset=utf-8");
   EXPECT_EQ(metrics.body(), service_.metrics);
 
+  auto tokens = c.post("/tokenize", {{"prompt", "Hi"}});
+  ASSERT_EQ(tokens.result_int(), 200) << tokens.body();
+  EXPECT_EQ(json::parse(tokens.body())["tokens"], json({'H', 'i'}));
+  auto text = c.post("/detokenize", {{"tokens", {'H', 'i'}}});
+  ASSERT_EQ(text.result_int(), 200) << text.body();
+  EXPECT_EQ(json::parse(text.body())["prompt"], "Hi");
+  expect_error(c.post("/tokenize", {{"prompt", "Hi"}, {"n", 2}}), 400, "invalid_request_error");
+
   auto kv = c.get("/v1/kv_state?verbose=1");  // the query string does not change the route
   EXPECT_EQ(kv.result_int(), 200);
   EXPECT_EQ(json::parse(kv.body()), json::parse(R"({"layers": []})"));
@@ -423,6 +431,8 @@ TEST_F(HttpServerTest, ApiKeysGuardV1ButNotHealth) {
   auto completion = c.post("/v1/completions", kCompletion);
   expect_error(completion, 401, "invalid_request_error");
   EXPECT_TRUE(service_.requests().empty()) << "nothing reached the engine";
+  expect_error(c.post("/tokenize", {{"prompt", "Hi"}}), 401, "invalid_request_error");  // the tokenizer's too
+  expect_error(c.post("/detokenize", {{"tokens", {72}}}), 401, "invalid_request_error");
 }
 
 TEST_F(HttpServerTest, MetricsMayRequireAKey) {
