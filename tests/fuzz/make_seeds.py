@@ -144,6 +144,11 @@ SEEDS = {
                           + http_request("GET", "/metrics", headers="Connection: close\r\n"),
         "http10_stream": http_request("POST", "/v1/chat/completions", CHAT).replace(b"HTTP/1.1", b"HTTP/1.0", 1),
         "expect_continue": http_request("POST", "/v1/completions", TOKENS, "Expect: 100-continue\r\n"),
+        "batch": http_request("POST", "/v1/completions", BATCH),
+        "tokenize": http_request("POST", "/tokenize", json.dumps({"messages": [{"role": "user", "content": "Hi"}],
+                                                                   "return_token_strs": True}).encode())
+                    + http_request("POST", "/detokenize", b'{"tokens": [1, 2, 3]}')
+                    + http_request("GET", "/v1/models/SmolLM2-135M-Instruct"),
     },
     "json_schema_fuzz": {
         "person": b"\0" + json.dumps({"type": "object", "properties": {
