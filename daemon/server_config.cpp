@@ -93,6 +93,10 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.server.max_prompts = int(parse_int(t, w, 1, 4096));
        }},
+      {"server.access_log",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.server.access_log = parse_choice(t, w, {"true", "false"}) == "true";
+       }},
       {"server.ignore_unknown_fields",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.server.ignore_unknown_fields = parse_choice(t, w, {"true", "false"}) == "true";

@@ -34,6 +34,7 @@ struct ServerConfig {
     int max_prompts = 64;                   // most prompts in one completions request (a batch)
     bool ignore_unknown_fields = false;     // request fields unknown to the OpenAI API: ignored, not refused
     int max_connections = 512;              // connections held at once; more get 503 (must fit the fd limit)
+    bool access_log = true;                 // one stderr line per request: client, request line, status, time
     int idle_timeout_s = 15;                // a keep-alive connection idle this long is closed
     int drain_timeout_s = 30;               // SIGTERM: how long requests in flight may take to finish
     std::vector<std::string> api_keys;      // bearer keys for /v1/* (a YAML list, or comma-separated in --set)

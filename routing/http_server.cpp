@@ -355,7 +355,9 @@ class Session {
  private:
   net::awaitable<bool> wait_for_next_request();
   net::awaitable<bool> handle(Request& request);
+  net::awaitable<bool> respond(Request& request);
   net::awaitable<bool> dispatch(Request& request);
+  void log_access(const Request& request, std::chrono::steady_clock::time_point started) const;
   net::awaitable<bool> answer_error(const Request& request, const ApiError& error, http::field field,
                                     std::string_view value);
   net::awaitable<bool> serve_generation(Request& request, ApiDialect dialect);
@@ -378,6 +380,8 @@ class Session {
   bool stream_started_ = false;  // SSE headers are out: errors can only be written as events
   bool stream_chunked_ = false;  // HTTP/1.1 chunked; HTTP/1.0 streams raw until the connection closes
   bool watch_peer_ = true;       // false once the client pipelined data, which makes the socket always readable
+  unsigned status_ = 0;          // the status line written (0: none, the client left first)
+  std::string request_id_;       // a generation's id ("cmpl-..."), for the access log
 };
 
 net::awaitable<void> Session::run() {
@@ -439,8 +443,33 @@ net::awaitable<bool> Session::wait_for_next_request() {
   co_return true;
 }
 
-// Answers one request. Returns whether the connection may carry another one.
+// Answers one request, and logs it when server.access_log. Returns whether the connection may carry another one.
 net::awaitable<bool> Session::handle(Request& request) {
+  const auto started = std::chrono::steady_clock::now();
+  status_ = 0;
+  request_id_.clear();
+  const bool keep_alive = co_await respond(request);
+  if (server_.options.access_log) log_access(request, started);
+  co_return keep_alive;
+}
+
+// One line: the client, the request line (its printable ASCII), the status ("-" where the client left before it),
+// the time to the end of the answer, and a generation's id.
+void Session::log_access(const Request& request, std::chrono::steady_clock::time_point started) const {
+  beast::error_code ec;
+  const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+  const std::string client = ec ? "-" : peer.address().to_string() + ":" + std::to_string(peer.port());
+  std::string line = std::string(request.method_string()) + " " + std::string(request.target().substr(0, 256));
+  for (char& c : line) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  const std::string status = status_ ? std::to_string(status_) : "-";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::fprintf(stderr, "strata http: %s \"%s\" %s %.3fs%s%s\n", client.c_str(), line.c_str(), status.c_str(), seconds,
+               request_id_.empty() ? "" : " ", request_id_.c_str());
+}
+
+net::awaitable<bool> Session::respond(Request& request) {
   stream_started_ = false;
   watch_peer_ = true;
   if (server_.draining) request.keep_alive(false);  // clients go elsewhere for their next request
@@ -517,6 +546,7 @@ net::awaitable<bool> Session::answer_error(const Request& request, const ApiErro
 net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dialect) {
   std::vector<ParsedCompletion> batch = parse_completion_request(request.body(), dialect, server_.limits);
   const std::string id = make_request_id(dialect);
+  request_id_ = id;
   for (ParsedCompletion& prompt : batch) {
     encode_prompt(prompt, server_.tokenizer, server_.chat_template, server_.limits);
     prompt.request.id = id;
@@ -623,6 +653,7 @@ bool Session::peer_closed() {
 }
 
 net::awaitable<bool> Session::do_write(Response& response) {
+  status_ = response.result_int();
   stream_.expires_after(server_.options.write_timeout);
   auto [ec, n_written] = co_await http::async_write(stream_, response, use_nothrow);
   co_return !ec;
@@ -630,6 +661,7 @@ net::awaitable<bool> Session::do_write(Response& response) {
 
 net::awaitable<bool> Session::do_write_stream_header(const Request& request) {
   http::response<http::empty_body> response{http::status::ok, request.version()};
+  status_ = response.result_int();
   response.set(http::field::server, kServerName);
   response.set(http::field::content_type, "text/event-stream");
   response.set(http::field::cache_control, "no-cache");

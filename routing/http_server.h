@@ -37,6 +37,7 @@ struct ServerOptions {
   std::function<void(const PolicySpec&)> check_kv_policy;  // see ProtocolLimits
   bool ignore_unknown_fields = false;            // see ProtocolLimits
   int max_connections = 512;                     // connections held at once; more get 503 and are closed
+  bool access_log = false;                       // one stderr line per request (server.access_log, on in strata serve)
   std::vector<std::string> api_keys;             // bearer keys for /v1/* (routing/api_keys.h); none: open
   bool metrics_require_key = false;              // whether /metrics needs a key too
 };

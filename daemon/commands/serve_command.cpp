@@ -117,6 +117,7 @@ ServerOptions server_options(const ServerConfig& config, const RankRuntime& rt) 
   options.kv_policies = request_policy_names(config);
   options.check_kv_policy = [&executor = *rt.executor](const PolicySpec& spec) { executor.check_request_policy(spec); };
   options.ignore_unknown_fields = config.server.ignore_unknown_fields;
+  options.access_log = config.server.access_log;
   options.idle_timeout = std::chrono::seconds(config.server.idle_timeout_s);
   options.max_connections = config.server.max_connections;
   options.api_keys = configured_api_keys(config);

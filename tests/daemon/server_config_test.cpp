@@ -76,6 +76,7 @@ TEST_F(ServerConfigTest, DefaultCpuConfigLoads) {
   EXPECT_EQ(c.server.max_body_bytes, 4194304);
   EXPECT_EQ(c.server.max_n, 16);
   EXPECT_EQ(c.server.max_prompts, 64);
+  EXPECT_TRUE(c.server.access_log);
   EXPECT_EQ(c.engine.max_running, 16);
   EXPECT_EQ(c.engine.max_batch_tokens, 512);
   EXPECT_EQ(c.engine.max_waiting, 256);
@@ -101,6 +102,7 @@ TEST_F(ServerConfigTest, EveryKeyIsRead) {
                                  "  max_body_bytes: 2048\n"
                                  "  max_n: 4\n"
                                  "  max_prompts: 8\n"
+                                 "  access_log: false\n"
                                  "engine:\n"
                                  "  max_running: 64\n"
                                  "  max_batch_tokens: 2048\n"
@@ -124,6 +126,7 @@ TEST_F(ServerConfigTest, EveryKeyIsRead) {
   EXPECT_EQ(c.server.max_body_bytes, 2048);
   EXPECT_EQ(c.server.max_n, 4);
   EXPECT_EQ(c.server.max_prompts, 8);
+  EXPECT_FALSE(c.server.access_log);
   EXPECT_EQ(c.engine.max_running, 64);
   EXPECT_EQ(c.engine.max_batch_tokens, 2048);
   EXPECT_EQ(c.engine.max_waiting, 1000);
@@ -334,7 +337,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
       "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "kv_cache.prefix_caching", "parallel.tp", "parallel.pp",
       "parallel.timeout_s", "parallel.micro_batches",
-      "server.ignore_unknown_fields",
+      "server.ignore_unknown_fields", "server.access_log",
       "server.max_connections", "server.idle_timeout_s", "server.drain_timeout_s", "server.api_keys",
       "server.api_key_file", "server.metrics_require_key",
   };
@@ -352,7 +355,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "engine.backend"        ? "cpu"
                               : k == "model.weight_dtype"    ? "q8_0"
                               : k == "kv_cache.prefix_caching" ? "off"
-                              : k == "server.ignore_unknown_fields" ? "true"
+                              : k == "server.ignore_unknown_fields" || k == "server.access_log" ? "true"
                               : k == "server.metrics_require_key" ? "true"
                               : k == "server.api_keys"        ? "sk-a,sk-b"
                                                              : "16";

@@ -1,6 +1,8 @@
 """/v1/completions and /v1/models through the openai client: greedy output against the transformers reference,
-usage, finish reasons, stop strings, logprobs, n and seeds."""
+usage, finish reasons, stop strings, logprobs, n and seeds; /v1/models/{model}; the access log."""
 import math
+import re
+import time
 
 import openai
 import pytest
@@ -126,3 +128,24 @@ def test_raw_response_shape(server, model_name):
     # "Hello" is shorter than a KV block: nothing of it can come from the prefix cache.
     assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 1, "total_tokens": n_prompt + 1,
                              "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_each_request_has_an_access_log_line(server, model_name):
+    """server.access_log (on in configs/smollm2-cpu.yaml): the client, the request line, the status, the seconds and
+    a generation's id, in the server's log."""
+    response = requests.post(f"{server.base_url}/v1/completions", timeout=120,
+                             json={"model": model_name, "prompt": "Hello", "max_tokens": 1})
+    assert response.status_code == 200, response.text
+    completion_id = response.json()["id"]
+    assert requests.get(f"{server.base_url}/v1/models/none?x=1", timeout=30).status_code == 404
+    deadline = time.monotonic() + 10
+    while True:  # the line is written after the answer
+        lines = server.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        logged = [line for line in lines if completion_id in line or '"GET /v1/models/none?x=1"' in line]
+        if len(logged) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(logged) == 2, lines[-10:]
+    assert re.fullmatch(rf'strata http: 127\.0\.0\.1:\d+ "POST /v1/completions" 200 \d+\.\d{{3}}s {completion_id}',
+                        logged[0]), logged[0]
+    assert re.fullmatch(r'strata http: 127\.0\.0\.1:\d+ "GET /v1/models/none\?x=1" 404 \d+\.\d{3}s', logged[1]), logged
