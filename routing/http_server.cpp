@@ -293,15 +293,9 @@ PlainAnswer plain_answer(ServerContext& server, const RouteEntry& route, std::st
     case Route::models:
       return {.body = nlohmann::json({{"object", "list"}, {"data", nlohmann::json::array({model_object(server)})}})
                           .dump()};
-    case Route::model: {
-      const std::string id = percent_decoded(path.substr(route.path.size()));
-      if (id != server.options.model_name) {
-        throw ApiError(404, "invalid_request_error",
-                       "The model '" + id + "' does not exist; this server serves '" + server.options.model_name + "'",
-                       "model", "model_not_found");
-      }
+    case Route::model:
+      check_model_name(percent_decoded(path.substr(route.path.size())), server.limits);
       return {.body = model_object(server).dump()};
-    }
     case Route::tokenize:
       return {.body = tokenize_response(body, server.tokenizer, server.chat_template, server.limits)};
     case Route::detokenize:

@@ -462,15 +462,18 @@ void check_choice(int choice, size_t n) {
 
 // -----------------------------------------------------------------------------------------------------------------
 
-const std::string& requested_model(const RequestJson& root, const ProtocolLimits& limits) {
-  const json* model = find_field(root, "model");
-  if (!model) return limits.model_name;  // like vLLM: the one served model
-  const std::string& name = read_string(*model, "model");
+void check_model_name(const std::string& name, const ProtocolLimits& limits) {
   if (name != limits.model_name) {
     throw ApiError(404, "invalid_request_error",
                    "The model '" + name + "' does not exist; this server serves '" + limits.model_name + "'",
                    "model", "model_not_found");
   }
+}
+
+const std::string& requested_model(const RequestJson& root, const ProtocolLimits& limits) {
+  const json* model = find_field(root, "model");
+  if (!model) return limits.model_name;  // like vLLM: the one served model
+  check_model_name(read_string(*model, "model"), limits);
   return limits.model_name;
 }
 

@@ -60,6 +60,9 @@ struct ParsedCompletion {
   OutputFormat output_format;     // response_format, tools, tool_choice
 };
 
+// 404 model_not_found unless name is the served model's.
+void check_model_name(const std::string& name, const ProtocolLimits& limits);
+
 // The model a request body names (404 model_not_found for another), or the served one when it names none.
 const std::string& requested_model(const RequestJson& root, const ProtocolLimits& limits);
 
