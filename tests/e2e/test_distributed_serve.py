@@ -140,7 +140,7 @@ def test_a_cached_prefix_in_a_world_answers_what_one_process_answers_without_it(
     assert got, "no tokens"
 
 
-def test_concurrent_streams_each_get_what_they_get_alone(world):
+def test_concurrent_streams_and_a_batch_each_get_what_they_get_alone(world):
     client = openai.OpenAI(base_url=f"{world.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
     model = client.models.list().data[0].id
     prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
@@ -150,6 +150,8 @@ def test_concurrent_streams_each_get_what_they_get_alone(world):
                for p in prompts]
     together = ["".join(chunk.choices[0].text for chunk in s if chunk.choices) for s in streams]
     assert together == alone
+    batch = client.completions.create(model=model, prompt=prompts, max_tokens=10, temperature=0)
+    assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == alone
 
 
 def test_a_schema_in_a_world_answers_what_one_process_answers(world, client):
