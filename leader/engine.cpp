@@ -299,7 +299,7 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
     w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
     w.sample = c.start + c.n == int(s.tokens.size());
     w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
-    if (w.sample && s.constraint) w.allowed = allowed_tokens(*seqs_.at(c.id));
+    if (w.sample) w.allowed = allowed_tokens(*seqs_.at(c.id));
     if (prefix_) prefix_->publish(plan, c.id, s.tokens, c.start + c.n, s.prefill_len);
     plan.work.push_back(std::move(w));
   }
@@ -433,8 +433,21 @@ const std::shared_ptr<const grammar::VocabularyTrie>& Engine::vocabulary() {
 }
 
 std::vector<uint64_t> Engine::allowed_tokens(Sequence& seq) {
-  const grammar::TokenMask& mask = seq.constraint->allowed_tokens();
-  return {mask.begin(), mask.end()};
+  const bool too_early = seq.n_generated < seq.req->request.sampling.min_tokens;
+  if (!seq.constraint && !too_early) return {};
+  std::vector<uint64_t> words;
+  if (seq.constraint) {
+    const grammar::TokenMask& mask = seq.constraint->allowed_tokens();
+    words.assign(mask.begin(), mask.end());
+  } else {
+    words.assign(size_t(mask_words(config_.vocab_size)), ~uint64_t(0));
+  }
+  if (too_early) {
+    for (int32_t id : tokenizer_.stop_ids()) {
+      if (id >= 0 && id < config_.vocab_size) words[size_t(id / 64)] &= ~(uint64_t(1) << (id % 64));
+    }
+  }
+  return words;
 }
 
 bool Engine::constraint_done(Sequence& seq, int32_t token) {

@@ -98,8 +98,8 @@ class Engine final : public GenerationService {
   void evict_for(StepPlan& plan, const Schedule& schedule);
   void on_token(Sequence& seq, const SampledToken& sampled);
   // Structured output: the vocabulary as the grammar sees it (built on the first constrained request), the mask a
-  // constrained sequence's next token is sampled under, and the token's effect on its grammar (true: the document
-  // is complete and nothing can extend it).
+  // sequence's next token is sampled under (empty: any; its grammar's, and no stop token before min_tokens), and
+  // the token's effect on its grammar (true: the document is complete and nothing can extend it).
   const std::shared_ptr<const grammar::VocabularyTrie>& vocabulary();
   std::vector<uint64_t> allowed_tokens(Sequence& seq);
   bool constraint_done(Sequence& seq, int32_t token);

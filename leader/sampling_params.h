@@ -16,6 +16,7 @@ struct SamplingParams : SamplingRule {
   int max_tokens = 16;
   std::vector<std::string> stop;   // stop strings; the text returned ends before them
   bool ignore_eos = false;
+  int min_tokens = 0;              // the stop tokens are masked out until this many are generated
 };
 
 }  // namespace strata

@@ -252,6 +252,11 @@ void parse_sampling(const json& root, const ProtocolLimits& limits, ParsedComple
     sampling.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(v->get<int64_t>());
   }
   if (const json* v = find_field(root, "ignore_eos")) sampling.ignore_eos = read_bool(*v, "ignore_eos");
+  if (const json* v = find_field(root, "min_tokens")) {
+    const int64_t min_tokens = read_integer(*v, "min_tokens");
+    check_integer_range(min_tokens, 0, limits.max_context, "min_tokens", *v);
+    sampling.min_tokens = int(min_tokens);
+  }
   if (const json* v = find_field(root, "n")) {
     int64_t n = read_integer(*v, "n");
     check_integer_range(n, 1, limits.max_n, "n", *v);
@@ -564,6 +569,16 @@ void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const C
         "the model's context is " + std::to_string(limits.max_context) + " tokens, but " +
             std::to_string(prompt_tokens + max_tokens) + " were requested (" + std::to_string(prompt_tokens) +
             " in the prompt, " + std::to_string(max_tokens) + " for the completion)");
+  }
+  const int min_tokens = parsed.request.sampling.min_tokens;
+  if (min_tokens > max_tokens) {
+    throw ApiError::invalid_request("min_tokens", "'min_tokens' is " + std::to_string(min_tokens) +
+                                                      ", more than the completion's " + std::to_string(max_tokens) +
+                                                      " tokens at most");
+  }
+  if (min_tokens > 0 && parsed.request.grammar) {
+    throw ApiError::invalid_request("min_tokens", "'min_tokens' cannot go with a response_format or a forced tool "
+                                                  "call: the grammar decides where the output ends");
   }
 }
 

@@ -16,7 +16,8 @@ using json = nlohmann::ordered_json;
 // user for the operator's logs; it changes nothing in the output, as in the OpenAI API.
 constexpr std::array kCommon = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
                                 "logprobs", "stop", "presence_penalty", "frequency_penalty", "seed", "logit_bias",
-                                "user", "top_k", "min_p", "ignore_eos", "kv_compression", "response_format"};
+                                "user", "top_k", "min_p", "ignore_eos", "min_tokens", "kv_compression",
+                                "response_format"};
 constexpr std::array kCompletionsOnly = {"prompt", "echo"};
 constexpr std::array kChatOnly = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                                   "parallel_tool_calls"};

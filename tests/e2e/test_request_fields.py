@@ -4,6 +4,7 @@
 - the deprecated functions and function_call, tools outside chat, and any other OpenAI field Strata does not
   implement get 400 naming the field (response_format, tools and tool_choice: test_structured_output.py); a field unknown to the OpenAI API gets 400 too, unless the server was started
   with server.ignore_unknown_fields;
+- min_tokens masks the end tokens until then, so a short answer goes on with its best other token;
 - a kv_compression valid in itself that this server cannot run (pod without kv_cache.pod_blocks) gets 400 naming
   kv_compression.policy before it is queued, instead of failing in the engine."""
 import math
@@ -102,3 +103,28 @@ def test_a_policy_this_server_cannot_run_is_refused_before_it_is_queued(server, 
     assert error["param"] == "kv_compression.policy", error
     assert "kv_cache.pod_blocks" in error["message"], error
     assert post(server.base_url, COMPLETIONS, {**body, "kv_compression": {"policy": "full"}}).status_code == 200
+
+
+def test_min_tokens_masks_the_end_until_then(server, model_name):
+    """A short greedy answer ends with <|im_end|>; with min_tokens past its length the answer keeps its tokens up to
+    there and takes, where it ended, the most likely token that does not end it (the plain answer's second choice
+    there), and goes on to at least min_tokens."""
+    body = {"model": model_name, "temperature": 0, "max_tokens": 40, "logprobs": True, "top_logprobs": 5,
+            "messages": [{"role": "user", "content": "Reply with one word: yes or no. Is water wet?"}]}
+    plain = post(server.base_url, CHAT, body).json()
+    plain_tokens = plain["choices"][0]["logprobs"]["content"]
+    assert plain["choices"][0]["finish_reason"] == "stop"
+    ended_at = plain["usage"]["completion_tokens"] - 1  # the step that chose the end token
+    assert 0 < ended_at < 10, plain
+    longer = post(server.base_url, CHAT, {**body, "min_tokens": 12}).json()
+    tokens = longer["choices"][0]["logprobs"]["content"]
+    assert longer["usage"]["completion_tokens"] >= 12, longer["usage"]
+    assert [t["bytes"] for t in tokens[:ended_at]] == [t["bytes"] for t in plain_tokens[:ended_at]]
+    # Where the plain answer ended: its best alternative that is not an end token.
+    alternatives = [t for t in plain_tokens[ended_at]["top_logprobs"] if t["token"] not in ("<|im_end|>", "<|endoftext|>")]
+    assert tokens[ended_at]["bytes"] == alternatives[0]["bytes"], (tokens[ended_at], plain_tokens[ended_at])
+    assert error_of(post(server.base_url, CHAT, {**body, "min_tokens": 41}), 400)["param"] == "min_tokens"
+    assert error_of(post(server.base_url, COMPLETIONS, {"model": model_name, "prompt": PROMPT, "min_tokens": -1}),
+                    400)["param"] == "min_tokens"
+    schema = {**body, "min_tokens": 3, "response_format": {"type": "json_object"}}
+    assert error_of(post(server.base_url, CHAT, schema), 400)["param"] == "min_tokens"

@@ -413,6 +413,20 @@ TEST(OpenAiProtocol, ChoicesPerRequest) {
   EXPECT_NE(std::string(e.what()).find("3 choices for each of 3 prompts"), std::string::npos) << e.what();
 }
 
+TEST(OpenAiProtocol, MinTokensIsAtMostMaxTokensAndNotUnderAGrammar) {
+  EXPECT_EQ(parse(with(kCompletion, {{"min_tokens", 3}})).request.sampling.min_tokens, 3);
+  expect_bad(with(kCompletion, {{"min_tokens", -1}}), "min_tokens");
+  expect_bad(with(kCompletion, {{"min_tokens", "3"}}), "min_tokens");
+  Tokenizer tokenizer = byte_tokenizer();
+  ChatTemplate chatml(ChatTemplateKind::chatml);
+  ParsedCompletion p = parse(with(kCompletion, {{"min_tokens", 17}}));  // completions' default max_tokens is 16
+  EXPECT_EQ(error_of([&] { encode_prompt(p, tokenizer, chatml, test_limits()); }).param(), "min_tokens");
+  p = parse(with(kCompletion, {{"min_tokens", 16}}));
+  EXPECT_NO_THROW(encode_prompt(p, tokenizer, chatml, test_limits()));
+  p = parse(with(kChat, {{"min_tokens", 2}, {"response_format", {{"type", "json_object"}}}}), ApiDialect::chat);
+  EXPECT_EQ(error_of([&] { encode_prompt(p, tokenizer, chatml, test_limits()); }).param(), "min_tokens");
+}
+
 TEST(OpenAiProtocol, StopStrings) {
   EXPECT_EQ(parse(with(kCompletion, {{"stop", "x"}})).request.sampling.stop, std::vector<std::string>{"x"});
   expect_bad(with(kCompletion, {{"stop", {"a", "b", "c", "d", "e"}}}), "stop");
