@@ -115,8 +115,8 @@ CHAT_TOOLS = json.dumps({"messages": [
     "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
     "tool_choice": "required", "max_tokens": 16}).encode()
-BATCH = json.dumps({"prompt": ["The capital of France is", [1, 2, 3]], "n": 2, "max_tokens": 2, "min_tokens": 1, "echo": True,
-                    "stream": True}).encode()
+BATCH = json.dumps({"prompt": ["The capital of France is", [1, 2, 3]], "n": 2, "max_tokens": 2, "min_tokens": 1,
+                    "echo": True, "stream": True}).encode()
 CHAT_SCHEMA = json.dumps({"messages": [{"role": "user", "content": "A person."}], "max_tokens": 16, "stream": True,
                           "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True,
                               "schema": {"type": "object", "properties": {"age": {"type": "integer", "maximum": 9}},
