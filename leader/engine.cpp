@@ -12,6 +12,7 @@ struct Engine::RequestState {
   int n_unfinished = 0;
   Usage usage;
   Clock::time_point arrival;
+  bool admitted = false;  // one of its sequences has been scheduled (the end of its wait in the queue)
   bool first_token_seen = false;
 };
 
@@ -279,6 +280,10 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
     std::erase(waiting_, id);
     running_.push_back(id);
     s.prefill_len = int(s.tokens.size());
+    if (!s.req->admitted) {
+      s.req->admitted = true;
+      metrics_.observe_queue_time(std::chrono::duration<double>(Clock::now() - s.req->arrival).count());
+    }
     if (!s.known_to_ranks) {
       const GenerationRequest& r = s.req->request;
       plan.added.push_back(PlannedSequence{id, r.sampling, s.seed, r.kv_policy, s.n_prompt});

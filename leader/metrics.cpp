@@ -97,6 +97,11 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
                                  "Cached prompt blocks (each one KV block in every layer of every stage).")),
       requests_(counter_family(*registry_, "strata_requests_total", "Requests finished, by finish reason.")),
       request_errors_(counter_family(*registry_, "strata_request_errors_total", "Requests failed, by HTTP status.")),
+      // vLLM gives its queue time the end-to-end buckets; these, fine below 0.3 s, tell a queue of one step from an
+      // idle server, which is where a dashboard starts to see load.
+      queue_time_(histogram(*registry_, "strata_request_queue_time_seconds",
+                            "Time from arrival to the first step that schedules the request.",
+                            kTimeToFirstTokenBuckets)),
       time_to_first_token_(histogram(*registry_, "strata_time_to_first_token_seconds",
                                      "Time from arrival to the first generated token.", kTimeToFirstTokenBuckets)),
       inter_token_latency_(histogram(*registry_, "strata_inter_token_latency_seconds",
@@ -218,6 +223,8 @@ void ServerMetrics::add_finished_request(const std::string& finish_reason) {
 void ServerMetrics::add_request_error(int http_status) {
   request_errors_.Add({{"status", std::to_string(http_status)}}).Increment();
 }
+
+void ServerMetrics::observe_queue_time(double seconds) { queue_time_.Observe(seconds); }
 
 void ServerMetrics::observe_time_to_first_token(double seconds) { time_to_first_token_.Observe(seconds); }
 

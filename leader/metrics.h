@@ -57,6 +57,8 @@ class ServerMetrics {
   void add_finished_request(const std::string& finish_reason);
   void add_request_error(int http_status);
 
+  // A request's wait in the queue: from arrival to the step that first schedules one of its sequences.
+  void observe_queue_time(double seconds);
   void observe_time_to_first_token(double seconds);
   void observe_inter_token_latency(double seconds);
   // At the end of a request: its latency from arrival and its token counts.
@@ -111,6 +113,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& request_errors_;
 
+  prometheus::Histogram& queue_time_;
   prometheus::Histogram& time_to_first_token_;
   prometheus::Histogram& inter_token_latency_;
   prometheus::Histogram& e2e_request_latency_;

@@ -10,7 +10,7 @@ namespace {
 // What the prompts of one batch share. The engine thread calls the sinks; the lock keeps the count and the first
 // failure right whichever thread that is.
 struct BatchState {
-  explicit BatchState(std::shared_ptr<GenerationSink> response, int prompts)
+  BatchState(std::shared_ptr<GenerationSink> response, int prompts)
       : response(std::move(response)), unfinished(prompts) {}
   std::shared_ptr<GenerationSink> response;
   std::mutex mutex;

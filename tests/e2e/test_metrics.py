@@ -78,6 +78,9 @@ def test_counters_grow_by_what_a_request_did(server, client, model_name):
     assert grew("strata_prompt_tokens_total") == response.usage.prompt_tokens
     assert grew("strata_generation_tokens_total") == response.usage.completion_tokens == 4
     assert grew("strata_time_to_first_token_seconds_count") == 1
+    assert grew("strata_request_queue_time_seconds_count") == 1
+    # Its wait in the queue ended before its first token came.
+    assert 0 <= grew("strata_request_queue_time_seconds_sum") <= grew("strata_time_to_first_token_seconds_sum")
     assert grew("strata_e2e_request_latency_seconds_count") == 1
     assert grew("strata_requests_total", finish_reason="length") == 1
     assert metric(after, "strata_time_to_first_token_seconds_sum") > metric(before,

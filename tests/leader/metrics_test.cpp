@@ -113,7 +113,11 @@ TEST(MetricsTest, HistogramsCountIntoTheirBuckets) {
   metrics.observe_time_to_first_token(0.03);
   metrics.observe_inter_token_latency(0.004);
   metrics.observe_finished_request(2.2, 700, 30);
+  metrics.observe_queue_time(0.007);
   std::string text = metrics.render();
+  EXPECT_EQ(value_of(text, "strata_request_queue_time_seconds_bucket{le=\"0.005\"}"), 0);
+  EXPECT_EQ(value_of(text, "strata_request_queue_time_seconds_bucket{le=\"0.01\"}"), 1);
+  EXPECT_EQ(value_of(text, "strata_request_queue_time_seconds_count"), 1);
   EXPECT_EQ(value_of(text, "strata_time_to_first_token_seconds_bucket{le=\"0.02\"}"), 0);
   EXPECT_EQ(value_of(text, "strata_time_to_first_token_seconds_bucket{le=\"0.04\"}"), 1);
   EXPECT_EQ(value_of(text, "strata_time_to_first_token_seconds_count"), 1);
