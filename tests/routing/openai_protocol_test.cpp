@@ -12,8 +12,9 @@
 #include "model/byte_level.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
-#include "tests/routing/byte_tokenizer.h"
 #include "routing/api_error.h"
+#include "tests/routing/api_error_of.h"
+#include "tests/routing/byte_tokenizer.h"
 
 namespace strata {
 namespace {
@@ -23,6 +24,7 @@ using nlohmann::json;
 using test::kImEnd;
 using test::kImStart;
 using test::byte_tokenizer;
+using test::error_of;
 
 ProtocolLimits test_limits() {
   ProtocolLimits limits;
@@ -52,18 +54,6 @@ json with(json body, const json& extra) {
 
 const json kCompletion = {{"model", "smol"}, {"prompt", "Hi"}};
 const json kChat = {{"model", "smol"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
-
-// The ApiError a call throws; fails the test when it throws nothing.
-template <typename F>
-ApiError error_of(F&& call) {
-  try {
-    call();
-  } catch (const ApiError& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no ApiError thrown";
-  return ApiError(0, "", "");
-}
 
 void expect_bad(const json& body, const std::string& param, ApiDialect dialect = ApiDialect::completions) {
   ApiError e = error_of([&] { parse(body, dialect); });

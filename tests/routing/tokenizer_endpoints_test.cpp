@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "routing/api_error.h"
+#include "tests/routing/api_error_of.h"
 #include "tests/routing/byte_tokenizer.h"
 
 namespace strata {
@@ -15,40 +16,25 @@ namespace {
 
 using nlohmann::json;
 using test::byte_tokenizer;
+using test::error_of;
 using test::kImEnd;
 using test::kImStart;
 
-ProtocolLimits limits() {
-  ProtocolLimits l;
-  l.model_name = "smol";
-  l.max_context = 8;
-  l.vocab_size = 258;
-  return l;
-}
-
 class TokenizerEndpoints : public ::testing::Test {
  protected:
-  json tokenize(const json& body) {
-    return json::parse(tokenize_response(body.dump(), tokenizer_, chatml_, limits()));
+  TokenizerEndpoints() {
+    limits_.model_name = "smol";
+    limits_.max_context = 8;
+    limits_.vocab_size = 258;
   }
+  json tokenize(const json& body) { return json::parse(tokenize_response(body.dump(), tokenizer_, chatml_, limits_)); }
   ApiError tokenize_error(const json& body) {
-    try {
-      tokenize_response(body.dump(), tokenizer_, chatml_, limits());
-    } catch (const ApiError& e) {
-      return e;
-    }
-    ADD_FAILURE() << "no ApiError for " << body.dump();
-    return ApiError(0, "", "");
+    return error_of([&] { tokenize_response(body.dump(), tokenizer_, chatml_, limits_); });
   }
   ApiError detokenize_error(const json& body) {
-    try {
-      detokenize_response(body.dump(), tokenizer_, limits());
-    } catch (const ApiError& e) {
-      return e;
-    }
-    ADD_FAILURE() << "no ApiError for " << body.dump();
-    return ApiError(0, "", "");
+    return error_of([&] { detokenize_response(body.dump(), tokenizer_, limits_); });
   }
+  ProtocolLimits limits_;
   Tokenizer tokenizer_ = byte_tokenizer();
   ChatTemplate chatml_{ChatTemplateKind::chatml};
 };
@@ -95,9 +81,9 @@ TEST_F(TokenizerEndpoints, BadRequestsNameTheirField) {
 }
 
 TEST_F(TokenizerEndpoints, DetokenizeWritesTheTokensBack) {
-  const json out = json::parse(detokenize_response(json({{"tokens", {'H', 'i', kImEnd}}}).dump(), tokenizer_, limits()));
+  const json out = json::parse(detokenize_response(json({{"tokens", {'H', 'i', kImEnd}}}).dump(), tokenizer_, limits_));
   EXPECT_EQ(out["prompt"], "Hi<|im_end|>");
-  EXPECT_EQ(json::parse(detokenize_response(R"({"tokens": []})", tokenizer_, limits()))["prompt"], "");
+  EXPECT_EQ(json::parse(detokenize_response(R"({"tokens": []})", tokenizer_, limits_))["prompt"], "");
   EXPECT_EQ(detokenize_error({{"tokens", {1, 258}}}).param(), "tokens");
   EXPECT_EQ(detokenize_error({{"tokens", "Hi"}}).param(), "tokens");
   EXPECT_EQ(detokenize_error(json::object()).param(), "tokens");
