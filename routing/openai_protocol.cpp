@@ -39,7 +39,9 @@ std::vector<PromptInput> parse_prompts(const json& root, const ProtocolLimits& l
   if (prompt->is_string()) return {prompt->get<std::string>()};
   if (!prompt->is_array()) throw_type("prompt", "a string or an array of token ids", *prompt);
   if (prompt->empty()) throw ApiError::invalid_request("prompt", "'prompt' must not be empty");
-  if (!prompt->front().is_string() && !prompt->front().is_array()) return {read_token_ids(*prompt, "prompt", limits.vocab_size)};
+  if (!prompt->front().is_string() && !prompt->front().is_array()) {
+    return {read_token_ids(*prompt, "prompt", limits.vocab_size)};  // one prompt of ids
+  }
   if (prompt->size() > size_t(limits.max_prompts)) {
     throw ApiError::invalid_request("prompt", "a batch of " + std::to_string(prompt->size()) +
                                                   " prompts; this server answers at most " +
@@ -708,7 +710,8 @@ std::string StreamEncoder::begin() {
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}});
     } else if (const std::string& echo = echo_text(context_, i); !echo.empty()) {
-      events += chunk_event(context_, {{"index", i}, {"text", echo}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+      events +=
+          chunk_event(context_, {{"index", i}, {"text", echo}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
     }
   }
   return events;

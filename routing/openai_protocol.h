@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "leader/generation.h"
-#include "routing/json_fields.h"
 #include "model/chat_template.h"
+#include "routing/json_fields.h"
 #include "routing/output_format.h"
 #include "routing/tool_call_output.h"
 
@@ -48,7 +48,7 @@ struct ParsedCompletion {
   ApiDialect dialect = ApiDialect::completions;
   std::string model;              // the served model id
   PromptInput prompt;
-  std::string prompt_param;       // what errors about the prompt name: "messages", "prompt", or "prompt[i]" in a batch
+  std::string prompt_param;       // what its errors name: "messages", "prompt", or "prompt[i]" in a batch
   GenerationRequest request;      // sampling, n, kv_policy; encode_prompt fills prompt_ids; id and sink are the caller's
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage

@@ -7,8 +7,8 @@ Starts build/strata serve (configs/smollm2-cpu.yaml, with any --set) on a free p
 of what production traffic holds: chat and completions (some with a batch of prompts), streamed or not, prompts that
 share a document (the prefix cache) or a system prompt, the KV compression policies a request may pick, clients
 that hang up mid-stream, and bad requests (which must get their 4xx). Every 10 s it samples the server's RSS,
-requests done and errors, and the KV blocks free. At the end it waits until the server is idle and checks /v1/kv_state: no sequence, no cached block in
-use, every block free or cached.
+requests done and errors, and the KV blocks free. At the end it waits until the server is idle and checks
+/v1/kv_state: no sequence, no cached block in use, every block free or cached.
 
 Fails (exit 1) on any unexpected answer, an RSS growth over --max-rss-growth (from the first sample after the
 warm-up to the last), or blocks not back. Writes every sample and the verdict to --out as JSON.

@@ -121,7 +121,8 @@ def test_min_tokens_masks_the_end_until_then(server, model_name):
     assert longer["usage"]["completion_tokens"] >= 12, longer["usage"]
     assert [t["bytes"] for t in tokens[:ended_at]] == [t["bytes"] for t in plain_tokens[:ended_at]]
     # Where the plain answer ended: its best alternative that is not an end token.
-    alternatives = [t for t in plain_tokens[ended_at]["top_logprobs"] if t["token"] not in ("<|im_end|>", "<|endoftext|>")]
+    ends = ("<|im_end|>", "<|endoftext|>")
+    alternatives = [t for t in plain_tokens[ended_at]["top_logprobs"] if t["token"] not in ends]
     assert tokens[ended_at]["bytes"] == alternatives[0]["bytes"], (tokens[ended_at], plain_tokens[ended_at])
     assert error_of(post(server.base_url, CHAT, {**body, "min_tokens": 41}), 400)["param"] == "min_tokens"
     assert error_of(post(server.base_url, COMPLETIONS, {"model": model_name, "prompt": PROMPT, "min_tokens": -1}),

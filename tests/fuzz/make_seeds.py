@@ -136,7 +136,8 @@ SEEDS = {
                            "llama3": b"\x0duser\x1f  padded  \x1eassistant\x1fok",
                            "mistral_jinja": b"\x02{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"},
     "openai_request_fuzz": {"completion": b"\0" + COMPLETION, "chat": b"\1" + CHAT, "token_ids": b"\2" + TOKENS,
-                            "chat_tools": b"\1" + CHAT_TOOLS, "chat_schema": b"\1" + CHAT_SCHEMA, "batch": b"\0" + BATCH},
+                            "chat_tools": b"\1" + CHAT_TOOLS, "chat_schema": b"\1" + CHAT_SCHEMA,
+                            "batch": b"\0" + BATCH},
     "http_session_fuzz": {
         "completion": http_request("POST", "/v1/completions", COMPLETION),
         "chat_stream": http_request("POST", "/v1/chat/completions", CHAT),

@@ -60,7 +60,8 @@ class RecordingSink final : public strata::GenerationSink {
 // The response bodies: one JSON document, or server-sent events of JSON documents ending in [DONE]; a batch's
 // prompts report through their sinks (routing/prompt_batch.h), one after the other.
 void check_responses(const std::vector<strata::ParsedCompletion>& batch) {
-  const strata::ResponseContext context = strata::make_response_context(batch, strata::fuzz::smollm2_chat_template(), 1700000000);
+  const strata::ResponseContext context =
+      strata::make_response_context(batch, strata::fuzz::smollm2_chat_template(), 1700000000);
   auto recorder = std::make_shared<RecordingSink>();
   const auto sinks = strata::prompt_batch_sinks(recorder, int(batch.size()), context.n_per_prompt);
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -110,7 +111,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (batch.empty() || int(batch.size()) > limits.max_prompts) fail(std::to_string(batch.size()) + " prompts accepted");
-  if (int64_t(batch.size()) * batch.front().request.n > limits.max_sequences) fail("more sequences than queue accepted");
+  if (int64_t(batch.size()) * batch.front().request.n > limits.max_sequences) {
+    fail("more sequences than the engine queues accepted");
+  }
   for (const strata::ParsedCompletion& prompt : batch) check_accepted(prompt, limits);
   check_responses(batch);
   return 0;

@@ -226,7 +226,8 @@ TEST(OpenAiProtocol, PromptForms) {
 }
 
 TEST(OpenAiProtocol, ABatchOfPromptsIsOneRequestPerPrompt) {
-  const json body = with(kCompletion, {{"prompt", {"one", {5, 6}, "three"}}, {"n", 2}, {"max_tokens", 3}, {"echo", true}});
+  const json body =
+      with(kCompletion, {{"prompt", {"one", {5, 6}, "three"}}, {"n", 2}, {"max_tokens", 3}, {"echo", true}});
   std::vector<ParsedCompletion> batch = parse_batch(body);
   ASSERT_EQ(batch.size(), 3u);
   EXPECT_EQ(std::get<std::string>(batch[0].prompt), "one");
