@@ -43,6 +43,7 @@ EXPECTED_TYPES = {
     "strata_prefix_cache_hits": "counter",
     "strata_prefix_cache_blocks": "gauge",
     "strata_request_errors": "counter",
+    "strata_request_queue_time_seconds": "histogram",
     "strata_time_to_first_token_seconds": "histogram",
     "strata_inter_token_latency_seconds": "histogram",
     "strata_e2e_request_latency_seconds": "histogram",
