@@ -66,7 +66,7 @@ std::vector<int32_t> read_token_ids(const RequestJson& array, const std::string&
   ids.reserve(array.size());
   for (size_t i = 0; i < array.size(); ++i) {
     const RequestJson& id = array[i];
-    if (!id.is_number_integer()) throw_type(param, "an array of token ids", id);
+    if (!id.is_number_integer()) throw_type(param, "token ids (integers)", id);
     const int64_t value = read_integer(id, param);
     if (value < 0 || value >= vocab_size) {
       throw ApiError::invalid_request(param, param + " token id " + id.dump() + " at index " + std::to_string(i) +

@@ -545,8 +545,9 @@ void encode_prompt(ParsedCompletion& parsed, const Tokenizer& tokenizer, const C
   const std::string& param = parsed.prompt_param;
   ids = prompt_token_ids(parsed, tokenizer, chat_template);
   if (parsed.echo) {
-    if (auto* text = std::get_if<std::string>(&parsed.prompt)) parsed.echo_text = *text;
-    if (std::holds_alternative<std::vector<int32_t>>(parsed.prompt)) {
+    if (auto* text = std::get_if<std::string>(&parsed.prompt)) {
+      parsed.echo_text = *text;
+    } else if (std::holds_alternative<std::vector<int32_t>>(parsed.prompt)) {
       parsed.echo_text = tokenizer.decode(ids, /*skip_special=*/false);
     }
   }

@@ -271,6 +271,9 @@ TEST(OpenAiProtocol, PromptErrors) {
   expect_bad(with(kCompletion, {{"prompt", 42}}), "prompt");
   expect_bad(with(kCompletion, {{"prompt", json::array()}}), "prompt");
   expect_bad(with(kCompletion, {{"prompt", {1, "a"}}}), "prompt");
+  EXPECT_NE(std::string(error_of([] { parse(with(kCompletion, {{"prompt", {1, "a"}}})); }).what())
+                .find("expected token ids (integers), got string"),
+            std::string::npos);
   expect_bad(with(kCompletion, {{"prompt", {1, 258}}}), "prompt");  // outside the vocabulary
   expect_bad(with(kCompletion, {{"prompt", {-1}}}), "prompt");
   expect_bad(with(kCompletion, {{"prompt", {1.5}}}), "prompt");
