@@ -1,5 +1,6 @@
 #include "cache/compression_config.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "cache/compression_policy.h"
@@ -12,6 +13,11 @@ const PolicySpec& CompressionConfig::for_layer(int global_layer) const {
     if (global_layer >= o.first_layer && global_layer <= o.last_layer) spec = &o.policy;
   }
   return *spec;
+}
+
+int CompressionConfig::compression_point(int pos, int prefill_len) const {
+  if (!chunked()) return prefill_len;
+  return std::min(prefill_len, (pos / prefill_chunk + 1) * prefill_chunk);
 }
 
 namespace {

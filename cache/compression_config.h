@@ -20,8 +20,16 @@ struct LayerOverride {
 struct CompressionConfig {
   PolicySpec policy;
   std::vector<LayerOverride> overrides;  // the last matching one wins
+  // kv_cache.prefill_compression: 0 (`end`) runs the policies once the prompt is whole; N > 0 (`chunked`, with
+  // kv_cache.prefill_chunk N) also compresses after every N prompt positions, so that a layer never holds more
+  // than its budget plus N entries while the prompt is prefilled (docs/compression.md, chunked prefill).
+  int prefill_chunk = 0;
 
   const PolicySpec& for_layer(int global_layer) const;
+  bool chunked() const { return prefill_chunk > 0; }
+  // The prompt position at which the compression after position `pos` runs, for a prefill of prefill_len
+  // tokens: the next multiple of prefill_chunk above pos (chunked), or the prefill's end.
+  int compression_point(int pos, int prefill_len) const;
 };
 
 // "A-B=spec;C=spec;..." (empty: none). Throws PolicyError for malformed text or an invalid policy.

@@ -43,8 +43,9 @@ struct PolicyContext {
 // The attention statistics a policy asks the forward pass for. Both are column sums: for every query head h and
 // cache entry e, the sum over the selected query rows of softmax probability p(row, e).
 struct PolicyNeeds {
-  // Prompt rows at positions >= this are summed, across prefill chunks, until the prompt ends (SnapKV's
-  // observation window: prompt_len - w; H2O's accumulated attention: 0). -1: none.
+  // Prompt rows at positions >= this are summed, across prefill chunks, until the compression point (SnapKV's
+  // observation window: point - w; H2O's accumulated attention: 0). -1: none. Chunked prefill asks again after
+  // each compression: the same answer keeps summing, another restarts the sums from the next chunk's first row.
   int prefill_rows_from = -1;
   // The decode query of the coming step is summed (H2O's per-step scores, SimLayerKV's first decode step).
   bool decode_probabilities = false;
@@ -64,6 +65,9 @@ class LayerKeys {
 // One (sequence, layer) at a hook.
 struct LayerState {
   int prompt_len = 0;
+  // The prompt position at which the coming prefill compression runs: the prompt's end (0 says so too), or with
+  // kv_cache.prefill_compression chunked the end of the current chunk. An observation window ends there.
+  int compression_point = 0;
   int n_entries = 0;     // entries the layer holds now (including this step's token at a decode hook)
   int n_generated = 0;   // tokens generated so far (1 at the first decode step's hook)
   // The requested column sums, [n_heads][sums_stride], valid for entries < n_entries; nullptr when none were
@@ -74,6 +78,7 @@ struct LayerState {
   const LayerKeys* keys = nullptr;
 
   float sum(int head, int entry) const { return column_sums[int64_t(head) * sums_stride + entry]; }
+  int point() const { return compression_point > 0 ? compression_point : prompt_len; }
 };
 
 // The entries a layer keeps, ascending. One list: every KV head keeps the same entries. n_kv_heads lists: each
@@ -110,6 +115,10 @@ struct PolicyTraits {
   // It never evicts, merges or codes an entry (`full`): a sequence may keep sharing cached prefix blocks for its
   // whole life. Any other policy may rewrite the blocks, so its sequence takes copies of them (cache/prefix_reuse.h).
   bool keeps_every_entry = false;
+  // It has a chunked prefill form (kv_cache.prefill_compression: chunked): on_prefill_chunk compresses what the
+  // layer holds after each prefill chunk, and prefill_budget bounds what it keeps. Its decisions read attention
+  // sums and positions, never the cache's entries, so a quantized pool seals groups as the prompt is prefilled.
+  bool compresses_prefill_chunks = false;
 };
 
 class CompressionPolicy {
@@ -123,6 +132,14 @@ class CompressionPolicy {
   virtual std::optional<Selection> on_prefill_end(const LayerState& state) = 0;
   // A decode step has appended its token (state.column_sums: that step's query, when asked for).
   virtual std::optional<Selection> on_decode_step(const LayerState& state) = 0;
+  // Chunked prefill (traits().compresses_prefill_chunks): the prompt is in the cache up to
+  // state.compression_point, which is not its end. state.column_sums: the prefill rows asked for, summed since
+  // the policy last asked for other rows (rows that stay the same accumulate across chunks, over the entries
+  // kept). The default throws std::logic_error: a policy without the trait is never asked.
+  virtual std::optional<Selection> on_prefill_chunk(const LayerState& state);
+  // The most entries the layer keeps after a prefill compression of a prompt of prompt_len tokens (the
+  // scheduler's footprint while the prompt is prefilled in chunks); nullopt when it keeps the whole prompt.
+  virtual std::optional<int> prefill_budget(int /*prompt_len*/) const { return std::nullopt; }
   // SimLayerKV's verdict once taken: true for a lazy layer. nullopt for policies without one.
   virtual std::optional<bool> lazy() const { return std::nullopt; }
   // Whether a decision still to come must read this layer's cache unquantized (kv_cache.dtype int8 | int4 | int2:

@@ -2,6 +2,8 @@
 // row here.
 #include <functional>
 #include <map>
+#include <stdexcept>
+#include <string>
 
 #include "cache/compression_policy.h"
 #include "cache/policies/policies.h"
@@ -22,6 +24,10 @@ const std::map<std::string, Constructor>& constructors() {
 }
 
 }  // namespace
+
+std::optional<Selection> CompressionPolicy::on_prefill_chunk(const LayerState&) {
+  throw std::logic_error(std::string(name()) + ": has no chunked prefill form");
+}
 
 std::vector<std::string> policy_names() {
   std::vector<std::string> names;

@@ -7,7 +7,11 @@
 //   - a policy that may rewrite entries gets copies of the cached blocks, so that its rewrites need no memory
 //     the scheduler has not counted;
 //   - a policy that shares keys across layers during the prefill (PoD) changes the KV that later layers compute,
-//     so its sequences neither start from cached blocks nor publish theirs.
+//     so its sequences neither start from cached blocks nor publish theirs;
+//   - with kv_cache.prefill_compression chunked, a policy that evicts during the prefill changes the KV of every
+//     token after its first compression: the sequence starts from cached blocks and publishes its own only
+//     before that point.
+#include <limits>
 #include <optional>
 
 #include "cache/compression_config.h"
@@ -19,6 +23,9 @@ namespace strata {
 struct PrefixReuse {
   int max_cached_tokens = 0;  // the leading prompt tokens whose KV may come from cached blocks
   bool may_publish = true;    // its prompt blocks hold the KV a `full` prefill writes
+  // Of those, the leading prompt tokens whose blocks hold it (all of them, or those before the first chunked
+  // compression).
+  int max_published_tokens = std::numeric_limits<int>::max();
   // Its policies may rewrite entries (evict, merge, code): it starts from copies of the cached blocks, which take
   // pool blocks of their own, instead of sharing them.
   bool copies = false;

@@ -203,6 +203,22 @@ void make_kv_cache(const ServerConfig& config, RankRuntime& rt) {
   rt.cache = std::make_unique<KvCache>(*rt.pool, sh.layer_begin, sh.layer_end);
 }
 
+// kv_cache.prefill_compression chunked: every layer's configured policy has a chunked form.
+void check_chunked_prefill(const ServerConfig& config, const RankRuntime& rt) {
+  const CompressionConfig compression = compression_config(config);
+  if (!compression.chunked()) return;
+  const ModelConfig& mc = rt.weights.config;
+  for (int l = 0; l < mc.n_layers; ++l) {
+    const PolicySpec& spec = compression.for_layer(l);
+    const PolicyContext context{l, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
+    if (!make_policy(spec, context)->traits().compresses_prefill_chunks) {
+      throw ConfigError(config.file + ": kv_cache.prefill_compression: chunked, but policy " + spec.name +
+                        " (layer " + std::to_string(l) + ") has no chunked form; use end, or one of full, streaming, "
+                        "h2o, snapkv, pyramidkv (docs/compression.md)");
+    }
+  }
+}
+
 // The step executor with kv_cache's compression policy (and POD's layer blocks), and the collectives and step
 // exchange of a distributed rank.
 void make_executor(const ServerConfig& config, const RankWorld* world, RankRuntime& rt) {
@@ -225,6 +241,7 @@ void make_executor(const ServerConfig& config, const RankWorld* world, RankRunti
       throw ConfigError(where + e.what());
     }
   }
+  check_chunked_prefill(config, rt);
   if (config.kv_cache.policy.rfind("pod", 0) == 0 && config.kv_cache.pod_blocks.empty()) {
     throw ConfigError(config.file + ": kv_cache.pod_blocks: policy pod needs the layer blocks of strata calibrate");
   }
@@ -288,6 +305,7 @@ CompressionConfig compression_config(const ServerConfig& config) {
   CompressionConfig compression;
   compression.policy = parse_policy_spec(config.kv_cache.policy);
   compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
+  if (config.kv_cache.prefill_compression == "chunked") compression.prefill_chunk = config.kv_cache.prefill_chunk;
   return compression;
 }
 
@@ -296,16 +314,16 @@ EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt) 
   o.limits.max_running = config.engine.max_running;
   o.limits.max_batch_tokens = config.engine.max_batch_tokens;
   o.max_waiting = config.engine.max_waiting;
+  o.compression = compression_config(config);
+  const ModelConfig& mc = rt.weights.config;
+  o.policy_context = PolicyContext{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name, nullptr};
+  o.policy_context.collectives = &single_rank_collectives();
   if (config.kv_cache.prefix_caching) {
     PrefixCacheSettings prefix;
     // The KV of a token depends on the model, its weights' format and the pool's (a quantized pool's prefill reads
     // quantized entries of earlier chunks), besides the tokens before it.
     prefix.salt = std::hash<std::string>{}(config.model.path + "|" + config.model.weight_dtype + "|" +
                                            config.kv_cache.dtype + "|" + config.engine.backend);
-    prefix.compression = compression_config(config);
-    const ModelConfig& mc = rt.weights.config;
-    prefix.policy_context = PolicyContext{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name, nullptr};
-    prefix.policy_context.collectives = &single_rank_collectives();
     prefix.publish_generated = config.kv_cache.dtype == "f32";
     o.prefix_cache = std::move(prefix);
   }

@@ -189,6 +189,14 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.kv_cache.prefix_caching = parse_choice(t, w, {"on", "off"}) == "on";
        }},
+      {"kv_cache.prefill_compression",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.kv_cache.prefill_compression = parse_choice(t, w, {"end", "chunked"});
+       }},
+      {"kv_cache.prefill_chunk",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.kv_cache.prefill_chunk = int(parse_int(t, w, 1, 1 << 20));
+       }},
       {"parallel.tp",
        [](ServerConfig& c, const std::string& t, const std::string& w) { c.parallel.tp = int(parse_int(t, w, 1, 1024)); }},
       {"parallel.pp",

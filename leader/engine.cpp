@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "cache/prefill_footprint.h"
 #include "leader/stop_matcher.h"
 
 namespace strata {
@@ -24,6 +25,8 @@ struct Engine::Sequence {
   int n_prompt = 0;
   int n_cached = 0;             // tokens whose KV the ranks hold
   int prefill_len = 0;          // tokens known at (re)admission: chunks before this are prefill
+  std::vector<int> peak_entries;  // chunked prefill compression, waiting: per global layer, for a prefill of
+  int peak_prefill_len = 0;       // this many tokens
   int n_generated = 0;
   bool known_to_ranks = false;
   uint64_t seed = 0;
@@ -54,9 +57,16 @@ Engine::Engine(std::unique_ptr<StepDispatcher> own_ranks, StepDispatcher* ranks,
       metrics_(metrics),
       options_(std::move(options)) {
   const PipelineKv kv = ranks_.pipeline_kv();
-  for (int s = 0; s < kv.n_stages(); ++s) stages_.push_back({kv.n_layers(s), kv.n_total(s)});
+  int layer_begin = 0;
+  for (int s = 0; s < kv.n_stages(); ++s) {
+    stages_.push_back({layer_begin, kv.n_layers(s), kv.n_total(s)});
+    layer_begin += kv.n_layers(s);
+  }
   block_size_ = kv.block_size();
-  if (options_.prefix_cache) prefix_.emplace(block_size_, *options_.prefix_cache);
+  options_.limits.prefill_chunk = options_.compression.prefill_chunk;
+  if (options_.prefix_cache) {
+    prefix_.emplace(block_size_, *options_.prefix_cache, options_.compression, options_.policy_context);
+  }
   publish_metrics();
   kv_state_json_ = render_kv_state_now();
 }
@@ -92,15 +102,7 @@ void Engine::submit(GenerationRequest request) {
     throw std::invalid_argument("the prompt has " + std::to_string(n_prompt) + " tokens; the model's context is " +
                                 std::to_string(config_.max_context) + " tokens");
   }
-  // A prompt that cannot fit the whole KV pool of a pipeline stage alone would wait forever.
-  for (size_t s = 0; s < stages_.size(); ++s) {
-    const int64_t blocks = int64_t(stages_[s].n_layers) * ((n_prompt + 1 + block_size_ - 1) / block_size_);
-    if (blocks > stages_[s].n_blocks) {
-      throw std::invalid_argument("the prompt needs " + std::to_string(blocks) + " KV blocks" +
-                                  (stages_.size() > 1 ? " on pipeline stage " + std::to_string(s) : std::string()) +
-                                  "; the server's pool has " + std::to_string(stages_[s].n_blocks));
-    }
-  }
+  check_fits_the_pool(request);
   if (!request.sink) throw std::logic_error("generation request without a sink");
   {
     std::lock_guard lock(mutex_);
@@ -116,6 +118,34 @@ void Engine::submit(GenerationRequest request) {
     inbox_.push_back(std::move(request));
   }
   wake_.notify_one();
+}
+
+std::vector<int> Engine::peak_entries(const std::optional<PolicySpec>& request_policy, int prefill_len) const {
+  return prefill_peak_entries(options_.compression, request_policy, options_.policy_context, prefill_len);
+}
+
+// A prompt whose peak (with its first generated token) cannot fit the KV pool of a pipeline stage alone would wait
+// forever.
+void Engine::check_fits_the_pool(const GenerationRequest& request) const {
+  const int n_prompt = int(request.prompt_ids.size());
+  const bool chunked = options_.compression.chunked();
+  const std::vector<int> peak = chunked ? peak_entries(request.kv_policy, n_prompt) : std::vector<int>{};
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    const StageCapacity& stage = stages_[s];
+    int64_t blocks = 0;
+    for (int l = stage.layer_begin; l < stage.layer_begin + stage.n_layers; ++l) {
+      blocks += ((chunked ? peak[size_t(l)] : n_prompt + 1) + block_size_ - 1) / block_size_;
+    }
+    if (blocks > stage.n_blocks) {
+      const int64_t per_layer = stage.n_blocks / stage.n_layers * block_size_;
+      throw std::invalid_argument(
+          "the prompt has " + std::to_string(n_prompt) + " tokens and needs " + std::to_string(blocks) +
+          " KV blocks at its peak" + (stages_.size() > 1 ? " on pipeline stage " + std::to_string(s) : std::string()) +
+          (chunked ? " under its KV policies (kv_cache.prefill_compression chunked)" : std::string()) +
+          "; the server's pool has " + std::to_string(stage.n_blocks) + " (about " + std::to_string(per_layer) +
+          " tokens a layer)");
+    }
+  }
 }
 
 std::string Engine::metrics_text() { return metrics_.render(); }
@@ -320,7 +350,11 @@ std::deque<SchedulerSequence> Engine::waiting_for_schedule() {
       s.n_cached = prefix_->pin(id, s.tokens, int(s.tokens.size()), s.req->request.kv_policy);
       if (prefix_->copies(id)) n_copied = s.n_cached;
     }
-    waiting.push_back({id, int(s.tokens.size()), s.n_cached, n_copied});
+    if (options_.compression.chunked() && s.peak_prefill_len != int(s.tokens.size())) {
+      s.peak_entries = peak_entries(s.req->request.kv_policy, int(s.tokens.size()));
+      s.peak_prefill_len = int(s.tokens.size());
+    }
+    waiting.push_back({id, int(s.tokens.size()), s.n_cached, n_copied, s.peak_entries});
   }
   return waiting;
 }

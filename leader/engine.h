@@ -37,6 +37,11 @@ struct EngineOptions {
   // Called on the engine thread, after the requests in flight have been failed, when a rank of the world failed
   // or stopped answering (parallel/comm.h RankFailure): the world cannot go on and should be ended.
   std::function<void(const std::string& message)> on_rank_failure;
+  // The server's policies and the model's shape, for what the leader asks the policies: how much of a prompt may
+  // come from cached blocks, and how many entries a sequence holds at its peak (chunked prefill compression; its
+  // prefill_chunk also bounds the scheduler's chunks, whatever limits.prefill_chunk says).
+  CompressionConfig compression;
+  PolicyContext policy_context;
   std::optional<PrefixCacheSettings> prefix_cache;  // kv_cache.prefix_caching; none: off
 };
 
@@ -104,6 +109,9 @@ class Engine final : public GenerationService {
   std::vector<uint64_t> allowed_tokens(Sequence& seq);
   bool constraint_done(Sequence& seq, int32_t token);
   void finish(Sequence& seq, const std::string& reason, bool notify);
+  // Per global layer, the most entries a prefill of these tokens holds under the request's policies.
+  std::vector<int> peak_entries(const std::optional<PolicySpec>& request_policy, int prefill_len) const;
+  void check_fits_the_pool(const GenerationRequest& request) const;
   // release: have the ranks free the failed sequences' KV (not when the world is broken). http_status: what the
   // running sequences' requests fail with (queued ones always get 503: they may be retried elsewhere).
   void fail_all(const std::string& message, bool release, int http_status);
@@ -114,8 +122,9 @@ class Engine final : public GenerationService {
 
   std::unique_ptr<StepDispatcher> own_ranks_;  // the world-of-one constructor's
   StepDispatcher& ranks_;
-  // Per pipeline stage: its layer count and pool size (fixed at start-up), for submit()'s check.
+  // Per pipeline stage: its layers and pool size (fixed at start-up), for submit()'s check.
   struct StageCapacity {
+    int layer_begin = 0;
     int n_layers = 0;
     int64_t n_blocks = 0;
   };

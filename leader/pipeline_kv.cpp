@@ -40,4 +40,12 @@ int64_t PipelineKv::blocks_held(int stage, SeqId seq) const {
   return s == nullptr ? 0 : s->blocks_held;
 }
 
+int64_t PipelineKv::blocks_for_entries(int stage, std::span<const int> entries) const {
+  const int64_t bs = block_size();
+  const int begin = stages_.at(size_t(stage)).layer_begin;
+  int64_t total = 0;
+  for (int l = 0; l < n_layers(stage); ++l) total += (int64_t(entries[size_t(begin + l)]) + bs - 1) / bs;
+  return total;
+}
+
 }  // namespace strata

@@ -30,6 +30,8 @@ class PipelineKv {
   int64_t blocks_to_append(int stage, SeqId seq, int n_new) const;
   // Blocks that releasing seq gives back on `stage` (KvCache::blocks_held).
   int64_t blocks_held(int stage, SeqId seq) const;
+  // Blocks that a new sequence holding entries[l] entries in every global layer l takes on `stage`.
+  int64_t blocks_for_entries(int stage, std::span<const int> entries) const;
 
  private:
   const SequenceKv* find(int stage, SeqId seq) const;

@@ -4,15 +4,20 @@
 
 namespace strata {
 
-PrefixCache::PrefixCache(int block_size, PrefixCacheSettings settings)
-    : block_size_(block_size), settings_(std::move(settings)), index_(block_size, settings_.salt) {}
+PrefixCache::PrefixCache(int block_size, PrefixCacheSettings settings, CompressionConfig compression,
+                         PolicyContext context)
+    : block_size_(block_size),
+      settings_(std::move(settings)),
+      compression_(std::move(compression)),
+      policy_context_(context),
+      index_(block_size, settings_.salt) {}
 
 int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len,
                      const std::optional<PolicySpec>& policy) {
   SequenceUse& use = uses_[seq];
   if (use.prefill_len != prefill_len) {
     use.chain = index_.chain(tokens.first(size_t(prefill_len)));
-    use.reuse = prefix_reuse(settings_.compression, policy, settings_.policy_context, prefill_len);
+    use.reuse = prefix_reuse(compression_, policy, policy_context_, prefill_len);
     use.prefill_len = prefill_len;
   }
   const int allowed = use.reuse.max_cached_tokens / block_size_;
@@ -54,7 +59,8 @@ void PrefixCache::publish(StepPlan& plan, SeqId seq, std::span<const int32_t> to
   if (!use.reuse.may_publish) return;
   // Generated tokens' blocks hold what a prefill of them would write only where no policy rewrites entries.
   const bool generated = settings_.publish_generated && !use.reuse.copies;
-  const int complete = (generated ? chunk_end : std::min(chunk_end, prefill_len)) / block_size_;
+  const int written = generated ? chunk_end : std::min(chunk_end, prefill_len);
+  const int complete = std::min(written, use.reuse.max_published_tokens) / block_size_;
   if (complete > int(use.chain.size())) index_.extend_chain(use.chain, tokens.first(size_t(complete) * size_t(block_size_)));
   // A block that another sequence published first is not this sequence's: its later blocks were computed over
   // its own copy, so they are not published either (a cached chain is always one computation).

@@ -24,8 +24,6 @@ namespace strata {
 
 struct PrefixCacheSettings {
   uint64_t salt = 0;              // whatever besides the tokens changes the KV: the model, the weights' and KV's types
-  CompressionConfig compression;  // the server's policies, for sequences whose request names none
-  PolicyContext policy_context;   // the model's shape and name, to ask the policies what they need
   // Generated tokens' blocks are published too: false with a quantized pool, where a decode step attends to the
   // quantized entries before it, so its KV is not what a prefill of the same tokens writes.
   bool publish_generated = true;
@@ -33,7 +31,9 @@ struct PrefixCacheSettings {
 
 class PrefixCache {
  public:
-  PrefixCache(int block_size, PrefixCacheSettings settings);
+  // compression, context: the server's policies (for sequences whose request names none) and the model's shape
+  // and name, to ask the policies what they allow.
+  PrefixCache(int block_size, PrefixCacheSettings settings, CompressionConfig compression, PolicyContext context);
 
   // A sequence waiting for admission with none of its KV on the ranks: the leading cached blocks of its tokens (as
   // far as its policies allow) are pinned for it. Returns the tokens they hold, where its prefill will start.
@@ -78,6 +78,8 @@ class PrefixCache {
 
   int block_size_;
   PrefixCacheSettings settings_;
+  CompressionConfig compression_;
+  PolicyContext policy_context_;
   PrefixIndex index_;
   std::unordered_map<SeqId, SequenceUse> uses_;
   std::vector<uint64_t> copied_;  // originals copied by this plan's new sequences, released by plan_done

@@ -33,6 +33,13 @@ class StepBuilder {
     return true;
   }
   bool fits(SeqId id, int n) const { return fits(id, n, StageBlocks(free_.size(), 0)); }
+  // A new sequence's peak (entries per global layer), plus keep_free blocks on every stage, fits what is left.
+  bool fits_peak(std::span<const int> peak, const StageBlocks& keep_free) const {
+    for (int st = 0; st < kv_.n_stages(); ++st) {
+      if (kv_.blocks_for_entries(st, peak) + keep_free[size_t(st)] > free_[size_t(st)]) return false;
+    }
+    return true;
+  }
   // Every stage has at least `need` free blocks.
   bool has_free(const StageBlocks& need) const {
     for (size_t st = 0; st < free_.size(); ++st) {
@@ -90,6 +97,13 @@ class StepBuilder {
 
 bool is_decoding(const SchedulerSequence& s) { return s.n_tokens - s.n_cached == 1; }
 
+// The most prompt tokens s may take in this step's chunk: its remaining prompt, up to the next compression point.
+int chunk_limit(const SchedulerSequence& s, const SchedulerLimits& limits) {
+  const int remaining = s.n_tokens - s.n_cached;
+  if (limits.prefill_chunk <= 0) return remaining;
+  return std::min(remaining, (s.n_cached / limits.prefill_chunk + 1) * limits.prefill_chunk - s.n_cached);
+}
+
 }  // namespace
 
 Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std::deque<SchedulerSequence>& waiting,
@@ -125,7 +139,7 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
       ++i;
       continue;
     }
-    const int n = std::min(remaining, step.budget());
+    const int n = std::min(chunk_limit(s, limits), step.budget());
     while (!step.fits(s.id, n) && step.active().back().id != s.id) step.preempt_newest_other_than(s.id);
     if (!step.fits(s.id, n)) {
       if (step.active().size() == 1) {
@@ -139,8 +153,8 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
     ++i;
   }
 
-  // 3. Admission in arrival order, without skipping, so a long prompt is never starved by short ones. The whole
-  //    remaining prompt must fit, plus the watermark that keeps room for the running sequences' decodes (none
+  // 3. Admission in arrival order, without skipping, so a long prompt is never starved by short ones. Its peak
+  //    (the whole remaining prompt, or what chunked prefill compression bounds it to) must fit, plus the watermark that keeps room for the running sequences' decodes (none
   //    when nothing runs: a prompt that fits the empty pool must not wait forever); nobody is admitted in a step
   //    that had to preempt or in which a running prompt could not take its chunk.
   StageBlocks watermark(size_t(kv.n_stages()));
@@ -154,10 +168,14 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
     const int remaining = s.n_tokens - s.n_cached;
     // Copied prefix blocks come whole (the cached part ends at a block boundary): they take as many blocks as
     // appending their tokens would.
-    if (!step.fits(s.id, s.n_copied + remaining, n_running == 0 ? nothing : watermark)) break;
+    const StageBlocks& keep_free = n_running == 0 ? nothing : watermark;
+    if (s.peak_entries.empty() ? !step.fits(s.id, s.n_copied + remaining, keep_free)
+                               : !step.fits_peak(s.peak_entries, keep_free)) {
+      break;
+    }
     step.out().admitted.push_back(s.id);
     step.take_blocks(s.id, s.n_copied);
-    step.add_chunk(s, std::min(remaining, step.budget()));
+    step.add_chunk(s, std::min(chunk_limit(s, limits), step.budget()));
     ++n_running;
   }
   return step.out();

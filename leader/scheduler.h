@@ -5,7 +5,8 @@
 //      recomputed later, as vLLM does);
 //   2. running sequences in the middle of their prompt take the next chunk;
 //   3. waiting sequences are admitted in arrival order while the running count, the step's token budget and the
-//      free blocks allow (the whole remaining prompt must fit, plus a watermark kept for decodes).
+//      free blocks allow (the sequence's peak must fit: the whole remaining prompt, or with chunked prefill
+//      compression its budget plus a chunk in every layer; plus a watermark kept for decodes).
 // Pure over plain data: it reads the KV counts of every pipeline stage (a chunk must fit in each) and changes
 // nothing itself.
 #include <cstdint>
@@ -21,6 +22,9 @@ struct SchedulerLimits {
   int max_running = 16;        // sequences in the running batch
   int max_batch_tokens = 512;  // tokens processed per step (decodes + prefill chunks)
   double watermark = 0.01;     // fraction of the pool kept free at admission, so decodes rarely preempt
+  // kv_cache.prefill_compression chunked (kv_cache.prefill_chunk): a prompt chunk never crosses a multiple of
+  // this, where the ranks compress (CompressionConfig::compression_point). 0: chunks end anywhere.
+  int prefill_chunk = 0;
 };
 
 // A sequence as the scheduler sees it.
@@ -29,6 +33,9 @@ struct SchedulerSequence {
   int n_tokens = 0;  // known tokens: prompt plus generated
   int n_cached = 0;  // tokens already in the KV cache
   int n_copied = 0;  // a waiting sequence: of n_cached, tokens whose cached blocks it copies when admitted
+  // A waiting sequence: the most entries each global layer holds while it is prefilled (cache/prefill_footprint.h),
+  // copied blocks included. Empty: the whole remaining prompt.
+  std::span<const int> peak_entries = {};
 };
 
 struct ScheduledChunk {

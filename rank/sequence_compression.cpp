@@ -35,6 +35,10 @@ void ShardCompression::check_fits(const PolicyTraits& traits, const std::string&
   if (traits.shared_keys && !pod_blocks) {
     throw std::invalid_argument("policy " + policy_name + ": needs kv_cache.pod_blocks (made by strata calibrate)");
   }
+  if (config.chunked() && !traits.compresses_prefill_chunks) {
+    throw std::invalid_argument("policy " + policy_name + ": has no chunked prefill form, and " +
+                                "kv_cache.prefill_compression is chunked (docs/compression.md)");
+  }
 }
 
 void ShardCompression::check_request_policy(const PolicySpec& spec) const {
@@ -69,7 +73,14 @@ void SequenceCompression::start_prefill(int prefill_len) {
                                 " of " + std::to_string(shard_.model.config().n_layers) + " layers have it)");
   }
   check_fits_the_cache();
+  if (shard_.config.chunked() && sums_every_prompt_row_) {
+    throw std::invalid_argument("a shared prefill keeps every prompt row's sums, which chunked prefill compresses");
+  }
   pod_ = n_shared_keys > 0 ? pod_sequence() : nullptr;
+  // The prefill starts after the entries already there (cached prefix blocks, strata bench's synthetic context).
+  const int prefill_begin = cache.contains(seq_) ? cache.layer(seq_, cache.layer_begin()).n_entries : 0;
+  next_compression_ = shard_.config.compression_point(prefill_begin, prefill_len);
+  ask_rows_again_ = false;
   prefill_stats_ = prefill_stats();
 }
 
@@ -116,6 +127,7 @@ std::unique_ptr<AttentionStats> SequenceCompression::prefill_stats() const {
   for (const auto& policy : policies_) {
     LayerState start;
     start.prompt_len = prefill_len_;
+    start.compression_point = next_compression_;
     const int from = sums_every_prompt_row_ ? 0 : policy->needs(start).prefill_rows_from;
     stats->rows_from.push_back(from);
     any = any || from >= 0;
@@ -168,7 +180,10 @@ std::unique_ptr<AttentionStats> SequenceCompression::decode_stats(const PlannedW
 }
 
 AttentionStats* SequenceCompression::stats_for(const PlannedWork& work) {
-  if (work.prefill_len > 0) return prefill_stats_.get();
+  if (work.prefill_len > 0) {
+    if (ask_rows_again_) restart_prefill_rows(work.start_pos);
+    return prefill_stats_.get();
+  }
   decode_stats_ = decode_stats(work);
   return decode_stats_.get();
 }
@@ -176,6 +191,7 @@ AttentionStats* SequenceCompression::stats_for(const PlannedWork& work) {
 LayerState SequenceCompression::layer_state(int global_layer, const AttentionStats* stats, int n_generated) const {
   LayerState s;
   s.prompt_len = prefill_len_;
+  s.compression_point = next_compression_;
   s.n_entries = shard_.cache.layer(seq_, global_layer).n_entries;
   s.n_generated = n_generated;
   const size_t local = size_t(shard_.local(global_layer));
@@ -187,36 +203,105 @@ LayerState SequenceCompression::layer_state(int global_layer, const AttentionSta
 }
 
 void SequenceCompression::after_step(const PlannedWork& work) {
-  run_hooks(work);
-  seal_groups(work);
-  free_distant_keys(work);
+  const StepEnd end = step_end(work);
+  run_hooks(end);
+  seal_groups(end);
+  free_distant_keys(end);
   decode_stats_.reset();
 }
 
-void SequenceCompression::run_hooks(const PlannedWork& work) {
+SequenceCompression::StepEnd SequenceCompression::step_end(const PlannedWork& work) const {
+  StepEnd end;
+  const int work_end = work.start_pos + int(work.tokens.size());
+  end.work_end = work_end;
+  end.decode = work.prefill_len == 0;
+  end.prefill_end = work.prefill_len > 0 && work_end == work.prefill_len;
+  // The scheduler ends chunks at the compression points; a chunk that passed one is compressed at its end.
+  end.chunk_point = work.prefill_len > 0 && !end.prefill_end && shard_.config.chunked() && work_end >= next_compression_;
+  end.n_generated = end.decode ? work.start_pos - prefill_len_ + 1 : 0;
+  return end;
+}
+
+void SequenceCompression::run_hooks(const StepEnd& end) {
   if (policies_.empty()) return;
-  const bool prefill_end = work.prefill_len > 0 && work.start_pos + int(work.tokens.size()) == work.prefill_len;
-  const bool decode_step = work.prefill_len == 0;
-  if (!prefill_end && !decode_step) return;
+  if (end.chunk_point) return compress_chunk(end.work_end);
+  if (!end.prefill_end && !end.decode) return;
   KvCache& cache = shard_.cache;
-  const int n_generated = decode_step ? work.start_pos - prefill_len_ + 1 : 0;
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     CompressionPolicy& policy = *policies_[size_t(shard_.local(l))];
     const std::optional<bool> lazy_before = policy.lazy();
-    LayerState s = layer_state(l, prefill_end ? prefill_stats_.get() : decode_stats_.get(), n_generated);
+    LayerState s = layer_state(l, end.prefill_end ? prefill_stats_.get() : decode_stats_.get(), end.n_generated);
     const PooledLayerKeys keys(cache, seq_, l);
     s.keys = &keys;
-    apply(l, s.n_entries, prefill_end ? policy.on_prefill_end(s) : policy.on_decode_step(s));
+    apply(l, s.n_entries, end.prefill_end ? policy.on_prefill_end(s) : policy.on_decode_step(s));
     // A layer replaced by codebooks codes every new entry as it arrives (SpindleKV's decode-time update).
-    if (decode_step) cache.code_appended(seq_, l, work.start_pos + int(work.tokens.size()) - 1);
+    if (end.decode) cache.code_appended(seq_, l, end.work_end - 1);
     if (!lazy_before && policy.lazy()) {
       LayerCompressionCounters& c = shard_.counters[size_t(shard_.local(l))];
       (*policy.lazy() ? c.lazy_decisions : c.not_lazy_decisions) += 1;
     }
   }
-  if (prefill_end) {
+  if (end.prefill_end) {
     if (!sums_every_prompt_row_) prefill_stats_.reset();
     if (cross_layer_) cross_layer_step();
+  }
+}
+
+// Chunked prefill: every local layer's policy compresses what the layer holds at the compression point; the prompt
+// rows' sums follow the entries kept, so that rows a policy keeps asking for accumulate over the same entries.
+void SequenceCompression::compress_chunk(int point) {
+  KvCache& cache = shard_.cache;
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    const size_t local = size_t(shard_.local(l));
+    LayerState s = layer_state(l, prefill_stats_.get(), 0);
+    const PooledLayerKeys keys(cache, seq_, l);
+    s.keys = &keys;
+    const std::optional<Selection> keep = policies_[local]->on_prefill_chunk(s);
+    if (keep) keep_prefill_sums(local, *keep);
+    apply(l, s.n_entries, keep);
+  }
+  next_compression_ = shard_.config.compression_point(point, prefill_len_);
+  ask_rows_again_ = true;
+}
+
+// The sums of the entries kept, renumbered as KvCache::retain renumbers them (one list for every KV head, or one
+// per KV head for its query heads).
+void SequenceCompression::keep_prefill_sums(size_t local, const Selection& keep) {
+  if (!prefill_stats_ || prefill_stats_->rows_from[local] < 0) return;
+  std::vector<float>& sums = prefill_stats_->sums[local];
+  const int stride = prefill_stats_->stride;
+  const int n_heads = shard_.model.n_heads_local();
+  const int group = n_heads / shard_.model.n_kv_heads_local();
+  std::vector<float> row(size_t(stride), 0.0f);
+  for (int h = 0; h < n_heads; ++h) {
+    const std::vector<int32_t>& kept = keep.kept.size() == 1 ? keep.kept[0] : keep.kept[size_t(h / group)];
+    float* sums_h = sums.data() + int64_t(h) * stride;
+    std::fill(row.begin(), row.end(), 0.0f);
+    for (size_t j = 0; j < kept.size(); ++j) row[j] = sums_h[kept[j]];
+    std::copy(row.begin(), row.end(), sums_h);
+  }
+}
+
+// After a chunked compression, before the next chunk's first work: each layer's policy says which prompt rows it
+// wants up to the next compression point. The same rows as before keep accumulating (H2O's every row); other rows
+// restart from zero, from this chunk's first row at the earliest (SnapKV's window of the new chunk).
+void SequenceCompression::restart_prefill_rows(int chunk_begin) {
+  ask_rows_again_ = false;
+  if (!prefill_stats_) return;
+  const KvCache& cache = shard_.cache;
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    const size_t local = size_t(shard_.local(l));
+    LayerState s;
+    s.prompt_len = prefill_len_;
+    s.n_entries = cache.layer(seq_, l).n_entries;
+    s.compression_point = next_compression_;
+    int from = policies_[local]->needs(s).prefill_rows_from;
+    int& rows_from = prefill_stats_->rows_from[local];
+    if (from == rows_from) continue;
+    if (from >= 0) from = std::max(from, chunk_begin);
+    rows_from = from;
+    prefill_stats_->sums[local].assign(from >= 0 ? size_t(shard_.model.n_heads_local()) * prefill_stats_->stride : 0,
+                                       0.0f);
   }
 }
 
@@ -239,13 +324,14 @@ void SequenceCompression::cross_layer_step() {
 
 // kv_cache.dtype int8 | int4 | int2: after the hooks, the full groups of every layer whose policy has taken the
 // decisions that read the unquantized cache are quantized (CompressionPolicy::needs_unquantized).
-void SequenceCompression::seal_groups(const PlannedWork& work) {
+// Chunked prefill seals at every compression point: the chunked policies decide from sums and positions only.
+void SequenceCompression::seal_groups(const StepEnd& end) {
   KvCache& cache = shard_.cache;
   if (!cache.pool().quantized() || policies_.empty()) return;
-  const int n_generated = work.prefill_len > 0 ? 0 : work.start_pos - prefill_len_ + 1;
+  const bool chunked_point = shard_.config.chunked() && (end.chunk_point || end.prefill_end);
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
-    const LayerState s = layer_state(l, nullptr, n_generated);
-    if (!policies_[size_t(shard_.local(l))]->needs_unquantized(s)) cache.seal(seq_, l);
+    const LayerState s = layer_state(l, nullptr, end.n_generated);
+    if (chunked_point || !policies_[size_t(shard_.local(l))]->needs_unquantized(s)) cache.seal(seq_, l);
   }
 }
 
@@ -253,10 +339,8 @@ void SequenceCompression::seal_groups(const PlannedWork& work) {
 // entries that are distant for every later query (the next one is at position n_entries: entries
 // [sinks, n_entries - recent]); KvCache pairs the blocks wholly inside that range and frees half of them. Only at
 // the prompt's end and after decode steps, so a chunked prefill holds every key until its end.
-void SequenceCompression::free_distant_keys(const PlannedWork& work) {
-  if (!pod_) return;
-  const bool prefill_end = work.prefill_len > 0 && work.start_pos + int(work.tokens.size()) == work.prefill_len;
-  if (work.prefill_len > 0 && !prefill_end) return;
+void SequenceCompression::free_distant_keys(const StepEnd& end) {
+  if (!pod_ || !(end.prefill_end || end.decode)) return;
   KvCache& cache = shard_.cache;
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     const std::vector<int>& leaders = pod_->leader[size_t(shard_.local(l))];

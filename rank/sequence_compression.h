@@ -29,6 +29,7 @@ struct ShardCompression {
   PolicyContext context(int global_layer) const;
   // Throws std::invalid_argument when a policy with these traits cannot run here: it needs a full-precision pool
   // and the pool is quantized, or it shares keys and kv_cache.pod_blocks is not set.
+  // Also when kv_cache.prefill_compression is chunked and the policy has no chunked form.
   void check_fits(const PolicyTraits& traits, const std::string& policy_name) const;
   // check_fits for a request's policy, which replaces the server's in every layer.
   void check_request_policy(const PolicySpec& spec) const;
@@ -84,16 +85,32 @@ class SequenceCompression {
   std::unique_ptr<AttentionStats> prefill_stats() const;
   std::unique_ptr<AttentionStats> decode_stats(const PlannedWork& work) const;
   LayerState layer_state(int global_layer, const AttentionStats* stats, int n_generated) const;
-  void run_hooks(const PlannedWork& work);
+  // Where a step's work leaves the sequence.
+  struct StepEnd {
+    bool prefill_end = false;  // the prompt's last chunk
+    bool chunk_point = false;  // chunked prefill: a compression point that is not the prompt's end
+    bool decode = false;       // a decode step
+    int n_generated = 0;       // tokens generated (at a decode step)
+    int work_end = 0;          // the position after the work's last token
+  };
+  StepEnd step_end(const PlannedWork& work) const;
+  void run_hooks(const StepEnd& end);
+  void compress_chunk(int point);
+  void keep_prefill_sums(size_t local, const Selection& keep);
+  void restart_prefill_rows(int chunk_begin);
   void cross_layer_step();
-  void seal_groups(const PlannedWork& work);
-  void free_distant_keys(const PlannedWork& work);
+  void seal_groups(const StepEnd& end);
+  void free_distant_keys(const StepEnd& end);
   void apply(int global_layer, int n_entries, const std::optional<Selection>& keep);
 
   ShardCompression& shard_;
   SeqId seq_;
   std::optional<PolicySpec> request_policy_;
   int prefill_len_ = 0;  // of the current prefill
+  // The prompt position at which the next prefill compression runs (CompressionConfig::compression_point), and
+  // whether the policies are asked again which prefill rows they want (after a chunked compression).
+  int next_compression_ = 0;
+  bool ask_rows_again_ = false;
   std::vector<std::unique_ptr<CompressionPolicy>> policies_;  // per local layer, built when a prefill starts
   std::vector<int64_t> merged_tokens_;                        // per local layer, since the prefill started
   bool cross_layer_ = false;  // a layer of the model, on any stage, takes part in the cross-layer step

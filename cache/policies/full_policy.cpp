@@ -10,11 +10,13 @@ class FullPolicy final : public CompressionPolicy {
   PolicyTraits traits() const override {
     PolicyTraits t;
     t.keeps_every_entry = true;
+    t.compresses_prefill_chunks = true;  // trivially: it never compresses
     return t;
   }
   PolicyNeeds needs(const LayerState&) const override { return {}; }
   std::optional<Selection> on_prefill_end(const LayerState&) override { return std::nullopt; }
   std::optional<Selection> on_decode_step(const LayerState&) override { return std::nullopt; }
+  std::optional<Selection> on_prefill_chunk(const LayerState&) override { return std::nullopt; }
 };
 
 }  // namespace

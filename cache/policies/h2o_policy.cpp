@@ -10,6 +10,8 @@
 //           per_step: the original H2O. Every decode query's probabilities are added to the scores, and after
 //             each decode step the lowest-scoring non-recent entries go until the layer holds C again.
 //   agg     mean (default) | max: how a GQA group's query heads combine into their KV head (spec section 5).
+// With kv_cache.prefill_compression chunked the one-shot cut also runs after every prefill chunk, over the
+// attention accumulated since the prompt began (on_prefill_chunk).
 // No pooling (spec 3.2). Ties follow top_k's rule (higher score, then lower index, kept), so among equal lowest
 // scores the newest non-recent entry is evicted first.
 #include <algorithm>
@@ -28,6 +30,12 @@ class H2oPolicy final : public CompressionPolicy {
       : budget_(budget), window_(window), per_step_(per_step), reduction_(reduction), context_(context) {}
 
   std::string_view name() const override { return "h2o"; }
+  PolicyTraits traits() const override {
+    PolicyTraits t;
+    t.compresses_prefill_chunks = true;
+    return t;
+  }
+  std::optional<int> prefill_budget(int prompt_len) const override { return capacity(prompt_len); }
 
   PolicyNeeds needs(const LayerState& state) const override {
     PolicyNeeds needs;
@@ -47,6 +55,19 @@ class H2oPolicy final : public CompressionPolicy {
                                  state.n_entries, reduction_);
     std::optional<Selection> selection = evict(state, 1);
     if (!per_step_) scores_.clear();
+    return selection;
+  }
+
+  // Chunked prefill: the same cut over the attention accumulated so far (the executor keeps the column sums of
+  // every prompt row across chunks, over the entries kept), H2O's greedy eviction applied per chunk instead of
+  // per token. The scores are taken again from the sums at the next cut.
+  std::optional<Selection> on_prefill_chunk(const LayerState& state) override {
+    if (state.n_entries <= capacity(state.prompt_len)) return std::nullopt;
+    require_sums(state, "on_prefill_chunk");
+    scores_ = reduce_to_kv_heads(state.column_sums, state.sums_stride, context_.n_heads, context_.n_kv_heads,
+                                 state.n_entries, reduction_);
+    std::optional<Selection> selection = evict(state, 1);
+    scores_.clear();
     return selection;
   }
 

@@ -30,8 +30,21 @@ ObservationWindowPolicy::ObservationWindowPolicy(std::string name, int window, W
 
 PolicyNeeds ObservationWindowPolicy::needs(const LayerState& state) const {
   PolicyNeeds needs;
-  if (state.n_generated == 0 && keep_(state.prompt_len)) needs.prefill_rows_from = state.prompt_len - window_;
+  if (state.n_generated == 0 && keep_(state.prompt_len)) needs.prefill_rows_from = state.point() - window_;
   return needs;
+}
+
+std::optional<Selection> ObservationWindowPolicy::on_prefill_chunk(const LayerState& state) {
+  const std::optional<int> k = keep_(state.prompt_len);
+  if (!k || state.n_entries - window_ <= *k) return std::nullopt;
+  if (!state.column_sums) throw std::logic_error(name_ + ": on_prefill_chunk without the column sums it asked for");
+  return select_top_plus_window(state, context_.n_heads, context_.n_kv_heads, window_, *k, scoring_);
+}
+
+std::optional<int> ObservationWindowPolicy::prefill_budget(int prompt_len) const {
+  const std::optional<int> k = keep_(prompt_len);
+  if (!k) return std::nullopt;
+  return *k + window_;
 }
 
 std::optional<Selection> ObservationWindowPolicy::on_prefill_end(const LayerState& state) {

@@ -2,6 +2,13 @@
 // The observation-window family (spec pyramidkv.md section 2): at the end of the prompt each KV head keeps the k
 // prompt entries that the last w prompt queries attend to most, after pooling, plus the w window entries; nothing
 // is evicted while decoding (spec 1.2). SnapKV and PyramidKV differ only in k per layer, given as a rule.
+//
+// Chunked prefill (kv_cache.prefill_compression chunked) runs the same selection after every prefill chunk, with
+// the chunk's last w queries as the observation window and k from the whole prompt's length: the layer keeps k + w
+// entries and grows by one chunk before the next selection. This is InfiniPot's continual context distillation
+// (Kim et al., EMNLP 2024: compress each time a chunk fills the cache, scoring by the attention of queries at the
+// chunk's end) without its catalyst prompt, whose added question tokens we do not append. A window longer than a
+// chunk is summed from the chunk's rows only (docs/compression.md).
 #include <functional>
 #include <optional>
 #include <string>
@@ -34,6 +41,14 @@ class ObservationWindowPolicy final : public CompressionPolicy {
   PolicyNeeds needs(const LayerState& state) const override;
   std::optional<Selection> on_prefill_end(const LayerState& state) override;
   std::optional<Selection> on_decode_step(const LayerState&) override { return std::nullopt; }
+  PolicyTraits traits() const override {
+    PolicyTraits t;
+    t.compresses_prefill_chunks = true;
+    return t;
+  }
+  // Chunked prefill: the same selection with the chunk's last w queries as the observation window.
+  std::optional<Selection> on_prefill_chunk(const LayerState& state) override;
+  std::optional<int> prefill_budget(int prompt_len) const override;
 
  private:
   std::string name_;

@@ -1,6 +1,8 @@
 // `streaming`: the first `sinks` tokens (attention sinks) plus the most recent ones, C in all (StreamingLLM; spec
 // pyramidkv.md section 3.1). No attention statistics.
 //
+// With kv_cache.prefill_compression chunked the cut also runs after every prefill chunk.
+//
 // Parameters:
 //   budget  C, sinks included (default 128); a token count or a fraction of the prompt.
 //   sinks   default 4, as PyramidKV's LongBench runner (w = C - 4 there, spec 3.1).
@@ -22,9 +24,20 @@ class StreamingPolicy final : public CompressionPolicy {
       : budget_(budget), sinks_(sinks), rolling_(rolling), decode_eviction_batch_(decode_eviction_batch) {}
 
   std::string_view name() const override { return "streaming"; }
+  PolicyTraits traits() const override {
+    PolicyTraits t;
+    t.compresses_prefill_chunks = true;
+    return t;
+  }
   PolicyNeeds needs(const LayerState&) const override { return {}; }
 
   std::optional<Selection> on_prefill_end(const LayerState& state) override { return cut(state, 1); }
+  // Chunked prefill: the same cut after every chunk is StreamingLLM's own streaming form (the paper's cache
+  // never holds more than the sinks and the recent window while the input streams in).
+  std::optional<Selection> on_prefill_chunk(const LayerState& state) override { return cut(state, 1); }
+  std::optional<int> prefill_budget(int prompt_len) const override {
+    return sinks_ + std::max(0, budget_.resolve(prompt_len) - sinks_);
+  }
 
   std::optional<Selection> on_decode_step(const LayerState& state) override {
     if (!rolling_) return std::nullopt;

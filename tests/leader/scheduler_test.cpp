@@ -559,5 +559,41 @@ TEST(Scheduler, EveryPipelineStageMustHoldTheChunk) {
   }
 }
 
+// Chunked prefill compression: a waiting sequence is admitted by its peak (entries per global layer), not by its
+// whole prompt, and every prompt chunk ends at the next multiple of prefill_chunk, where the ranks compress.
+TEST(Scheduler, ChunkedPrefillAdmitsByThePeakAndCutsChunksAtCompressionPoints) {
+  Bed bed(40, /*n_layers=*/2);  // 40 blocks of 4: 80 entries a layer
+  SchedulerLimits l = limits(16, 100);
+  l.prefill_chunk = 8;
+  // A 200-token prompt (50 blocks a layer, more than the whole pool) whose layers hold at most 12 + 8 entries.
+  const std::vector<int> peak = {20, 20};
+  {
+    const std::deque<SchedulerSequence> waiting = {{1, 200, 0, 0, peak}};
+    const Schedule s = schedule_step({}, waiting, kNone, bed.kv(), l);
+    EXPECT_EQ(s.admitted, (Ids{1}));
+    EXPECT_EQ(chunks_of(s), (Chunks{{1, 0, 8}})) << "the first chunk ends at the first compression point";
+  }
+  // Without the peak the same prompt waits (it would be refused at submit).
+  {
+    const std::deque<SchedulerSequence> waiting = {{1, 200, 0}};
+    EXPECT_TRUE(schedule_step({}, waiting, kNone, bed.kv(), l).admitted.empty());
+  }
+  // A running prefill at position 13 takes 3 tokens to reach 16, the next point, however large the budget.
+  {
+    const std::vector<SchedulerSequence> running = {bed.running(2, 200, 13)};
+    EXPECT_EQ(chunks_of(schedule_step(running, {}, kNone, bed.kv(), l)), (Chunks{{2, 13, 3}}));
+  }
+  // The peak is counted in blocks per layer, on what is free: sequence 2's 13 entries take 4 blocks in each
+  // layer, 32 are left. A peak of 64 entries a layer (16 blocks, 32 in all) fits; 65 (17 blocks) does not.
+  {
+    const std::vector<SchedulerSequence> running = {{2, 200, 13}};
+    const std::vector<int> fits = {64, 64}, too_big = {65, 64};
+    const std::deque<SchedulerSequence> a = {{3, 1000, 0, 0, fits}};
+    const std::deque<SchedulerSequence> b = {{3, 1000, 0, 0, too_big}};
+    EXPECT_EQ(schedule_step(running, a, kNone, bed.kv(), l).admitted, (Ids{3}));
+    EXPECT_TRUE(schedule_step(running, b, kNone, bed.kv(), l).admitted.empty());
+  }
+}
+
 }  // namespace
 }  // namespace strata

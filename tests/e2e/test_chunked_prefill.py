@@ -1,0 +1,86 @@
+"""Chunked prefill compression (kv_cache.prefill_compression: chunked) through the real server: a 4,000-token
+prompt, four times what the pool holds per layer, is served under StreamingLLM, H2O, SnapKV and PyramidKV at 128
+tokens a layer; `full` and a policy without a chunked form get a 400 that says why; the pool never held more than
+the policies' budgets plus a chunk in any layer (strata_kv_layer_tokens, sampled while the prompt is prefilled);
+and every block comes back."""
+import threading
+import time
+
+import pytest
+import requests
+
+from serve_process import ServeProcess
+from support import error_of, metric, metrics
+from test_compression import long_prompt_ids, wait_idle
+
+N_LAYERS = 30
+CHUNK = 256
+# 44 MiB of f32 blocks of 16 tokens (24 KiB each): 1,877 blocks, 62 a layer, 992 tokens a layer.
+POOL_MIB = 44
+POOL_TOKENS_PER_LAYER = 992
+
+
+@pytest.fixture(scope="module")
+def chunked_server():
+    server = ServeProcess([f"kv_cache.memory_mib={POOL_MIB}", "kv_cache.prefill_compression=chunked",
+                           f"kv_cache.prefill_chunk={CHUNK}", "kv_cache.prefix_caching=off"],
+                          "strata serve (chunked prefill, 44 MiB pool)").wait_ready()
+    yield server
+    server.stop()
+
+
+def completion(server, ids, kv, max_tokens=8):
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+            "kv_compression": kv}
+    return requests.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
+
+
+def most_tokens_in_a_layer(base_url, stop, out):
+    """Polls /metrics until `stop` is set; keeps the most tokens any layer held."""
+    while not stop.is_set():
+        samples = metrics(base_url)
+        out.append(max(metric(samples, "strata_kv_layer_tokens", layer=l, pp_stage=0, tp_rank=0)
+                       for l in range(N_LAYERS)))
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("policy", ["streaming", "h2o", "snapkv", "pyramidkv"])
+def test_a_prompt_four_times_the_pool_is_served(chunked_server, policy):
+    ids = long_prompt_ids()
+    assert len(ids) >= 4 * POOL_TOKENS_PER_LAYER
+    stop, seen = threading.Event(), []
+    poller = threading.Thread(target=most_tokens_in_a_layer, args=(chunked_server.base_url, stop, seen))
+    poller.start()
+    try:
+        response = completion(chunked_server, ids, {"policy": policy, "budget": 128})
+    finally:
+        stop.set()
+        poller.join()
+    assert response.status_code == 200, response.text[:500]
+    body = response.json()
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    assert body["usage"]["completion_tokens"] == 8
+    # PyramidKV's first layer keeps the most: about twice the average (spec pyramidkv.md 3.4).
+    bound = (2 * 128 if policy == "pyramidkv" else 128) + CHUNK + 8
+    assert seen and max(seen) <= bound, (policy, max(seen))
+    wait_idle(chunked_server.base_url)
+
+
+def test_full_and_a_policy_without_a_chunked_form_are_refused(chunked_server):
+    ids = long_prompt_ids()
+    response = completion(chunked_server, ids, {"policy": "full"})
+    message = error_of(response, 400)["message"]
+    assert f"{len(ids)} tokens" in message and "pool" in message, message
+    response = completion(chunked_server, ids[:100], {"policy": "simlayerkv"})
+    error = error_of(response, 400)
+    assert error["param"] == "kv_compression.policy"
+    assert "kv_cache.prefill_compression" in error["message"], error
+
+
+def test_short_prompts_answer_as_in_end_mode(chunked_server, server):
+    """A prompt within one chunk is compressed once, at its end: the same tokens as the default server's."""
+    prompt = list(range(1000, 1200))
+    kv = {"policy": "snapkv", "budget": 64, "window": 8}
+    chunked = completion(chunked_server, prompt, kv, max_tokens=12).json()["choices"][0]["text"]
+    end = completion(server, prompt, kv, max_tokens=12).json()["choices"][0]["text"]
+    assert chunked == end

@@ -1,0 +1,131 @@
+// The engine with kv_cache.prefill_compression chunked, on the real model in-process: a request batched with
+// others, or joining a running batch, gets what it gets alone under a policy that compresses while its prompt is
+// prefilled; preemption by recompute still gives the same output; a prompt four times what the pool holds per
+// layer is served under each bounded policy and refused under `full` with its length and the pool's size.
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "daemon/runtime.h"
+#include "leader/engine.h"
+#include "leader/metrics.h"
+#include "tests/leader/recording_sink.h"
+#include "tests/test_paths.h"
+
+namespace strata {
+namespace {
+
+using test::RecordingSink;
+
+ServerConfig chunked_config(int64_t memory_mib, const std::string& policy, int chunk) {
+  ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
+  config.model.path = test::smollm2_gguf_path();
+  config.kv_cache.memory_mib = memory_mib;
+  config.kv_cache.policy = policy;
+  config.kv_cache.prefill_compression = "chunked";
+  config.kv_cache.prefill_chunk = chunk;
+  config.kv_cache.prefix_caching = false;
+  return config;
+}
+
+GenerationRequest request(const std::vector<int32_t>& prompt, int max_tokens, std::shared_ptr<RecordingSink> sink) {
+  GenerationRequest r;
+  r.id = "test";
+  r.prompt_ids = prompt;
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  r.sink = std::move(sink);
+  return r;
+}
+
+// n prompt token ids, different for every seed.
+std::vector<int32_t> prompt_of(int n, int seed) {
+  std::vector<int32_t> ids = {1};
+  for (int i = 1; i < n; ++i) ids.push_back(300 + (i * 37 + seed * 101) % 9000);
+  return ids;
+}
+
+struct ServedEngine {
+  std::unique_ptr<RankRuntime> rt;
+  ServerMetrics metrics{8192};
+  std::unique_ptr<Engine> engine;
+
+  ServedEngine(const ServerConfig& config, int max_batch_tokens = 512, double watermark = 0.01) : rt(make_runtime(config)) {
+    EngineOptions options = engine_options(config, *rt);
+    options.limits.max_batch_tokens = max_batch_tokens;
+    options.limits.watermark = watermark;
+    engine = std::make_unique<Engine>(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics,
+                                      std::move(options));
+  }
+
+  std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (const auto& p : prompts) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      engine->submit(request(p, max_tokens, sinks.back()));
+    }
+    engine->run_until_idle();
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& s : sinks) {
+      EXPECT_TRUE(s->finished) << s->error;
+      out.push_back(s->tokens[0]);
+    }
+    EXPECT_EQ(rt->pool->n_free(), rt->pool->n_total()) << "every block is back in the pool";
+    return out;
+  }
+};
+
+const std::vector<std::vector<int32_t>> kPrompts = {prompt_of(150, 1), prompt_of(97, 2), prompt_of(180, 3),
+                                                    prompt_of(40, 4)};
+
+TEST(ChunkedPrefillEngine, BatchedRequestsGetWhatEachGetsAlone) {
+  const ServerConfig config = chunked_config(64, "h2o:budget=24,window=4", 32);
+  ServedEngine run(config);
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& p : kPrompts) alone.push_back(run.generate({p}, 6)[0]);
+  EXPECT_EQ(run.generate(kPrompts, 6), alone);
+  // A small step budget: prompts are cut into pieces other than the compression chunks, and join mid-prefill.
+  ServedEngine small_steps(config, /*max_batch_tokens=*/20);
+  EXPECT_EQ(small_steps.generate(kPrompts, 6), alone);
+}
+
+TEST(ChunkedPrefillEngine, PreemptionByRecomputeGivesTheSameOutput) {
+  // The engine test's scenario (tests/leader/engine_test.cpp) in chunked mode: a 4 MiB pool, too small for two
+  // whole sequences, so the newest running ones are preempted and recomputed.
+  const ServerConfig config = chunked_config(4, "full", 16);
+  ServedEngine reference(chunked_config(64, "full", 16));
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(20, 5), prompt_of(22, 6), prompt_of(21, 7),
+                                                     prompt_of(23, 8)};
+  const auto alone = reference.generate(prompts, 20);
+  ServedEngine run(config, 512, 0.0);
+  EXPECT_EQ(run.generate(prompts, 20), alone);
+  EXPECT_EQ(run.metrics.render().find("strata_preemptions_total 0"), std::string::npos) << "none was preempted";
+}
+
+TEST(ChunkedPrefillEngine, APromptFourTimesThePoolIsServedUnderEachBoundedPolicy) {
+  // 8 MiB: 341 blocks of 16 tokens, 11 a layer: 176 tokens a layer. The prompt has 720.
+  const std::vector<int32_t> prompt = prompt_of(720, 9);
+  for (const std::string policy : {"streaming:budget=32", "h2o:budget=32", "snapkv:budget=32,window=8",
+                                   "pyramidkv:budget=32"}) {
+    ServedEngine run(chunked_config(8, policy, 64));
+    ASSERT_LT(run.rt->pool->n_total() / 30 * 16 * 4, int64_t(prompt.size()) + 64) << "the pool is that small";
+    EXPECT_EQ(run.generate({prompt}, 4)[0].size(), 4u) << policy;
+  }
+  ServedEngine full(chunked_config(8, "full", 64));
+  auto sink = std::make_shared<RecordingSink>();
+  try {
+    full.engine->submit(request(prompt, 4, sink));
+    FAIL() << "full needs the whole prompt in every layer";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("720 tokens"), std::string::npos) << message;
+    EXPECT_NE(message.find("tokens a layer"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace strata
