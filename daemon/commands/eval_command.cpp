@@ -79,6 +79,12 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   settings.runner.max_batch = cl.get_int("batch", settings.runner.max_batch);
   settings.runner.prefill_chunk = config.engine.max_batch_tokens;
   settings.runner.share_prefill = !cl.has("no-shared-prefill");
+  // kv_cache.prefill_compression chunked: the runner's chunks end at the compression points, as the server's
+  // scheduler ends them, and every row prefills alone (a shared prefill keeps the whole prompt uncompressed).
+  if (config.kv_cache.prefill_compression == "chunked") {
+    settings.runner.prefill_chunk = config.kv_cache.prefill_chunk;
+    settings.runner.share_prefill = false;
+  }
   settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
   // By name, with or without parameters of its own ("pod:recent=64").
   const auto is_pod = [](const std::string& p) { return parse_policy_spec(p).name == "pod"; };
@@ -100,6 +106,8 @@ nlohmann::ordered_json eval_report(const std::string& command, const ServerConfi
   report["backend"] = rt.backend->name();
   report["model"] = {{"path", config.model.path}, {"name", rt.model_name}, {"layers", rt.weights.config.n_layers}};
   report["kv_pool"] = {{"memory_mib", config.kv_cache.memory_mib}, {"block_size", config.kv_cache.block_size}};
+  report["prefill_compression"] = {{"mode", config.kv_cache.prefill_compression},
+                                   {"chunk", config.kv_cache.prefill_chunk}};
   report["settings"] = settings_json(suite.settings());
   report["cases"] = nlohmann::ordered_json::array();
   return report;

@@ -335,7 +335,8 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "server.max_n",        "server.max_prompts",  "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",      "engine.backend",       "engine.device",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
-      "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "kv_cache.prefix_caching", "parallel.tp", "parallel.pp",
+      "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "kv_cache.prefix_caching",
+      "kv_cache.prefill_compression", "kv_cache.prefill_chunk", "parallel.tp", "parallel.pp",
       "parallel.timeout_s", "parallel.micro_batches",
       "server.ignore_unknown_fields", "server.access_log",
       "server.max_connections", "server.idle_timeout_s", "server.drain_timeout_s", "server.api_keys",
@@ -355,6 +356,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "engine.backend"        ? "cpu"
                               : k == "model.weight_dtype"    ? "q8_0"
                               : k == "kv_cache.prefix_caching" ? "off"
+                              : k == "kv_cache.prefill_compression" ? "chunked"
                               : k == "server.ignore_unknown_fields" || k == "server.access_log" ? "true"
                               : k == "server.metrics_require_key" ? "true"
                               : k == "server.api_keys"        ? "sk-a,sk-b"

@@ -2,15 +2,16 @@
 prompt, four times what the pool holds per layer, is served under StreamingLLM, H2O, SnapKV and PyramidKV at 128
 tokens a layer; `full` and a policy without a chunked form get a 400 that says why; the pool never held more than
 the policies' budgets plus a chunk in any layer (strata_kv_layer_tokens, sampled while the prompt is prefilled);
-and every block comes back."""
+every block comes back; and a server configured with a policy that has no chunked form does not start."""
+import subprocess
 import threading
 import time
 
 import pytest
 import requests
 
-from serve_process import ServeProcess
-from support import error_of, metric, metrics
+from serve_process import CONFIG, ServeProcess, strata_binary
+from support import error_of, free_port, metric, metrics
 from test_compression import long_prompt_ids, wait_idle
 
 N_LAYERS = 30
@@ -84,3 +85,11 @@ def test_short_prompts_answer_as_in_end_mode(chunked_server, server):
     chunked = completion(chunked_server, prompt, kv, max_tokens=12).json()["choices"][0]["text"]
     end = completion(server, prompt, kv, max_tokens=12).json()["choices"][0]["text"]
     assert chunked == end
+
+
+def test_a_configured_policy_without_a_chunked_form_stops_the_server_naming_the_key():
+    done = subprocess.run([str(strata_binary()), "serve", "--config", str(CONFIG), "--port", str(free_port()),
+                           "--set", "kv_cache.prefill_compression=chunked", "--set", "kv_cache.policy=simlayerkv"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "kv_cache.prefill_compression" in done.stderr and "simlayerkv" in done.stderr, done.stderr[-2000:]

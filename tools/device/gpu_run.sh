@@ -13,6 +13,8 @@
 #                then /metrics's per-layer KV series (tools/device/serve_check.py)
 #     bench-8b   strata bench at Llama-3-8B shapes: decode at batch 1-64 and context 1K-32K, policies, prefill
 #     bench-70b  strata bench at Llama-3-70B layer shapes, with as many layers as the GPU's memory allows
+#     capacity-8b  [capacity] at Llama-3-8B shapes: a 16 GiB KV pool, 32K-token prompts arriving at once, `full`
+#                against SnapKV at 1,024 a layer on int4 with chunked prefill compression
 #     profile    the GPU time of every kernel of a few batch-1 decode steps at 8B shapes (ncu; nsys's trace where
 #                ncu is refused the counters, with the host's gaps), summed per forward pass, beside the steps'
 #                time without the profiler (tools/device/profile_report.py): does the GPU or the host set the pace?
@@ -39,7 +41,7 @@ call_start=$(date +%s)
 # Seconds each stage may take; a call may take the sum of its stages' (at most 560, inside the tool's 600), so
 # that the two calls of docs/gpu.md fit a session's 15 minutes of device time with the machine's start.
 declare -A stage_seconds=([join]=20 [info]=30 [tests]=90 [compare]=120 [serve]=60 [bench-8b]=170 [bench-70b]=200
-                          [torch]=100 [profile]=240)
+                          [torch]=100 [profile]=240 [capacity-8b]=300)
 call_budget=0
 for stage in "$@"; do call_budget=$((call_budget + ${stage_seconds[$stage]:-0})); done
 (( call_budget > 560 )) && call_budget=560
@@ -317,6 +319,20 @@ stage_bench_8b() {
     --set engine.max_batch_tokens=8192
 }
 
+# [capacity] (docs/compression.md, chunked prefill): 16 requests of 32,768 tokens at once into a 16 GiB pool, 128
+# generated each. max_concurrent is the most decoding at once; decode tokens/s the batch's rate once every request
+# has its first token. The CPU benchmark's 64 requests do not fit a call here (2M prompt tokens a run).
+stage_capacity_8b() {
+  need_bin || return 1
+  local common=(--model preset:llama-3-8b --set kv_cache.memory_mib=16384 --set engine.max_running=64
+                --set engine.max_batch_tokens=8192 --set kv_cache.prefill_compression=chunked
+                --set kv_cache.prefill_chunk=4096 --set kv_cache.prefix_caching=off
+                --batch 16 --prompt-tokens 32768 --gen-tokens 128)
+  bench_run capacity-8b 150 "${common[@]}" --policy snapkv:budget=1024 --set kv_cache.dtype=int4 \
+    --set kv_cache.block_size=32
+  bench_run capacity-8b 150 "${common[@]}"
+}
+
 # Layers of the 70B shapes that fit: the bf16 embedding and head (4.0 GiB), 16 GiB of KV pool, 6 GiB of
 # activations and cuBLAS, 1,632 MiB per layer; STRATA_70B_LAYERS overrides.
 layers_70b() {
@@ -405,6 +421,7 @@ for stage in "$@"; do
     join) fn=stage_join ;;
     bench-8b) fn=stage_bench_8b ;;
     bench-70b) fn=stage_bench_70b ;;
+    capacity-8b) fn=stage_capacity_8b ;;
     *) say "unknown stage '$stage'"; status=2; continue ;;
   esac
   say "$stage: start ($(seconds_left) s left in this call)"
