@@ -94,7 +94,8 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], ge
     first = last = None
     n = 0
     async with client.stream("POST", url, json=body, timeout=None) as response:
-        response.raise_for_status()
+        if response.status_code != 200:
+            raise RuntimeError(f"{response.status_code}: {(await response.aread()).decode()[:500]}")
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -158,13 +159,13 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
 def summarize(requests: list[dict], samples: list[dict], total: float, gen_tokens: int, peak: int) -> dict:
     firsts = [r["first_token_s"] for r in requests]
     lasts = [r["last_token_s"] for r in requests]
-    blocks_total = max(s.get("kv_blocks_total", 0) for s in samples)
+    blocks_total = int(max(s.get("kv_blocks_total", 0) for s in samples))
     least_free = min(s.get("kv_blocks_free", blocks_total) for s in samples)
     decode_span = max(lasts) - min(firsts)
     return {
         "max_decoding_at_once": most_at_once(list(zip(firsts, lasts))),
         "max_running": max(s.get("requests_running", 0) for s in samples),
-        "arithmetic_sequences": blocks_total // peak,
+        "arithmetic_sequences": int(blocks_total // peak),
         "peak_blocks_per_sequence": peak,
         "pool_blocks": blocks_total,
         "pool_peak_use": (blocks_total - least_free) / blocks_total,
