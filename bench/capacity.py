@@ -249,7 +249,8 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(report, indent=1))
     if "full:f32" in report["runs"]:
         base = report["runs"]["full:f32"]["decode_tokens_per_second"]
-        report["decode_ratio_to_full_f32"] = {k: r["decode_tokens_per_second"] / base for k, r in report["runs"].items()}
+        report["decode_ratio_to_full_f32"] = {k: r["decode_tokens_per_second"] / base
+                                              for k, r in report["runs"].items()}
     Path(args.out).write_text(json.dumps(report, indent=1))
     draw(report, args.png or str(Path(args.out).with_suffix(".png")))
     return 0

@@ -233,6 +233,21 @@ std::string key_name(const YAML::Node& key, const std::string& where) {
   return key.Scalar();
 }
 
+// yaml-cpp keeps both entries of a key given twice in one mapping, and the server would silently take the last:
+// a deployment file with `api_keys: [KEY]` added above the shipped `api_keys: []` would start open to anyone.
+void check_unique_keys(const YAML::Node& mapping, const std::string& path, const std::string& prefix) {
+  std::map<std::string, int> first_line;
+  for (const auto& entry : mapping) {
+    if (!entry.first.IsScalar()) continue;  // key_name() names that error
+    const int line = entry.first.Mark().line + 1;
+    const auto [it, added] = first_line.try_emplace(entry.first.Scalar(), line);
+    if (!added) {
+      throw ConfigError(path + ": " + prefix + entry.first.Scalar() + ": given twice, at lines " +
+                        std::to_string(it->second) + " and " + std::to_string(line) + " (remove one)");
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> configured_api_keys(const ServerConfig& config) {
@@ -277,11 +292,13 @@ ServerConfig load_server_config(const std::string& path) {
   }
   if (root.IsNull()) return config;
   if (!root.IsMap()) throw ConfigError(path + ": expected a mapping of sections at the top level");
+  check_unique_keys(root, path, "");
   for (const auto& section : root) {
     const std::string name = key_name(section.first, path);
     if (!section.second.IsMap()) {
       throw ConfigError(path + ": " + name + ": expected a mapping of keys, e.g. '" + name + ": {key: value}'");
     }
+    check_unique_keys(section.second, path, name + ".");
     for (const auto& entry : section.second) {
       const std::string key = name + "." + key_name(entry.first, path + ": " + name);
       const std::string where = path + ": " + key;

@@ -154,9 +154,10 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
   }
 
   // 3. Admission in arrival order, without skipping, so a long prompt is never starved by short ones. Its peak
-  //    (the whole remaining prompt, or what chunked prefill compression bounds it to) must fit, plus the watermark that keeps room for the running sequences' decodes (none
-  //    when nothing runs: a prompt that fits the empty pool must not wait forever); nobody is admitted in a step
-  //    that had to preempt or in which a running prompt could not take its chunk.
+  //    (the whole remaining prompt, or what chunked prefill compression bounds it to) must fit, plus the
+  //    watermark that keeps room for the running sequences' decodes (none when nothing runs: a prompt that fits
+  //    the empty pool must not wait forever); nobody is admitted in a step that had to preempt or in which a
+  //    running prompt could not take its chunk.
   StageBlocks watermark(size_t(kv.n_stages()));
   for (int st = 0; st < kv.n_stages(); ++st) {
     watermark[size_t(st)] = int64_t(std::ceil(limits.watermark * double(kv.n_total(st))));

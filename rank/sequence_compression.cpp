@@ -217,7 +217,8 @@ SequenceCompression::StepEnd SequenceCompression::step_end(const PlannedWork& wo
   end.decode = work.prefill_len == 0;
   end.prefill_end = work.prefill_len > 0 && work_end == work.prefill_len;
   // The scheduler ends chunks at the compression points; a chunk that passed one is compressed at its end.
-  end.chunk_point = work.prefill_len > 0 && !end.prefill_end && shard_.config.chunked() && work_end >= next_compression_;
+  end.chunk_point =
+      work.prefill_len > 0 && !end.prefill_end && shard_.config.chunked() && work_end >= next_compression_;
   end.n_generated = end.decode ? work.start_pos - prefill_len_ + 1 : 0;
   return end;
 }

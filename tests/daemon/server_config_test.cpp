@@ -175,6 +175,15 @@ TEST_F(ServerConfigTest, KeyThatIsNotANameNamesFileAndLine) {
   EXPECT_CONTAINS(key_error, key_path + ": engine: line 2: expected a key name, found a mapping");
 }
 
+// yaml-cpp keeps both entries of a repeated key, and the server took the last one silently: `api_keys: [KEY]`
+// added above the shipped `api_keys: []` started a server open to anyone.
+TEST_F(ServerConfigTest, AKeyGivenTwiceNamesTheKeyAndBothLines) {
+  const std::string path = write("twice.yaml", "server:\n  api_keys: [sk-secret-1]\n  port: 8000\n  api_keys: []\n");
+  EXPECT_CONTAINS(load_error(path), path + ": server.api_keys: given twice, at lines 2 and 4");
+  const std::string sections = write("sections.yaml", "engine:\n  max_running: 4\nengine:\n  threads: 2\n");
+  EXPECT_CONTAINS(load_error(sections), sections + ": engine: given twice, at lines 1 and 3");
+}
+
 TEST_F(ServerConfigTest, WrongTypeNamesFileKeyAndValue) {
   const std::string path = write("type.yaml", "engine:\n  max_running: many\n");
   const std::string e = load_error(path);

@@ -166,7 +166,9 @@ SEEDS = {
     "server_config_fuzz": {"smollm2_cpu": (ROOT / "configs" / "smollm2-cpu.yaml").read_bytes(),
                            "overrides": b"kv_cache:\n  policy: pyramidkv:budget=128\n"
                                         b"  layer_overrides: 0-1=full;28-29=snapkv:budget=20%\n"
-                                        b"  request_policies: full, snapkv\nserver: {port: 9000, threads: 4}\n"},
+                                        b"  request_policies: full, snapkv\nserver: {port: 9000, threads: 4}\n",
+                           "twice": b"server:\n  api_keys: [sk-a]\n  port: 8000\n  api_keys: []\n"
+                                    b"engine: {threads: 1}\nengine: {threads: 2}\n"},
 }
 
 

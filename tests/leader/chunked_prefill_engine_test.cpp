@@ -54,7 +54,8 @@ struct ServedEngine {
   ServerMetrics metrics{8192};
   std::unique_ptr<Engine> engine;
 
-  ServedEngine(const ServerConfig& config, int max_batch_tokens = 512, double watermark = 0.01) : rt(make_runtime(config)) {
+  ServedEngine(const ServerConfig& config, int max_batch_tokens = 512, double watermark = 0.01)
+      : rt(make_runtime(config)) {
     EngineOptions options = engine_options(config, *rt);
     options.limits.max_batch_tokens = max_batch_tokens;
     options.limits.watermark = watermark;

@@ -53,7 +53,8 @@ struct Bed {
       const int len = std::min(pieces[size_t(i) % pieces.size()], n - start);
       StepPlan p;
       p.step = ++step;
-      p.work.push_back(PlannedWork{1, start, {prompt.begin() + start, prompt.begin() + start + len}, start + len == n, n});
+      const std::vector<int32_t> piece(prompt.begin() + start, prompt.begin() + start + len);
+      p.work.push_back(PlannedWork{1, start, piece, start + len == n, n});
       const StepResult r = executor.execute(p);
       start += len;
       check(start);
