@@ -118,7 +118,8 @@ def sample_metrics(text: str) -> dict:
             elif s.name in ("strata_kv_blocks_free", "strata_kv_blocks_total", "strata_requests_running",
                             "strata_requests_waiting"):
                 out[s.name[len("strata_"):]] = out.get(s.name[len("strata_"):], 0) + s.value
-    out["layer_tokens"] = layers
+    out = {k: int(v) for k, v in out.items()}
+    out["layer_tokens"] = [int(t) for t in layers]
     return out
 
 
@@ -246,12 +247,12 @@ def main() -> int:
               f"{result['decode_tokens_per_second']:.1f} tok/s, total {total:.0f} s, "
               f"ttft {result['mean_ttft_seconds']:.1f} s", flush=True)
         report["runs"][run] = {**result, "server_command": " ".join(cmd), "requests": requests, "timeline": samples}
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        Path(args.out).write_text(json.dumps(report, separators=(",", ":")))
     if "full:f32" in report["runs"]:
         base = report["runs"]["full:f32"]["decode_tokens_per_second"]
         report["decode_ratio_to_full_f32"] = {k: r["decode_tokens_per_second"] / base
                                               for k, r in report["runs"].items()}
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    Path(args.out).write_text(json.dumps(report, separators=(",", ":")))  # compact: the timelines are long
     draw(report, args.png or str(Path(args.out).with_suffix(".png")))
     return 0
 

@@ -81,10 +81,13 @@ def budget_key(budget):
 
 def measured_under(run, case):
     """What must agree for two files' rows of one label to be one row: model, backend, the settings no task owns
-    (batch, prefill chunk), policy spec."""
+    (batch, prefill chunk), when the policies run (kv_cache.prefill_compression; files before it: end), policy
+    spec."""
     owned = ROW_SELECTION.union(*TASK_SETTINGS.values())
     settings = {k: v for k, v in run.get("settings", {}).items() if k not in owned}
-    return json.dumps([run.get("model"), run.get("backend"), settings, spec_of_row(case)], sort_keys=True)
+    prefill = run.get("prefill_compression", {"mode": "end"})
+    prefill = "end" if prefill.get("mode") == "end" else f"chunked:{prefill.get('chunk')}"
+    return json.dumps([run.get("model"), run.get("backend"), settings, prefill, spec_of_row(case)], sort_keys=True)
 
 
 def spec_of_row(case):
