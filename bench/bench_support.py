@@ -26,6 +26,17 @@ def wait_healthy(process, port, timeout_s):
     raise RuntimeError(f"the server did not come up within {timeout_s} s")
 
 
+def start_serve(cmd, cwd, port, timeout_s):
+    """Starts `strata serve` (cmd, its output discarded) and waits for /health; kills it if it does not come up."""
+    process = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_healthy(process, port, timeout_s)
+    except RuntimeError:
+        process.kill()
+        raise
+    return process
+
+
 def machine():
     """The CPU model, the cores this process may use and the kernel, for a result file."""
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout

@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench_support import free_port, machine, wait_healthy
+from bench_support import free_port, machine, start_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 BINARY = ROOT / "build" / "strata"
@@ -79,13 +79,7 @@ def start_server(port: int, policy: str, dtype: str, args) -> tuple[subprocess.P
     cmd = [str(BINARY), "serve", "--config", str(CONFIG), "--port", str(port)]
     for s in sets:
         cmd += ["--set", s]
-    process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_healthy(process, port, 120)
-    except RuntimeError:
-        process.kill()
-        raise
-    return process, cmd
+    return start_serve(cmd, ROOT, port, 120), cmd
 
 
 async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], gen_tokens: int, t0: float) -> dict:

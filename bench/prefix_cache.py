@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from bench_support import free_port, machine, wait_healthy
+from bench_support import free_port, machine, start_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 BINARY = ROOT / "build" / "strata"
@@ -44,13 +44,7 @@ def token_ids(text_name: str) -> list[int]:
 def start_server(port: int, prefix_caching: str) -> tuple[subprocess.Popen, list[str]]:
     cmd = [str(BINARY), "serve", "--config", str(CONFIG), "--port", str(port),
            "--set", f"kv_cache.prefix_caching={prefix_caching}"]
-    process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_healthy(process, port, 60)
-    except RuntimeError:
-        process.kill()
-        raise
-    return process, cmd
+    return start_serve(cmd, ROOT, port, 60), cmd
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:

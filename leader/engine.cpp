@@ -64,6 +64,10 @@ Engine::Engine(std::unique_ptr<StepDispatcher> own_ranks, StepDispatcher* ranks,
   }
   block_size_ = kv.block_size();
   options_.limits.prefill_chunk = options_.compression.prefill_chunk;
+  // The policies are asked about the whole model, whatever shape the options were given.
+  options_.policy_context.n_layers_total = config.n_layers;
+  options_.policy_context.n_heads = config.n_heads;
+  options_.policy_context.n_kv_heads = config.n_kv_heads;
   if (options_.prefix_cache) {
     prefix_.emplace(block_size_, *options_.prefix_cache, options_.compression, options_.policy_context);
   }
@@ -128,13 +132,14 @@ std::vector<int> Engine::peak_entries(const std::optional<PolicySpec>& request_p
 // forever.
 void Engine::check_fits_the_pool(const GenerationRequest& request) const {
   const int n_prompt = int(request.prompt_ids.size());
+  // end: every layer holds the prompt (the policies' context is not needed, and tests leave it out).
   const bool chunked = options_.compression.chunked();
   const std::vector<int> peak = chunked ? peak_entries(request.kv_policy, n_prompt) : std::vector<int>{};
   for (size_t s = 0; s < stages_.size(); ++s) {
     const StageCapacity& stage = stages_[s];
     int64_t blocks = 0;
     for (int l = stage.layer_begin; l < stage.layer_begin + stage.n_layers; ++l) {
-      blocks += ((chunked ? peak[size_t(l)] : n_prompt + 1) + block_size_ - 1) / block_size_;
+      blocks += ((chunked ? peak.at(size_t(l)) : n_prompt + 1) + block_size_ - 1) / block_size_;
     }
     if (blocks > stage.n_blocks) {
       const int64_t per_layer = stage.n_blocks / stage.n_layers * block_size_;

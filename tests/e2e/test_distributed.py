@@ -8,7 +8,7 @@ process produces.
 - A dummy-weight model (preset tiny-gqa: 8 heads, 4 KV heads) with TP=2 and TP=4.
 - With snapkv, pyramidkv, simlayerkv and d2o, every layer holds the same number of tokens at every step as in the
   single process (SimLayerKV's lazy test and D2O's statistics reduce over the TP group, D2O's allocation gathers
-  every stage's layers).
+  every stage's layers); so do snapkv and h2o compressing after every prefill chunk (chunked prefill).
 - Degrees that do not fit the model or the world are start-up errors that say so.
 """
 import subprocess
@@ -91,6 +91,23 @@ def test_compressed_layers_hold_what_one_process_holds(name):
     if name == "simlayerkv":  # the threshold splits SmolLM2's layers: the TP-reduced lazy test decides each
         assert len(set(last)) > 1, last
     assert_same_generation(got, want, f"{name} tp=3 pp=2")
+
+
+# kv_cache.prefill_compression chunked: the policies compress after every 64 prompt tokens on every rank of the
+# world, at the same positions, over the TP-reduced statistics of their own heads.
+CHUNKED = {"snapkv": "snapkv:budget=48,window=8", "h2o": "h2o:budget=48"}
+
+
+@pytest.mark.parametrize("name", sorted(CHUNKED))
+def test_chunked_prefill_compression_holds_what_one_process_holds(name):
+    settings = [f"kv_cache.policy={CHUNKED[name]}", "kv_cache.prefill_compression=chunked",
+                "kv_cache.prefill_chunk=64"]
+    args = ["--prompt", long_prompt(), "--max-tokens", "6"]
+    want = generate(1, 1, args, settings)
+    got = generate(3, 2, args, settings)
+    assert [t["layer_tokens"] for t in got] == [t["layer_tokens"] for t in want], name
+    assert max(want[0]["layer_tokens"]) <= 48 + 1, f"{name}: the prompt was not compressed to its budget"
+    assert_same_generation(got, want, f"chunked {name} tp=3 pp=2")
 
 
 def test_heads_that_do_not_divide_are_a_start_up_error():
