@@ -266,20 +266,18 @@ void SequenceCompression::compress_chunk(int point) {
 }
 
 // The sums of the entries kept, renumbered as KvCache::retain renumbers them (one list for every KV head, or one
-// per KV head for its query heads).
+// per KV head for its query heads). In place: a selection is ascending, so kept[j] >= j is read before it is
+// overwritten.
 void SequenceCompression::keep_prefill_sums(size_t local, const Selection& keep) {
   if (!prefill_stats_ || prefill_stats_->rows_from[local] < 0) return;
-  std::vector<float>& sums = prefill_stats_->sums[local];
   const int stride = prefill_stats_->stride;
   const int n_heads = shard_.model.n_heads_local();
   const int group = n_heads / shard_.model.n_kv_heads_local();
-  std::vector<float> row(size_t(stride), 0.0f);
   for (int h = 0; h < n_heads; ++h) {
     const std::vector<int32_t>& kept = keep.kept.size() == 1 ? keep.kept[0] : keep.kept[size_t(h / group)];
-    float* sums_h = sums.data() + int64_t(h) * stride;
-    std::fill(row.begin(), row.end(), 0.0f);
-    for (size_t j = 0; j < kept.size(); ++j) row[j] = sums_h[kept[j]];
-    std::copy(row.begin(), row.end(), sums_h);
+    float* sums_h = prefill_stats_->sums[local].data() + int64_t(h) * stride;
+    for (size_t j = 0; j < kept.size(); ++j) sums_h[j] = sums_h[kept[j]];
+    std::fill(sums_h + kept.size(), sums_h + stride, 0.0f);
   }
 }
 
