@@ -5,6 +5,7 @@
 
 #include "daemon/build_commit.h"
 #include "daemon/commands/commands.h"
+#include "kernels/cpu/quantized_dot.h"
 
 namespace {
 
@@ -33,7 +34,8 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
-    std::cout << "strata " << strata::build_commit() << "\n";
+    std::cout << "strata " << strata::build_commit() << "\n"
+              << "cpu kernels: " << strata::cpu::cpu_isa_name(strata::cpu::best_cpu_isa()) << "\n";
     return 0;
   }
   const std::string command = argv[1];

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "kernels/cpu/quantized_dot.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/model_loader.h"
@@ -266,7 +267,8 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
             << config.kv_cache.dtype;
   // How many sealed groups a block's memory packs: what quantization really saves (int8 on a bf16 pool: one).
   if (layout.quant != KvQuant::none) std::cerr << " (" << layout.quantized_per_slot() << " sealed groups a block)";
-  std::cerr << ", backend " << rt.backend->name() << "\n";
+  std::cerr << ", backend " << rt.backend->name() << " (CPU kernels " << cpu::cpu_isa_name(cpu::best_cpu_isa())
+            << ")\n";
 }
 
 }  // namespace

@@ -192,9 +192,11 @@ void ServerMetrics::set_kv_blocks(int64_t n_free, int64_t n_total, int block_siz
   kv_usage_ratio_.Set(n_total > 0 ? static_cast<double>(n_total - n_free) / static_cast<double>(n_total) : 0.0);
 }
 
-void ServerMetrics::set_build_info(const std::string& commit, const std::string& backend) {
-  gauge_family(*registry_, "strata_build_info", "1, labelled with the commit built and the backend.")
-      .Add({{"commit", commit}, {"backend", backend}})
+void ServerMetrics::set_build_info(const std::string& commit, const std::string& backend,
+                                   const std::string& cpu_kernels) {
+  gauge_family(*registry_, "strata_build_info",
+               "1, labelled with the commit built, the backend and the instruction-set level of the CPU kernels.")
+      .Add({{"commit", commit}, {"backend", backend}, {"cpu_kernels", cpu_kernels}})
       .Set(1);
 }
 

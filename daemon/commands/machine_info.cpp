@@ -3,6 +3,8 @@
 #include <fstream>
 #include <thread>
 
+#include "kernels/cpu/quantized_dot.h"
+
 namespace strata {
 
 static std::string cpu_model() {
@@ -15,7 +17,9 @@ static std::string cpu_model() {
 }
 
 nlohmann::json machine_json() {
-  return {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}};
+  return {{"cpu", cpu_model()},
+          {"hardware_threads", std::thread::hardware_concurrency()},
+          {"cpu_kernels", cpu::cpu_isa_name(cpu::best_cpu_isa())}};
 }
 
 // An argument as a POSIX shell reads it back: as it is when it holds only safe characters, else in single

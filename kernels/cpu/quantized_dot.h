@@ -4,12 +4,15 @@
 // x86-64 level, all in one binary; the best the machine has is used, and the tests run every one the machine can
 // (tests/kernels/quantized_matmul_test.cpp):
 //   avx512    hand-written (kernels/cpu/quantized_dot_avx512.cpp);
-//   avx2      the portable C++ (kernels/cpu/quantized_dot_portable.cpp) compiled for x86-64-v3;
-//   baseline  the same C++ for baseline x86-64 (SSE2), and the only one on other architectures.
+//   avx2      hand-written, the same scheme at 256 bits (kernels/cpu/quantized_dot_avx2.cpp): x86-64-v3, for
+//             the machines without AVX-512 (before it, the portable C++ compiled for x86-64-v3 decoded SmolLM2
+//             at a quarter of this speed on an AVX2-only EPYC);
+//   baseline  portable C++ (kernels/cpu/quantized_dot_portable.cpp) for baseline x86-64 (SSE2), and the only one
+//             on other architectures.
 // Why fp32 activations and not int8 ones (as llama.cpp has): rounding SmolLM2's activations to int8 per block of
 // 32 changed the top-1 token at 2.7% of the reference positions, and the fp32 kernels were as fast
-// (docs/decisions.md). Why not target_clones as the attention has: the AVX-512 code is intrinsics, which need a
-// body per target, and the tests must be able to call each level by name.
+// (docs/decisions.md). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which
+// need a body per target, and the tests must be able to call each level by name.
 #include <cstdint>
 #include <string_view>
 

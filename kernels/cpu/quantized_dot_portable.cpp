@@ -1,7 +1,6 @@
 // The quantized matrix products in portable C++ (kernels/cpu/quantized_dot.h): each group of 64 weights is
 // dequantized into a small fp32 array, then multiplied with every activation row, in loops the compiler
-// vectorizes. One body, compiled twice on x86-64: for x86-64-v3 (AVX2, F16C, FMA) and for the baseline; elsewhere
-// once.
+// vectorizes. The baseline x86-64 level, and the only one on other architectures.
 #include <cstring>
 
 #include "kernels/cpu/quantized_dot.h"
@@ -120,14 +119,6 @@ STRATA_INLINE void portable_dot(const PackedWeight& w, int64_t row_begin, int64_
 }
 
 }  // namespace
-
-#if STRATA_QUANTIZED_DOT_X86
-__attribute__((target("arch=x86-64-v3"))) void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin,
-                                                                  int64_t row_end, const float* x, int64_t n_x,
-                                                                  float* out, int64_t out_stride) {
-  portable_dot(w, row_begin, row_end, x, n_x, out, out_stride);
-}
-#endif
 
 void quantized_dot_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
                             float* out, int64_t out_stride) {

@@ -17,19 +17,34 @@ def checkout_commit():
     return git("rev-parse", "--short=7", "HEAD") + ("-dirty" if dirty else "")
 
 
-def version():
+def version_lines():
     result = subprocess.run([str(strata_binary()), "--version"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
+    return result.stdout.strip().splitlines()
 
 
-def test_version_names_the_checked_out_commit():
-    assert version() == f"strata {checkout_commit()}"
+def expected_cpu_kernels():
+    """The level kernels/cpu/quantized_dot.cpp should pick, read from the kernel's own flags: x86-64-v4 needs
+    AVX-512 F, BW, DQ and VL; x86-64-v3 AVX2, FMA, F16C, BMI1/2, MOVBE and LZCNT (abm in /proc/cpuinfo)."""
+    flags = set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    v3 = {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"} <= flags
+    if v3 and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        return "avx512"
+    return "avx2" if v3 else "baseline"
 
 
-def test_metrics_label_the_build_with_its_commit_and_backend(server):
-    commit = version().removeprefix("strata ")
-    assert metric(metrics(server.base_url), "strata_build_info", commit=commit, backend="cpu") == 1
+def test_version_names_the_checked_out_commit_and_the_cpu_kernels():
+    assert version_lines() == [f"strata {checkout_commit()}", f"cpu kernels: {expected_cpu_kernels()}"]
+
+
+def test_metrics_label_the_build_with_its_commit_backend_and_cpu_kernels(server):
+    commit = version_lines()[0].removeprefix("strata ")
+    assert metric(metrics(server.base_url), "strata_build_info", commit=commit, backend="cpu",
+                  cpu_kernels=expected_cpu_kernels()) == 1
 
 
 def test_an_eval_result_records_its_commit(tmp_path):
@@ -38,4 +53,4 @@ def test_an_eval_result_records_its_commit(tmp_path):
                              "--policies", "", "--quantized", ""], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads(out.read_text(encoding="utf-8"))["commit"] == version().removeprefix("strata ")
+    assert json.loads(out.read_text(encoding="utf-8"))["commit"] == version_lines()[0].removeprefix("strata ")

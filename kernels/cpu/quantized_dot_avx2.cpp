@@ -1,0 +1,290 @@
+// The quantized matrix products for x86-64-v3: AVX2, FMA, F16C (kernels/cpu/quantized_dot.h). The AVX-512 file's
+// scheme at half the width, for the machines without AVX-512 (AMD before Zen 4, Intel client cores): everything
+// after the includes is compiled for that level by the pragma below, so that no inline function of a header can
+// carry AVX2 code into baseline callers.
+//
+// Each chunk of 64 weights becomes eight ymm of fp32 in registers (unsigned integers widened, converted, then
+// d * u + m in one fused multiply-add), and every activation row of the tile multiplies them into accumulators of
+// its own. A lone activation row (the decode of one sequence) takes the scaled-sum form instead, as on AVX-512.
+// The arithmetic is the fp32 reference's up to the order of the sums.
+#include "kernels/cpu/quantized_dot.h"
+
+#if STRATA_QUANTIZED_DOT_X86
+#include <immintrin.h>
+
+#include <cstring>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace strata::cpu {
+namespace {
+
+constexpr int kMaxRows = 4;  // activation rows per pass over a weight row (more spill the accumulators)
+// How far ahead a lone row's loop asks for the weights, as on AVX-512 (quantized_dot_avx512.cpp).
+constexpr int64_t kPrefetchBytes = 1024;
+
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Per activation row, independent sums (a fused multiply-add takes 4 to 5 cycles to feed the next).
+template <int R>
+struct Accumulators {
+  static constexpr int kChains = R == 1 ? 4 : R == 2 ? 2 : 1;
+  __m256 sum[R][kChains];
+
+  Accumulators() {
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < kChains; ++c) sum[r][c] = _mm256_setzero_ps();
+    }
+  }
+  // Adds w[k] * x[8k .. 8k + 7] of every row, for k < N (8 weights each).
+  template <int N>
+  void add(const __m256 (&w)[N], const float* x, int64_t x_stride) {
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < N; ++k) {
+        sum[r][k % kChains] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x + r * x_stride + 8 * k), sum[r][k % kChains]);
+      }
+    }
+  }
+  void store(float* out, int64_t out_stride) const {
+    for (int r = 0; r < R; ++r) {
+      __m256 total = sum[r][0];
+      for (int c = 1; c < kChains; ++c) total = _mm256_add_ps(total, sum[r][c]);
+      out[r * out_stride] = horizontal_sum(total);
+    }
+  }
+};
+
+// 8 bytes widened to 8 unsigned 32-bit integers.
+inline __m256i bytes(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// d * u + m for 8 unsigned 32-bit integers.
+inline __m256 scaled(__m256i u, __m256 d, __m256 m) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), d, m); }
+
+// The integer values of one pair group (kernels/cpu/packed_weight.h) as 8 ymm of fp32 (u, not yet scaled): values
+// 8k .. 8k + 7 in u[k].
+template <bool FourBit>
+inline void pair_values(const uint8_t* payload, __m256 (&u)[8]) {
+  if (FourBit) {  // byte j: value j in the low nibble, value 32 + j in the high one
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m256i b = bytes(payload + 8 * k);
+      u[k] = _mm256_cvtepi32_ps(_mm256_and_si256(b, low4));
+      u[4 + k] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+    }
+  } else {
+    for (int k = 0; k < 8; ++k) u[k] = _mm256_cvtepi32_ps(bytes(payload + 8 * k));
+  }
+}
+
+// One pair group as fp32 weights: 8 ymm; the first 4 for a lone last block.
+template <bool FourBit>
+inline void pair_group(const uint8_t* group, __m256 (&w)[8]) {
+  const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
+  const __m256 d0 = _mm256_set1_ps(_mm_cvtss_f32(h)), d1 = _mm256_set1_ps(_mm_cvtss_f32(_mm_movehdup_ps(h)));
+  const __m128 high = _mm_movehl_ps(h, h);
+  const __m256 m0 = _mm256_set1_ps(_mm_cvtss_f32(high)), m1 = _mm256_set1_ps(_mm_cvtss_f32(_mm_movehdup_ps(high)));
+  pair_values<FourBit>(group + 8, w);
+  for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(w[k], d0, m0);
+  for (int k = 4; k < 8; ++k) w[k] = _mm256_fmadd_ps(w[k], d1, m1);
+}
+
+template <int R, bool FourBit>
+void pair_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+  constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
+  Accumulators<R> acc;
+  const int64_t full_groups = cols / 64;
+  for (int64_t g = 0; g < full_groups; ++g) {
+    __m256 w[8];
+    pair_group<FourBit>(row + g * kGroupBytes, w);
+    acc.add(w, x + 64 * g, x_stride);
+  }
+  if (cols % 64 != 0) {  // a last group holding one block of 32
+    __m256 w[8];
+    pair_group<FourBit>(row + full_groups * kGroupBytes, w);
+    const __m256 first[4] = {w[0], w[1], w[2], w[3]};
+    acc.add(first, x + 64 * full_groups, x_stride);
+  }
+  acc.store(out, out_stride);
+}
+
+// One weight row against one activation row: sum over blocks of d (u . x) + m sum(x), as on AVX-512.
+// block_sums[4g + 2 + k] holds the sum of x over block k of group g (lanes 0 and 1 of each 4 are 0).
+template <bool FourBit>
+float pair_row_single(const uint8_t* row, int64_t cols, const float* x, const float* block_sums) {
+  constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m128 offsets = _mm_setzero_ps();
+  const int64_t groups = (cols + 63) / 64;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* group = row + g * kGroupBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
+    const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
+    offsets = _mm_fmadd_ps(h, _mm_loadu_ps(block_sums + 4 * g), offsets);
+    __m256 u[8];
+    pair_values<FourBit>(group + 8, u);
+    const float* xg = x + 64 * g;
+    __m256 t0 = _mm256_mul_ps(u[0], _mm256_loadu_ps(xg));
+    __m256 t0b = _mm256_mul_ps(u[1], _mm256_loadu_ps(xg + 8));
+    t0 = _mm256_fmadd_ps(u[2], _mm256_loadu_ps(xg + 16), t0);
+    t0b = _mm256_fmadd_ps(u[3], _mm256_loadu_ps(xg + 24), t0b);
+    acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t0b), _mm256_set1_ps(_mm_cvtss_f32(h)), acc0);
+    if (64 * g + 32 < cols) {  // not a lone last block
+      __m256 t1 = _mm256_mul_ps(u[4], _mm256_loadu_ps(xg + 32));
+      __m256 t1b = _mm256_mul_ps(u[5], _mm256_loadu_ps(xg + 40));
+      t1 = _mm256_fmadd_ps(u[6], _mm256_loadu_ps(xg + 48), t1);
+      t1b = _mm256_fmadd_ps(u[7], _mm256_loadu_ps(xg + 56), t1b);
+      acc1 = _mm256_fmadd_ps(_mm256_add_ps(t1, t1b), _mm256_set1_ps(_mm_cvtss_f32(_mm_movehdup_ps(h))), acc1);
+    }
+  }
+  float lanes[4];
+  _mm_storeu_ps(lanes, offsets);
+  return horizontal_sum(_mm256_add_ps(acc0, acc1)) + lanes[2] + lanes[3];
+}
+
+// The block sums pair_row_single reads, for a row of x of `cols` values (a multiple of 32).
+inline void pair_block_sums(const float* x, int64_t cols, float* sums) {
+  for (int64_t g = 0; 64 * g < cols; ++g) {
+    sums[4 * g] = sums[4 * g + 1] = sums[4 * g + 3] = 0.0f;
+    for (int k = 0; k < 2 && 64 * g + 32 * k < cols; ++k) {
+      const float* xb = x + 64 * g + 32 * k;
+      const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                                     _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
+      sums[4 * g + 2 + k] = horizontal_sum(s);
+    }
+  }
+}
+
+// Q4_K: per block of 256, d * scale and -dmin * min of its 8 sub-blocks (kernels/weight_format.h), then its 4
+// chunks of 32 nibble bytes, each a u4 group of 64 (sub-blocks 2c, 2c + 1).
+template <int R>
+void q4_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+  Accumulators<R> acc;
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const uint8_t* block = row + b * 144;
+    uint16_t d_bits, dmin_bits;
+    std::memcpy(&d_bits, block, 2);
+    std::memcpy(&dmin_bits, block + 2, 2);
+    const float d = _cvtsh_ss(d_bits), dmin = _cvtsh_ss(dmin_bits);
+    for (int c = 0; c < 4; ++c) {
+      int sc0, mn0, sc1, mn1;
+      k_quant_scale_min(block + 4, 2 * c, sc0, mn0);
+      k_quant_scale_min(block + 4, 2 * c + 1, sc1, mn1);
+      const __m256 d0 = _mm256_set1_ps(d * float(sc0)), m0 = _mm256_set1_ps(-dmin * float(mn0));
+      const __m256 d1 = _mm256_set1_ps(d * float(sc1)), m1 = _mm256_set1_ps(-dmin * float(mn1));
+      __m256 w[8];
+      pair_values<true>(block + 16 + 32 * c, w);
+      for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(w[k], d0, m0);
+      for (int k = 4; k < 8; ++k) w[k] = _mm256_fmadd_ps(w[k], d1, m1);
+      acc.add(w, x + 256 * b + 64 * c, x_stride);
+    }
+  }
+  acc.store(out, out_stride);
+}
+
+// Q6_K: per half block of 128 values, ql's 64 bytes give the low 4 bits of values 0-63 (low nibbles) and 64-127
+// (high nibbles); qh's 32 bytes give the 2 high bits, at bit pairs 0, 2, 4, 6 for the four runs of 32. Value v of
+// the block has the scale of sub-block v / 16: y = d * scale * u - 32 * d * scale.
+template <int R>
+void q6_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+  Accumulators<R> acc;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), high2 = _mm256_set1_epi8(0x30);
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const uint8_t* block = row + b * 210;
+    const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block + 208, 2);
+    const float d = _cvtsh_ss(d_bits);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * half));
+      alignas(32) uint8_t u[128];  // values 128 * half + v, v < 128, as bytes
+      // Runs of 32: low nibbles of ql0, ql1, then high nibbles; the 16-bit shifts' spill across bytes is masked off.
+      const __m256i runs[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+      const __m256i highs[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
+      for (int r = 0; r < 4; ++r) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u + 32 * r),
+                           _mm256_or_si256(runs[r], _mm256_and_si256(highs[r], high2)));
+      }
+      for (int chunk = 0; chunk < 2; ++chunk) {  // 64 values: sub-blocks of 16, two ymm each
+        __m256 w[8];
+        for (int k = 0; k < 8; ++k) {
+          const float ds = d * float(scales[8 * half + 4 * chunk + k / 2]);
+          w[k] = scaled(bytes(u + 64 * chunk + 8 * k), _mm256_set1_ps(ds), _mm256_set1_ps(-32.0f * ds));
+        }
+        acc.add(w, x + 256 * b + 128 * half + 64 * chunk, x_stride);
+      }
+    }
+  }
+  acc.store(out, out_stride);
+}
+
+template <int R>
+void weight_row(const PackedWeight& w, int64_t i, const float* x, float* out, int64_t out_stride) {
+  const uint8_t* row = w.data + i * w.row_bytes;
+  float* y = out + i;
+  switch (w.layout) {
+    case PackedLayout::u4_pairs: pair_row<R, true>(row, w.cols, x, w.cols, y, out_stride); break;
+    case PackedLayout::u8_pairs: pair_row<R, false>(row, w.cols, x, w.cols, y, out_stride); break;
+    case PackedLayout::q4_k: q4_k_row<R>(row, w.cols, x, w.cols, y, out_stride); break;
+    case PackedLayout::q6_k: q6_k_row<R>(row, w.cols, x, w.cols, y, out_stride); break;
+    case PackedLayout::f32: break;  // not a quantized layout: matmul never sends it here
+  }
+}
+
+template <int R>
+void rows_of_tile(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, float* out,
+                  int64_t out_stride) {
+  for (int64_t i = row_begin; i < row_end; ++i) weight_row<R>(w, i, x, out, out_stride);
+}
+
+}  // namespace
+
+void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
+                        float* out, int64_t out_stride) {
+  const bool pairs = w.layout == PackedLayout::u4_pairs || w.layout == PackedLayout::u8_pairs;
+  if (n_x == 1 && pairs) {
+    thread_local float* sums = nullptr;  // the pool's threads live on: the buffer is kept between calls
+    thread_local int64_t sums_size = 0;
+    const int64_t needed = 4 * ((w.cols + 63) / 64);
+    if (sums_size < needed) {
+      delete[] sums;
+      sums = new float[size_t(needed)];
+      sums_size = needed;
+    }
+    pair_block_sums(x, w.cols, sums);
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      const uint8_t* row = w.data + i * w.row_bytes;
+      out[i] = w.layout == PackedLayout::u4_pairs ? pair_row_single<true>(row, w.cols, x, sums)
+                                                  : pair_row_single<false>(row, w.cols, x, sums);
+    }
+    return;
+  }
+  // Tiles of up to kMaxRows activation rows, each over the weight rows (which stay in L1/L2 between tiles).
+  for (int64_t a = 0; a < n_x; a += kMaxRows) {
+    const float* xa = x + a * w.cols;
+    float* oa = out + a * out_stride;
+    switch (n_x - a < kMaxRows ? n_x - a : kMaxRows) {
+      case 1: rows_of_tile<1>(w, row_begin, row_end, xa, oa, out_stride); break;
+      case 2: rows_of_tile<2>(w, row_begin, row_end, xa, oa, out_stride); break;
+      case 3: rows_of_tile<3>(w, row_begin, row_end, xa, oa, out_stride); break;
+      default: rows_of_tile<4>(w, row_begin, row_end, xa, oa, out_stride); break;
+    }
+  }
+}
+
+}  // namespace strata::cpu
+
+#pragma GCC pop_options
+
+#endif
