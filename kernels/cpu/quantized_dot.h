@@ -5,8 +5,9 @@
 // (tests/kernels/quantized_matmul_test.cpp):
 //   avx512    hand-written (kernels/cpu/quantized_dot_avx512.cpp);
 //   avx2      hand-written, the same scheme at 256 bits (kernels/cpu/quantized_dot_avx2.cpp): x86-64-v3, for
-//             the machines without AVX-512 (before it, the portable C++ compiled for x86-64-v3 decoded SmolLM2
-//             at a quarter of this speed on an AVX2-only EPYC);
+//             the machines without AVX-512 (the portable C++ compiled for x86-64-v3, used before, decoded
+//             SmolLM2 at batch 1 at a third of its speed on an AVX2-only EPYC:
+//             bench/results/cpu-avx2-quantized-dot-before-after.json);
 //   baseline  portable C++ (kernels/cpu/quantized_dot_portable.cpp) for baseline x86-64 (SSE2), and the only one
 //             on other architectures.
 // Why fp32 activations and not int8 ones (as llama.cpp has): rounding SmolLM2's activations to int8 per block of

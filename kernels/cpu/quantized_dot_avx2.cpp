@@ -3,7 +3,7 @@
 // after the includes is compiled for that level by the pragma below, so that no inline function of a header can
 // carry AVX2 code into baseline callers.
 //
-// Each chunk of 64 weights becomes eight ymm of fp32 in registers (unsigned integers widened, converted, then
+// Each block of 32 weights becomes four ymm of fp32 in registers (unsigned integers widened, converted, then
 // d * u + m in one fused multiply-add), and every activation row of the tile multiplies them into accumulators of
 // its own. A lone activation row (the decode of one sequence) takes the scaled-sum form instead, as on AVX-512.
 // The arithmetic is the fp32 reference's up to the order of the sums.
@@ -20,7 +20,9 @@
 namespace strata::cpu {
 namespace {
 
-constexpr int kMaxRows = 4;  // activation rows per pass over a weight row (more spill the accumulators)
+// Activation rows per pass over a weight row: the weights are taken 32 at a time (4 ymm), so that 8 rows' sums fit
+// in the 16 registers beside them.
+constexpr int kMaxRows = 8;
 // How far ahead a lone row's loop asks for the weights, as on AVX-512 (quantized_dot_avx512.cpp).
 constexpr int64_t kPrefetchBytes = 1024;
 
@@ -84,33 +86,38 @@ inline void pair_values(const uint8_t* payload, __m256 (&u)[8]) {
   }
 }
 
-// One pair group as fp32 weights: 8 ymm; the first 4 for a lone last block.
+// Block `block` (0 or 1) of a pair group's payload as 4 ymm of fp32 weights d * u + m.
 template <bool FourBit>
-inline void pair_group(const uint8_t* group, __m256 (&w)[8]) {
-  const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
-  const __m256 d0 = _mm256_set1_ps(_mm_cvtss_f32(h)), d1 = _mm256_set1_ps(_mm_cvtss_f32(_mm_movehdup_ps(h)));
-  const __m128 high = _mm_movehl_ps(h, h);
-  const __m256 m0 = _mm256_set1_ps(_mm_cvtss_f32(high)), m1 = _mm256_set1_ps(_mm_cvtss_f32(_mm_movehdup_ps(high)));
-  pair_values<FourBit>(group + 8, w);
-  for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(w[k], d0, m0);
-  for (int k = 4; k < 8; ++k) w[k] = _mm256_fmadd_ps(w[k], d1, m1);
+inline void block_weights(const uint8_t* payload, int block, __m256 d, __m256 m, __m256 (&w)[4]) {
+  const __m256i low4 = _mm256_set1_epi32(0x0F);
+  for (int k = 0; k < 4; ++k) {
+    __m256i u;
+    if (FourBit) {
+      const __m256i b = bytes(payload + 8 * k);
+      u = block == 0 ? _mm256_and_si256(b, low4) : _mm256_srli_epi32(b, 4);
+    } else {
+      u = bytes(payload + 32 * block + 8 * k);
+    }
+    w[k] = scaled(u, d, m);
+  }
+}
+
+inline __m256 broadcast_lane(__m128 v, int lane) {
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(lane));
 }
 
 template <int R, bool FourBit>
 void pair_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
   constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
   Accumulators<R> acc;
-  const int64_t full_groups = cols / 64;
-  for (int64_t g = 0; g < full_groups; ++g) {
-    __m256 w[8];
-    pair_group<FourBit>(row + g * kGroupBytes, w);
-    acc.add(w, x + 64 * g, x_stride);
-  }
-  if (cols % 64 != 0) {  // a last group holding one block of 32
-    __m256 w[8];
-    pair_group<FourBit>(row + full_groups * kGroupBytes, w);
-    const __m256 first[4] = {w[0], w[1], w[2], w[3]};
-    acc.add(first, x + 64 * full_groups, x_stride);
+  for (int64_t g = 0; 64 * g < cols; ++g) {
+    const uint8_t* group = row + g * kGroupBytes;
+    const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
+    for (int block = 0; block < 2 && 64 * g + 32 * block < cols; ++block) {  // a last group may hold one block
+      __m256 w[4];
+      block_weights<FourBit>(group + 8, block, broadcast_lane(h, block), broadcast_lane(h, 2 + block), w);
+      acc.add(w, x + 64 * g + 32 * block, x_stride);
+    }
   }
   acc.store(out, out_stride);
 }
@@ -177,13 +184,13 @@ void q4_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
       int sc0, mn0, sc1, mn1;
       k_quant_scale_min(block + 4, 2 * c, sc0, mn0);
       k_quant_scale_min(block + 4, 2 * c + 1, sc1, mn1);
-      const __m256 d0 = _mm256_set1_ps(d * float(sc0)), m0 = _mm256_set1_ps(-dmin * float(mn0));
-      const __m256 d1 = _mm256_set1_ps(d * float(sc1)), m1 = _mm256_set1_ps(-dmin * float(mn1));
-      __m256 w[8];
-      pair_values<true>(block + 16 + 32 * c, w);
-      for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(w[k], d0, m0);
-      for (int k = 4; k < 8; ++k) w[k] = _mm256_fmadd_ps(w[k], d1, m1);
+      __m256 w[4];
+      block_weights<true>(block + 16 + 32 * c, 0, _mm256_set1_ps(d * float(sc0)), _mm256_set1_ps(-dmin * float(mn0)),
+                          w);
       acc.add(w, x + 256 * b + 64 * c, x_stride);
+      block_weights<true>(block + 16 + 32 * c, 1, _mm256_set1_ps(d * float(sc1)), _mm256_set1_ps(-dmin * float(mn1)),
+                          w);
+      acc.add(w, x + 256 * b + 64 * c + 32, x_stride);
     }
   }
   acc.store(out, out_stride);
@@ -216,13 +223,13 @@ void q6_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
         _mm256_store_si256(reinterpret_cast<__m256i*>(u + 32 * r),
                            _mm256_or_si256(runs[r], _mm256_and_si256(highs[r], high2)));
       }
-      for (int chunk = 0; chunk < 2; ++chunk) {  // 64 values: sub-blocks of 16, two ymm each
-        __m256 w[8];
-        for (int k = 0; k < 8; ++k) {
-          const float ds = d * float(scales[8 * half + 4 * chunk + k / 2]);
-          w[k] = scaled(bytes(u + 64 * chunk + 8 * k), _mm256_set1_ps(ds), _mm256_set1_ps(-32.0f * ds));
+      for (int run = 0; run < 4; ++run) {  // 32 values: two sub-blocks of 16, two ymm each
+        __m256 w[4];
+        for (int k = 0; k < 4; ++k) {
+          const float ds = d * float(scales[8 * half + 2 * run + k / 2]);
+          w[k] = scaled(bytes(u + 32 * run + 8 * k), _mm256_set1_ps(ds), _mm256_set1_ps(-32.0f * ds));
         }
-        acc.add(w, x + 256 * b + 128 * half + 64 * chunk, x_stride);
+        acc.add(w, x + 256 * b + 128 * half + 32 * run, x_stride);
       }
     }
   }
@@ -278,7 +285,11 @@ void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_en
       case 1: rows_of_tile<1>(w, row_begin, row_end, xa, oa, out_stride); break;
       case 2: rows_of_tile<2>(w, row_begin, row_end, xa, oa, out_stride); break;
       case 3: rows_of_tile<3>(w, row_begin, row_end, xa, oa, out_stride); break;
-      default: rows_of_tile<4>(w, row_begin, row_end, xa, oa, out_stride); break;
+      case 4: rows_of_tile<4>(w, row_begin, row_end, xa, oa, out_stride); break;
+      case 5: rows_of_tile<5>(w, row_begin, row_end, xa, oa, out_stride); break;
+      case 6: rows_of_tile<6>(w, row_begin, row_end, xa, oa, out_stride); break;
+      case 7: rows_of_tile<7>(w, row_begin, row_end, xa, oa, out_stride); break;
+      default: rows_of_tile<8>(w, row_begin, row_end, xa, oa, out_stride); break;
     }
   }
 }
