@@ -236,62 +236,13 @@ void q6_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
   acc.store(out, out_stride);
 }
 
-template <int R>
-void weight_row(const PackedWeight& w, int64_t i, const float* x, float* out, int64_t out_stride) {
-  const uint8_t* row = w.data + i * w.row_bytes;
-  float* y = out + i;
-  switch (w.layout) {
-    case PackedLayout::u4_pairs: pair_row<R, true>(row, w.cols, x, w.cols, y, out_stride); break;
-    case PackedLayout::u8_pairs: pair_row<R, false>(row, w.cols, x, w.cols, y, out_stride); break;
-    case PackedLayout::q4_k: q4_k_row<R>(row, w.cols, x, w.cols, y, out_stride); break;
-    case PackedLayout::q6_k: q6_k_row<R>(row, w.cols, x, w.cols, y, out_stride); break;
-    case PackedLayout::f32: break;  // not a quantized layout: matmul never sends it here
-  }
-}
-
-template <int R>
-void rows_of_tile(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, float* out,
-                  int64_t out_stride) {
-  for (int64_t i = row_begin; i < row_end; ++i) weight_row<R>(w, i, x, out, out_stride);
-}
+#include "kernels/cpu/quantized_dot_rows.inc"
 
 }  // namespace
 
 void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
                         float* out, int64_t out_stride) {
-  const bool pairs = w.layout == PackedLayout::u4_pairs || w.layout == PackedLayout::u8_pairs;
-  if (n_x == 1 && pairs) {
-    thread_local float* sums = nullptr;  // the pool's threads live on: the buffer is kept between calls
-    thread_local int64_t sums_size = 0;
-    const int64_t needed = 4 * ((w.cols + 63) / 64);
-    if (sums_size < needed) {
-      delete[] sums;
-      sums = new float[size_t(needed)];
-      sums_size = needed;
-    }
-    pair_block_sums(x, w.cols, sums);
-    for (int64_t i = row_begin; i < row_end; ++i) {
-      const uint8_t* row = w.data + i * w.row_bytes;
-      out[i] = w.layout == PackedLayout::u4_pairs ? pair_row_single<true>(row, w.cols, x, sums)
-                                                  : pair_row_single<false>(row, w.cols, x, sums);
-    }
-    return;
-  }
-  // Tiles of up to kMaxRows activation rows, each over the weight rows (which stay in L1/L2 between tiles).
-  for (int64_t a = 0; a < n_x; a += kMaxRows) {
-    const float* xa = x + a * w.cols;
-    float* oa = out + a * out_stride;
-    switch (n_x - a < kMaxRows ? n_x - a : kMaxRows) {
-      case 1: rows_of_tile<1>(w, row_begin, row_end, xa, oa, out_stride); break;
-      case 2: rows_of_tile<2>(w, row_begin, row_end, xa, oa, out_stride); break;
-      case 3: rows_of_tile<3>(w, row_begin, row_end, xa, oa, out_stride); break;
-      case 4: rows_of_tile<4>(w, row_begin, row_end, xa, oa, out_stride); break;
-      case 5: rows_of_tile<5>(w, row_begin, row_end, xa, oa, out_stride); break;
-      case 6: rows_of_tile<6>(w, row_begin, row_end, xa, oa, out_stride); break;
-      case 7: rows_of_tile<7>(w, row_begin, row_end, xa, oa, out_stride); break;
-      default: rows_of_tile<8>(w, row_begin, row_end, xa, oa, out_stride); break;
-    }
-  }
+  quantized_dot_of_level(w, row_begin, row_end, x, n_x, out, out_stride);
 }
 
 }  // namespace strata::cpu
