@@ -37,7 +37,13 @@ ChatTemplate choose_template(const ServerConfig::Model& m, std::string_view jinj
 // engine.backend: the CPU backend, or the CUDA one on engine.device (by default the node-local rank's GPU, so
 // that mpirun's ranks on one node take one GPU each).
 std::unique_ptr<Backend> make_backend(const ServerConfig& config) {
-  if (config.engine.backend == "cpu") return make_cpu_backend();
+  if (config.engine.backend == "cpu") {
+    return make_cpu_backend(config.engine.activation_dtype == "int8" ? ActivationDtype::int8 : ActivationDtype::f32);
+  }
+  if (config.engine.activation_dtype != "f32") {
+    throw ConfigError(config.file + ": engine.activation_dtype: " + config.engine.activation_dtype +
+                      " is a CPU backend option; the CUDA backend multiplies in bf16");
+  }
 #ifdef STRATA_HAVE_CUDA
   const int n = cuda_device_count();
   if (n == 0) throw ConfigError(config.file + ": engine.backend: cuda: " + cuda_unavailable_reason());

@@ -138,6 +138,10 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.engine.threads = int(parse_int(t, w, 0, 1024));
        }},
+      {"engine.activation_dtype",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.activation_dtype = parse_choice(t, w, {"f32", "int8"});
+       }},
       {"engine.backend",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.engine.backend = parse_choice(t, w, {"cpu", "cuda"});

@@ -47,6 +47,8 @@ struct ServerConfig {
     int max_batch_tokens = 512;
     int max_waiting = 256;
     int threads = 0;                        // compute threads of the CPU backend; 0 = every core
+    // f32 | int8: what the CPU backend's quantized matmuls multiply the weights with (kernels/backend.h)
+    std::string activation_dtype = "f32";
     std::string backend = "cpu";            // cpu | cuda (a build with -DSTRATA_CUDA=ON and a GPU)
     int device = -1;                        // CUDA device; -1: the node-local MPI rank modulo the GPUs present
   } engine;

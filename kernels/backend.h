@@ -149,6 +149,11 @@ class Backend {
                               const KvPoolView& pool) = 0;
 };
 
-std::unique_ptr<Backend> make_cpu_backend();
+// What the CPU backend's quantized matmuls multiply the weights with (engine.activation_dtype): the fp32
+// activations as they are, or rounded to int8 per block of 32 for integer dot products
+// (kernels/cpu/quantized_matmul.h).
+enum class ActivationDtype : uint8_t { f32, int8 };
+
+std::unique_ptr<Backend> make_cpu_backend(ActivationDtype activations = ActivationDtype::f32);
 
 }  // namespace strata

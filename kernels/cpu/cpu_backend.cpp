@@ -24,6 +24,7 @@ void require_f32(const Tensor& t, const char* what) {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(ActivationDtype activations) : activations_(activations) {}
   std::string name() const override { return "cpu"; }
   DType kv_dtype() const override { return DType::f32; }
   int64_t uploaded_weight_bytes(const WeightMatrix& w) const override {
@@ -93,7 +94,7 @@ class CpuBackend final : public Backend {
       throw std::invalid_argument("cpu backend: matmul shapes do not match");
     }
     if (w.dtype == DType::packed) {
-      cpu::quantized_matmul(x.f32(), x.rows, packed(w), out.f32());
+      cpu::quantized_matmul(x.f32(), x.rows, packed(w), out.f32(), activations_);
     } else {
       cpu::matmul(x.f32(), w.f32(), x.rows, x.cols, w.rows, out.f32());
     }
@@ -113,7 +114,7 @@ class CpuBackend final : public Backend {
       weights.push_back(&packed(*w[i]));
       outputs.push_back(out[i]->f32());
     }
-    cpu::quantized_matmul_shared_input(x.f32(), x.rows, weights, outputs);
+    cpu::quantized_matmul_shared_input(x.f32(), x.rows, weights, outputs, activations_);
   }
   void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
             const RopeParams& params) override {
@@ -222,12 +223,15 @@ class CpuBackend final : public Backend {
 
   static const cpu::PackedWeight& packed(const Tensor& t) { return *static_cast<const cpu::PackedWeight*>(t.data); }
 
+  const ActivationDtype activations_;
   std::unordered_set<void*> owned_;
   std::vector<Uploaded> uploaded_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(ActivationDtype activations) {
+  return std::make_unique<CpuBackend>(activations);
+}
 
 }  // namespace strata

@@ -43,4 +43,15 @@ QuantizedDotFn quantized_dot(CpuIsa isa) {
   }
 }
 
+QuantizedDotInt8Fn quantized_dot_int8(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::baseline: return quantized_dot_int8_baseline;
+#if STRATA_QUANTIZED_DOT_X86
+    case CpuIsa::avx2:
+    case CpuIsa::avx512: return quantized_dot_int8_avx2;
+#endif
+    default: return nullptr;
+  }
+}
+
 }  // namespace strata::cpu

@@ -53,4 +53,20 @@ void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_en
 void quantized_dot_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
                             float* out, int64_t out_stride);
 
+struct Int8Activations;  // kernels/cpu/int8_activations.h
+
+// The int8 kernels, for engine.activation_dtype: int8: rows [row_begin, row_end) of a pair-layout weight (u4_pairs,
+// u8_pairs: Q4_0, Q4_1, Q8_0) against every row of x, rounded to int8 per block of 32. The k-quant layouts have
+// none: quantized_matmul multiplies them with the rounded values in fp32. out[a * out_stride + i].
+using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end,
+                                    const Int8Activations& x, float* out, int64_t out_stride);
+// The int8 kernel of `isa` (which the machine must support); an AVX-512 machine runs the AVX2 one.
+QuantizedDotInt8Fn quantized_dot_int8(CpuIsa isa);
+#if STRATA_QUANTIZED_DOT_X86
+void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x,
+                             float* out, int64_t out_stride);
+#endif
+void quantized_dot_int8_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end,
+                                 const Int8Activations& x, float* out, int64_t out_stride);
+
 }  // namespace strata::cpu

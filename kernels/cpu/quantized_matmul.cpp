@@ -19,9 +19,46 @@ int64_t rows_per_chunk(int64_t rows) {
 // Weight rows per fp32 tile: 64 rows of a 4,096-wide matrix are 1 MiB, within a core's L2.
 constexpr int64_t kTileRows = 64;
 
+bool pair_layout(const PackedWeight& w) {
+  return w.layout == PackedLayout::u4_pairs || w.layout == PackedLayout::u8_pairs;
+}
+
+// x rounded to int8, and the values that stands for, in the calling thread's buffers (kept between calls).
+struct RoundedActivations {
+  Int8Activations rounded;
+  std::vector<float> values;
+};
+const RoundedActivations& round_to_int8(const float* x, int64_t n_rows, int64_t cols) {
+  thread_local RoundedActivations buffers;
+  buffers.values.resize(size_t(n_rows * cols));
+  round_activations(x, n_rows, cols, buffers.rounded, buffers.values.data());
+  return buffers;
+}
+
+// The rows [begin, end) of w against x as the fused kernels take them: the int8 one for a pair layout when x is
+// rounded (`rounded` not null), else the fp32 one on x (the rounded values when rounded).
+void fused_rows(const PackedWeight& w, int64_t begin, int64_t end, const float* x, int64_t n_rows,
+                const Int8Activations* rounded, float* out, CpuIsa isa) {
+  if (rounded != nullptr && pair_layout(w)) {
+    quantized_dot_int8(isa)(w, begin, end, *rounded, out, w.rows);
+  } else {
+    quantized_dot(isa)(w, begin, end, x, n_rows, out, w.rows);
+  }
+}
+
 }  // namespace
 
-void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, float* out, CpuIsa isa) {
+void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, float* out,
+                      ActivationDtype activations, CpuIsa isa) {
+  if (activations == ActivationDtype::int8 && n_rows > 0) {
+    const RoundedActivations& r = round_to_int8(x, n_rows, w.cols);
+    if (n_rows >= kDequantizedTileMinRows) {
+      quantized_matmul_tiles(r.values.data(), n_rows, w, out);
+    } else {
+      quantized_matmul_int8(r.rounded, r.values.data(), w, out, isa);
+    }
+    return;
+  }
   if (n_rows >= kDequantizedTileMinRows) {
     quantized_matmul_tiles(x, n_rows, w, out);
   } else {
@@ -36,9 +73,23 @@ void quantized_matmul_fused(const float* x, int64_t n_rows, const PackedWeight& 
                [&](int64_t begin, int64_t end) { dot(w, begin, end, x, n_rows, out, w.rows); });
 }
 
+void quantized_matmul_int8(const Int8Activations& x, const float* x_hat, const PackedWeight& w, float* out,
+                           CpuIsa isa) {
+  if (x.rows == 0) return;
+  parallel_for(w.rows, rows_per_chunk(w.rows), [&](int64_t begin, int64_t end) {
+    fused_rows(w, begin, end, x_hat, x.rows, &x, out, isa);
+  });
+}
+
 void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<const PackedWeight* const> w,
-                                   std::span<float* const> out, CpuIsa isa) {
+                                   std::span<float* const> out, ActivationDtype activations, CpuIsa isa) {
   if (n_rows == 0) return;
+  const Int8Activations* rounded = nullptr;
+  if (activations == ActivationDtype::int8 && !w.empty()) {
+    const RoundedActivations& r = round_to_int8(x, n_rows, w[0]->cols);
+    rounded = &r.rounded;
+    x = r.values.data();
+  }
   if (n_rows >= kDequantizedTileMinRows) {
     for (size_t i = 0; i < w.size(); ++i) quantized_matmul_tiles(x, n_rows, *w[i], out[i]);
     return;
@@ -53,12 +104,10 @@ void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<con
     const int64_t step = rows_per_chunk(w[i]->rows);
     for (int64_t b = 0; b < w[i]->rows; b += step) chunks.push_back({i, b, std::min(w[i]->rows, b + step)});
   }
-  const QuantizedDotFn dot = quantized_dot(isa);
   parallel_for(int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const Chunk& chunk = chunks[size_t(c)];
-      const PackedWeight& m = *w[chunk.matrix];
-      dot(m, chunk.begin, chunk.end, x, n_rows, out[chunk.matrix], m.rows);
+      fused_rows(*w[chunk.matrix], chunk.begin, chunk.end, x, n_rows, rounded, out[chunk.matrix], isa);
     }
   });
 }

@@ -4,9 +4,15 @@
 // registers and multiply it with every row of x, reading the weight once. Many rows (prefill): tiles of the weight
 // are dequantized to fp32 in memory and multiplied with BLAS, which is faster there (docs/decisions.md).
 // Threads: the weight's rows are split into chunks that the compute pool's threads claim.
+// With ActivationDtype::int8 (engine.activation_dtype) x is first rounded to int8 per block of 32
+// (kernels/cpu/int8_activations.h) and every path multiplies the rounded values: the fused kernels of the pair
+// layouts in integer arithmetic, the k-quant layouts' fused kernels and the tiles in fp32 on d * q. So a row's
+// result does not depend on the path beyond the order of sums, as with fp32 activations.
 #include <cstdint>
 #include <span>
 
+#include "kernels/backend.h"
+#include "kernels/cpu/int8_activations.h"
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/quantized_dot.h"
 
@@ -17,13 +23,18 @@ constexpr int64_t kDequantizedTileMinRows = 32;
 
 // x [n_rows, w.cols], out [n_rows, w.rows]. `isa` picks the fused kernels (tests run each level).
 void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, float* out,
-                      CpuIsa isa = best_cpu_isa());
+                      ActivationDtype activations = ActivationDtype::f32, CpuIsa isa = best_cpu_isa());
 // The same through the fused kernels whatever the row count (tests; the comparison of the two paths).
 void quantized_matmul_fused(const float* x, int64_t n_rows, const PackedWeight& w, float* out, CpuIsa isa);
+// The fused kernels on activations rounded to int8 (x_hat: the values they stand for, which the k-quant layouts
+// multiply in fp32), whatever the row count.
+void quantized_matmul_int8(const Int8Activations& x, const float* x_hat, const PackedWeight& w, float* out,
+                           CpuIsa isa);
 // out[i] = x * w[i]^T for several weights of x's width: with few rows, one parallel loop over all their rows;
 // otherwise quantized_matmul for each.
 void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<const PackedWeight* const> w,
-                                   std::span<float* const> out, CpuIsa isa = best_cpu_isa());
+                                   std::span<float* const> out, ActivationDtype activations = ActivationDtype::f32,
+                                   CpuIsa isa = best_cpu_isa());
 // The same through dequantized fp32 tiles and BLAS whatever the row count.
 void quantized_matmul_tiles(const float* x, int64_t n_rows, const PackedWeight& w, float* out);
 

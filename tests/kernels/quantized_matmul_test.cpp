@@ -5,6 +5,8 @@
 // Tolerance: both paths dequantize exactly (y = d * u + m rounds as the format's own dequantization does) and
 // multiply in fp32, so each output is within a few fp32 roundings of the exact sum: 1e-5 of sum |w x| (about 80
 // roundings of 2^-24 in the worst case of these lengths; the sums are ordered differently per level and path).
+// With int8 activations (kernels/cpu/int8_activations.h) the reference multiplies the rounded values d * q, which
+// the integer kernels take exactly; the rounding itself is checked against hand-computed blocks.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/int8_activations.h"
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/quantized_dot.h"
 #include "kernels/cpu/quantized_matmul.h"
@@ -137,6 +140,93 @@ TEST(QuantizedMatmul, DequantizedTilesMatchTheReference) {
     std::vector<float> out(size_t(n_x * c.rows));
     cpu::quantized_matmul(x.data(), n_x, packed.view, out.data());  // many rows: the fp32 tiles
     expect_near_reference(out, reference(w, x, n_x), name(c) + " in fp32 tiles");
+  }
+}
+
+// Two rows of 96 values (three blocks: the second pair group holds one), by hand: block 0 of row 0 has max |x| 2.54,
+// so d = 0.02 and x = 0.05 is 2.5 d, which rounds to the even 2 (ties to even); a zero block has d = 0 and q = 0.
+TEST(Int8Activations, RoundPerBlockOf32AsDefined) {
+  std::vector<float> x(2 * 96, 0.0f);
+  x[0] = 2.54f;   // 127 d
+  x[1] = -1.27f;  // -63.5 d: the tie goes to -64
+  x[2] = 0.05f;   // 2.5 d -> 2
+  x[3] = 0.07f;   // 3.5 d -> 4
+  x[64] = -4.0f;  // block 2 (the lone block of group 1): d = 4 / 127, q = -127
+  x[64 + 1] = 1.0f;  // 31.75 d -> 32
+  x[96 + 33] = 1.0f;  // row 1, block 1: d = 1 / 127, q = 127; its blocks 0 and 2 are zero
+  cpu::Int8Activations r;
+  std::vector<float> x_hat(x.size());
+  cpu::round_activations(x.data(), 2, 96, r, x_hat.data());
+  ASSERT_EQ(r.groups, 2);
+  const float d0 = 2.54f / 127.0f, d2 = 4.0f / 127.0f, d_row1 = 1.0f / 127.0f;
+  const int8_t* q0 = r.row_values(0);
+  EXPECT_EQ(q0[0], 127);
+  EXPECT_EQ(q0[1], -64);
+  EXPECT_EQ(q0[2], 2);
+  EXPECT_EQ(q0[3], 4);
+  EXPECT_EQ(q0[4], 0);
+  EXPECT_EQ(q0[64], -127);
+  EXPECT_EQ(q0[65], 32);
+  EXPECT_EQ(q0[96], 0);  // the padding after the lone block
+  const float* s0 = r.row_scales(0);
+  EXPECT_FLOAT_EQ(s0[0], d0);
+  EXPECT_EQ(s0[1], 0.0f);  // block 1 of row 0 is zero
+  EXPECT_FLOAT_EQ(s0[2], d0 * (127 - 64 + 2 + 4));
+  EXPECT_EQ(s0[3], 0.0f);
+  EXPECT_FLOAT_EQ(s0[4], d2);
+  EXPECT_EQ(s0[5], 0.0f);  // no block 3
+  EXPECT_FLOAT_EQ(s0[6], d2 * (-127 + 32));
+  const int8_t* q1 = r.row_values(1);
+  EXPECT_EQ(q1[33], 127);
+  EXPECT_FLOAT_EQ(r.row_scales(1)[1], d_row1);
+  EXPECT_FLOAT_EQ(x_hat[1], -64 * d0);
+  EXPECT_FLOAT_EQ(x_hat[65], 32 * d2);
+  EXPECT_FLOAT_EQ(x_hat[96 + 33], 127 * d_row1);
+}
+
+TEST(QuantizedMatmul, Int8KernelsOfEveryLevelMatchTheReferenceOnTheRoundedValues) {
+  for (CpuIsa isa : levels_here()) {
+    for (const Case& c : kCases) {
+      const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 23);
+      const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+      const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
+      for (int64_t n_x : {1, 2, 3, 4, 5, 8, 13}) {  // every row tile, and a second tile
+        const std::vector<float> x = random_activations(n_x, c.cols, 24);
+        cpu::Int8Activations rounded;
+        std::vector<float> x_hat(x.size());
+        cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
+        std::vector<float> out(size_t(n_x * c.rows), NAN);
+        cpu::quantized_matmul_int8(rounded, x_hat.data(), packed.view, out.data(), isa);
+        expect_near_reference(out, reference(w, x_hat, n_x),
+                              name(c) + " int8 on " + std::string(cpu::cpu_isa_name(isa)) + ", rows of x " +
+                                  std::to_string(n_x));
+      }
+    }
+  }
+}
+
+// Through quantized_matmul both paths (the int8 kernels for few rows, fp32 tiles for many) multiply the same
+// rounded values.
+TEST(QuantizedMatmul, Int8ActivationsTakeEveryPathToTheRoundedValues) {
+  for (const Case& c : kCases) {
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 43);
+    const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+    const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
+    for (int64_t n_x : {int64_t(3), cpu::kDequantizedTileMinRows + 3}) {
+      const std::vector<float> x = random_activations(n_x, c.cols, 44);
+      cpu::Int8Activations rounded;
+      std::vector<float> x_hat(x.size());
+      cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
+      std::vector<float> out(size_t(n_x * c.rows), NAN);
+      cpu::quantized_matmul(x.data(), n_x, packed.view, out.data(), ActivationDtype::int8);
+      expect_near_reference(out, reference(w, x_hat, n_x), name(c) + " int8, rows of x " + std::to_string(n_x));
+      // and through the shared-input door, as the backend calls it for Q, K and V
+      const cpu::PackedWeight* weights[] = {&packed.view};
+      std::vector<float> shared(out.size(), NAN);
+      float* outputs[] = {shared.data()};
+      cpu::quantized_matmul_shared_input(x.data(), n_x, weights, outputs, ActivationDtype::int8);
+      EXPECT_EQ(shared, out) << name(c);
+    }
   }
 }
 

@@ -22,11 +22,11 @@ struct SmolLm2 {
   std::unique_ptr<BlockPool> pool;  // declared last: released first
 };
 
-inline SmolLm2 load_smollm2(WeightDtype dtype) {
+inline SmolLm2 load_smollm2(WeightDtype dtype, ActivationDtype activations = ActivationDtype::f32) {
   SmolLm2 s;
   s.gguf = GgufFile::open(smollm2_gguf_path());
   s.weights = std::make_unique<ModelWeights>(load_gguf_weights(s.gguf, ShardSpec{}, dtype));
-  s.backend = make_cpu_backend();
+  s.backend = make_cpu_backend(activations);
   s.model = std::make_unique<LlamaModel>(*s.backend, *s.weights);
   s.pool = std::make_unique<BlockPool>(*s.backend, s.model->kv_layout(16), 3000);
   return s;
@@ -45,6 +45,12 @@ inline SmolLm2& smollm2(WeightDtype dtype = WeightDtype::f32) {
     case WeightDtype::f32: break;
   }
   static SmolLm2 m = load_smollm2(WeightDtype::f32);
+  return m;
+}
+
+// The file's weights (WeightDtype::automatic) with engine.activation_dtype: int8.
+inline SmolLm2& smollm2_int8_activations() {
+  static SmolLm2 m = load_smollm2(WeightDtype::automatic, ActivationDtype::int8);
   return m;
 }
 

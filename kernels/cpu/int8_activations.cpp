@@ -1,0 +1,60 @@
+#include "kernels/cpu/int8_activations.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/cpu/simd_clones.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace strata::cpu {
+namespace {
+
+// Rounds to the nearest integer, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits in the
+// sum, so the addition itself rounds (in the default rounding mode). Unlike nearbyint, this vectorizes on every
+// x86-64 level (baseline SSE2 has no rounding instruction), and a row must round alike at every level.
+inline float round_to_integer(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+// Row r of x into out (its buffers sized) and x_hat.
+STRATA_SIMD_CLONES void round_row(const float* x, int64_t r, Int8Activations& out, float* x_hat) {
+  const int64_t cols = out.cols;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + r * cols + 32 * b;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float inverse = d > 0.0f ? 1.0f / d : 0.0f;
+    int8_t* qb = out.q.data() + r * out.groups * 64 + 32 * b;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float rounded = round_to_integer(xb[j] * inverse);
+      qb[j] = int8_t(rounded);
+      sum += int(rounded);
+    }
+    float* group = out.scales.data() + (r * out.groups + b / 2) * 4;
+    group[b % 2] = d;
+    group[2 + b % 2] = d * float(sum);
+    if (x_hat) {
+      for (int j = 0; j < 32; ++j) x_hat[r * cols + 32 * b + j] = d * float(qb[j]);
+    }
+  }
+}
+
+}  // namespace
+
+void round_activations(const float* x, int64_t n, int64_t cols, Int8Activations& out, float* x_hat) {
+  if (cols % 32 != 0) throw std::invalid_argument("round_activations: a row's width must be a multiple of 32");
+  out.rows = n;
+  out.cols = cols;
+  out.groups = (cols / 32 + 1) / 2;
+  out.q.assign(size_t(n * out.groups * 64), 0);
+  out.scales.assign(size_t(n * out.groups * 4), 0.0f);
+  // Rows on the compute pool: a prefill chunk has hundreds.
+  parallel_for(n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) round_row(x, r, out, x_hat);
+  });
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,28 @@
+#pragma once
+// Activation rows rounded to int8 per block of 32 values, for engine.activation_dtype: int8 (the idea of
+// llama.cpp's Q8_1 blocks): d = max |x| / 127 over the block, q = round(x / d), and the block stands for d * q.
+// The int8 kernels (kernels/cpu/quantized_dot.h) multiply the weights' unsigned integers with q in integer
+// arithmetic; a pair group of the weights (kernels/cpu/packed_weight.h) then contributes
+//   d_w0 d0 (u . q)_0 + d_w1 d1 (u . q)_1 + m_w0 s0 + m_w1 s1,   s = d * sum(q) per block,
+// which is the dot product with the rounded values d * q, up to the order of the sums.
+#include <cstdint>
+#include <vector>
+
+namespace strata::cpu {
+
+struct Int8Activations {
+  int64_t rows = 0;
+  int64_t cols = 0;               // a multiple of 32
+  int64_t groups = 0;             // pair groups of 64 values per row (a lone last block of 32 rounds up)
+  std::vector<int8_t> q;          // [rows][groups * 64]: the values, a lone last block followed by 32 zeros
+  std::vector<float> scales;      // [rows][groups][4]: d0, d1, s0, s1 of the group's two blocks (0 for a missing one)
+
+  const int8_t* row_values(int64_t r) const { return q.data() + r * groups * 64; }
+  const float* row_scales(int64_t r) const { return scales.data() + r * groups * 4; }
+};
+
+// Rounds n rows of x [n][cols] (cols a multiple of 32) into `out` (its buffers reused) and, where x_hat is not
+// null, writes the values the rounding stands for, d * q, to x_hat [n][cols]. Ties round to even.
+void round_activations(const float* x, int64_t n, int64_t cols, Int8Activations& out, float* x_hat);
+
+}  // namespace strata::cpu
