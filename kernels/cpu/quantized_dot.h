@@ -10,9 +10,9 @@
 //             bench/results/cpu-avx2-quantized-dot-before-after.json);
 //   baseline  portable C++ (kernels/cpu/quantized_dot_portable.cpp) for baseline x86-64 (SSE2), and the only one
 //             on other architectures.
-// Why fp32 activations and not int8 ones (as llama.cpp has): rounding SmolLM2's activations to int8 per block of
-// 32 changed the top-1 token at 2.7% of the reference positions, and the fp32 kernels were as fast
-// (docs/decisions.md). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which
+// fp32 activations are the default; int8 ones (as llama.cpp has) are an option, engine.activation_dtype, with
+// kernels of their own below: rounding SmolLM2's activations to int8 per block of 32 changes the top-1 token at
+// about 3.5% of the reference positions (docs/decisions.md, [cpu-speed] and [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which
 // need a body per target, and the tests must be able to call each level by name.
 #include <cstdint>
 #include <string_view>
