@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The figures the README quotes, computed again from the result files they come from.
+
+  .venv/bin/python tools/check_figures.py     # prints each claim; exit status 1 if one is not in its document
+
+Each claim is a document, a result file and a function that writes, from the file's numbers, the exact text the
+document must contain (line breaks and runs of spaces count as one space). A figure edited in the document without
+its file, or a file measured again without the document, fails the check (tests/e2e/test_figures.py runs it in the
+test suite). Add a claim where a document quotes a new figure.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+@dataclass
+class Claim:
+    document: str
+    source: str  # a file under bench/results/
+    text: Callable[[dict], str]
+
+
+def ratios(d: dict) -> dict:
+    return d["ratios_strata_over_llamacpp"]
+
+
+def batch1_span(d: dict) -> str:
+    """Batch-1 decode against llama.cpp from an empty cache and after the prompt, low-high."""
+    lo, hi = sorted((ratios(d)["batch1_decode"], ratios(d)["batch1_decode_after_prompt"]))
+    return f"{lo:.2f}-{hi:.2f}"
+
+
+def gpu_tests_passed(d: dict, smollm2: dict) -> str:
+    suites = list(d.values()) + list(smollm2.values())
+    total = sum(s["tests"] for s in suites)
+    return f"{total - sum(s['failures'] for s in suites)} of the {total}"
+
+
+def kv_bytes_ratio(d: dict, context: int) -> float:
+    """bf16 KV bytes over int4 KV bytes per decode step at batch 1 (runs 0 and 2 of the 8B bench)."""
+    step = [next(r["bandwidth"]["kv_bytes_per_step"] for r in run["results"]
+                 if r["context"] == context and r["batch"] == 1) for run in (d["runs"][0], d["runs"][2])]
+    return step[0] / step[1]
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def decode_span(d: dict) -> str:
+    r = ratios(d)
+    values = (r["batch1_decode"], r["batch1_decode_after_prompt"], r["batch8_decode"])
+    return f"{min(values):.2f} to {max(values):.2f} times"
+
+
+CLAIMS = [
+    Claim("README.md", "cpu-vs-llamacpp.json",
+          lambda d: f"decodes {decode_span(d)} as fast as llama.cpp on the same file on an AVX-512 EPYC"),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json", lambda d: f"{decode_span(d)} on an AVX2-only one"),
+    Claim("README.md", "cpu-vs-llamacpp.json",
+          lambda d: f"on an AVX-512 EPYC: batch-1 decode {batch1_span(d)}x, batch-8 {ratios(d)['batch8_decode']:.2f}x, "
+                    f"prefill {ratios(d)['prefill_128']:.2f}x, HTTP {ratios(d)['http_1_stream']:.2f}x and "
+                    f"{ratios(d)['http_8_streams']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json",
+          lambda d: f"on an AVX2-only EPYC: batch-1 decode {batch1_span(d)}x, batch-8 "
+                    f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx2-int8.json",
+          lambda d: f"with `engine.activation_dtype: int8` {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+                    f"{ratios(d)['prefill_128']:.2f}x"),
+    Claim("README.md", "cpu-capacity-chunked.json",
+          lambda d: f"decode {d['runs']['snapkv:int4']['max_decoding_at_once']} sequences at once against `full`'s "
+                    f"{d['runs']['full:f32']['max_decoding_at_once']}, at "
+                    f"{d['decode_ratio_to_full_f32']['snapkv:int4']:.2f}x"),
+    Claim("README.md", "gpu-h200-c11d038-tests.json",
+          lambda d: f"{gpu_tests_passed(d, load('gpu-h200-c11d038-tests-smollm2.json'))} pass, one"),
+    Claim("bench/results/README.md", "gpu-h200-c11d038-tests.json",
+          lambda d: f"{gpu_tests_passed(d, load('gpu-h200-c11d038-tests-smollm2.json'))} `Cuda*` and NCCL tests pass"),
+    Claim("bench/results/README.md", "gpu-h200-c11d038-bench-8b.json",
+          lambda d: f"although it reads {kv_bytes_ratio(d, 16384):.1f}x fewer KV bytes"),
+]
+
+
+def main() -> int:
+    failed = 0
+    for claim in CLAIMS:
+        document = " ".join((ROOT / claim.document).read_text(encoding="utf-8").split())
+        text = " ".join(claim.text(load(claim.source)).split())
+        found = text in document
+        failed += not found
+        print(f"{'ok ' if found else 'NOT FOUND'} {claim.document} <- {claim.source}: {text!r}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
