@@ -63,32 +63,6 @@ std::unique_ptr<Backend> make_backend(const ServerConfig& config) {
 #endif
 }
 
-// The KV block layout of the model with kv_cache.dtype; quantized blocks hold one KIVI group of 32 entries.
-KvBlockLayout kv_pool_layout(const ServerConfig& config, const LlamaModel& model) {
-  KvBlockLayout layout = model.kv_layout(config.kv_cache.block_size);
-  const std::string& dtype = config.kv_cache.dtype;
-  if (dtype == "f32") return layout;
-  layout.quant = dtype == "int8" ? KvQuant::int8 : dtype == "int4" ? KvQuant::int4 : KvQuant::int2;
-  if (layout.block_size != kKvQuantGroup) {
-    throw ConfigError(config.file + ": kv_cache.block_size: kv_cache.dtype " + dtype + " needs " +
-                      std::to_string(kKvQuantGroup) + " (one quantization group per block), got " +
-                      std::to_string(layout.block_size));
-  }
-  if (layout.head_dim % kKvQuantGroup != 0) {
-    throw ConfigError(config.file + ": kv_cache.dtype: " + dtype + " groups values by " +
-                      std::to_string(kKvQuantGroup) + " channels; the model's head dim is " +
-                      std::to_string(layout.head_dim));
-  }
-  // A slot that packs one group saves nothing and still rounds every entry (int8 in CUDA's bf16 blocks).
-  if (layout.quantized_per_slot() < 2) {
-    throw ConfigError(config.file + ": kv_cache.dtype: " + dtype + " packs " +
-                      std::to_string(layout.quantized_per_slot()) + " group into a " +
-                      (layout.dtype == DType::bf16 ? "bf16" : "f32") +
-                      " block of this backend, so it would save no memory; use int4");
-  }
-  return layout;
-}
-
 // The NCCL communicators of a CUDA rank over its TP group and its pipeline (parallel/nccl_comm.h), bootstrapped over
 // their MPI twins: collective over the world, in this order on every rank. Null for a group of one.
 std::pair<std::unique_ptr<DeviceComm>, std::unique_ptr<DeviceComm>> make_device_comms(const RankWorld& world,
@@ -117,6 +91,30 @@ std::pair<std::unique_ptr<DeviceComm>, std::unique_ptr<DeviceComm>> make_device_
 }
 
 }  // namespace
+
+KvBlockLayout kv_pool_layout(const ServerConfig& config, KvBlockLayout layout) {
+  const std::string& dtype = config.kv_cache.dtype;
+  if (dtype == "f32") return layout;
+  layout.quant = dtype == "int8" ? KvQuant::int8 : dtype == "int4" ? KvQuant::int4 : KvQuant::int2;
+  if (layout.block_size != kKvQuantGroup) {
+    throw ConfigError(config.file + ": kv_cache.block_size: kv_cache.dtype " + dtype + " needs " +
+                      std::to_string(kKvQuantGroup) + " (one quantization group per block), got " +
+                      std::to_string(layout.block_size));
+  }
+  if (layout.head_dim % kKvQuantGroup != 0) {
+    throw ConfigError(config.file + ": kv_cache.dtype: " + dtype + " groups values by " +
+                      std::to_string(kKvQuantGroup) + " channels; the model's head dim is " +
+                      std::to_string(layout.head_dim));
+  }
+  // A slot that packs one group saves nothing and still rounds every entry (int8 in CUDA's bf16 blocks).
+  if (layout.quantized_per_slot() < 2) {
+    throw ConfigError(config.file + ": kv_cache.dtype: " + dtype + " packs " +
+                      std::to_string(layout.quantized_per_slot()) + " group into a " +
+                      (layout.dtype == DType::bf16 ? "bf16" : "f32") +
+                      " block of this backend, so it would save no memory; use int4");
+  }
+  return layout;
+}
 
 // This rank's part of the model: its stage's layers and, under tensor parallelism, its slice of the heads, the MLP
 // and the vocabulary. A start-up error names parallel.tp when the model's dimensions do not divide.
@@ -198,7 +196,7 @@ void make_model(const ServerConfig& config, const RankWorld* world, const RankGr
 // The KV block pool of kv_cache.memory_mib and the cache of this rank's layers over it.
 void make_kv_cache(const ServerConfig& config, RankRuntime& rt) {
   const ShardSpec& sh = rt.weights.shard;
-  const KvBlockLayout layout = kv_pool_layout(config, *rt.model);
+  const KvBlockLayout layout = kv_pool_layout(config, rt.model->kv_layout(config.kv_cache.block_size));
   const int64_t n_blocks = BlockPool::blocks_for_memory(layout, config.kv_cache.memory_mib << 20);
   // A quantized pool keeps one block in reserve for sealing (cache/block_pool.h).
   if (n_blocks < sh.layer_end - sh.layer_begin + (layout.quant == KvQuant::none ? 0 : 1)) {

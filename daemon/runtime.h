@@ -24,7 +24,11 @@ std::unique_ptr<StepDispatcher> make_dispatcher(RankRuntime& rt, const RankWorld
 // For models without a tokenizer (dummy weights): token i is the text "t<i>", nothing is special.
 Tokenizer stand_in_tokenizer(const ModelConfig& config);
 
-// The engine's settings from the configuration.
+// The KV pool's block layout under kv_cache.dtype, from the model's full-precision one on this backend: quantized
+// blocks hold one KIVI group of 32 entries. ConfigError naming the key where the format cannot work or would save
+// no memory (int8 in CUDA's bf16 blocks).
+KvBlockLayout kv_pool_layout(const ServerConfig& config, KvBlockLayout full_precision);
+
 // The server's compression policies (kv_cache.policy, kv_cache.layer_overrides).
 CompressionConfig compression_config(const ServerConfig& config);
 // The engine's settings from the configuration; rt: the leader's runtime (the model's shape, for prefix caching).

@@ -71,6 +71,7 @@ def test_nested_schema_validates(client, model_name, temperature):
     response = client.chat.completions.create(model=model_name, messages=ask("Invent a person with an address."),
                                               response_format=person_format(), max_tokens=300,
                                               temperature=temperature, seed=11, n=2)
+    assert sorted(choice.index for choice in response.choices) == [0, 1]
     for choice in response.choices:
         assert choice.finish_reason == "stop", choice.message.content
         jsonschema.validate(json.loads(choice.message.content), PERSON)
