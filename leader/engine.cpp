@@ -110,12 +110,14 @@ void Engine::submit(GenerationRequest request) {
   if (!request.sink) throw std::logic_error("generation request without a sink");
   {
     std::lock_guard lock(mutex_);
-    if (!broken_.empty()) throw std::runtime_error("the server lost a rank: " + broken_);
-    if (stopping_) throw std::runtime_error("the server is shutting down");
-    if (draining_) throw std::runtime_error("the server is draining before it shuts down; retry on another server");
+    if (!broken_.empty()) throw SubmitRefused(Refusal::rank_lost, "the server lost a rank: " + broken_);
+    if (stopping_) throw SubmitRefused(Refusal::shutting_down, "the server is shutting down");
+    if (draining_) {
+      throw SubmitRefused(Refusal::draining, "the server is draining before it shuts down; retry on another server");
+    }
     if (n_queued_ + size_t(request.n) > size_t(options_.max_waiting)) {
-      throw std::runtime_error("the request queue is full (" + std::to_string(options_.max_waiting) +
-                               " sequences waiting); retry later");
+      throw SubmitRefused(Refusal::queue_full, "the request queue is full (" + std::to_string(options_.max_waiting) +
+                                                   " sequences waiting); retry later");
     }
     n_queued_ += size_t(request.n);
     ++n_in_flight_;

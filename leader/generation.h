@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
@@ -79,11 +80,25 @@ struct GenerationRequest {
 };
 
 // What the HTTP layer needs from the daemon.
+// Why the service turned a request away before queueing it. The front end decides what each means to its client
+// (routing/ maps them to HTTP statuses and error codes).
+enum class Refusal : uint8_t {
+  queue_full,     // engine.max_waiting sequences are waiting: retry later
+  draining,       // finishing what it has before it shuts down: retry on another server
+  shutting_down,  // stopping now
+  rank_lost,      // a rank of the world failed: this server cannot generate any more
+};
+
+struct SubmitRefused : std::runtime_error {
+  SubmitRefused(Refusal why, const std::string& message) : std::runtime_error(message), why(why) {}
+  Refusal why;
+};
+
 class GenerationService {
  public:
   virtual ~GenerationService() = default;
-  // Queues the request. Throws std::invalid_argument (-> HTTP 400) for what only the engine can check
-  // (e.g. prompt plus max_tokens beyond the context), std::runtime_error (-> 503) when the queue is full.
+  // Queues the request. Throws std::invalid_argument for what only the engine can check (e.g. prompt plus
+  // max_tokens beyond the context, a prompt the pool cannot hold), SubmitRefused when it takes no request now.
   virtual void submit(GenerationRequest request) = 0;
   virtual std::string metrics_text() = 0;          // Prometheus text format
   virtual std::string kv_state_json() = 0;         // per-layer KV state, for people who debug

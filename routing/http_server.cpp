@@ -231,6 +231,18 @@ ApiError engine_error(const RequestFailed& failed) {
                   failed.message);
 }
 
+// A request the engine would not queue: 503 for each reason (the server cannot take it now), told apart by the code
+// a client or load balancer can act on: retry here later, retry elsewhere, or take this server out.
+ApiError refusal_error(const SubmitRefused& refused) {
+  switch (refused.why) {
+    case Refusal::queue_full: return ApiError(503, "server_error", refused.what(), "", "overloaded");
+    case Refusal::draining: return ApiError(503, "server_error", refused.what(), "", "draining");
+    case Refusal::shutting_down: return ApiError(503, "server_error", refused.what(), "", "shutting_down");
+    case Refusal::rank_lost: return ApiError(503, "server_error", refused.what(), "", "rank_lost");
+  }
+  return ApiError(503, "server_error", refused.what());
+}
+
 std::string http_error_status_text(const ApiError& error) {
   return std::to_string(error.http_status()) + " " + error.type() + ": " + error.what();
 }
@@ -558,8 +570,8 @@ net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dial
       server_.service.submit(std::move(batch[i].request));
     } catch (const std::invalid_argument& e) {
       throw ApiError::invalid_request(batch.size() == 1 ? "" : batch[i].prompt_param, e.what());
-    } catch (const std::runtime_error& e) {  // the queue is full
-      throw ApiError(503, "server_error", e.what(), "", "overloaded");
+    } catch (const SubmitRefused& e) {
+      throw refusal_error(e);
     }
   }
   if (batch.front().stream) co_return co_await stream(request, context, *sink, timer, lease);

@@ -1,10 +1,13 @@
 """Bad requests get the right status and an OpenAI error body {"error": {"message", "type", "param", "code"}}, and
 the server keeps serving afterwards."""
+import concurrent.futures
 import socket
+import time
 
 import pytest
 import requests
 
+from serve_process import ServeProcess
 from support import error_of
 
 COMPLETIONS = "/v1/completions"
@@ -132,3 +135,24 @@ def test_server_still_serves_after_bad_requests(server, client, model_name):
     response = client.completions.create(model=model_name, prompt="Hello", max_tokens=2, temperature=0)
     assert response.choices[0].finish_reason == "length"
     assert response.usage.completion_tokens == 2
+
+
+def test_a_full_queue_answers_503_overloaded_and_serves_on():
+    """engine.max_waiting 1 and max_running 1: one request runs, one waits, a third is refused with the code a
+    client retries on (routing/ decides it from the engine's typed refusal); the first two still finish."""
+    small = ServeProcess(["engine.max_waiting=1", "engine.max_running=1"], "strata serve (a queue of one)")
+    try:
+        small.wait_ready()
+        body = {"model": "SmolLM2-135M-Instruct", "prompt": "Count to a thousand:", "max_tokens": 600,
+                "ignore_eos": True, "temperature": 0}
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            running = pool.submit(post, small, COMPLETIONS, json=body)
+            time.sleep(0.3)
+            waiting = pool.submit(post, small, COMPLETIONS, json=body)
+            time.sleep(0.3)
+            refused = error_of(post(small, COMPLETIONS, json={**body, "max_tokens": 4}), 503)
+            assert refused["code"] == "overloaded" and "queue is full" in refused["message"], refused
+            assert running.result().status_code == 200
+            assert waiting.result().status_code == 200
+    finally:
+        small.stop()

@@ -207,6 +207,25 @@ TEST_F(EngineTest, PromptsTheEngineCannotServeAreRefused) {
   EXPECT_THROW(engine.submit(beyond_pool), std::invalid_argument);
 }
 
+// A full queue refuses a request with its reason, which the front end turns into its status (routing/).
+TEST_F(EngineTest, AFullQueueRefusesWithItsReason) {
+  auto rt = make(64);
+  ServerMetrics metrics(8192);
+  EngineOptions options;
+  options.max_waiting = 1;
+  Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
+  engine.submit(request(*rt, kPrompts[0], 2, std::make_shared<RecordingSink>()));
+  try {
+    engine.submit(request(*rt, kPrompts[1], 2, std::make_shared<RecordingSink>()));
+    ADD_FAILURE() << "a second request joined a queue of one";
+  } catch (const SubmitRefused& e) {
+    EXPECT_EQ(e.why, Refusal::queue_full) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(1 sequences waiting)"), std::string::npos) << e.what();
+  }
+  engine.run_until_idle();
+  EXPECT_TRUE(engine.idle());
+}
+
 // A drain refuses new requests and lets those submitted finish: the queued one too, not only the running one.
 TEST_F(EngineTest, ADrainFinishesWhatWasSubmittedAndRefusesTheRest) {
   auto rt = make(64);
@@ -221,7 +240,12 @@ TEST_F(EngineTest, ADrainFinishesWhatWasSubmittedAndRefusesTheRest) {
   EXPECT_FALSE(engine.idle());
   engine.drain();
   auto late = std::make_shared<RecordingSink>();
-  EXPECT_THROW(engine.submit(request(*rt, kPrompts[1], 6, late)), std::runtime_error);
+  try {
+    engine.submit(request(*rt, kPrompts[1], 6, late));
+    ADD_FAILURE() << "a draining engine queued a request";
+  } catch (const SubmitRefused& e) {
+    EXPECT_EQ(e.why, Refusal::draining) << e.what();
+  }
   engine.run_until_idle();
   EXPECT_TRUE(running->finished) << running->error;
   EXPECT_TRUE(queued->finished) << queued->error;
