@@ -202,15 +202,15 @@ void Engine::loop() {
         broken_ = e.what();
       }
       kv_state_ready_.notify_all();
-      fail_all(message, /*release=*/false, 500);
+      fail_all(message, /*release=*/false, Failure::rank_lost);
       if (options_.on_rank_failure) options_.on_rank_failure(e.what());
       return;
     } catch (const std::exception& e) {
       // A failed step must not take the server down or leave clients waiting: fail what is in flight.
-      fail_all(std::string("engine step failed: ") + e.what(), /*release=*/true, 500);
+      fail_all(std::string("engine step failed: ") + e.what(), /*release=*/true, Failure::step_failed);
     }
   }
-  fail_all("the server is shutting down", /*release=*/true, 503);
+  fail_all("the server is shutting down", /*release=*/true, Failure::shutting_down);
 }
 
 void Engine::run_until_idle() {
@@ -535,7 +535,7 @@ void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {
   }
 }
 
-void Engine::fail_all(const std::string& message, bool release, int http_status) {
+void Engine::fail_all(const std::string& message, bool release, Failure why) {
   std::vector<std::shared_ptr<RequestState>> reqs;
   for (auto& [id, seq] : seqs_) {
     if (std::find(reqs.begin(), reqs.end(), seq->req) == reqs.end()) reqs.push_back(seq->req);
@@ -551,8 +551,8 @@ void Engine::fail_all(const std::string& message, bool release, int http_status)
     n_queued_ = 0;
     n_in_flight_ -= reqs.size() + incoming.size();
   }
-  for (auto& req : reqs) req->request.sink->on_event(RequestFailed{http_status, "server_error", message});
-  for (auto& r : incoming) r.sink->on_event(RequestFailed{503, "server_error", message});
+  for (auto& req : reqs) req->request.sink->on_event(RequestFailed{why, message});
+  for (auto& r : incoming) r.sink->on_event(RequestFailed{Failure::not_started, message});
   // The ranks still hold the KV of the failed sequences: free it now (the next plan would otherwise do it).
   if (!release) to_release_.clear();
   if (!to_release_.empty()) {

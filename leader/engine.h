@@ -112,9 +112,9 @@ class Engine final : public GenerationService {
   // Per global layer, the most entries a prefill of these tokens holds under the request's policies.
   std::vector<int> peak_entries(const std::optional<PolicySpec>& request_policy, int prefill_len) const;
   void check_fits_the_pool(const GenerationRequest& request) const;
-  // release: have the ranks free the failed sequences' KV (not when the world is broken). http_status: what the
-  // running sequences' requests fail with (queued ones always get 503: they may be retried elsewhere).
-  void fail_all(const std::string& message, bool release, int http_status);
+  // release: have the ranks free the failed sequences' KV (not when the world is broken). why: what the running
+  // sequences' requests fail with (queued ones fail as not_started: they may be retried elsewhere).
+  void fail_all(const std::string& message, bool release, Failure why);
   void publish_metrics();
   // After a step whose plan asked for the ranks' detail: renders /v1/kv_state and wakes the clients that wait.
   void serve_kv_state(const StepPlan& plan, uint64_t asked);

@@ -50,9 +50,17 @@ struct RequestFinished {
 };
 
 // The request failed inside the engine; nothing more will come.
+// Why the engine ended a request with an error. The front end decides what each means to its client (routing/
+// maps them to HTTP statuses and error codes).
+enum class Failure : uint8_t {
+  step_failed,    // a step threw: the running requests fail, the server goes on
+  rank_lost,      // a rank of the world failed: nothing more can run here
+  shutting_down,  // the server stopped before the request ended (a drain's timeout, a stop)
+  not_started,    // still queued when one of the above happened: nothing was generated, it may be retried elsewhere
+};
+
 struct RequestFailed {
-  int http_status = 500;
-  std::string type;     // OpenAI error type, e.g. "server_error", "invalid_request_error"
+  Failure why = Failure::step_failed;
   std::string message;
 };
 

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "leader/generation.h"
+
 namespace strata {
 
 class ApiError : public std::runtime_error {
@@ -14,6 +16,10 @@ class ApiError : public std::runtime_error {
   static ApiError invalid_request(std::string param, std::string message);
   // 500 server_error: an exception the handler did not expect.
   static ApiError internal(std::string message);
+  // What the engine's typed refusals and failures (leader/generation.h) mean over HTTP: the status, and a code a
+  // client or load balancer can act on (retry here later, retry elsewhere, take this server out).
+  static ApiError refused(const SubmitRefused& refused);
+  static ApiError failed(const RequestFailed& failed);
 
   int http_status() const { return http_status_; }
   const std::string& type() const { return type_; }

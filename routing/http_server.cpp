@@ -224,25 +224,6 @@ Response error_response(unsigned version, bool keep_alive, const ApiError& error
   return make_response(version, keep_alive, http::status(error.http_status()), error.body(), "application/json");
 }
 
-// A failure the engine reported; a status outside 4xx/5xx would make no sense to a client.
-ApiError engine_error(const RequestFailed& failed) {
-  bool valid = failed.http_status >= 400 && failed.http_status <= 599;
-  return ApiError(valid ? failed.http_status : 500, failed.type.empty() ? "server_error" : failed.type,
-                  failed.message);
-}
-
-// A request the engine would not queue: 503 for each reason (the server cannot take it now), told apart by the code
-// a client or load balancer can act on: retry here later, retry elsewhere, or take this server out.
-ApiError refusal_error(const SubmitRefused& refused) {
-  switch (refused.why) {
-    case Refusal::queue_full: return ApiError(503, "server_error", refused.what(), "", "overloaded");
-    case Refusal::draining: return ApiError(503, "server_error", refused.what(), "", "draining");
-    case Refusal::shutting_down: return ApiError(503, "server_error", refused.what(), "", "shutting_down");
-    case Refusal::rank_lost: return ApiError(503, "server_error", refused.what(), "", "rank_lost");
-  }
-  return ApiError(503, "server_error", refused.what());
-}
-
 std::string http_error_status_text(const ApiError& error) {
   return std::to_string(error.http_status()) + " " + error.type() + ": " + error.what();
 }
@@ -571,7 +552,7 @@ net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dial
     } catch (const std::invalid_argument& e) {
       throw ApiError::invalid_request(batch.size() == 1 ? "" : batch[i].prompt_param, e.what());
     } catch (const SubmitRefused& e) {
-      throw refusal_error(e);
+      throw ApiError::refused(e);
     }
   }
   if (batch.front().stream) co_return co_await stream(request, context, *sink, timer, lease);
@@ -589,7 +570,7 @@ net::awaitable<bool> Session::collect(const Request& request, const ResponseCont
   }
   lease.finish();
   if (const auto& failure = collector.failure()) {
-    throw engine_error(*failure);
+    throw ApiError::failed(*failure);
   }
   Response response =
       make_response(request.version(), request.keep_alive(), http::status::ok, collector.body(), "application/json");
@@ -603,7 +584,7 @@ net::awaitable<bool> Session::stream(const Request& request, const ResponseConte
   std::deque<GenerationEvent> events = sink.take();
   if (const auto* failed = std::get_if<RequestFailed>(&events.front())) {
     lease.finish();
-    throw engine_error(*failed);
+    throw ApiError::failed(*failed);
   }
   if (!co_await do_write_stream_header(request)) co_return false;
   StreamEncoder encoder(context);

@@ -747,8 +747,7 @@ std::string StreamEncoder::encode(const GenerationEvent& event) {
     return events.append(kSseDone);
   }
   const RequestFailed& failed = std::get<RequestFailed>(event);
-  ApiError error(failed.http_status, failed.type.empty() ? "server_error" : failed.type, failed.message);
-  return sse_event(error.body()).append(kSseDone);
+  return sse_event(ApiError::failed(failed).body()).append(kSseDone);
 }
 
 std::string StreamEncoder::delta_event(const ChoiceDelta& delta) {

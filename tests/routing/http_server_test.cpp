@@ -625,18 +625,21 @@ TEST_F(HttpServerTest, StreamWritesEachEventAsItComes) {
 }
 
 TEST_F(HttpServerTest, EngineFailureBeforeTheFirstTokenGetsItsStatus) {
-  service_.script = {RequestFailed{400, "invalid_request_error", "prompt plus max_tokens exceed the context"}};
+  service_.script = {RequestFailed{Failure::shutting_down, "the server is shutting down"}};
   start();
   Client c = client();
   auto streamed = c.post("/v1/completions", with_fields(kCompletion, {{"stream", true}}));
-  expect_error(streamed, 400, "invalid_request_error");
+  expect_error(streamed, 503, "server_error");
   auto whole = c.post("/v1/completions", kCompletion);
-  expect_error(whole, 400, "invalid_request_error");
-  EXPECT_EQ(json::parse(whole.body())["error"]["message"], "prompt plus max_tokens exceed the context");
+  expect_error(whole, 503, "server_error");
+  EXPECT_EQ(json::parse(whole.body())["error"]["message"], "the server is shutting down");
+  EXPECT_EQ(json::parse(whole.body())["error"]["code"], "shutting_down");
+  service_.script = {RequestFailed{Failure::step_failed, "engine step failed: out of memory"}};
+  expect_error(c.post("/v1/completions", kCompletion), 500, "server_error");
 }
 
 TEST_F(HttpServerTest, EngineFailureMidStreamIsAnErrorEvent) {
-  service_.script = {ChoiceDelta{0, "Hel", {}, {}}, RequestFailed{500, "server_error", "device lost"}};
+  service_.script = {ChoiceDelta{0, "Hel", {}, {}}, RequestFailed{Failure::step_failed, "device lost"}};
   start();
   Client c = client();
   auto response = c.post("/v1/completions", with_fields(kCompletion, {{"stream", true}}));
@@ -655,9 +658,20 @@ TEST_F(HttpServerTest, SubmitErrorsMapTo400And503) {
   expect_error(rejected, 400, "invalid_request_error");
   EXPECT_EQ(json::parse(rejected.body())["error"]["message"], "too long for the engine");
 
-  service_.submit_hook = [] { throw std::runtime_error("queue full"); };
-  auto busy = c.post("/v1/completions", with_fields(kCompletion, {{"stream", true}}));
-  expect_error(busy, 503, "server_error");
+  // The engine's typed refusals: 503, each with the code a client acts on.
+  const std::pair<Refusal, const char*> refusals[] = {{Refusal::queue_full, "overloaded"},
+                                                      {Refusal::draining, "draining"},
+                                                      {Refusal::shutting_down, "shutting_down"},
+                                                      {Refusal::rank_lost, "rank_lost"}};
+  for (const auto& [why, code] : refusals) {
+    service_.submit_hook = [why = why] { throw SubmitRefused(why, "not now"); };
+    auto busy = c.post("/v1/completions", with_fields(kCompletion, {{"stream", true}}));
+    expect_error(busy, 503, "server_error");
+    EXPECT_EQ(json::parse(busy.body())["error"]["code"], code);
+  }
+  // Anything else is a bug: a 500, not a client's retry.
+  service_.submit_hook = [] { throw std::runtime_error("unexpected"); };
+  expect_error(c.post("/v1/completions", kCompletion), 500, "server_error");
 }
 
 TEST_F(HttpServerTest, ABatchOfPromptsIsOneResponse) {

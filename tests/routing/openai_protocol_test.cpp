@@ -704,10 +704,10 @@ TEST(CompletionCollector, ABatchsChoicesEchoTheirOwnPrompts) {
 TEST(CompletionCollector, FailureAndBadChoice) {
   CompletionCollector collector(context_for(ApiDialect::completions));
   EXPECT_THROW(collector.add(ChoiceDelta{1, "x", {}, {}}), std::out_of_range);
-  collector.add(RequestFailed{503, "server_error", "engine stopped"});
+  collector.add(RequestFailed{Failure::not_started, "engine stopped"});
   EXPECT_TRUE(collector.done());
   ASSERT_TRUE(collector.failure());
-  EXPECT_EQ(collector.failure()->http_status, 503);
+  EXPECT_EQ(collector.failure()->why, Failure::not_started);
 }
 
 TEST(StreamEncoder, TextCompletionChunks) {
@@ -788,7 +788,7 @@ TEST(StreamEncoder, EchoOpensEachChoiceWithThePrompt) {
 TEST(StreamEncoder, FailureBecomesAnErrorEvent) {
   StreamEncoder encoder(context_for(ApiDialect::chat));
   EXPECT_THROW(encoder.encode(ChoiceFinished{3, "stop"}), std::out_of_range);
-  std::vector<std::string> events = sse_data(encoder.encode(RequestFailed{500, "server_error", "out of memory"}));
+  std::vector<std::string> events = sse_data(encoder.encode(RequestFailed{Failure::step_failed, "out of memory"}));
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(json::parse(events[0]), json::parse(R"({"error": {"message": "out of memory", "type": "server_error",
                                                               "param": null, "code": null}})"));

@@ -53,10 +53,10 @@ TEST(PromptBatch, TheFirstFailureEndsTheBatchAndCancelsTheOtherPrompts) {
   auto sinks = prompt_batch_sinks(response, 2, 1);
   EXPECT_FALSE(sinks[0]->cancelled());
   sinks[0]->on_event(RequestFinished{Usage{3, 1, 0}});
-  sinks[1]->on_event(RequestFailed{400, "invalid_request_error", "too long"});
+  sinks[1]->on_event(RequestFailed{Failure::step_failed, "too long"});
   EXPECT_TRUE(sinks[0]->cancelled());
   EXPECT_TRUE(sinks[1]->cancelled());
-  sinks[1]->on_event(RequestFailed{500, "server_error", "again"});
+  sinks[1]->on_event(RequestFailed{Failure::step_failed, "again"});
   sinks[0]->on_event(ChoiceDelta{0, "late", {1}, {}});
   ASSERT_EQ(response->events.size(), 1u);
   EXPECT_EQ(std::get<RequestFailed>(response->events[0]).message, "too long");
