@@ -33,7 +33,7 @@ namespace strata {
 
 struct EngineOptions {
   SchedulerLimits limits;
-  int max_waiting = 256;               // queued sequences beyond which submit() refuses (HTTP 503)
+  int max_waiting = 256;               // queued sequences beyond which submit() refuses (Refusal::queue_full)
   // Called on the engine thread, after the requests in flight have been failed, when a rank of the world failed
   // or stopped answering (parallel/comm.h RankFailure): the world cannot go on and should be ended.
   std::function<void(const std::string& message)> on_rank_failure;
@@ -56,8 +56,9 @@ class Engine final : public GenerationService {
   ~Engine() override;
 
   void start();  // runs the loop on its own thread
-  void stop();   // finishes the current step, fails what is still in flight (503), joins the thread
-  // A graceful drain: submit() refuses new requests (std::runtime_error, 503) while those queued and running go on.
+  // Finishes the current step, fails what is still in flight (Failure::shutting_down, not_started), joins the thread.
+  void stop();
+  // A graceful drain: submit() refuses new requests (Refusal::draining) while those queued and running go on.
   void drain();
   // Nothing queued or running (after drain(), it stays so).
   bool idle() const;
