@@ -260,7 +260,7 @@ void Engine::drop_cancelled() {
   for (auto& [id, seq] : seqs_) {
     if (seq->req->request.sink->cancelled()) gone.push_back(seq.get());
   }
-  for (Sequence* seq : gone) finish(*seq, "abort", /*notify=*/false);
+  for (Sequence* seq : gone) finish(*seq, FinishReason::abort, /*notify=*/false);
 }
 
 void Engine::step() {
@@ -302,7 +302,7 @@ void Engine::step() {
 StepPlan Engine::plan_step(const Schedule& schedule) {
   StepPlan plan;
   plan.step = ++step_;
-  for (int64_t id : schedule.unservable) finish(*seqs_.at(id), "length", /*notify=*/true);
+  for (int64_t id : schedule.unservable) finish(*seqs_.at(id), FinishReason::length, /*notify=*/true);
   for (int64_t id : schedule.preempted) {
     Sequence& s = *seqs_.at(id);
     s.n_cached = 0;
@@ -456,7 +456,7 @@ void Engine::on_token(Sequence& seq, const SampledToken& sampled) {
       !sp.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
   if (is_stop_token) {
     req.request.sink->on_event(std::move(delta));
-    finish(seq, "stop", /*notify=*/true);
+    finish(seq, FinishReason::stop, /*notify=*/true);
     return;
   }
   const bool document_done = seq.constraint && constraint_done(seq, token);
@@ -464,9 +464,9 @@ void Engine::on_token(Sequence& seq, const SampledToken& sampled) {
   delta.text = text.text;
   req.request.sink->on_event(std::move(delta));
   if (text.stopped || document_done) {
-    finish(seq, "stop", /*notify=*/true);
+    finish(seq, FinishReason::stop, /*notify=*/true);
   } else if (seq.n_generated >= sp.max_tokens || int(seq.tokens.size()) >= config_.max_context) {
-    finish(seq, "length", /*notify=*/true);
+    finish(seq, FinishReason::length, /*notify=*/true);
   }
 }
 
@@ -506,7 +506,7 @@ bool Engine::constraint_done(Sequence& seq, int32_t token) {
   return matcher.is_finished() || !matcher.masker().automaton().can_continue(matcher.state());
 }
 
-void Engine::finish(Sequence& seq, const std::string& reason, bool notify) {
+void Engine::finish(Sequence& seq, FinishReason reason, bool notify) {
   const int64_t id = seq.id;
   std::shared_ptr<RequestState> req = seq.req;
   if (notify) {

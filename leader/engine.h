@@ -109,7 +109,7 @@ class Engine final : public GenerationService {
   const std::shared_ptr<const grammar::VocabularyTrie>& vocabulary();
   std::vector<uint64_t> allowed_tokens(Sequence& seq);
   bool constraint_done(Sequence& seq, int32_t token);
-  void finish(Sequence& seq, const std::string& reason, bool notify);
+  void finish(Sequence& seq, FinishReason reason, bool notify);
   // Per global layer, the most entries a prefill of these tokens holds under the request's policies.
   std::vector<int> peak_entries(const std::optional<PolicySpec>& request_policy, int prefill_len) const;
   void check_fits_the_pool(const GenerationRequest& request) const;

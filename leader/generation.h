@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -33,9 +34,20 @@ struct ChoiceDelta {
 
 // A choice ended. finish_reason: "stop" (eos, a stop string, or the end of the grammar's document) or "length"
 // (max_tokens or the context).
+// Why a choice ended. The engine's own words (its metrics' labels, finish_reason_name); routing/ writes the
+// OpenAI protocol's finish_reason from them.
+enum class FinishReason : uint8_t {
+  stop,    // EOS, a stop string or token, or the grammar's end
+  length,  // max_tokens, or the context (or the pool) would be exceeded
+  abort,   // the client went away (never reported to it)
+};
+constexpr std::string_view finish_reason_name(FinishReason reason) {
+  return reason == FinishReason::stop ? "stop" : reason == FinishReason::length ? "length" : "abort";
+}
+
 struct ChoiceFinished {
   int choice = 0;
-  std::string finish_reason;
+  FinishReason reason = FinishReason::stop;
 };
 
 struct Usage {

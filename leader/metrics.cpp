@@ -114,7 +114,9 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
       request_generation_tokens_(histogram(*registry_, "strata_request_generation_tokens",
                                            "Generated tokens per request.", one_two_five_buckets(max_model_len))) {
   // Every finish reason is a series from the start, so that rate() sees the first request of each.
-  for (const char* reason : {"stop", "length", "abort"}) requests_.Add({{"finish_reason", reason}});
+  for (FinishReason reason : {FinishReason::stop, FinishReason::length, FinishReason::abort}) {
+    requests_.Add({{"finish_reason", std::string(finish_reason_name(reason))}});
+  }
   kv_compression_ratio_.Set(1.0);
 }
 
@@ -218,8 +220,8 @@ void ServerMetrics::add_prefix_cache_lookup(int64_t n_prompt, int64_t n_cached) 
 
 void ServerMetrics::set_prefix_cache_blocks(int64_t n_blocks) { prefix_cache_blocks_.Set(static_cast<double>(n_blocks)); }
 
-void ServerMetrics::add_finished_request(const std::string& finish_reason) {
-  requests_.Add({{"finish_reason", finish_reason}}).Increment();
+void ServerMetrics::add_finished_request(FinishReason reason) {
+  requests_.Add({{"finish_reason", std::string(finish_reason_name(reason))}}).Increment();
 }
 
 void ServerMetrics::add_request_error(int http_status) {

@@ -21,6 +21,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "leader/generation.h"
+
 namespace strata {
 
 class ServerMetrics {
@@ -54,8 +56,9 @@ class ServerMetrics {
   // blocks cached now (each one KV block in every layer of every stage).
   void add_prefix_cache_lookup(int64_t n_prompt, int64_t n_cached);
   void set_prefix_cache_blocks(int64_t n_blocks);
-  // finish_reason: "stop", "length" or "abort" (the client went away); all three exist from the start at 0.
-  void add_finished_request(const std::string& finish_reason);
+  // strata_requests_total{finish_reason}: "stop", "length" or "abort" (the client went away), all three from the
+  // start at 0.
+  void add_finished_request(FinishReason reason);
   void add_request_error(int http_status);
 
   // A request's wait in the queue: from arrival to the step that first schedules one of its sequences.

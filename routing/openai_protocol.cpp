@@ -440,6 +440,10 @@ json usage_json(const Usage& usage) {
 
 json finish_reason_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
 
+// The protocol's finish_reason of a choice the engine ended; "tool_calls" replaces "stop" later where the answer
+// is tool calls. An aborted choice has no client to read it.
+std::string openai_finish_reason(FinishReason reason) { return std::string(finish_reason_name(reason)); }
+
 json response_head(const ResponseContext& context, const char* object) {
   return {{"id", context.id}, {"object", object}, {"created", context.created}, {"model", context.model}};
 }
@@ -644,7 +648,7 @@ void CompletionCollector::add(const GenerationEvent& event) {
     choice.logprobs.insert(choice.logprobs.end(), delta->logprobs.begin(), delta->logprobs.end());
   } else if (auto* finished = std::get_if<ChoiceFinished>(&event)) {
     check_choice(finished->choice, choices_.size());
-    choices_[size_t(finished->choice)].finish_reason = finished->finish_reason;
+    choices_[size_t(finished->choice)].finish_reason = openai_finish_reason(finished->reason);
   } else if (auto* request_finished = std::get_if<RequestFinished>(&event)) {
     usage_ = request_finished->usage;
     finished_ = true;
@@ -778,7 +782,7 @@ std::string StreamEncoder::release_held(int choice) {
 // A choice's last chunk; an answer held back whole that is tool calls goes out as one delta.tool_calls first.
 std::string StreamEncoder::finish_event(const ChoiceFinished& finished) {
   std::string events;
-  std::string reason = finished.finish_reason;
+  std::string reason = openai_finish_reason(finished.reason);
   if (context_.tool_calls && held_[size_t(finished.choice)].holding) {
     HeldAnswer& held = held_[size_t(finished.choice)];
     std::optional<std::vector<ParsedToolCall>> calls;

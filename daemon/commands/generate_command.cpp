@@ -32,7 +32,7 @@ class PrintingSink final : public GenerationSink {
         std::cout << d->text << std::flush;
       }
     } else if (auto* f = std::get_if<ChoiceFinished>(&event)) {
-      finish_reason = f->finish_reason;
+      finish_reason = finish_reason_name(f->reason);
     } else if (auto* r = std::get_if<RequestFinished>(&event)) {
       usage = r->usage;
     } else if (auto* e = std::get_if<RequestFailed>(&event)) {

@@ -42,8 +42,8 @@ void populate(ServerMetrics& metrics) {
   metrics.add_prompt_tokens(812);
   metrics.add_generation_tokens(96);
   metrics.add_preemption();
-  metrics.add_finished_request("stop");
-  metrics.add_finished_request("length");
+  metrics.add_finished_request(FinishReason::stop);
+  metrics.add_finished_request(FinishReason::length);
   metrics.add_request_error(503);
   metrics.observe_queue_time(0.004);
   metrics.observe_time_to_first_token(0.031);
@@ -93,9 +93,9 @@ TEST(MetricsTest, RequestGaugesAndCounters) {
   metrics.add_generation_tokens(7);
   metrics.add_preemption();
   metrics.add_preemption();
-  metrics.add_finished_request("stop");
-  metrics.add_finished_request("stop");
-  metrics.add_finished_request("length");
+  metrics.add_finished_request(FinishReason::stop);
+  metrics.add_finished_request(FinishReason::stop);
+  metrics.add_finished_request(FinishReason::length);
   metrics.add_request_error(503);
   text = metrics.render();
   EXPECT_EQ(value_of(text, "strata_requests_running"), 3);

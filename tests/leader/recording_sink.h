@@ -23,7 +23,7 @@ class RecordingSink final : public GenerationSink {
       entries.insert(entries.end(), d->logprobs.begin(), d->logprobs.end());
       n_deltas++;
     } else if (auto* f = std::get_if<ChoiceFinished>(&event)) {
-      finish_reason[f->choice] = f->finish_reason;
+      finish_reason[f->choice] = finish_reason_name(f->reason);
     } else if (auto* r = std::get_if<RequestFinished>(&event)) {
       usage = r->usage;
       finished = true;

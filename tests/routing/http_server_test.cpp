@@ -200,7 +200,7 @@ class HttpServerTest : public ::testing::Test {
     options_.max_body_bytes = 4096;
     options_.read_timeout = 5s;
     service_.script = {ChoiceDelta{0, "Hello", {'H'}, {}}, ChoiceDelta{0, " world", {' '}, {}},
-                       ChoiceFinished{0, "stop"}, RequestFinished{Usage{2, 2}}};
+                       ChoiceFinished{0, FinishReason::stop}, RequestFinished{Usage{2, 2}}};
   }
   ~HttpServerTest() override {
     if (server_) server_->stop();

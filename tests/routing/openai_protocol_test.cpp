@@ -635,7 +635,7 @@ TEST(CompletionCollector, BuildsATextCompletionWithLogprobs) {
   collector.add(ChoiceDelta{0, "Hi", {10}, {entry("Hi", 10, -0.5f, {{"Hi", -0.5f}, {"Yo", -1.25f}})}});
   collector.add(ChoiceDelta{0, " there", {11}, {entry(" there", 11, -0.25f, {{" there", -0.25f}})}});
   EXPECT_FALSE(collector.done());
-  collector.add(ChoiceFinished{0, "length"});
+  collector.add(ChoiceFinished{0, FinishReason::length});
   collector.add(RequestFinished{Usage{5, 2}});
   EXPECT_TRUE(collector.done());
   EXPECT_FALSE(collector.failure());
@@ -656,8 +656,8 @@ TEST(CompletionCollector, BuildsAChatCompletionWithLogprobsAndRawBytes) {
   // "\xe2\x82" is the first two bytes of the euro sign: invalid UTF-8 on its own, U+FFFD in "token".
   collector.add(ChoiceDelta{1, "B", {7}, {entry("B", 7, -0.1f, {{"B", -0.1f}, {"\xe2\x82", -3.0f}})}});
   collector.add(ChoiceDelta{0, "A", {6}, {entry("A", 6, -std::numeric_limits<float>::infinity(), {})}});
-  collector.add(ChoiceFinished{0, "stop"});
-  collector.add(ChoiceFinished{1, "stop"});
+  collector.add(ChoiceFinished{0, FinishReason::stop});
+  collector.add(ChoiceFinished{1, FinishReason::stop});
   collector.add(RequestFinished{Usage{3, 2, 2}});
   json expected = json::parse(R"({
     "id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": "smol",
@@ -717,7 +717,7 @@ TEST(StreamEncoder, TextCompletionChunks) {
   EXPECT_EQ(encoder.begin(), "");
   std::string out = encoder.encode(ChoiceDelta{0, "Hi", {10}, {entry("Hi", 10, -0.5f, {{"Hi", -0.5f}})}});
   out += encoder.encode(ChoiceDelta{0, "!", {11}, {entry("!", 11, -1.0f, {{"!", -1.0f}})}});
-  out += encoder.encode(ChoiceFinished{0, "stop"});
+  out += encoder.encode(ChoiceFinished{0, FinishReason::stop});
   EXPECT_FALSE(encoder.done());
   out += encoder.encode(RequestFinished{Usage{4, 2}});
   EXPECT_TRUE(encoder.done());
@@ -761,7 +761,7 @@ TEST(StreamEncoder, ChatChunks) {
   std::vector<std::string> events = sse_data(
       encoder.encode(ChoiceDelta{1, "Yo", {5}, {entry("Yo", 5, -0.5f, {{"Yo", -0.5f}})}}) +
       encoder.encode(ChoiceDelta{1, "", {6}, {}}) +  // nothing to say: no chunk
-      encoder.encode(ChoiceFinished{1, "length"}) + encoder.encode(RequestFinished{Usage{1, 1}}));
+      encoder.encode(ChoiceFinished{1, FinishReason::length}) + encoder.encode(RequestFinished{Usage{1, 1}}));
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(json::parse(events[0]), json::parse(R"({
     "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "smol",
@@ -787,7 +787,7 @@ TEST(StreamEncoder, EchoOpensEachChoiceWithThePrompt) {
 
 TEST(StreamEncoder, FailureBecomesAnErrorEvent) {
   StreamEncoder encoder(context_for(ApiDialect::chat));
-  EXPECT_THROW(encoder.encode(ChoiceFinished{3, "stop"}), std::out_of_range);
+  EXPECT_THROW(encoder.encode(ChoiceFinished{3, FinishReason::stop}), std::out_of_range);
   std::vector<std::string> events = sse_data(encoder.encode(RequestFailed{Failure::step_failed, "out of memory"}));
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(json::parse(events[0]), json::parse(R"({"error": {"message": "out of memory", "type": "server_error",

@@ -139,7 +139,7 @@ ResponseContext chat_context(int n = 1) {
 
 const std::string kCall = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
 
-json collected(const std::vector<std::string>& texts, const std::vector<std::string>& reasons) {
+json collected(const std::vector<std::string>& texts, const std::vector<FinishReason>& reasons) {
   CompletionCollector collector(chat_context(int(texts.size())));
   for (size_t i = 0; i < texts.size(); ++i) {
     collector.add(ChoiceDelta{int(i), texts[i], {}, {}});
@@ -152,7 +152,7 @@ json collected(const std::vector<std::string>& texts, const std::vector<std::str
 TEST(ToolCallOutput, WholeAnswersThatAreCallsComeBackAsToolCalls) {
   const json body = collected({kCall, "It is sunny.", kCall.substr(0, 30),
                                "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"},
-                              {"stop", "stop", "length", "stop"});
+                              {FinishReason::stop, FinishReason::stop, FinishReason::length, FinishReason::stop});
   const json& call = body["choices"][0];
   EXPECT_EQ(call["finish_reason"], "tool_calls");
   EXPECT_TRUE(call["message"]["content"].is_null());
@@ -185,7 +185,7 @@ TEST(ToolCallOutput, AStreamHoldsACallBackAndSendsItWhole) {
     const std::string piece = encoder.encode(ChoiceDelta{0, kCall.substr(at, 7), {}, {}});
     EXPECT_EQ(piece, "") << "held back: " << kCall.substr(0, at + 7);
   }
-  stream += encoder.encode(ChoiceFinished{0, "stop"});
+  stream += encoder.encode(ChoiceFinished{0, FinishReason::stop});
   const std::vector<json> events = events_of(stream);
   ASSERT_EQ(events.size(), 3u);  // the role, the calls, the finish
   const json& call = events[1]["choices"][0]["delta"]["tool_calls"][0];
@@ -204,7 +204,7 @@ TEST(ToolCallOutput, AStreamReleasesTextOnceItCannotBeACall) {
   const std::vector<json> next = events_of(encoder.encode(ChoiceDelta{0, " fun", {}, {}}));
   ASSERT_EQ(next.size(), 1u);  // streamed at once from here on
   EXPECT_EQ(next[0]["choices"][0]["delta"]["content"], " fun");
-  const std::vector<json> last = events_of(encoder.encode(ChoiceFinished{0, "stop"}));
+  const std::vector<json> last = events_of(encoder.encode(ChoiceFinished{0, FinishReason::stop}));
   ASSERT_EQ(last.size(), 1u);
   EXPECT_EQ(last[0]["choices"][0]["finish_reason"], "stop");
 }
@@ -213,7 +213,7 @@ TEST(ToolCallOutput, AHeldAnswerThatIsNoCallGoesOutAtTheEnd) {
   StreamEncoder encoder(chat_context());
   encoder.begin();
   EXPECT_EQ(encoder.encode(ChoiceDelta{0, "<tool_call>\n{\"name\": ", {}, {}}), "");
-  const std::vector<json> events = events_of(encoder.encode(ChoiceFinished{0, "length"}));
+  const std::vector<json> events = events_of(encoder.encode(ChoiceFinished{0, FinishReason::length}));
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[0]["choices"][0]["delta"]["content"], "<tool_call>\n{\"name\": ");
   EXPECT_EQ(events[1]["choices"][0]["finish_reason"], "length");

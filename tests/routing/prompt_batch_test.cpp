@@ -31,7 +31,7 @@ TEST(PromptBatch, ChoicesAreNumberedByPromptThenChoiceAndTheUsageIsSummedAtTheLa
   auto sinks = prompt_batch_sinks(response, 3, 2);
   ASSERT_EQ(sinks.size(), 3u);
   sinks[2]->on_event(ChoiceDelta{1, "c", {7}, {}});
-  sinks[0]->on_event(ChoiceFinished{0, "stop"});
+  sinks[0]->on_event(ChoiceFinished{0, FinishReason::stop});
   sinks[1]->on_event(ChoiceDelta{0, "b", {8}, {}});
   sinks[2]->on_event(RequestFinished{Usage{5, 2, 1}});
   sinks[0]->on_event(RequestFinished{Usage{3, 1, 0}});
