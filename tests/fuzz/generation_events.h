@@ -18,7 +18,7 @@ inline std::vector<GenerationEvent> generation_events(const GenerationRequest& r
       delta.logprobs.push_back(LogprobEntry{" Paris", 7042, -0.25f, std::move(top)});
     }
     events.emplace_back(std::move(delta));
-    events.emplace_back(ChoiceFinished{choice, "stop"});
+    events.emplace_back(ChoiceFinished{choice, FinishReason::stop});
   }
   events.emplace_back(RequestFinished{Usage{int(request.prompt_ids.size()), request.n, 0}});
   return events;
