@@ -11,9 +11,10 @@
 //   baseline  portable C++ (kernels/cpu/quantized_dot_portable.cpp) for baseline x86-64 (SSE2), and the only one
 //             on other architectures.
 // fp32 activations are the default; int8 ones (as llama.cpp has) are an option, engine.activation_dtype, with
-// kernels of their own below: rounding SmolLM2's activations to int8 per block of 32 changes the top-1 token at
-// about 3.5% of the reference positions (docs/decisions.md, [cpu-speed] and [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which
-// need a body per target, and the tests must be able to call each level by name.
+// kernels of their own below, in the same files as each level's fp32 ones: rounding SmolLM2's activations to int8
+// per block of 32 changes the top-1 token at about 3.5% of the reference positions (docs/decisions.md, [cpu-speed]
+// and [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which need
+// a body per target, and the tests must be able to call each level by name.
 #include <cstdint>
 #include <string_view>
 
