@@ -7,6 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 namespace strata {
 
 // The design (retrieval_task.h, docs/eval/retrieval-design.md). Changing any of these changes every prompt: rerun
@@ -164,6 +166,24 @@ RetrievalScore score_retrieval(const RetrievalCase& c, const std::string& expect
     ++s.numbers_right;
   }
   return s;
+}
+
+void write_retrieval_prompts(std::ostream& out, const Tokenizer& tokenizer,
+                             const std::vector<std::string>& filler_texts, const std::vector<int>& lengths,
+                             const std::vector<double>& depths, int trials, uint64_t base_seed) {
+  for (int length : lengths) {
+    for (double depth : depths) {
+      for (int trial = 0; trial < trials; ++trial) {
+        const RetrievalCase c{length, depth, trial};
+        std::string expected;
+        const EvalJob job = retrieval_job(tokenizer, filler_texts, c, retrieval_seed(base_seed, c), &expected);
+        const nlohmann::ordered_json line = {{"length", length},     {"depth", depth},
+                                             {"trial", trial},       {"expected", expected},
+                                             {"generate", job.generate}, {"prompt", job.prompt}};
+        out << line.dump() << "\n";
+      }
+    }
+  }
 }
 
 }  // namespace strata

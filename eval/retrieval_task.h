@@ -24,6 +24,7 @@
 //   missed; an independent numpy forward pass of the same weights gives the engine's logits, so the engine is not
 //   the cause. The longest length at which `full` passes every depth is given in the design note.
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -79,5 +80,12 @@ EvalJob retrieval_job(const Tokenizer& tokenizer, const std::vector<std::string>
                       const RetrievalCase& c, uint64_t seed, std::string* expected);
 RetrievalScore score_retrieval(const RetrievalCase& c, const std::string& expected, const Tokenizer& tokenizer,
                                const EvalJob& job);
+
+// The prompts of every case (lengths x depths x trials, seeded by retrieval_seed(base_seed, case)) as JSON lines of
+// {length, depth, trial, expected, generate, prompt: [token ids]}: what tools/retrieval_probe.py sends to a server
+// (`strata eval --dump-retrieval-prompts FILE`).
+void write_retrieval_prompts(std::ostream& out, const Tokenizer& tokenizer,
+                             const std::vector<std::string>& filler_texts, const std::vector<int>& lengths,
+                             const std::vector<double>& depths, int trials, uint64_t base_seed);
 
 }  // namespace strata

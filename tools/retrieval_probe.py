@@ -3,8 +3,8 @@
 score_retrieval does; the probe of docs/eval/retrieval-design.md.
 
 The prompts come from the C++ code itself, as token ids (one JSON line per case), written by
-    STRATA_RETRIEVAL_DUMP=/tmp/prompts.jsonl build/tests/eval_tests --gtest_also_run_disabled_tests \\
-        --gtest_filter=RetrievalTask.DISABLED_DumpProbePrompts
+    build/strata eval --config configs/smollm2-cpu.yaml --dump-retrieval-prompts /tmp/prompts.jsonl \\
+        --retrieval-lengths 2000,4000,8000 --retrieval-trials 6
 then, with a server on PORT:
     .venv/bin/python tools/retrieval_probe.py /tmp/prompts.jsonl --port PORT --out results.json
 Greedy (temperature 0), /v1/completions, the prompt sent as token ids; the depths of one trial, which share their

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 
 #include "cache/compression_policy.h"
 #include "cache/policy_spec.h"
@@ -15,6 +16,9 @@
 #include "daemon/runtime.h"
 #include "eval/eval_report.h"
 #include "eval/eval_suite.h"
+#include "eval/retrieval_task.h"
+#include "model/gguf_file.h"
+#include "model/tokenizer.h"
 
 namespace strata {
 namespace {
@@ -39,15 +43,17 @@ constexpr const char* kUsage =
     "                   [--retrieval-trials N] [--passkey-lengths 1024,4096] [--passkey-depths 0,0.5,1]\n"
     "                   [--agreement-prompts N] [--agreement-context N] [--agreement-tokens N] [--batch N]\n"
     "                   [--no-shared-prefill] [--seed S] [--data DIR] [--set section.key=value]\n"
+    "                   [--dump-retrieval-prompts FILE]\n"
     "Runs `full` and every policy at every budget over perplexity, long generation, retrieval, passkey\n"
     "retrieval and agreement with full, and writes the raw results as JSON (default eval-results.json).\n"
     "Empty lists and zero counts skip a task (--policies '': only the --quantized rows). Every prompt is\n"
     "prefilled once and shared by the rows (--no-shared-prefill: each row prefills alone; the same numbers,\n"
     "slower). A policy may carry parameters of its own besides the budget:\n"
-    "--policies h2o,h2o:mode=per_step,streaming:mode=rolling.\n";
+    "--policies h2o,h2o:mode=per_step,streaming:mode=rolling.\n"
+    "--dump-retrieval-prompts FILE writes the retrieval cases' prompts (--retrieval-lengths, -depths, -trials,\n"
+    "--seed) as JSON lines of token ids for tools/retrieval_probe.py, and runs nothing.\n";
 
-// The suite's settings from the command line; a policy that cannot run with the configuration fails here, before
-// the model loads.
+// The suite's settings from the command line.
 EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& config) {
   EvalSettings settings;
   if (cl.has("data")) settings.data_dir = cl.get("data");
@@ -86,6 +92,11 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
     settings.runner.share_prefill = false;
   }
   settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
+  return settings;
+}
+
+// A policy that cannot run with the configuration fails before the model loads.
+void check_policies_runnable(const EvalSettings& settings, const ServerConfig& config) {
   // By name, with or without parameters of its own ("pod:recent=64").
   const auto is_pod = [](const std::string& p) { return parse_policy_spec(p).name == "pod"; };
   const bool wants_pod = std::any_of(settings.policies.begin(), settings.policies.end(), is_pod);
@@ -93,7 +104,6 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
     throw ConfigError(config.file + ": kv_cache.pod_blocks: policy pod needs the layer blocks of strata calibrate "
                       "(--set kv_cache.pod_blocks=configs/smollm2-pod-blocks.txt), or leave pod out of --policies");
   }
-  return settings;
 }
 
 // The report without cases: the machine, the command, the model and the suite's settings.
@@ -135,6 +145,17 @@ std::vector<std::pair<std::string, std::vector<EvalCase>>> cases_by_dtype(const 
   return out;
 }
 
+// --dump-retrieval-prompts: the retrieval task's prompts for a server (tools/retrieval_probe.py); the tokenizer
+// alone, no weights.
+void dump_retrieval_prompts(const ServerConfig& config, const EvalSettings& settings, const std::string& path) {
+  const Tokenizer tokenizer = Tokenizer::from_gguf(*GgufFile::open(config.model.path));
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("--dump-retrieval-prompts: cannot write " + path);
+  write_retrieval_prompts(out, tokenizer, load_retrieval_texts(settings.data_dir), settings.retrieval_lengths,
+                          settings.retrieval_depths, settings.retrieval_trials, settings.seed);
+  std::cerr << "strata eval: retrieval prompts written to " << path << "\n";
+}
+
 }  // namespace
 
 int eval_command(int argc, char** argv) {
@@ -143,7 +164,7 @@ int eval_command(int argc, char** argv) {
                    {"config", "out", "policies", "budgets", "quantized", "quantized-dtypes", "documents",
                     "ppl-prefixes", "ppl-tokens", "long-docs", "long-prompt", "long-tokens", "retrieval-lengths", "retrieval-depths",
                     "retrieval-trials", "passkey-lengths", "passkey-depths", "agreement-prompts",
-                    "agreement-context", "agreement-tokens", "batch", "seed", "data", "set"},
+                    "agreement-context", "agreement-tokens", "batch", "seed", "data", "set", "dump-retrieval-prompts"},
                    {"help", "no-shared-prefill"}, {"set"});
     if (cl.has("help")) {
       std::cout << kUsage;
@@ -151,6 +172,11 @@ int eval_command(int argc, char** argv) {
     }
     ServerConfig config = load_command_config(cl);
     const EvalSettings settings = parse_eval_settings(cl, config);
+    if (cl.has("dump-retrieval-prompts")) {
+      dump_retrieval_prompts(config, settings, cl.get("dump-retrieval-prompts"));
+      return 0;
+    }
+    check_policies_runnable(settings, config);
     const std::string out_path = cl.get("out", "eval-results.json");
 
     const auto start = std::chrono::steady_clock::now();

@@ -39,3 +39,19 @@ def test_without_policies_every_policy_runs_and_pod_asks_for_its_blocks(tmp_path
     assert result.returncode != 0
     assert "kv_cache.pod_blocks" in result.stderr
     assert not out.exists()
+
+
+def test_the_retrieval_prompts_are_dumped_for_the_probe_without_running_a_case(tmp_path):
+    """--dump-retrieval-prompts writes one JSON line per case (tools/retrieval_probe.py reads them) and runs no case,
+    so the default policy list's PoD does not ask for its blocks."""
+    prompts = tmp_path / "prompts.jsonl"
+    result = subprocess.run([str(strata_binary()), "eval", "--config", str(CONFIG), "--dump-retrieval-prompts",
+                             str(prompts), "--retrieval-lengths", "600,900", "--retrieval-depths", "0,1",
+                             "--retrieval-trials", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "retrieval prompts written" in result.stderr
+    lines = [json.loads(line) for line in prompts.read_text(encoding="utf-8").splitlines()]
+    assert [(p["length"], p["depth"], p["trial"]) for p in lines] == [
+        (length, depth, trial) for length in (600, 900) for depth in (0, 1) for trial in (0, 1)]
+    for p in lines:
+        assert abs(len(p["prompt"]) - p["length"]) < 60 and p["generate"] > 0 and p["expected"]

@@ -2,14 +2,13 @@
 // the end, one seed one prompt) on the real tokenizer and the shipped texts, and its scoring on hand-made answers.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "eval/retrieval_task.h"
 #include "model/gguf_file.h"
@@ -140,35 +139,30 @@ TEST(RetrievalTask, ScoringOnHandMadeAnswers) {
   }
 }
 
-// Not a check: writes the prompts the probe of docs/eval/retrieval-design.md sends to a server (tools/retrieval_probe.py),
-// one JSON line per case, to $STRATA_RETRIEVAL_DUMP. Run with --gtest_also_run_disabled_tests.
-//   STRATA_RETRIEVAL_LENGTHS (default 2000,4000,8000), STRATA_RETRIEVAL_TRIALS (default 6), STRATA_RETRIEVAL_SEED (1).
-TEST(RetrievalTask, DISABLED_DumpProbePrompts) {
-  const char* out_path = std::getenv("STRATA_RETRIEVAL_DUMP");
-  ASSERT_NE(out_path, nullptr) << "set STRATA_RETRIEVAL_DUMP to the output file";
-  const auto env = [](const char* name, const char* fallback) {
-    const char* v = std::getenv(name);
-    return std::string(v ? v : fallback);
-  };
-  std::vector<int> lengths;
-  std::stringstream list(env("STRATA_RETRIEVAL_LENGTHS", "2000,4000,8000"));
-  for (std::string item; std::getline(list, item, ',');) lengths.push_back(std::stoi(item));
-  const int trials = std::stoi(env("STRATA_RETRIEVAL_TRIALS", "6"));
-  const uint64_t base = std::stoull(env("STRATA_RETRIEVAL_SEED", "1"));
-  std::ofstream out(out_path);
-  for (int length : lengths) {
-    for (double depth : {0.0, 0.1, 0.25, 0.5, 0.75, 1.0}) {
-      for (int trial = 0; trial < trials; ++trial) {
+// The probe's prompts (strata eval --dump-retrieval-prompts): one line per case, in order, each the case's job.
+TEST(RetrievalTask, WrittenPromptsAreTheJobsOfEveryCase) {
+  std::stringstream out;
+  write_retrieval_prompts(out, tokenizer(), texts(), {600, 900}, {0.0, 1.0}, 2, 7);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(out, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 8u);
+  size_t i = 0;
+  for (int length : {600, 900}) {
+    for (double depth : {0.0, 1.0}) {
+      for (int trial = 0; trial < 2; ++trial, ++i) {
         const RetrievalCase c{length, depth, trial};
         std::string expected;
-        const EvalJob job = retrieval_job(tokenizer(), texts(), c, retrieval_seed(base, c), &expected);
-        out << "{\"length\": " << length << ", \"depth\": " << depth << ", \"trial\": " << trial
-            << ", \"expected\": \"" << expected << "\", \"generate\": " << job.generate << ", \"prompt\": [";
-        for (size_t i = 0; i < job.prompt.size(); ++i) out << (i ? ", " : "") << job.prompt[i];
-        out << "]}\n";
+        const EvalJob job = retrieval_job(tokenizer(), texts(), c, retrieval_seed(7, c), &expected);
+        EXPECT_EQ(lines[i]["length"], length);
+        EXPECT_EQ(lines[i]["depth"], depth);
+        EXPECT_EQ(lines[i]["trial"], trial);
+        EXPECT_EQ(lines[i]["expected"], expected);
+        EXPECT_EQ(lines[i]["generate"], job.generate);
+        EXPECT_EQ(lines[i]["prompt"].get<std::vector<int32_t>>(), job.prompt);
       }
     }
   }
+  EXPECT_NE(lines[0]["prompt"], lines[2]["prompt"]);  // the needle moved with the depth
 }
 
 }  // namespace
