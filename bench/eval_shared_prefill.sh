@@ -29,7 +29,8 @@ done
 grid=(build/strata eval --config configs/smollm2-cpu.yaml --set engine.threads=2 --set kv_cache.memory_mib=2048
       --policies streaming,h2o,snapkv,pyramidkv,simlayerkv,d2o,spindlekv --quantized simlayerkv
       --quantized-dtypes int4 --budgets "$BUDGETS" --documents alice_in_wonderland,around_the_world_in_80_days
-      --ppl-prefixes 4096 --ppl-tokens 48 --long-docs 0 --retrieval-lengths "" --passkey-lengths 4096 --passkey-depths 0
+      --ppl-prefixes 4096 --ppl-tokens 48 --long-docs 0 --retrieval-lengths "" --ruler-lengths "" --passkey-lengths 4096
+      --passkey-depths 0
       --agreement-prompts 2 --agreement-context 1024 --agreement-tokens 24)
 alone=$OUT_DIR/$NAME-alone.json
 shared=$OUT_DIR/$NAME-shared.json

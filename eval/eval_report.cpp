@@ -19,6 +19,12 @@ nlohmann::ordered_json settings_json(const EvalSettings& s) {
   j["retrieval_lengths"] = s.retrieval_lengths;
   j["retrieval_depths"] = s.retrieval_depths;
   j["retrieval_trials"] = s.retrieval_trials;
+  j["ruler_tasks"] = nlohmann::ordered_json::array();
+  for (RulerTask t : s.ruler_tasks) j["ruler_tasks"].push_back(ruler_task_name(t));
+  j["ruler_lengths"] = s.ruler_lengths;
+  j["ruler_trials"] = s.ruler_trials;
+  j["ruler_settings"] = nlohmann::ordered_json::array();
+  for (RulerSetting x : s.ruler_settings) j["ruler_settings"].push_back(ruler_setting_name(x));
   j["agreement_context"] = s.agreement_context;
   j["agreement_prompts"] = s.agreement_prompts;
   j["agreement_tokens"] = s.agreement_tokens;
@@ -63,6 +69,16 @@ nlohmann::ordered_json case_json(const EvalCaseResult& r) {
                               {"answer", x.answer},
                               {"correct", x.correct},
                               {"numbers_right", x.numbers_right}});
+  }
+  j["ruler"] = nlohmann::ordered_json::array();
+  for (const RulerScore& x : r.ruler) {
+    j["ruler"].push_back({{"task", ruler_task_name(x.c.task)},
+                          {"length", x.c.length},
+                          {"trial", x.c.trial},
+                          {"setting", ruler_setting_name(x.setting)},
+                          {"expected", x.expected},
+                          {"answer", x.answer},
+                          {"recall", x.recall}});
   }
   for (const AgreementScore& a : r.agreement) {
     j["agreement"].push_back({{"prompt", a.c.prompt},

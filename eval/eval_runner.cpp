@@ -39,9 +39,7 @@ EvalRunner::EvalRunner(RankRuntime& runtime, EvalRunnerOptions options) : rt_(ru
   }
 }
 
-static int job_tokens(const EvalJob& job) {
-  return int(job.prompt.size() + (job.forced.empty() ? size_t(job.generate) : job.forced.size()));
-}
+static int job_tokens(const EvalJob& job) { return int(job.prompt.size() + job.forced.size()) + job.generate; }
 
 static SamplingRule greedy_sampling() {
   SamplingRule greedy;
@@ -227,10 +225,10 @@ void EvalRunner::start_from(const SharedPrompt& shared, Active& a, StepPlan& pla
 
 bool EvalRunner::take_next(Active& a, std::span<const float> logits, int32_t greedy) {
   EvalJob& job = *a.job;
-  if (!job.forced.empty()) {
+  if (job.forced_logprobs.size() < job.forced.size()) {
     const size_t k = job.forced_logprobs.size();
     job.forced_logprobs.push_back(token_logprob(logits, job.forced[k]));
-    a.done = k + 1 == job.forced.size();
+    a.done = k + 1 == job.forced.size() && job.generate == 0;
     if (!a.done) a.known.push_back(job.forced[k]);
     return a.done;
   }

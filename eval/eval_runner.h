@@ -26,8 +26,9 @@ struct LayerHeld {
 struct EvalJob {
   std::vector<int32_t> prompt;
   std::string policy;              // a policy spec ("snapkv:budget=128"); empty: the configuration's
-  std::vector<int32_t> forced;     // teacher-forced continuation: score log p(forced[i] | prompt, forced[<i])
-  int generate = 0;                // when forced is empty: greedy tokens to generate (fewer if EOS comes first)
+  std::vector<int32_t> forced;     // teacher-forced continuation: score log p(forced[i] | prompt, forced[<i]),
+                                   // fed one decode step at a time, after the prompt's compression
+  int generate = 0;                // then greedy tokens to generate (fewer if EOS comes first)
 
   // Results.
   std::vector<float> forced_logprobs;  // one per forced token

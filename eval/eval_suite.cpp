@@ -97,8 +97,9 @@ EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const Ch
   for (const std::string& name : settings_.documents) {
     documents_.push_back(document_tokens(tokenizer_, settings_.data_dir, name));
   }
-  instructions_ = load_instructions(settings_.data_dir);
+  if (settings_.agreement_prompts > 0) instructions_ = load_instructions(settings_.data_dir);
   if (!settings_.retrieval_lengths.empty()) retrieval_texts_ = load_retrieval_texts(settings_.data_dir);
+  if (runs_ruler()) ruler_sentences_ = retrieval_sentences(load_retrieval_texts(settings_.data_dir));
   if (settings_.agreement_prompts > int(instructions_.size())) {
     throw std::invalid_argument("eval: " + std::to_string(settings_.agreement_prompts) + " agreement prompts asked, " +
                                 std::to_string(instructions_.size()) + " instructions in " + settings_.data_dir);
@@ -130,7 +131,7 @@ std::vector<EvalCase> EvalSuite::cases() const {
 struct EvalSuite::CaseJobs {
   // Which task and case a job belongs to.
   struct Tag {
-    enum Kind { perplexity, long_generation, passkey, retrieval, agreement } kind;
+    enum Kind { perplexity, long_generation, passkey, retrieval, ruler, agreement } kind;
     size_t index;  // into that task's cases
   };
 
@@ -142,8 +143,19 @@ struct EvalSuite::CaseJobs {
   std::vector<std::string> keys;  // per passkey case: the key its prompt hides
   std::vector<RetrievalCase> retrieval;
   std::vector<std::string> expected;  // per retrieval case: the answer
+  struct Ruler {
+    RulerCase c;
+    RulerSetting setting;
+    RulerPrompt prompt;
+  };
+  std::vector<Ruler> ruler;
   std::vector<AgreementCase> agreement;
 };
+
+bool EvalSuite::runs_ruler() const {
+  return !settings_.ruler_tasks.empty() && !settings_.ruler_lengths.empty() && settings_.ruler_trials > 0 &&
+         !settings_.ruler_settings.empty();
+}
 
 EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
   CaseJobs j;
@@ -186,7 +198,20 @@ EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
       }
     }
   }
-  for (size_t d = 0; d < documents_.size(); ++d) {
+  // A trial's prompt is the same in both settings: only where the question comes differs.
+  for (RulerTask task : runs_ruler() ? settings_.ruler_tasks : std::vector<RulerTask>{}) {
+    for (int length : settings_.ruler_lengths) {
+      for (int trial = 0; trial < settings_.ruler_trials; ++trial) {
+        const RulerCase rc{task, length, trial};
+        const RulerPrompt prompt = ruler_prompt(tokenizer_, ruler_sentences_, rc, ruler_seed(settings_.seed, rc));
+        for (RulerSetting setting : settings_.ruler_settings) {
+          j.ruler.push_back({rc, setting, prompt});
+          add(ruler_job(tokenizer_, prompt, task, setting), {CaseJobs::Tag::ruler, j.ruler.size() - 1});
+        }
+      }
+    }
+  }
+  for (size_t d = 0; d < documents_.size() && settings_.agreement_prompts > 0; ++d) {
     const std::vector<int32_t>& doc = documents_[d];
     const int context = settings_.agreement_context;
     if (int(doc.size()) <= context) throw std::invalid_argument("eval: agreement passages longer than the documents");
@@ -227,6 +252,7 @@ EvalCaseResult EvalSuite::score(const EvalCase& c, const CaseJobs& jobs) {
   result.long_generation.resize(jobs.long_generation.size());
   result.passkey.resize(jobs.passkey.size());
   result.retrieval.resize(jobs.retrieval.size());
+  result.ruler.resize(jobs.ruler.size());
   result.agreement.resize(jobs.agreement.size());
   if (c.policy == "full") reference_answers_.assign(jobs.agreement.size(), {});
   if (reference_answers_.size() != jobs.agreement.size()) throw std::logic_error("eval: full must run first");
@@ -247,6 +273,11 @@ EvalCaseResult EvalSuite::score(const EvalCase& c, const CaseJobs& jobs) {
         result.retrieval[tag.index] =
             score_retrieval(jobs.retrieval[tag.index], jobs.expected[tag.index], tokenizer_, job);
         break;
+      case CaseJobs::Tag::ruler: {
+        const CaseJobs::Ruler& r = jobs.ruler[tag.index];
+        result.ruler[tag.index] = score_ruler(r.c, r.setting, r.prompt, tokenizer_, job);
+        break;
+      }
       case CaseJobs::Tag::agreement:
         if (c.policy == "full") reference_answers_[tag.index] = job.generated;
         result.agreement[tag.index] = score_agreement(jobs.agreement[tag.index], reference_answers_[tag.index], job);

@@ -1,6 +1,6 @@
 #pragma once
 // The grid of `strata eval`: every policy at every budget (token counts and fractions of the prompt) over the
-// perplexity, passkey and agreement tasks, plus the memory each layer held. `full` runs first: it is the reference
+// perplexity, passkey, retrieval, RULER and agreement tasks, plus the memory each layer held. `full` runs first: it is the reference
 // the others are compared with. Results are plain structs, written as JSON by eval_report.h.
 #include <cstdint>
 #include <functional>
@@ -11,6 +11,7 @@
 
 #include "eval/eval_tasks.h"
 #include "eval/retrieval_task.h"
+#include "eval/ruler_tasks.h"
 
 namespace strata {
 
@@ -40,6 +41,11 @@ struct EvalSettings {
   std::vector<int> retrieval_lengths = {2048, 4096, 7000};
   std::vector<double> retrieval_depths = {0.0, 0.1, 0.25, 0.5, 0.75, 1.0};
   int retrieval_trials = 3;
+  // RULER's task families (eval/ruler_tasks.h), each at each length, `ruler_trials` prompts, in each setting.
+  std::vector<RulerTask> ruler_tasks = strata::ruler_tasks();
+  std::vector<int> ruler_lengths = {2048, 4096};
+  int ruler_trials = 2;
+  std::vector<RulerSetting> ruler_settings = {RulerSetting::in_prompt, RulerSetting::after_compression};
   std::vector<int> passkey_lengths = {1024, 2048, 4096, 8000};
   std::vector<double> passkey_depths = {0.0, 0.25, 0.5, 0.75, 1.0};
   int agreement_context = 1024;                 // passage tokens
@@ -84,6 +90,7 @@ struct EvalCaseResult {
   std::vector<PerplexityScore> long_generation;
   std::vector<PasskeyScore> passkey;
   std::vector<RetrievalScore> retrieval;
+  std::vector<RulerScore> ruler;
   std::vector<AgreementScore> agreement;
   EvalMemory memory;
 };
@@ -108,6 +115,7 @@ class EvalSuite {
   struct CaseJobs;
   // The jobs of one case: one per perplexity, passkey and agreement case of the settings.
   CaseJobs jobs_for(const EvalCase& c) const;
+  bool runs_ruler() const;
   // Scores the jobs run for c and sums the memory they held.
   EvalCaseResult score(const EvalCase& c, const CaseJobs& jobs);
 
@@ -117,6 +125,7 @@ class EvalSuite {
   std::vector<std::vector<int32_t>> documents_;
   std::vector<std::string> instructions_;
   std::vector<std::string> retrieval_texts_;
+  std::vector<std::string> ruler_sentences_;  // RULER's filler: the retrieval texts' sentences
   std::vector<std::vector<int32_t>> reference_answers_;  // full's agreement answers
   int64_t prefills_ = 0;
 };

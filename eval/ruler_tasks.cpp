@@ -344,4 +344,35 @@ double ruler_recall(const std::vector<std::string>& expected, const std::string&
   return double(found) / double(expected.size());
 }
 
+std::string_view ruler_setting_name(RulerSetting setting) {
+  return setting == RulerSetting::in_prompt ? "in_prompt" : "after_compression";
+}
+
+std::optional<RulerSetting> parse_ruler_setting(std::string_view name) {
+  for (RulerSetting s : {RulerSetting::in_prompt, RulerSetting::after_compression}) {
+    if (ruler_setting_name(s) == name) return s;
+  }
+  return std::nullopt;
+}
+
+EvalJob ruler_job(const Tokenizer& tokenizer, const RulerPrompt& prompt, RulerTask task, RulerSetting setting) {
+  EvalJob job;
+  job.prompt = tokenizer.encode(prompt.context, false);
+  const std::vector<int32_t> question = tokenizer.encode(prompt.question, false);
+  if (setting == RulerSetting::in_prompt) {
+    job.prompt.insert(job.prompt.end(), question.begin(), question.end());
+  } else {
+    job.forced = question;
+  }
+  job.generate = ruler_generate_tokens(task);
+  return job;
+}
+
+RulerScore score_ruler(const RulerCase& c, RulerSetting setting, const RulerPrompt& prompt, const Tokenizer& tokenizer,
+                       const EvalJob& job) {
+  RulerScore s{c, setting, prompt.expected, tokenizer.decode(job.generated, true), 0.0};
+  s.recall = ruler_recall(s.expected, s.answer);
+  return s;
+}
+
 }  // namespace strata

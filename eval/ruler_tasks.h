@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "eval/eval_runner.h"
 #include "model/tokenizer.h"
 
 namespace strata {
@@ -53,5 +54,26 @@ RulerPrompt ruler_prompt(const Tokenizer& tokenizer, const std::vector<std::stri
 int ruler_generate_tokens(RulerTask task);
 // The share of `expected` found in `answer` (case-insensitive substrings), 0 to 1.
 double ruler_recall(const std::vector<std::string>& expected, const std::string& answer);
+
+// Where the question comes. in_prompt: the question ends the prompt, so a question-aware policy sees it when it
+// compresses (RULER as published). after_compression: the context alone is the prompt, compressed at its end;
+// the question follows as a continuation, a token a step (what a chat's next turn or a new question about a
+// cached document meets). Both settings feed the same tokens: the context's, then the question's.
+enum class RulerSetting { in_prompt, after_compression };
+std::string_view ruler_setting_name(RulerSetting setting);  // "in_prompt", "after_compression"
+std::optional<RulerSetting> parse_ruler_setting(std::string_view name);
+
+struct RulerScore {
+  RulerCase c;
+  RulerSetting setting = RulerSetting::in_prompt;
+  std::vector<std::string> expected;
+  std::string answer;   // the generated text
+  double recall = 0.0;  // ruler_recall
+};
+
+// The job of one case in one setting (the policy left empty for the caller).
+EvalJob ruler_job(const Tokenizer& tokenizer, const RulerPrompt& prompt, RulerTask task, RulerSetting setting);
+RulerScore score_ruler(const RulerCase& c, RulerSetting setting, const RulerPrompt& prompt, const Tokenizer& tokenizer,
+                       const EvalJob& job);
 
 }  // namespace strata

@@ -6,8 +6,8 @@
 writes OUT/README.md and OUT/*.png: whether the goal (10x less KV memory for at most +1% perplexity, the upper end
 of its 95% interval at most +2%, and 95% of full's retrieval) was reached, the best row at 5x, 10x and 20x less
 memory, the quality-memory Pareto front, the table of every row (perplexity increase with a bootstrap interval over
-documents, long generation, retrieval, passkey, agreement, compression), retrieval by length and depth, the
-per-layer occupancy and the passkey grid. Every number is computed here from the raw results, copied beside it.
+documents, long generation, retrieval, passkey, agreement, compression), retrieval by length and depth, RULER
+per task in both settings (tools/ruler_report.py), the per-layer occupancy and the passkey grid. Every number is computed here from the raw results, copied beside it.
 
 A row is identified by its label (snapkv@128, simlayerkv@20%+int4, full). Files merge task by task: a label met
 again in a later file is the same row, which takes from it the tasks it had not measured yet (the perplexity of one
@@ -22,6 +22,7 @@ import math
 import os
 import re
 import shutil
+import sys
 from collections import Counter, defaultdict, namedtuple
 from dataclasses import dataclass
 
@@ -31,6 +32,9 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ruler_report import relative_ruler, ruler_section  # noqa: E402
 
 RESAMPLES = 10_000
 SEED = 1
@@ -45,6 +49,7 @@ TASK_SETTINGS = {
     "perplexity": ("documents", "perplexity_prefixes", "perplexity_tokens"),
     "long_generation": ("documents", "long_documents", "long_prompt", "long_tokens"),
     "retrieval": ("retrieval_lengths", "retrieval_depths", "retrieval_trials", "seed"),
+    "ruler": ("ruler_tasks", "ruler_lengths", "ruler_trials", "ruler_settings", "seed"),
     "passkey": ("passkey_lengths", "passkey_depths", "seed"),
     "agreement": ("documents", "agreement_context", "agreement_prompts", "agreement_tokens"),
 }
@@ -236,6 +241,7 @@ def summarize(case, full):
         "retrieval": retrieval,
         "retrieval_by_length": by_length,
         "retrieval_accuracy": mean_or_none(bool(r["correct"]) for r in case.get("retrieval", [])),
+        "ruler": relative_ruler(case.get("ruler", []), full.get("ruler", [])),
         "passkey": mean_or_none(bool(p["correct"]) for p in case.get("passkey", [])),
         "prefix": mean_or_none(a["common_prefix"] / max(1, a["compared"]) for a in agreement),
         "exact": mean_or_none(a["common_prefix"] == a["compared"] for a in agreement),
@@ -723,6 +729,7 @@ def sections(runs, copies, rows, args, timing, drawn):
     if by_prefix:
         parts.append(f"## Perplexity increase per prefix length\n\n{by_prefix}\n")
     parts.append(retrieval_section(rows, chosen_rows(rows, args.retrieval_rows), args.out))
+    parts.append(ruler_section(rows, next(r for r in rows if case_label(r.case) == "full")))
     if "layers" in drawn:
         parts.append("## Per-layer occupancy\n\n![tokens held per layer](layer_occupancy.png)\n")
     grid = passkey_grid(rows)

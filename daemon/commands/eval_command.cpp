@@ -27,6 +27,32 @@ std::vector<int> whole_numbers(const std::vector<double>& numbers) {
   return std::vector<int>(numbers.begin(), numbers.end());
 }
 
+std::vector<RulerTask> ruler_task_list(const std::vector<std::string>& names) {
+  std::vector<RulerTask> out;
+  for (const std::string& name : names) {
+    const std::optional<RulerTask> task = parse_ruler_task(name);
+    if (!task) {
+      std::string known;
+      for (RulerTask t : ruler_tasks()) known += (known.empty() ? "" : ", ") + std::string(ruler_task_name(t));
+      throw std::invalid_argument("--ruler-tasks: unknown task '" + name + "' (known: " + known + ")");
+    }
+    out.push_back(*task);
+  }
+  return out;
+}
+
+std::vector<RulerSetting> ruler_setting_list(const std::vector<std::string>& names) {
+  std::vector<RulerSetting> out;
+  for (const std::string& name : names) {
+    const std::optional<RulerSetting> setting = parse_ruler_setting(name);
+    if (!setting) {
+      throw std::invalid_argument("--ruler-settings: unknown setting '" + name + "' (known: in_prompt, after_compression)");
+    }
+    out.push_back(*setting);
+  }
+  return out;
+}
+
 // A progress bar on stderr: jobs done of the cases run together.
 void show_progress(const std::string& label, size_t jobs_done, size_t jobs_total) {
   const int width = 30;
@@ -40,7 +66,9 @@ constexpr const char* kUsage =
     "                   [--quantized simlayerkv,full] [--quantized-dtypes int8,int4] [--documents a,b]\n"
     "                   [--ppl-prefixes 2048,4096] [--ppl-tokens N] [--long-docs N] [--long-prompt N]\n"
     "                   [--long-tokens N] [--retrieval-lengths 2048,4096] [--retrieval-depths 0,0.5,1]\n"
-    "                   [--retrieval-trials N] [--passkey-lengths 1024,4096] [--passkey-depths 0,0.5,1]\n"
+    "                   [--retrieval-trials N] [--ruler-tasks niah_single,common_words] [--ruler-lengths 2048,4096]\n"
+    "                   [--ruler-trials N] [--ruler-settings in_prompt,after_compression]\n"
+    "                   [--passkey-lengths 1024,4096] [--passkey-depths 0,0.5,1]\n"
     "                   [--agreement-prompts N] [--agreement-context N] [--agreement-tokens N] [--batch N]\n"
     "                   [--no-shared-prefill] [--seed S] [--data DIR] [--set section.key=value]\n"
     "                   [--dump-retrieval-prompts FILE]\n"
@@ -77,6 +105,10 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   if (cl.has("retrieval-lengths")) settings.retrieval_lengths = whole_numbers(cl.get_numbers("retrieval-lengths"));
   if (cl.has("retrieval-depths")) settings.retrieval_depths = cl.get_numbers("retrieval-depths");
   settings.retrieval_trials = cl.get_int("retrieval-trials", settings.retrieval_trials);
+  if (cl.has("ruler-tasks")) settings.ruler_tasks = ruler_task_list(cl.get_list("ruler-tasks"));
+  if (cl.has("ruler-lengths")) settings.ruler_lengths = whole_numbers(cl.get_numbers("ruler-lengths"));
+  settings.ruler_trials = cl.get_int("ruler-trials", settings.ruler_trials);
+  if (cl.has("ruler-settings")) settings.ruler_settings = ruler_setting_list(cl.get_list("ruler-settings"));
   if (cl.has("passkey-lengths")) settings.passkey_lengths = whole_numbers(cl.get_numbers("passkey-lengths"));
   if (cl.has("passkey-depths")) settings.passkey_depths = cl.get_numbers("passkey-depths");
   settings.agreement_prompts = cl.get_int("agreement-prompts", settings.agreement_prompts);
@@ -162,9 +194,10 @@ int eval_command(int argc, char** argv) {
   try {
     CommandLine cl(argc, argv,
                    {"config", "out", "policies", "budgets", "quantized", "quantized-dtypes", "documents",
-                    "ppl-prefixes", "ppl-tokens", "long-docs", "long-prompt", "long-tokens", "retrieval-lengths", "retrieval-depths",
-                    "retrieval-trials", "passkey-lengths", "passkey-depths", "agreement-prompts",
-                    "agreement-context", "agreement-tokens", "batch", "seed", "data", "set", "dump-retrieval-prompts"},
+                    "ppl-prefixes", "ppl-tokens", "long-docs", "long-prompt", "long-tokens", "retrieval-lengths",
+                    "retrieval-depths", "retrieval-trials", "ruler-tasks", "ruler-lengths", "ruler-trials",
+                    "ruler-settings", "passkey-lengths", "passkey-depths", "agreement-prompts", "agreement-context",
+                    "agreement-tokens", "batch", "seed", "data", "set", "dump-retrieval-prompts"},
                    {"help", "no-shared-prefill"}, {"set"});
     if (cl.has("help")) {
       std::cout << kUsage;

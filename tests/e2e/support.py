@@ -18,7 +18,7 @@ NEAR_TIE = 1e-3  # a greedy step whose top-1/top-2 logit margin is below this ma
 STOP_IDS = (0, 2)  # <|endoftext|>, <|im_end|>
 # `strata eval` options for a run of seconds: one document, a 64-token prefix, 8 scored tokens, no other task.
 EVAL_TINY_TASK = ["--documents", "sqlite_btree", "--ppl-prefixes", "64", "--ppl-tokens", "8", "--long-docs", "0",
-                  "--retrieval-lengths", "", "--passkey-lengths", "", "--agreement-prompts", "0",
+                  "--retrieval-lengths", "", "--ruler-lengths", "", "--passkey-lengths", "", "--agreement-prompts", "0",
                   "--set", "kv_cache.memory_mib=64"]
 
 sys.path.insert(0, str(ROOT / "tools"))

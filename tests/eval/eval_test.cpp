@@ -297,6 +297,9 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   s.retrieval_lengths = {300};
   s.retrieval_depths = {0.5};
   s.retrieval_trials = 1;
+  s.ruler_tasks = {RulerTask::niah_single};
+  s.ruler_lengths = {300};
+  s.ruler_trials = 1;
   s.passkey_lengths = {200};
   s.passkey_depths = {0.5};
   s.agreement_context = 150;
@@ -310,10 +313,10 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   const EvalCaseResult& full = results[0];
   const EvalCaseResult& small = results[1];
   const EvalCaseResult& whole = results[2];
-  // 6 prompts (perplexity, long generation, retrieval, passkey, 2 agreement), each prefilled once; snapkv@40's
-  // window starts inside the first 512-token chunk of the 5 prompts longer than 40 tokens, so it prefills those
-  // alone; full and snapkv@100% fork. Alone, the 18 jobs would prefill 18 times.
-  EXPECT_EQ(suite.prefills(), 6 + 5);
+  // 8 prompts (perplexity, long generation, retrieval, RULER's in both settings, passkey, 2 agreement), each
+  // prefilled once; snapkv@40's window starts inside the first 512-token chunk of the 7 prompts longer than 40
+  // tokens, so it prefills those alone; full and snapkv@100% fork. Alone, the 24 jobs would prefill 24 times.
+  EXPECT_EQ(suite.prefills(), 8 + 7);
 
   ASSERT_EQ(full.perplexity.size(), 1u);
   EXPECT_TRUE(std::isfinite(full.perplexity[0].perplexity()));
@@ -336,6 +339,16 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   ASSERT_EQ(full.retrieval.size(), 1u);
   EXPECT_EQ(full.retrieval[0].c.length, 300);
   EXPECT_FALSE(full.retrieval[0].expected.empty());
+  // RULER: one prompt in both settings. With every entry kept, feeding the question after the prompt's end is
+  // the same computation as prefilling it, so `full` answers alike in both.
+  ASSERT_EQ(full.ruler.size(), 2u);
+  EXPECT_EQ(full.ruler[0].setting, RulerSetting::in_prompt);
+  EXPECT_EQ(full.ruler[1].setting, RulerSetting::after_compression);
+  EXPECT_EQ(full.ruler[0].expected, full.ruler[1].expected);
+  ASSERT_EQ(full.ruler[0].expected.size(), 1u);
+  EXPECT_FALSE(full.ruler[0].answer.empty());
+  EXPECT_EQ(full.ruler[0].answer, full.ruler[1].answer);
+  EXPECT_EQ(whole.ruler[1].answer, full.ruler[1].answer);
   ASSERT_EQ(full.passkey.size(), 1u);
   EXPECT_EQ(full.passkey[0].key.size(), 5u);
   EXPECT_EQ(full.memory.longest_entries.size(), size_t(rt.weights.config.n_layers));

@@ -289,3 +289,37 @@ def test_an_input_from_elsewhere_never_overwrites_one_in_the_report_folder(tmp_p
     with pytest.raises(SystemExit, match="would overwrite another input"):
         er.main([inside, outside, "--out", str(out)])
     assert json.loads((out / "results-2.json").read_text())["timing"]["wall_seconds"] == 50.0
+
+
+def ruler_items(scores):
+    """RULER results as `strata eval` writes them, from [(task, setting, recall)]."""
+    return [{"task": t, "length": 2048, "trial": i, "setting": s, "expected": ["1234567"], "answer": "", "recall": x}
+            for i, (t, s, x) in enumerate(scores)]
+
+
+FULL_RULER = [("niah_single", "in_prompt", 1.0), ("niah_single", "in_prompt", 0.5),
+              ("common_words", "in_prompt", 0.3), ("niah_single", "after_compression", 0.8)]
+
+
+def test_ruler_averages_leave_out_the_tasks_full_fails():
+    """full: niah_single 0.75 in the prompt, 0.8 after compression; common_words 0.3, below the floor of 0.5."""
+    row = ruler_items([("niah_single", "in_prompt", 0.75), ("niah_single", "in_prompt", 0.0),
+                       ("common_words", "in_prompt", 0.9), ("niah_single", "after_compression", 0.2)])
+    relative = er.relative_ruler(row, ruler_items(FULL_RULER))
+    assert relative == {"in_prompt": pytest.approx(0.375 / 0.75), "after_compression": pytest.approx(0.2 / 0.8)}
+
+
+def test_ruler_section_shows_both_settings_and_what_it_left_out(tmp_path):
+    snapkv = make_case("snapkv", "128", ratio=14.0)
+    snapkv["ruler"] = ruler_items([("niah_single", "in_prompt", 0.75), ("niah_single", "in_prompt", 0.75),
+                                   ("common_words", "in_prompt", 0.0), ("niah_single", "after_compression", 0.4)])
+    run = make_run([snapkv])
+    run["cases"][0]["ruler"] = ruler_items(FULL_RULER)
+    out = tmp_path / "report"
+    er.main([write(tmp_path / "r.json", run), "--out", str(out)])
+    text = section((out / "README.md").read_text(), "RULER")
+    assert "| common_words | 30% | – | no: `full` below 50% (in_prompt) |" in text
+    assert "| niah_single | 75% | 80% | yes |" in text
+    in_prompt, after = text.split("### in_prompt")[1].split("### after_compression")
+    assert "| snapkv@128 | 14.0× | 0% | 75% | 100% |" in in_prompt
+    assert "| snapkv@128 | 14.0× | 40% | 50% |" in after

@@ -1,0 +1,91 @@
+"""RULER's part of the eval report (tools/eval_report.py): scores per task and setting, each row against the `full` of
+its file.
+
+A task is scored as RULER scores it: the mean over its prompts of the share of expected values the answer recalls.
+A row's RULER average in a setting is its mean score over the tasks where `full` scores at least RULER_FLOOR in that
+setting, divided by `full`'s mean over the same tasks; a task below the floor measures the model, not the policy,
+and is shown but left out.
+"""
+from collections import defaultdict
+
+RULER_FLOOR = 0.5
+SETTINGS = ("in_prompt", "after_compression")
+
+
+def ruler_scores(items):
+    """{(task, setting): mean recall} over a row's RULER results."""
+    cells = defaultdict(list)
+    for r in items:
+        cells[r["task"], r["setting"]].append(r["recall"])
+    return {key: sum(v) / len(v) for key, v in cells.items()}
+
+
+def counted_tasks(full_scores, setting):
+    """The tasks of a setting that enter the averages: those where `full` reaches the floor."""
+    return sorted(t for (t, s), v in full_scores.items() if s == setting and v >= RULER_FLOOR)
+
+
+def relative_ruler(items, full_items):
+    """{setting: the row's average over full's} on the counted tasks; a setting without any is left out."""
+    mine, full = ruler_scores(items), ruler_scores(full_items)
+    out = {}
+    for setting in sorted({s for _, s in full}):
+        tasks = [t for t in counted_tasks(full, setting) if (t, setting) in mine]
+        reference = sum(full[t, setting] for t in tasks)
+        if tasks and reference > 0:
+            out[setting] = sum(mine[t, setting] for t in tasks) / reference
+    return out
+
+
+def _pct(x):
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def full_table(full_items):
+    """`full`'s score per task (rows) and setting (columns), and which tasks enter the averages."""
+    full = ruler_scores(full_items)
+    tasks = sorted({t for t, _ in full})
+    settings = [s for s in SETTINGS if any(k[1] == s for k in full)]
+    lines = ["| task | " + " | ".join(f"`full`, {s}" for s in settings) + " | in the averages |",
+             "|---|" + "---|" * (len(settings) + 1)]
+    for t in tasks:
+        left_out = [s for s in settings if (t, s) in full and full[t, s] < RULER_FLOOR]
+        note = "yes" if not left_out else f"no: `full` below {RULER_FLOOR:.0%} ({', '.join(left_out)})"
+        lines.append(f"| {t} | " + " | ".join(_pct(full.get((t, s))) for s in settings) + f" | {note} |")
+    return "\n".join(lines)
+
+
+def rows_table(rows, setting):
+    """Every row's score per task in one setting, and its average as a share of `full`'s."""
+    scores = {row.name: ruler_scores(row.case.get("ruler", [])) for row in rows}
+    tasks = sorted({t for s in scores.values() for t, x in s if x == setting})
+    lines = ["| row | memory saved | " + " | ".join(tasks) + " | average (% of full's) |",
+             "|---|---|" + "---|" * (len(tasks) + 1)]
+    for row in rows:
+        s = scores[row.name]
+        if not any(x == setting for _, x in s):
+            continue
+        ratio = row.stats.get("ratio")
+        cells = [_pct(s.get((t, setting))) for t in tasks]
+        lines.append(f"| {row.name} | {ratio:.1f}× | " + " | ".join(cells) +
+                     f" | {_pct(row.stats.get('ruler', {}).get(setting))} |")
+    return "\n".join(lines)
+
+
+def ruler_section(rows, full_row):
+    """The report's RULER section; empty when `full` did not measure RULER."""
+    if not full_row.case.get("ruler"):
+        return ""
+    parts = ["## RULER: the question in the prompt, and after compression\n",
+             "Seven of RULER's synthetic task families (Hsieh et al., 2024; `eval/ruler_tasks.h`), scored as RULER "
+             "scores them: the share of the expected values the greedy answer holds. *in_prompt*: the question ends "
+             "the prompt, so a question-aware policy sees it when it compresses. *after_compression*: the context "
+             "alone is prefilled and compressed, and the question follows as a continuation (a chat's next turn, a "
+             f"new question about a cached document). A task where `full` scores below {RULER_FLOOR:.0%} is shown "
+             "but left out of the averages.\n",
+             full_table(full_row.case["ruler"]) + "\n"]
+    for setting in SETTINGS:
+        table = rows_table(rows, setting)
+        if table.count("\n") > 1:
+            parts.append(f"### {setting}\n\n{table}\n")
+    return "\n".join(parts)
