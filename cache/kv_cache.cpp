@@ -117,6 +117,18 @@ LayerUsage KvCache::sequence_usage(SeqId seq, int global_layer) const {
   return u;
 }
 
+int64_t KvCache::peak_bytes(SeqId seq) const {
+  auto it = peak_bytes_.find(seq);
+  return it == peak_bytes_.end() ? 0 : it->second;
+}
+
+void KvCache::note_peak(SeqId seq) {
+  int64_t bytes = 0;
+  for (int l = layer_begin_; l < layer_end_; ++l) bytes += sequence_usage(seq, l).bytes;
+  int64_t& peak = peak_bytes_[seq];
+  peak = std::max(peak, bytes);
+}
+
 void KvCache::account(int l, const LayerCounts& d) {
   LayerCounts& c = counts_[size_t(l)];
   c.entries += d.entries;
@@ -148,6 +160,7 @@ void KvCache::append(SeqId seq, int n_new) {
     kv.n_appended += n_new;
     account(l, {n_new, added, 0, uncompressed_added});
   }
+  note_peak(seq);
 }
 
 void KvCache::retain(SeqId seq, int global_layer, std::span<const int32_t> kept) {
@@ -290,6 +303,7 @@ void KvCache::release(SeqId seq) {
     if (kv.codebook) release_codebook(kv, l);
   }
   seqs_.erase(it);
+  peak_bytes_.erase(seq);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -338,6 +352,7 @@ void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, boo
     account(int(l), {n_entries, n_blocks, 0, n_blocks});
   }
   seqs_.emplace(seq, std::move(layers));
+  note_peak(seq);
 }
 
 void KvCache::evict(std::span<const uint64_t> hashes) {
@@ -374,6 +389,7 @@ void KvCache::fork(SeqId source, SeqId seq, int n_entries) {
     account(int(l), {n_entries, n_blocks, 0, n_blocks});
   }
   seqs_.emplace(seq, std::move(layers));
+  note_peak(seq);
 }
 
 // A block is copied by a compaction over the table {copy, original} that moves every entry of the second block

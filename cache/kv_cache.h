@@ -81,6 +81,9 @@ class KvCache {
   LayerUsage layer_usage(int global_layer) const;
   // The same for one sequence's layer (strata eval records it when a job ends).
   LayerUsage sequence_usage(SeqId seq, int global_layer) const;
+  // The most pool bytes seq held over all its layers so far, taken after every append and start (a compression
+  // runs after its step's append, so the moment before it is counted): what its peak cost the pool.
+  int64_t peak_bytes(SeqId seq) const;
 
   // Actions.
   // Reserves n_new entries at the end of every layer of seq (creating seq if new). Check can_append first.
@@ -161,6 +164,7 @@ class KvCache {
   // PoD: a pair of key-free blocks holds the values of 2 * block_size entries whose keys are gone.
   int64_t shared_key_entries(const LayerKv& kv) const { return 2LL * kv.n_paired * block_size(); }
   void account(int local_layer, const LayerCounts& delta);
+  void note_peak(SeqId seq);
   // Copy-on-write: the first n_blocks of the layer's table become blocks of its own (full-precision copies of
   // those that had other holders).
   void own_blocks(LayerKv& kv, size_t n_blocks);
@@ -170,6 +174,7 @@ class KvCache {
   int layer_end_;
   std::map<SeqId, std::vector<LayerKv>> seqs_;
   std::vector<LayerCounts> counts_;  // per local layer
+  std::map<SeqId, int64_t> peak_bytes_;
   std::unordered_map<uint64_t, std::vector<int32_t>> prefix_blocks_;  // hash -> the block of each local layer
 };
 

@@ -90,6 +90,8 @@ nlohmann::ordered_json case_json(const EvalCaseResult& r) {
   j["memory"] = {{"bytes", r.memory.bytes},
                  {"uncompressed_bytes", r.memory.uncompressed_bytes},
                  {"ratio", r.memory.ratio()},
+                 {"peak_bytes", r.memory.peak_bytes},
+                 {"peak_ratio", r.memory.peak_ratio()},
                  {"longest_prompt", r.memory.longest_prompt},
                  {"longest_entries", r.memory.longest_entries}};
   return j;

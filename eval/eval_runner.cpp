@@ -242,6 +242,7 @@ bool EvalRunner::take_next(Active& a, std::span<const float> logits, int32_t gre
 
 void EvalRunner::finish(Active& a, StepPlan& plan) {
   a.job->layers = layers_held(a.seq);
+  a.job->peak_bytes = rt_.cache->peak_bytes(a.seq);
   if (options_.before_release) options_.before_release(*a.job, *rt_.cache);
   plan.finished.push_back(a.seq);
 }

@@ -34,6 +34,7 @@ struct EvalJob {
   std::vector<float> forced_logprobs;  // one per forced token
   std::vector<int32_t> generated;
   std::vector<LayerHeld> layers;       // per layer of the model, at the job's last step
+  int64_t peak_bytes = 0;              // the most pool bytes its sequence held, prefill included (KvCache::peak_bytes)
 };
 
 struct EvalRunnerOptions {

@@ -87,6 +87,11 @@ double EvalMemory::ratio() const {
   return held > 0 ? double(full) / double(held) : 0.0;
 }
 
+double EvalMemory::peak_ratio() const {
+  const int64_t full = std::accumulate(uncompressed_bytes.begin(), uncompressed_bytes.end(), int64_t(0));
+  return peak_bytes > 0 ? double(full) / double(peak_bytes) : 0.0;
+}
+
 std::string case_label(const EvalCase& c) {
   return c.policy + (c.budget.empty() ? "" : "@" + c.budget) + (c.kv_dtype == "f32" ? "" : "+" + c.kv_dtype);
 }
@@ -230,6 +235,7 @@ namespace {
 
 // Adds what a job's cache held, per layer, to mem; the longest prompt's entries are kept whole.
 void add_memory(EvalMemory& mem, const EvalJob& job) {
+  mem.peak_bytes += job.peak_bytes;
   mem.bytes.resize(job.layers.size());
   mem.uncompressed_bytes.resize(job.layers.size());
   for (size_t l = 0; l < job.layers.size(); ++l) {

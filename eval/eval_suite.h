@@ -78,7 +78,9 @@ struct EvalMemory {
   std::vector<int64_t> bytes, uncompressed_bytes;  // per layer, summed over the case's jobs
   std::vector<int64_t> longest_entries;            // per layer, the job with the longest prompt
   int longest_prompt = 0;
-  double ratio() const;                            // uncompressed / held, over all layers
+  int64_t peak_bytes = 0;                          // the jobs' peaks (EvalJob::peak_bytes), summed
+  double ratio() const;                            // uncompressed / held, over all layers, at the jobs' ends
+  double peak_ratio() const;                       // uncompressed at the end / held at the peak
 };
 
 // The row's name in reports: "snapkv@128", "simlayerkv@20%+int4", "full".

@@ -148,7 +148,14 @@ def merged_memory(a, b):
     held = [x + y for x, y in zip(a["bytes"], b["bytes"])]
     full = [x + y for x, y in zip(a["uncompressed_bytes"], b["uncompressed_bytes"])]
     longest = max(a, b, key=lambda m: m.get("longest_prompt", 0))
-    return {**longest, "bytes": held, "uncompressed_bytes": full, "ratio": sum(full) / sum(held) if sum(held) else 0.0}
+    merged = {**longest, "bytes": held, "uncompressed_bytes": full,
+              "ratio": sum(full) / sum(held) if sum(held) else 0.0}
+    merged.pop("peak_bytes", None)
+    merged.pop("peak_ratio", None)
+    if "peak_bytes" in a and "peak_bytes" in b:  # older files have no peak: then the merged row has none either
+        merged["peak_bytes"] = a["peak_bytes"] + b["peak_bytes"]
+        merged["peak_ratio"] = sum(full) / merged["peak_bytes"] if merged["peak_bytes"] else 0.0
+    return merged
 
 
 def collect_rows(runs, sources):
@@ -247,6 +254,7 @@ def summarize(case, full):
         "exact": mean_or_none(a["common_prefix"] == a["compared"] for a in agreement),
         "f1": mean_or_none(a["token_f1"] for a in agreement),
         "ratio": ratio,
+        "peak_ratio": case["memory"].get("peak_ratio"),
         "kept": 1.0 / ratio if ratio else None,
     }
 
@@ -375,6 +383,26 @@ def row_table(rows):
             f"| {row.name} | {fmt_estimate(s['ppl'])} | {fmt_estimate(s['long_generation'])} "
             f"| {pct(s['retrieval'], '.0f')} | {fmt(s['passkey'], '.0%')} | {fmt(s['prefix'], '.0%')} "
             f"| {fmt(s['exact'], '.0%')} | {fmt(s['f1'], '.2f')} | {fmt(s['ratio'], '.2f')}× |")
+    return "\n".join(lines)
+
+
+def bf16_basis(ratio, case):
+    """The saving against a bf16 cache (the CUDA path's entries): a full-precision row keeps bf16 entries there and
+    saves as much; a quantized row's codes stay their size while `full`'s entries halve."""
+    if ratio is None:
+        return None
+    return ratio if case.get("kv_dtype", "f32") == "f32" else ratio / 2
+
+
+def memory_table(rows):
+    """Each row's saving at the end of its jobs and at their peak (prefill included), on both bases."""
+    lines = ["| row | at the end, f32 basis | at the peak, f32 basis | at the end, bf16 basis | at the peak, bf16 basis |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        end, peak = row.stats["ratio"], row.stats["peak_ratio"]
+        cells = [end, peak, bf16_basis(end, row.case), bf16_basis(peak, row.case)]
+        lines.append(f"| {row.name} | " + " | ".join(fmt(x, '.2f') + ("×" if x is not None else "") for x in cells)
+                     + " |")
     return "\n".join(lines)
 
 
@@ -725,6 +753,11 @@ def sections(runs, copies, rows, args, timing, drawn):
         f"The rows on the front (no other row saves as much memory for less):\n\n{front_table(front)}\n",
         f"## Every row\n\n{row_table(rows)}\n\n![quality against memory kept](quality_vs_memory.png)\n",
     ]
+    parts.append("## Memory as users pay it\n\nWhat `full` would hold over what the row held, summed over its jobs: at "
+                 "their ends, and at their peaks (the most each sequence held at any step, its prompt's prefill "
+                 "included: a policy that compresses at the prompt's end holds the whole prompt first). The f32 "
+                 "basis compares with full-precision entries as the CPU path stores them; the bf16 basis with the "
+                 "CUDA path's, where a quantized row saves half as much.\n\n" + memory_table(rows) + "\n")
     by_prefix = prefix_table(rows)
     if by_prefix:
         parts.append(f"## Perplexity increase per prefix length\n\n{by_prefix}\n")

@@ -336,6 +336,10 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   EXPECT_DOUBLE_EQ(full.memory.ratio(), 1.0);
   EXPECT_DOUBLE_EQ(whole.memory.ratio(), 1.0);
   EXPECT_GT(small.memory.ratio(), 2.0);
+  // At its peak a sequence compressed at its prompt's end held the whole prompt: the saving is the end's only.
+  EXPECT_DOUBLE_EQ(full.memory.peak_ratio(), 1.0);
+  EXPECT_LT(small.memory.peak_ratio(), 1.3);
+  EXPECT_GE(small.memory.peak_ratio(), 1.0);
   ASSERT_EQ(full.retrieval.size(), 1u);
   EXPECT_EQ(full.retrieval[0].c.length, 300);
   EXPECT_FALSE(full.retrieval[0].expected.empty());

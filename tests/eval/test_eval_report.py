@@ -323,3 +323,18 @@ def test_ruler_section_shows_both_settings_and_what_it_left_out(tmp_path):
     in_prompt, after = text.split("### in_prompt")[1].split("### after_compression")
     assert "| snapkv@128 | 14.0× | 0% | 75% | 100% |" in in_prompt
     assert "| snapkv@128 | 14.0× | 40% | 50% |" in after
+
+
+def test_memory_at_the_peak_and_on_the_bf16_basis(tmp_path):
+    """A quantized row saves half as much against bf16 entries; a full-precision row as much; a file without
+    peaks shows none."""
+    snapkv = make_case("snapkv", "128", ratio=14.0)
+    snapkv["memory"].update(peak_bytes=400, peak_ratio=1.2)
+    quantized = make_case("simlayerkv", "20%", ratio=7.0, dtype="int4")
+    quantized["memory"].update(peak_bytes=400, peak_ratio=1.1)
+    out = tmp_path / "report"
+    er.main([write(tmp_path / "r.json", make_run([snapkv, quantized])), "--out", str(out)])
+    text = section((out / "README.md").read_text(), "Memory as users pay it")
+    assert "| snapkv@128 | 14.00× | 1.20× | 14.00× | 1.20× |" in text
+    assert "| simlayerkv@20%+int4 | 7.00× | 1.10× | 3.50× | 0.55× |" in text
+    assert "| full | 1.00× | – | 1.00× | – |" in text
