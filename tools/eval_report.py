@@ -191,6 +191,40 @@ def bootstrap_mean(values, resamples=RESAMPLES, seed=SEED):
     return Estimate(float(values.mean()), float(low), float(high))
 
 
+def t_quantile(p, df):
+    """The p-quantile of Student's t with df degrees of freedom (p > 0.5): bisection on its distribution function,
+    integrated from the density by Simpson's rule (no SciPy here)."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(t, steps=2000):
+        xs = np.linspace(0.0, t, steps + 1)
+        ys = np.exp(log_norm - (df + 1) / 2 * np.log1p(xs * xs / df))
+        return 0.5 + (t / steps / 3) * (ys[0] + ys[-1] + 4 * ys[1:-1:2].sum() + 2 * ys[2:-1:2].sum())
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def t_interval(values):
+    """The mean of per-document values with its 95% Student t interval; None below two documents."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2:
+        return None
+    half = t_quantile(0.975, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size)
+    return Estimate(float(values.mean()), float(values.mean() - half), float(values.mean() + half))
+
+
+def spread(values):
+    """The lowest and highest per-document value, as an Estimate around the mean."""
+    values = np.asarray(values, dtype=float)
+    return None if values.size == 0 else Estimate(float(values.mean()), float(values.min()), float(values.max()))
+
+
 def increases(entries, full_entries):
     """{(document, prefix): exp(mean NLL − mean NLL of full) − 1} over the pairs both measured."""
     ref = {(e["document"], e["prefix"]): e["mean_nll"] for e in full_entries}
@@ -243,6 +277,8 @@ def summarize(case, full):
     ratio = case["memory"]["ratio"]
     return {
         "ppl": bootstrap_mean(per_document(incs)),
+        "ppl_t": t_interval(per_document(incs)),
+        "ppl_spread": spread(per_document(incs)),
         "ppl_by_prefix": {p: bootstrap_mean(per_document(incs, p)) for p in sorted({p for _, p in incs})},
         "long_generation": bootstrap_mean(per_document(long_incs)),
         "retrieval": retrieval,
@@ -313,6 +349,10 @@ def fmt_estimate(e):
     return "–" if e is None else f"{pct(e.value)} [{pct(e.low)}, {pct(e.high)}]"
 
 
+def fmt_bounds(e):
+    return "–" if e is None else f"[{pct(e.low)}, {pct(e.high)}]"
+
+
 def row_facts(row):
     """One line on a row: compression, perplexity increase with its interval, retrieval, long generation."""
     s = row.stats
@@ -373,14 +413,16 @@ def front_table(front):
 
 def row_table(rows):
     lines = [
-        "| row | perplexity increase [95% CI] | long generation [95% CI] | retrieval (% of full) | passkey accuracy | "
+        "| row | perplexity increase [95% bootstrap CI] | [95% t-interval] | [per-document range] | "
+        "long generation [95% CI] | retrieval (% of full) | passkey accuracy | "
         "agreement: common prefix | agreement: all tokens equal | agreement: token F1 | compression ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         s = row.stats
         lines.append(
-            f"| {row.name} | {fmt_estimate(s['ppl'])} | {fmt_estimate(s['long_generation'])} "
+            f"| {row.name} | {fmt_estimate(s['ppl'])} | {fmt_bounds(s['ppl_t'])} | {fmt_bounds(s['ppl_spread'])} "
+            f"| {fmt_estimate(s['long_generation'])} "
             f"| {pct(s['retrieval'], '.0f')} | {fmt(s['passkey'], '.0%')} | {fmt(s['prefix'], '.0%')} "
             f"| {fmt(s['exact'], '.0%')} | {fmt(s['f1'], '.2f')} | {fmt(s['ratio'], '.2f')}× |")
     return "\n".join(lines)

@@ -88,7 +88,9 @@ def test_old_format_still_renders(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
     assert not (tmp_path / "retrieval_by_depth.png").exists()
     assert "retrieval not measured" in section(text, "The goal")
-    assert "| simlayerkv@20%+int4 | -0.91% [-1.85%, +0.03%] | – | – | 0% |" in section(text, "Every row")
+    # Two documents: the percentile bootstrap spans just their range, the t-interval is honest about n = 2.
+    assert "| simlayerkv@20%+int4 | -0.91% [-1.85%, +0.03%] | [-12.86%, +11.04%] | [-1.85%, +0.03%] | – | – | 0% |" \
+        in section(text, "Every row")
     assert "## Perplexity increase per prefix length" not in text  # one prefix length only
 
     full = next(c for c in cases if c["policy"] == "full")
@@ -338,3 +340,17 @@ def test_memory_at_the_peak_and_on_the_bf16_basis(tmp_path):
     assert "| snapkv@128 | 14.00× | 1.20× | 14.00× | 1.20× |" in text
     assert "| simlayerkv@20%+int4 | 7.00× | 1.10× | 3.50× | 0.55× |" in text
     assert "| full | 1.00× | – | 1.00× | – |" in text
+
+
+@pytest.mark.parametrize("df,table", [(1, 12.7062), (2, 4.3027), (8, 2.3060), (30, 2.0423), (100, 1.9840)])
+def test_t_quantiles_match_the_printed_tables(df, table):
+    assert er.t_quantile(0.975, df) == pytest.approx(table, abs=1e-4)
+
+
+def test_t_interval_and_spread_by_hand():
+    """Three documents at +1%, +2%, +3%: mean 2%, standard deviation 1%, half-width t(0.975, 2) 0.01 / sqrt(3)."""
+    t = er.t_interval([0.01, 0.02, 0.03])
+    half = 4.302653 * 0.01 / math.sqrt(3)
+    assert (t.value, t.low, t.high) == pytest.approx((0.02, 0.02 - half, 0.02 + half))
+    assert er.t_interval([0.05]) is None
+    assert tuple(er.spread([0.03, -0.01, 0.01])) == pytest.approx((0.01, -0.01, 0.03))
