@@ -98,8 +98,11 @@ std::string case_label(const EvalCase& c) {
 
 EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const ChatTemplate& chat)
     : settings_(std::move(settings)), tokenizer_(tokenizer), chat_(chat) {
-  if (settings_.documents.empty()) settings_.documents = document_names(settings_.data_dir);
-  for (const std::string& name : settings_.documents) {
+  // Each task reads only its own files, so that --data may hold just those of the tasks run.
+  const bool reads_documents = !settings_.perplexity_prefixes.empty() || settings_.long_documents > 0 ||
+                               settings_.agreement_prompts > 0;
+  if (reads_documents && settings_.documents.empty()) settings_.documents = document_names(settings_.data_dir);
+  for (const std::string& name : reads_documents ? settings_.documents : std::vector<std::string>{}) {
     documents_.push_back(document_tokens(tokenizer_, settings_.data_dir, name));
   }
   if (settings_.agreement_prompts > 0) instructions_ = load_instructions(settings_.data_dir);

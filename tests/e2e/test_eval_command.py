@@ -55,3 +55,21 @@ def test_the_retrieval_prompts_are_dumped_for_the_probe_without_running_a_case(t
         (length, depth, trial) for length in (600, 900) for depth in (0, 1) for trial in (0, 1)]
     for p in lines:
         assert abs(len(p["prompt"]) - p["length"]) < 60 and p["generate"] > 0 and p["expected"]
+
+
+def test_data_needs_only_the_files_of_the_tasks_run(tmp_path):
+    """RULER alone reads the two novels of its filler: no documents.txt, no instructions.txt in --data."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("alice_in_wonderland.txt", "around_the_world_in_80_days.txt"):
+        (data / name).write_bytes((ROOT / "eval" / "data" / name).read_bytes())
+    out = tmp_path / "results.json"
+    result = subprocess.run([str(strata_binary()), "eval", "--config", str(CONFIG), "--out", str(out), "--data",
+                             str(data), "--policies", "", "--quantized", "", "--ppl-prefixes", "", "--long-docs", "0",
+                             "--retrieval-lengths", "", "--passkey-lengths", "", "--agreement-prompts", "0",
+                             "--ruler-tasks", "niah_single", "--ruler-lengths", "300", "--ruler-trials", "1",
+                             "--set", "kv_cache.memory_mib=64"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (full,) = json.loads(out.read_text(encoding="utf-8"))["cases"]
+    assert [(r["task"], r["setting"]) for r in full["ruler"]] == [("niah_single", "in_prompt"),
+                                                                  ("niah_single", "after_compression")]
