@@ -42,7 +42,8 @@ static nlohmann::ordered_json perplexity_json(const std::vector<PerplexityScore>
                  {"prefix", p.c.prefix},
                  {"tokens", p.c.tokens},
                  {"mean_nll", p.mean_nll},
-                 {"perplexity", p.perplexity()}});
+                 {"perplexity", p.perplexity()},
+                 {"memory_ratio", p.memory_ratio}});
   }
   return j;
 }

@@ -60,7 +60,12 @@ EvalJob perplexity_job(const std::vector<int32_t>& document, const PerplexityCas
 PerplexityScore score_perplexity(const PerplexityCase& c, const EvalJob& job) {
   double sum = 0.0;
   for (float lp : job.forced_logprobs) sum -= lp;
-  return PerplexityScore{c, sum / double(job.forced_logprobs.size())};
+  int64_t held = 0, full = 0;
+  for (const LayerHeld& l : job.layers) {
+    held += l.bytes;
+    full += l.uncompressed_bytes;
+  }
+  return PerplexityScore{c, sum / double(job.forced_logprobs.size()), held > 0 ? double(full) / double(held) : 0.0};
 }
 
 // ---- passkey ----------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ struct PerplexityCase {
 struct PerplexityScore {
   PerplexityCase c;
   double mean_nll = 0.0;        // mean of -log p over the scored tokens
+  double memory_ratio = 0.0;    // what `full` would hold over what the job held at its end: 1 compressed nothing
   double perplexity() const;
 };
 

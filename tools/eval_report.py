@@ -281,6 +281,8 @@ def summarize(case, full):
         "ppl_spread": spread(per_document(incs)),
         "ppl_by_prefix": {p: bootstrap_mean(per_document(incs, p)) for p in sorted({p for _, p in incs})},
         "long_generation": bootstrap_mean(per_document(long_incs)),
+        "long_generation_ratio": mean_or_none(g["memory_ratio"] for g in case.get("long_generation", [])
+                                              if "memory_ratio" in g),
         "retrieval": retrieval,
         "retrieval_by_length": by_length,
         "retrieval_accuracy": mean_or_none(bool(r["correct"]) for r in case.get("retrieval", [])),
@@ -349,6 +351,14 @@ def fmt_estimate(e):
     return "–" if e is None else f"{pct(e.value)} [{pct(e.low)}, {pct(e.high)}]"
 
 
+def fmt_long_generation(stats):
+    """The long-generation increase, flagged where the row held everything (its budget above prompt and generation,
+    or a policy that decides at the prompt's end only): there it measures nothing of the policy."""
+    text = fmt_estimate(stats["long_generation"])
+    ratio = stats.get("long_generation_ratio")
+    return text + " (compressed nothing)" if ratio is not None and ratio < 1.05 else text
+
+
 def fmt_bounds(e):
     return "–" if e is None else f"[{pct(e.low)}, {pct(e.high)}]"
 
@@ -357,7 +367,7 @@ def row_facts(row):
     """One line on a row: compression, perplexity increase with its interval, retrieval, long generation."""
     s = row.stats
     return (f"**{row.name}** at {s['ratio']:.2f}× less KV memory: perplexity {fmt_estimate(s['ppl'])}, "
-            f"retrieval {pct(s['retrieval'], '.0f')} of full's, long generation {fmt_estimate(s['long_generation'])}")
+            f"retrieval {pct(s['retrieval'], '.0f')} of full's, long generation {fmt_long_generation(s)}")
 
 
 def goal_section(rows):
@@ -396,7 +406,7 @@ def best_table(rows):
             continue
         s = row.stats
         lines.append(f"| ≥{saving}× | {row.name} | {s['ratio']:.2f}× | {fmt_estimate(s['ppl'])} | "
-                     f"{pct(s['retrieval'], '.0f')} | {fmt_estimate(s['long_generation'])} |")
+                     f"{pct(s['retrieval'], '.0f')} | {fmt_long_generation(s)} |")
     return "\n".join(lines)
 
 
@@ -407,7 +417,7 @@ def front_table(front):
     for row in front:
         s = row.stats
         lines.append(f"| {row.name} | {s['ratio']:.2f}× | {fmt_estimate(s['ppl'])} | "
-                     f"{fmt_estimate(s['long_generation'])} | {pct(s['retrieval'], '.0f')} |")
+                     f"{fmt_long_generation(s)} | {pct(s['retrieval'], '.0f')} |")
     return "\n".join(lines)
 
 
@@ -422,7 +432,7 @@ def row_table(rows):
         s = row.stats
         lines.append(
             f"| {row.name} | {fmt_estimate(s['ppl'])} | {fmt_bounds(s['ppl_t'])} | {fmt_bounds(s['ppl_spread'])} "
-            f"| {fmt_estimate(s['long_generation'])} "
+            f"| {fmt_long_generation(s)} "
             f"| {pct(s['retrieval'], '.0f')} | {fmt(s['passkey'], '.0%')} | {fmt(s['prefix'], '.0%')} "
             f"| {fmt(s['exact'], '.0%')} | {fmt(s['f1'], '.2f')} | {fmt(s['ratio'], '.2f')}× |")
     return "\n".join(lines)

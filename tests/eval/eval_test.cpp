@@ -326,6 +326,8 @@ TEST(EvalSuiteSmall, RunsEveryTaskAndFullIsItsOwnReference) {
   EXPECT_EQ(full.long_generation[0].c.tokens, 40);
   EXPECT_NEAR(small.long_generation[0].mean_nll, full.long_generation[0].mean_nll, 1e-6)
       << "SnapKV compresses the prompt only, and 24 tokens fit in 40";
+  EXPECT_DOUBLE_EQ(small.long_generation[0].memory_ratio, 1.0) << "so it held everything: the row measures nothing";
+  EXPECT_GT(small.perplexity[0].memory_ratio, 2.0);
   EXPECT_NE(small.long_generation[0].mean_nll, small.perplexity[0].mean_nll);
   ASSERT_EQ(full.agreement.size(), 2u);
   for (const AgreementScore& a : full.agreement) {

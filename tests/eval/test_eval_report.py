@@ -354,3 +354,18 @@ def test_t_interval_and_spread_by_hand():
     assert (t.value, t.low, t.high) == pytest.approx((0.02, 0.02 - half, 0.02 + half))
     assert er.t_interval([0.05]) is None
     assert tuple(er.spread([0.03, -0.01, 0.01])) == pytest.approx((0.01, -0.01, 0.03))
+
+
+def test_a_long_generation_that_compressed_nothing_is_flagged(tmp_path):
+    """snapkv@50% of a 128-token prompt and 1,024 generated tokens keeps all: its long generation says so."""
+    kept_all = make_case("snapkv", "50%", ratio=1.5, long=0.0)
+    rolling = make_case("streaming:mode=rolling", "10%", ratio=8.0, long=0.05)
+    for g in kept_all["long_generation"]:
+        g["memory_ratio"] = 1.0
+    for g in rolling["long_generation"]:
+        g["memory_ratio"] = 9.0
+    out = tmp_path / "report"
+    er.main([write(tmp_path / "r.json", make_run([kept_all, rolling])), "--out", str(out)])
+    rows = section((out / "README.md").read_text(), "Every row")
+    assert "| +0.00% [+0.00%, +0.00%] (compressed nothing) |" in next(r for r in rows.splitlines() if "snapkv@50%" in r)
+    assert "compressed nothing" not in next(r for r in rows.splitlines() if "rolling" in r)
