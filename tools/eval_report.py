@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ruler_report import relative_ruler, ruler_section  # noqa: E402
+from ruler_report import plot_ruler, relative_ruler, ruler_section  # noqa: E402
 
 RESAMPLES = 10_000
 SEED = 1
@@ -814,7 +814,8 @@ def sections(runs, copies, rows, args, timing, drawn):
     if by_prefix:
         parts.append(f"## Perplexity increase per prefix length\n\n{by_prefix}\n")
     parts.append(retrieval_section(rows, chosen_rows(rows, args.retrieval_rows), args.out))
-    parts.append(ruler_section(rows, next(r for r in rows if case_label(r.case) == "full")))
+    parts.append(ruler_section(rows, next(r for r in rows if case_label(r.case) == "full"),
+                               "ruler_frontier.png" if "ruler" in drawn else None))
     if "layers" in drawn:
         parts.append("## Per-layer occupancy\n\n![tokens held per layer](layer_occupancy.png)\n")
     grid = passkey_grid(rows)
@@ -834,7 +835,8 @@ def main(argv=None):
     plot_quality(rows, os.path.join(args.out, "quality_vs_memory.png"))
     drawn = {name for name, path in [
         ("pareto_front", plot_front(rows, pareto_front(rows), os.path.join(args.out, "pareto_front.png"))),
-        ("layers", plot_layers(rows, args.layer_budget, os.path.join(args.out, "layer_occupancy.png")))] if path}
+        ("layers", plot_layers(rows, args.layer_budget, os.path.join(args.out, "layer_occupancy.png"))),
+        ("ruler", plot_ruler(rows, os.path.join(args.out, "ruler_frontier.png")))] if path}
     timing = timing_section(runs, copies, before, before_copy)
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write("\n".join(sections(runs, copies, rows, args, timing, drawn)))

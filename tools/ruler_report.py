@@ -8,6 +8,11 @@ and is shown but left out.
 """
 from collections import defaultdict
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
 RULER_FLOOR = 0.5
 SETTINGS = ("in_prompt", "after_compression")
 
@@ -72,7 +77,38 @@ def rows_table(rows, setting):
     return "\n".join(lines)
 
 
-def ruler_section(rows, full_row):
+def plot_ruler(rows, path):
+    """One panel per setting: each row's RULER average (% of `full`'s) against the memory it saved at its peak and
+    at its end; a line joins the rows of one policy. None when no row has a RULER average."""
+    measured = [r for r in rows if r.stats.get("ruler")]
+    if not measured:
+        return None
+    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(13, 5.5), sharey=True)
+    for ax, setting in zip(axes, SETTINGS):
+        series = defaultdict(list)
+        for row in measured:
+            if setting in row.stats["ruler"]:
+                series[row.series].append(row)
+        for i, (name, members) in enumerate(sorted(series.items())):
+            members.sort(key=lambda r: r.stats["ratio"])
+            ys = [100 * r.stats["ruler"][setting] for r in members]
+            ax.plot([r.stats["ratio"] for r in members], ys, "o-", color=f"C{i}", label=f"{name}, at the end")
+            peaks = [r.stats.get("peak_ratio") for r in members]
+            if all(p is not None for p in peaks):
+                ax.plot(peaks, ys, "s--", color=f"C{i}", mfc="white", label=f"{name}, at the peak")
+        ax.axhline(100 * 0.95, color="C2", lw=1, ls=":", label="95% of full's")
+        ax.set_xscale("log")
+        ax.set(xlabel="memory saved: KV bytes of full / bytes held (log)", title=setting)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("RULER average, % of full's (tasks full passes)")
+    axes[-1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def ruler_section(rows, full_row, plot=None):
     """The report's RULER section; empty when `full` did not measure RULER."""
     if not full_row.case.get("ruler"):
         return ""
@@ -84,6 +120,8 @@ def ruler_section(rows, full_row):
              f"new question about a cached document). A task where `full` scores below {RULER_FLOOR:.0%} is shown "
              "but left out of the averages.\n",
              full_table(full_row.case["ruler"]) + "\n"]
+    if plot:
+        parts.append(f"![RULER against memory, per setting]({plot})\n")
     for setting in SETTINGS:
         table = rows_table(rows, setting)
         if table.count("\n") > 1:

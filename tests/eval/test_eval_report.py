@@ -325,6 +325,8 @@ def test_ruler_section_shows_both_settings_and_what_it_left_out(tmp_path):
     in_prompt, after = text.split("### in_prompt")[1].split("### after_compression")
     assert "| snapkv@128 | 14.0× | 0% | 75% | 100% |" in in_prompt
     assert "| snapkv@128 | 14.0× | 40% | 50% |" in after
+    assert "![RULER against memory, per setting](ruler_frontier.png)" in text
+    assert (out / "ruler_frontier.png").stat().st_size > 10_000
 
 
 def test_memory_at_the_peak_and_on_the_bf16_basis(tmp_path):
