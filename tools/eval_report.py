@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ruler_report import plot_ruler, relative_ruler, ruler_section  # noqa: E402
+from ruler_report import plot_ruler, relative_ruler, ruler_goal, ruler_section  # noqa: E402
 
 RESAMPLES = 10_000
 SEED = 1
@@ -320,13 +320,21 @@ def best_at(rows, saving):
     return min(candidates, key=lambda r: (r.stats["ppl"].value, -r.stats["ratio"]), default=None)
 
 
-def quality_shortfalls(row):
-    """The goal's quality terms this row misses, with its numbers; empty when it meets them all."""
+def perplexity_shortfalls(row):
+    """The goal's perplexity terms this row misses, with its numbers."""
     s, misses = row.stats, []
+    if s["ppl"] is None:
+        return ["perplexity not measured"]
     if s["ppl"].value > GOAL_INCREASE:
         misses.append(f"perplexity increase {pct(s['ppl'].value)} > {pct(GOAL_INCREASE, '+.0f')}")
     if s["ppl"].high > GOAL_UPPER:
         misses.append(f"upper end of its interval {pct(s['ppl'].high)} > {pct(GOAL_UPPER, '+.0f')}")
+    return misses
+
+
+def quality_shortfalls(row):
+    """The goal's quality terms this row misses, with its numbers; empty when it meets them all."""
+    s, misses = row.stats, perplexity_shortfalls(row)
     if s["retrieval"] is None:
         misses.append("retrieval not measured (or `full` found nothing)")
     elif s["retrieval"] < GOAL_RETRIEVAL:
@@ -814,8 +822,10 @@ def sections(runs, copies, rows, args, timing, drawn):
     if by_prefix:
         parts.append(f"## Perplexity increase per prefix length\n\n{by_prefix}\n")
     parts.append(retrieval_section(rows, chosen_rows(rows, args.retrieval_rows), args.out))
+    peak_bf16 = lambda row: bf16_basis(row.stats["peak_ratio"], row.case)  # noqa: E731
     parts.append(ruler_section(rows, next(r for r in rows if case_label(r.case) == "full"),
-                               "ruler_frontier.png" if "ruler" in drawn else None))
+                               "ruler_frontier.png" if "ruler" in drawn else None,
+                               ruler_goal(rows, peak_bf16, perplexity_shortfalls)))
     if "layers" in drawn:
         parts.append("## Per-layer occupancy\n\n![tokens held per layer](layer_occupancy.png)\n")
     grid = passkey_grid(rows)

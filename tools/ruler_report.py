@@ -15,6 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 RULER_FLOOR = 0.5
 SETTINGS = ("in_prompt", "after_compression")
+# [eval-ruler]'s goal: at least this much less KV memory at the peak, on the bf16 basis, with at least GOAL_RULER of
+# `full`'s RULER average in both settings (and the perplexity terms of the report's own goal).
+GOAL_PEAK, GOAL_RULER = 10.0, 0.95
 
 
 def ruler_scores(items):
@@ -108,7 +111,38 @@ def plot_ruler(rows, path):
     return path
 
 
-def ruler_section(rows, full_row, plot=None):
+def ruler_shortfalls(row, peak_bf16, perplexity_shortfalls):
+    """What keeps a row from the goal, with its numbers; empty when it meets every term."""
+    peak, misses = peak_bf16(row), []
+    if peak is None:
+        misses.append("its peak not measured")
+    elif peak < GOAL_PEAK:
+        misses.append(f"{peak:.2f}× less at its peak (bf16 basis) < {GOAL_PEAK:g}×")
+    for setting in SETTINGS:
+        score = row.stats.get("ruler", {}).get(setting)
+        if score is None:
+            misses.append(f"RULER {setting} not measured")
+        elif score < GOAL_RULER:
+            misses.append(f"RULER {setting} {_pct(score)} of full's < {_pct(GOAL_RULER)}")
+    return misses + perplexity_shortfalls(row)
+
+
+def ruler_goal(rows, peak_bf16, perplexity_shortfalls):
+    """Whether a row reaches the goal; if none does, the three that come closest (fewest terms missed, then the
+    most memory saved at the peak) and what stands in their way."""
+    candidates = [(ruler_shortfalls(r, peak_bf16, perplexity_shortfalls), r) for r in rows if r.name != "full"]
+    reached = [r for misses, r in candidates if not misses]
+    goal = (f"**Goal:** at least {GOAL_PEAK:g}× less KV memory at the peak on the bf16 basis, at least "
+            f"{_pct(GOAL_RULER)} of `full`'s RULER average in both settings, and the perplexity terms above.")
+    if reached:
+        return goal + "\n\n**Reached** by " + ", ".join(f"**{r.name}**" for r in reached) + "."
+    closest = sorted(candidates, key=lambda c: (len(c[0]), -(peak_bf16(c[1]) or 0.0)))[:3]
+    lines = [goal, "", "**Not reached.** The rows that come closest:", ""]
+    lines += [f"- **{r.name}**. In the way: {'; '.join(misses)}." for misses, r in closest]
+    return "\n".join(lines)
+
+
+def ruler_section(rows, full_row, plot=None, goal=None):
     """The report's RULER section; empty when `full` did not measure RULER."""
     if not full_row.case.get("ruler"):
         return ""
@@ -120,6 +154,8 @@ def ruler_section(rows, full_row, plot=None):
              f"new question about a cached document). A task where `full` scores below {RULER_FLOOR:.0%} is shown "
              "but left out of the averages.\n",
              full_table(full_row.case["ruler"]) + "\n"]
+    if goal:
+        parts.append(goal + "\n")
     if plot:
         parts.append(f"![RULER against memory, per setting]({plot})\n")
     for setting in SETTINGS:

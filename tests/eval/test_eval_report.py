@@ -371,3 +371,23 @@ def test_a_long_generation_that_compressed_nothing_is_flagged(tmp_path):
     rows = section((out / "README.md").read_text(), "Every row")
     assert "| +0.00% [+0.00%, +0.00%] (compressed nothing) |" in next(r for r in rows.splitlines() if "snapkv@50%" in r)
     assert "compressed nothing" not in next(r for r in rows.splitlines() if "rolling" in r)
+
+
+def test_ruler_goal_names_what_stands_in_the_way(tmp_path):
+    """At 12x at the end but 1.1x at its peak, and half of full's RULER after compression, snapkv misses two terms;
+    an int4 row at 12x at its peak on the f32 basis is 6x on the bf16 basis."""
+    snapkv = make_case("snapkv", "10%", ratio=12.0, ppl=0.005)
+    snapkv["memory"].update(peak_bytes=100, peak_ratio=1.1)
+    snapkv["ruler"] = ruler_items([("niah_single", "in_prompt", 1.0), ("niah_single", "after_compression", 0.4)])
+    quantized = make_case("streaming", "10%", ratio=12.0, ppl=0.005, dtype="int4")
+    quantized["memory"].update(peak_bytes=100, peak_ratio=12.0)
+    quantized["ruler"] = ruler_items([("niah_single", "in_prompt", 1.0), ("niah_single", "after_compression", 0.8)])
+    run = make_run([snapkv, quantized])
+    run["cases"][0]["ruler"] = ruler_items([("niah_single", "in_prompt", 1.0), ("niah_single", "after_compression", 0.8)])
+    out = tmp_path / "report"
+    er.main([write(tmp_path / "r.json", run), "--out", str(out)])
+    text = section((out / "README.md").read_text(), "RULER")
+    assert "**Not reached.**" in text
+    assert ("- **streaming@10%+int4**. In the way: 6.00× less at its peak (bf16 basis) < 10×." in text)
+    assert ("- **snapkv@10%**. In the way: 1.10× less at its peak (bf16 basis) < 10×; RULER after_compression 50% "
+            "of full's < 95%." in text)
