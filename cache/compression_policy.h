@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/layer_metric.h"
+#include "cache/observation.h"
 #include "cache/policy_collectives.h"
 #include "cache/policy_spec.h"
 #include "kernels/kv_merge.h"
@@ -140,8 +142,6 @@ class CompressionPolicy {
   // The most entries the layer keeps after a prefill compression of a prompt of prompt_len tokens (the
   // scheduler's footprint while the prompt is prefilled in chunks); nullopt when it keeps the whole prompt.
   virtual std::optional<int> prefill_budget(int /*prompt_len*/) const { return std::nullopt; }
-  // SimLayerKV's verdict once taken: true for a lazy layer. nullopt for policies without one.
-  virtual std::optional<bool> lazy() const { return std::nullopt; }
   // Whether a decision still to come must read this layer's cache unquantized (kv_cache.dtype int8 | int4 | int2:
   // decide on the unquantized cache, then quantize, as SimLayerKV + KIVI does). The executor seals the layer's
   // full groups only once this is false. The default holds the cache until the hooks of the first decode step
@@ -163,9 +163,12 @@ class CompressionPolicy {
   virtual std::optional<Selection> on_layer_statistics(const LayerState&, std::span<const double>) {
     return std::nullopt;
   }
-  // The most entries the layer holds from now on, once the policy has fixed it (D2O's per-layer budget S);
-  // nullopt when the layer is not bounded (yet). For reports: /v1/kv_state shows it beside what the layer holds.
-  virtual std::optional<int> capacity() const { return std::nullopt; }
+
+  // What the policy reports about its (sequence, layer), appended to `out` as named values (cache/observation.h):
+  // its decisions (SimLayerKV's verdict), bounds (D2O's capacity) and counts since it was built (D2O's merges).
+  // /v1/kv_state shows them beside what the layer holds; the rank adds the growth of the counts and each verdict
+  // to the layer's counters on /metrics, under the series the policy's factory row declares. None by default.
+  virtual void observe(std::vector<Observation>& /*out*/) const {}
 };
 
 // The policies make_policy knows.
@@ -174,5 +177,7 @@ std::vector<std::string> policy_names();
 void validate_policy(const PolicySpec& spec);
 // Throws PolicyError naming the policy or the parameter.
 std::unique_ptr<CompressionPolicy> make_policy(const PolicySpec& spec, const PolicyContext& context);
+// The per-layer series on /metrics that every policy and the cache's storage of their decisions declare.
+std::vector<LayerMetric> layer_metrics();
 
 }  // namespace strata

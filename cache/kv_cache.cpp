@@ -219,19 +219,14 @@ void KvCache::retain(SeqId seq, int global_layer, std::span<const std::vector<in
   kv.n_entries = int32_t(n_kept);
 }
 
-int64_t KvCache::merge(SeqId seq, int global_layer, std::span<const KvMerges> per_head) {
+void KvCache::merge(SeqId seq, int global_layer, std::span<const KvMerges> per_head) {
   if (int(per_head.size()) != pool_.layout().n_kv_heads) {
     throw std::logic_error("kv cache: merges for " + std::to_string(per_head.size()) + " KV heads, the layer has " +
                            std::to_string(pool_.layout().n_kv_heads));
   }
   LayerKv& kv = layer_mut(seq, global_layer);
   own_blocks(kv, kv.block_table.size());
-  int64_t merged = 0;
-  for (size_t h = 0; h < per_head.size(); ++h) {
-    pool_.backend().kv_merge(kv.block_table, per_head[h], pool_view(), int(h));
-    merged += int64_t(per_head[h].n_sources());
-  }
-  return merged / int64_t(per_head.size());
+  for (size_t h = 0; h < per_head.size(); ++h) pool_.backend().kv_merge(kv.block_table, per_head[h], pool_view(), int(h));
 }
 
 int KvCache::seal(SeqId seq, int global_layer) {

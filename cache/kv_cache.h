@@ -95,8 +95,8 @@ class KvCache {
   // list for every head.
   void retain(SeqId seq, int global_layer, std::span<const std::vector<int32_t>> kept_per_head);
   // D2O: merges evicted entries into kept ones, one KvMerges per KV head of the layer (Backend::kv_merge, on
-  // full-precision blocks), before the compaction that drops them (retain). Returns the entries merged per KV head.
-  int64_t merge(SeqId seq, int global_layer, std::span<const KvMerges> per_head);
+  // full-precision blocks), before the compaction that drops them (retain).
+  void merge(SeqId seq, int global_layer, std::span<const KvMerges> per_head);
   // Quantizes the full groups of the layer's full-precision entries (nothing in a full-precision pool) and
   // returns how many were sealed. When the pool has no room for a quantized block, the rest waits for a later
   // call.

@@ -403,13 +403,9 @@ void Engine::count_queued() {
 void Engine::count_compression() {
   for (const RankReport& r : ranks_.reports()) {
     for (size_t i = 0; i < r.layers.size(); ++i) {
-      const LayerCompressionCounters& c = r.layers[i].counters;
-      const int layer = r.layer_begin + int(i);
-      if (c.evicted_tokens || c.lazy_decisions || c.not_lazy_decisions) {
-        metrics_.add_layer_compression(layer, r.pp_stage, r.tp_rank, c.evicted_tokens, c.lazy_decisions,
-                                       c.not_lazy_decisions);
-      }
-      if (c.merged_tokens) metrics_.add_layer_merges(layer, r.pp_stage, r.tp_rank, c.merged_tokens);
+      const LayerReport& l = r.layers[i];
+      if (l.evicted_tokens == 0 && l.observations.empty()) continue;
+      metrics_.add_layer_compression(r.layer_begin + int(i), r.pp_stage, r.tp_rank, l.evicted_tokens, l.observations);
     }
   }
 }
@@ -580,8 +576,7 @@ void Engine::publish_metrics() {
       const LayerUsage& u = r.layers[i].usage;
       const int layer = r.layer_begin + int(i);
       metrics_.set_layer_kv(layer, r.pp_stage, r.tp_rank, u.entries, u.bytes, u.uncompressed_bytes);
-      metrics_.set_layer_codebook(layer, r.pp_stage, r.tp_rank, u.codebook_vectors);
-      metrics_.set_layer_shared_keys(layer, r.pp_stage, r.tp_rank, u.shared_key_entries);
+      metrics_.set_layer_observed(layer, r.pp_stage, r.tp_rank, r.layers[i].observations);
       metrics_.set_layer_prefix_cached(layer, r.pp_stage, r.tp_rank, u.cached_blocks);
     }
   }

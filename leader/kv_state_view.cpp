@@ -1,6 +1,7 @@
 #include "leader/kv_state_view.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,20 @@ const T* find_seq(const std::vector<T>& sorted, int64_t seq) {
   return it == sorted.end() || it->seq != seq ? nullptr : &*it;
 }
 
+// An observation as a member of `out` (cache/observation.h): a dot in its name nests it, a verdict is true or
+// false. A name whose path runs into a member that is not an object ("tokens.x") is left out rather than failing
+// the whole view.
+void add_observation(json& out, const Observation& o) {
+  json* at = &out;
+  std::string_view name = o.name;
+  for (size_t dot = name.find('.'); dot != std::string_view::npos; dot = name.find('.')) {
+    at = &(*at)[std::string(name.substr(0, dot))];
+    name.remove_prefix(dot + 1);
+    if (!at->is_null() && !at->is_object()) return;
+  }
+  (*at)[std::string(name)] = o.kind == ObservationKind::verdict ? json(o.value != 0) : json(o.value);
+}
+
 // One sequence's layers on one stage: lengths from the scheduler's part of the report, the rest from the detail.
 void add_layers(json& out, const RankReport& stage, int64_t seq) {
   const SequenceKv* kv = find_seq(stage.sequences, seq);
@@ -26,13 +41,7 @@ void add_layers(json& out, const RankReport& stage, int64_t seq) {
       const SequenceLayerDetail& d = detail->layers[i];
       entry["uncompressed_tokens"] = d.appended;
       if (!d.policy.empty()) entry["policy"] = d.policy;
-      if (d.lazy >= 0) entry["lazy"] = d.lazy == 1;
-      if (d.capacity >= 0) entry["capacity"] = d.capacity;
-      if (d.merged_tokens) entry["merged_tokens"] = d.merged_tokens;
-      if (d.codebook_keys || d.codebook_values) {
-        entry["codebook"] = {{"keys", d.codebook_keys}, {"values", d.codebook_values}};
-      }
-      if (d.shared_keys) entry["shared_keys"] = d.shared_keys;
+      for (const Observation& o : d.observations) add_observation(entry, o);
     }
     out.push_back(std::move(entry));
   }
@@ -51,8 +60,10 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
       const LayerUsage& u = r->layers[i].usage;
       layers.push_back({{"layer", r->layer_begin + int(i)}, {"pp_stage", r->pp_stage}, {"tokens", u.entries},
                         {"blocks", u.blocks}, {"bytes", u.bytes}, {"uncompressed_bytes", u.uncompressed_bytes}});
-      if (u.codebook_vectors) layers.back()["codebook_vectors"] = u.codebook_vectors;
-      if (u.shared_key_entries) layers.back()["shared_keys"] = u.shared_key_entries;
+      // The layer's amounts; its counts are the growth since the previous report, which /metrics adds up.
+      for (const Observation& o : r->layers[i].observations) {
+        if (o.kind == ObservationKind::amount) add_observation(layers.back(), o);
+      }
       if (u.cached_blocks) layers.back()["cached_blocks"] = u.cached_blocks;
       held += u.blocks;
       blocks_cached += u.cached_blocks;

@@ -1,7 +1,7 @@
 #pragma once
 // The JSON of /v1/kv_state, for people who debug a deployment: the pool of every rank, every layer's occupancy
 // (from the first tensor rank of each stage: its TP peers hold the same lengths), and per sequence, per layer, what
-// the cache holds and what the layer's policy decided. Rendered from the reports of a step whose plan asked the
+// the cache holds and what the layer's policy reports, each observation under its own name (cache/observation.h). Rendered from the reports of a step whose plan asked the
 // ranks for their sequences' detail (StepPlan::report_detail), only when a client asks.
 #include <cstdint>
 #include <string>

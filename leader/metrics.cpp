@@ -1,5 +1,7 @@
 #include "leader/metrics.h"
 
+#include <algorithm>
+
 #include <prometheus/text_serializer.h>
 
 namespace strata {
@@ -56,7 +58,7 @@ const Histogram::BucketBoundaries kE2eRequestLatencyBuckets = {
 
 }  // namespace
 
-ServerMetrics::ServerMetrics(int64_t max_model_len)
+ServerMetrics::ServerMetrics(int64_t max_model_len, std::span<const LayerMetric> layer_metrics)
     : registry_(std::make_shared<Registry>()),
       kv_layer_tokens_(gauge_family(*registry_, "strata_kv_layer_tokens",
                                     "KV-cache tokens held by one layer on one rank.")),
@@ -66,14 +68,6 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
                                                 "Bytes the same tokens would take in the uncompressed cache.")),
       kv_layer_evicted_tokens_(counter_family(*registry_, "strata_kv_layer_evicted_tokens_total",
                                               "KV entries removed by compression policies, per layer.")),
-      kv_layer_lazy_decisions_(counter_family(*registry_, "strata_kv_layer_lazy_decisions_total",
-                                              "SimLayerKV verdicts per layer: lazy=\"true\" layers were trimmed.")),
-      kv_layer_merged_tokens_(counter_family(*registry_, "strata_kv_layer_merged_tokens_total",
-                                             "Evicted KV entries merged into kept ones (D2O), per layer.")),
-      kv_layer_codebook_vectors_(gauge_family(*registry_, "strata_kv_layer_codebook_vectors",
-                                              "SpindleKV codebook entries held by one layer (keys and values).")),
-      kv_layer_shared_keys_(gauge_family(*registry_, "strata_kv_layer_shared_keys",
-                                         "PoD: entries one layer holds without their keys (its block leader's are used).")),
       kv_layer_prefix_cached_blocks_(gauge_family(*registry_, "strata_kv_layer_prefix_cached_blocks",
                                                   "Prefix-cache blocks one layer holds, used by sequences or not.")),
       kv_saved_bytes_(gauge(*registry_, "strata_kv_saved_bytes",
@@ -118,6 +112,27 @@ ServerMetrics::ServerMetrics(int64_t max_model_len)
     requests_.Add({{"finish_reason", std::string(finish_reason_name(reason))}});
   }
   kv_compression_ratio_.Set(1.0);
+  declare(layer_metrics);
+}
+
+// One family per name, whichever declarations share it.
+void ServerMetrics::declare(std::span<const LayerMetric> layer_metrics) {
+  std::map<std::string_view, prometheus::Family<prometheus::Counter>*> counters;
+  std::map<std::string_view, prometheus::Family<prometheus::Gauge>*> gauges;
+  for (const LayerMetric& m : layer_metrics) {
+    ObservedSeries series{m};
+    const std::string family(m.family), help(m.help);
+    if (m.type == MetricType::counter) {
+      auto [it, added] = counters.try_emplace(m.family);
+      if (added) it->second = &counter_family(*registry_, family, help);
+      series.counters = it->second;
+    } else {
+      auto [it, added] = gauges.try_emplace(m.family);
+      if (added) it->second = &gauge_family(*registry_, family, help);
+      series.gauges = it->second;
+    }
+    observed_series_.push_back(series);
+  }
 }
 
 ServerMetrics::LayerKv& ServerMetrics::layer(int layer, int pp_stage, int tp_rank) {
@@ -131,14 +146,19 @@ ServerMetrics::LayerKv& ServerMetrics::layer(int layer, int pp_stage, int tp_ran
     kv.bytes = &kv_layer_bytes_.Add(labels);
     kv.uncompressed_bytes = &kv_layer_uncompressed_bytes_.Add(labels);
     kv.evicted_tokens = &kv_layer_evicted_tokens_.Add(labels);
-    kv.merged_tokens = &kv_layer_merged_tokens_.Add(labels);
-    kv.codebook_vectors = &kv_layer_codebook_vectors_.Add(labels);
-    kv.shared_keys = &kv_layer_shared_keys_.Add(labels);
     kv.prefix_cached_blocks = &kv_layer_prefix_cached_blocks_.Add(labels);
-    labels["lazy"] = "true";
-    kv.lazy = &kv_layer_lazy_decisions_.Add(labels);
-    labels["lazy"] = "false";
-    kv.not_lazy = &kv_layer_lazy_decisions_.Add(labels);
+    for (const ObservedSeries& series : observed_series_) {
+      prometheus::Labels series_labels = labels;
+      if (!series.metric.label.empty()) {
+        series_labels[std::string(series.metric.label)] = std::string(series.metric.label_value);
+      }
+      const std::string name(series.metric.observation);
+      if (series.counters) {
+        kv.observed_counters[name] = &series.counters->Add(series_labels);
+      } else {
+        kv.observed_gauges[name] = &series.gauges->Add(series_labels);
+      }
+    }
   }
   return kv;
 }
@@ -159,27 +179,27 @@ void ServerMetrics::set_layer_kv(int layer_index, int pp_stage, int tp_rank, int
 }
 
 void ServerMetrics::add_layer_compression(int layer_index, int pp_stage, int tp_rank, int64_t evicted_tokens,
-                                          int64_t lazy, int64_t not_lazy) {
+                                          std::span<const Observation> observed) {
   std::lock_guard lock(layers_mutex_);
   LayerKv& kv = layer(layer_index, pp_stage, tp_rank);
   kv.evicted_tokens->Increment(static_cast<double>(evicted_tokens));
-  kv.lazy->Increment(static_cast<double>(lazy));
-  kv.not_lazy->Increment(static_cast<double>(not_lazy));
+  for (const Observation& o : observed) {
+    auto it = kv.observed_counters.find(o.name);
+    if (o.kind == ObservationKind::count && it != kv.observed_counters.end()) {
+      it->second->Increment(static_cast<double>(o.value));
+    }
+  }
 }
 
-void ServerMetrics::add_layer_merges(int layer_index, int pp_stage, int tp_rank, int64_t merged_tokens) {
+void ServerMetrics::set_layer_observed(int layer_index, int pp_stage, int tp_rank,
+                                       std::span<const Observation> observed) {
   std::lock_guard lock(layers_mutex_);
-  layer(layer_index, pp_stage, tp_rank).merged_tokens->Increment(static_cast<double>(merged_tokens));
-}
-
-void ServerMetrics::set_layer_codebook(int layer_index, int pp_stage, int tp_rank, int64_t vectors) {
-  std::lock_guard lock(layers_mutex_);
-  layer(layer_index, pp_stage, tp_rank).codebook_vectors->Set(static_cast<double>(vectors));
-}
-
-void ServerMetrics::set_layer_shared_keys(int layer_index, int pp_stage, int tp_rank, int64_t entries) {
-  std::lock_guard lock(layers_mutex_);
-  layer(layer_index, pp_stage, tp_rank).shared_keys->Set(static_cast<double>(entries));
+  for (auto& [name, gauge] : layer(layer_index, pp_stage, tp_rank).observed_gauges) {
+    auto it = std::find_if(observed.begin(), observed.end(), [&name](const Observation& o) {
+      return o.kind == ObservationKind::amount && o.name == name;
+    });
+    gauge->Set(it == observed.end() ? 0.0 : static_cast<double>(it->value));
+  }
 }
 
 void ServerMetrics::set_layer_prefix_cached(int layer_index, int pp_stage, int tp_rank, int64_t blocks) {

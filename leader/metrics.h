@@ -5,15 +5,19 @@
 // inter-token latency, e2e latency, token counters, preemptions) so existing dashboards map one to one; the
 // router contract is strata_requests_waiting, strata_requests_running, strata_kv_usage_ratio and
 // strata_kv_block_size_tokens. Per-layer KV occupancy, labelled {layer, pp_stage, tp_rank}, is what no other
-// server exports and what compression changes.
+// server exports and what compression changes. What the policies and the cache's storage of their decisions
+// observe per layer has the series they declare (cache/layer_metric.h): created here by name, fed by name.
 //
 // Updated from the engine thread, rendered from HTTP threads: every method may be called from any thread.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -21,27 +25,27 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "cache/layer_metric.h"
+#include "cache/observation.h"
 #include "leader/generation.h"
 
 namespace strata {
 
 class ServerMetrics {
  public:
-  // max_model_len bounds the token-count histograms (1-2-5 buckets up to it, as vLLM does).
-  explicit ServerMetrics(int64_t max_model_len);
+  // max_model_len bounds the token-count histograms (1-2-5 buckets up to it, as vLLM does). layer_metrics: the
+  // per-layer series of observations (cache/compression_policy.h: layer_metrics()), on every layer from the start.
+  ServerMetrics(int64_t max_model_len, std::span<const LayerMetric> layer_metrics);
 
   // KV held by one layer on one rank; strata_kv_saved_bytes follows the sum over all layers set so far.
   void set_layer_kv(int layer, int pp_stage, int tp_rank, int64_t tokens, int64_t bytes, int64_t uncompressed_bytes);
   void set_kv_blocks(int64_t n_free, int64_t n_total, int block_size);
-  // What one layer's compression policies did since the last call: entries evicted, SimLayerKV verdicts.
-  void add_layer_compression(int layer, int pp_stage, int tp_rank, int64_t evicted_tokens, int64_t lazy,
-                             int64_t not_lazy);
-  // Evicted entries that one layer's policies merged into kept ones (D2O) since the last call.
-  void add_layer_merges(int layer, int pp_stage, int tp_rank, int64_t merged_tokens);
-  // SpindleKV: the codebook entries one layer holds now (every sequence, KV head, keys and values).
-  void set_layer_codebook(int layer, int pp_stage, int tp_rank, int64_t vectors);
-  // PoD: the entries one layer holds without their own keys (it uses its block leader's), every sequence.
-  void set_layer_shared_keys(int layer, int pp_stage, int tp_rank, int64_t entries);
+  // What one layer's compression policies did since the last call: the entries they evicted, and the counts among
+  // `observed`, each added to the counter declared under its name.
+  void add_layer_compression(int layer, int pp_stage, int tp_rank, int64_t evicted_tokens,
+                             std::span<const Observation> observed);
+  // What one layer observes now: every gauge declared shows the amount of its name in `observed`, or 0.
+  void set_layer_observed(int layer, int pp_stage, int tp_rank, std::span<const Observation> observed);
   // Prefix caching: the blocks of one layer in the cache, used or not.
   void set_layer_prefix_cached(int layer, int pp_stage, int tp_rank, int64_t blocks);
   void set_requests(int n_running, int n_waiting);
@@ -76,17 +80,22 @@ class ServerMetrics {
     prometheus::Gauge* bytes = nullptr;
     prometheus::Gauge* uncompressed_bytes = nullptr;
     prometheus::Counter* evicted_tokens = nullptr;
-    prometheus::Counter* lazy = nullptr;
-    prometheus::Counter* not_lazy = nullptr;
-    prometheus::Counter* merged_tokens = nullptr;
-    prometheus::Gauge* codebook_vectors = nullptr;
-    prometheus::Gauge* shared_keys = nullptr;
     prometheus::Gauge* prefix_cached_blocks = nullptr;
+    // The declared series, by the name of the observation they show.
+    std::map<std::string, prometheus::Counter*, std::less<>> observed_counters;
+    std::map<std::string, prometheus::Gauge*, std::less<>> observed_gauges;
     int64_t bytes_held = 0;      // as last set
     int64_t bytes_uncompressed = 0;
   };
   LayerKv& layer(int layer, int pp_stage, int tp_rank);  // under layers_mutex_
   using LayerKey = std::tuple<int, int, int>;  // (layer, pp_stage, tp_rank)
+  // A declared per-layer series and its family (several declarations may share one).
+  struct ObservedSeries {
+    LayerMetric metric;
+    prometheus::Family<prometheus::Counter>* counters = nullptr;  // for a counter
+    prometheus::Family<prometheus::Gauge>* gauges = nullptr;      // for a gauge
+  };
+  void declare(std::span<const LayerMetric> layer_metrics);
 
   std::shared_ptr<prometheus::Registry> registry_;
 
@@ -94,11 +103,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& kv_layer_bytes_;
   prometheus::Family<prometheus::Gauge>& kv_layer_uncompressed_bytes_;
   prometheus::Family<prometheus::Counter>& kv_layer_evicted_tokens_;
-  prometheus::Family<prometheus::Counter>& kv_layer_lazy_decisions_;
-  prometheus::Family<prometheus::Counter>& kv_layer_merged_tokens_;
-  prometheus::Family<prometheus::Gauge>& kv_layer_codebook_vectors_;
-  prometheus::Family<prometheus::Gauge>& kv_layer_shared_keys_;
   prometheus::Family<prometheus::Gauge>& kv_layer_prefix_cached_blocks_;
+  std::vector<ObservedSeries> observed_series_;
   prometheus::Gauge& kv_saved_bytes_;
   prometheus::Gauge& kv_compression_ratio_;
   prometheus::Gauge& kv_blocks_free_;

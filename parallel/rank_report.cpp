@@ -1,6 +1,9 @@
 // Serialisation of RankReport (parallel/wire_codec.h).
 #include "parallel/rank_report.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "parallel/wire_codec.h"
 
 namespace strata {
@@ -8,35 +11,62 @@ namespace {
 
 constexpr uint32_t kReportMagic = 0x54525053;  // "SPRT"
 
+void put_observations(wire::Writer& w, const std::vector<Observation>& observations) {
+  w.put<uint32_t>(uint32_t(observations.size()));
+  for (const Observation& o : observations) {
+    w.put(o.name);
+    w.put(o.value);
+    w.put(uint8_t(o.kind));
+  }
+}
+
+std::vector<Observation> get_observations(wire::Reader& in) {
+  std::vector<Observation> observations(in.get_count(4 + 8 + 1));
+  for (Observation& o : observations) {
+    o.name = in.get_string();
+    o.value = in.get<int64_t>();
+    const uint8_t kind = in.get<uint8_t>();
+    if (kind > uint8_t(ObservationKind::verdict)) {
+      throw std::runtime_error("rank report: observation '" + o.name + "' of unknown kind " + std::to_string(kind));
+    }
+    o.kind = ObservationKind(kind);
+  }
+  return observations;
+}
+
+void put_layer(wire::Writer& w, const LayerReport& l) {
+  w.put(l.usage);
+  w.put(l.evicted_tokens);
+  put_observations(w, l.observations);
+}
+
+LayerReport get_layer(wire::Reader& in) {
+  LayerReport l;
+  l.usage = in.get<LayerUsage>();
+  l.evicted_tokens = in.get<int64_t>();
+  l.observations = get_observations(in);
+  return l;
+}
+
 void put_detail(wire::Writer& w, const SequenceDetail& d) {
   w.put(d.seq);
   w.put<uint32_t>(uint32_t(d.layers.size()));
   for (const SequenceLayerDetail& l : d.layers) {
     w.put(l.policy);
     w.put(l.appended);
-    w.put(l.lazy);
-    w.put(l.capacity);
-    w.put(l.merged_tokens);
-    w.put(l.codebook_keys);
-    w.put(l.codebook_values);
-    w.put(l.shared_keys);
+    put_observations(w, l.observations);
   }
 }
 
 SequenceDetail get_detail(wire::Reader& in) {
   SequenceDetail d;
   d.seq = in.get<int64_t>();
-  const uint32_t n_layers = in.get_count(4 + 4 + 1 + 4 + 4 * 8);
+  const uint32_t n_layers = in.get_count(4 + 4 + 4);
   for (uint32_t i = 0; i < n_layers; ++i) {
     SequenceLayerDetail l;
     l.policy = in.get_string();
     l.appended = in.get<int32_t>();
-    l.lazy = in.get<int8_t>();
-    l.capacity = in.get<int32_t>();
-    l.merged_tokens = in.get<int64_t>();
-    l.codebook_keys = in.get<int64_t>();
-    l.codebook_values = in.get<int64_t>();
-    l.shared_keys = in.get<int64_t>();
+    l.observations = get_observations(in);
     d.layers.push_back(std::move(l));
   }
   return d;
@@ -64,7 +94,8 @@ std::vector<uint8_t> serialize(const RankReport& r) {
   w.put(r.block_bytes);
   w.put(r.blocks_free);
   w.put(r.blocks_total);
-  w.put(r.layers);  // LayerReport is trivially copyable
+  w.put<uint32_t>(uint32_t(r.layers.size()));
+  for (const LayerReport& l : r.layers) put_layer(w, l);
   w.put<uint32_t>(uint32_t(r.sequences.size()));
   for (const SequenceKv& s : r.sequences) {
     w.put(s.seq);
@@ -92,7 +123,8 @@ RankReport deserialize_rank_report(const std::vector<uint8_t>& bytes) {
   r.block_bytes = in.get<int64_t>();
   r.blocks_free = in.get<int64_t>();
   r.blocks_total = in.get<int64_t>();
-  r.layers = in.get_vector<LayerReport>();
+  const uint32_t n_layers = in.get_count(sizeof(LayerUsage) + 8 + 4);
+  for (uint32_t i = 0; i < n_layers; ++i) r.layers.push_back(get_layer(in));
   const uint32_t n_seqs = in.get_count(8 + 4 + 4 + 8);
   for (uint32_t i = 0; i < n_seqs; ++i) {
     SequenceKv s;

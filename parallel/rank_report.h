@@ -1,8 +1,9 @@
 #pragma once
 // What every rank tells the leader after each step (design brief, section 1: "small reports"): its KV pool, the
-// per-layer occupancy of its shard and what its compression policies did (for the scheduler's admission over every
-// pipeline stage, and for /metrics with the rank's pp_stage and tp_rank labels), the per-sequence lengths the
-// scheduler needs, the tokens it sampled (the last stage's first tensor rank), or the error that stopped it.
+// per-layer occupancy of its shard and what its compression policies did and report, as named values (for the
+// scheduler's admission over every pipeline stage, and for /metrics with the rank's pp_stage and tp_rank labels),
+// the per-sequence lengths the scheduler needs, the tokens it sampled (the last stage's first tensor rank), or the
+// error that stopped it.
 // Per-sequence policy detail (for /v1/kv_state) comes only in the report of a step whose plan asked for it.
 // Plain data with a byte encoding.
 #include <cstdint>
@@ -10,22 +11,19 @@
 #include <vector>
 
 #include "cache/kv_cache.h"
+#include "cache/observation.h"
 #include "parallel/step_plan.h"
 
 namespace strata {
 
-// What the policies of one layer did since the previous report (the metrics' counters).
-struct LayerCompressionCounters {
-  int64_t evicted_tokens = 0;
-  int64_t lazy_decisions = 0;      // SimLayerKV: layers found lazy
-  int64_t not_lazy_decisions = 0;  // and found not lazy
-  int64_t merged_tokens = 0;       // D2O: evicted entries merged into kept ones (per KV head, like evicted_tokens)
-};
-
 // One layer of the rank's shard, over all sequences.
 struct LayerReport {
   LayerUsage usage;
-  LayerCompressionCounters counters;
+  int64_t evicted_tokens = 0;  // entries the policies removed since the previous report
+  // What the policies and the cache's storage of their decisions report about the layer, by name
+  // (cache/observation.h): counts since the previous report (a policy's counts grown, its verdicts taken) and
+  // amounts now. /metrics feeds them to the series declared under their names (cache/layer_metric.h).
+  std::vector<Observation> observations;
 };
 
 // One sequence's lengths on the rank, per local layer: what the scheduler counts blocks with. Sent by the first
@@ -39,16 +37,11 @@ struct SequenceKv {
 };
 
 // One layer of one sequence as /v1/kv_state shows it: what the cache holds beyond the lengths, and what the
-// layer's policy decided.
+// layer's policy reports.
 struct SequenceLayerDetail {
-  std::string policy;            // the spec in effect; empty before the prefill starts
-  int32_t appended = 0;          // entries ever appended (what `full` would hold)
-  int8_t lazy = -1;              // SimLayerKV's verdict: 1 lazy, 0 not, -1 none yet
-  int32_t capacity = -1;         // the most entries the policy allows (D2O), -1 while none
-  int64_t merged_tokens = 0;     // entries merged into kept ones so far (D2O)
-  int64_t codebook_keys = 0;     // SpindleKV codebook entries (all KV heads), keys
-  int64_t codebook_values = 0;   // and values
-  int64_t shared_keys = 0;       // PoD: entries without their own keys
+  std::string policy;                     // the spec in effect; empty before the prefill starts
+  int32_t appended = 0;                   // entries ever appended (what `full` would hold)
+  std::vector<Observation> observations;  // the policy's (CompressionPolicy::observe) and the cache's storage's
 };
 
 struct SequenceDetail {

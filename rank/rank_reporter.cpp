@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "cache/storage_observations.h"
+
 namespace strata {
 
 RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs) {
@@ -12,7 +14,12 @@ RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs) {
   r.block_bytes = pool.layout().block_bytes();
   r.blocks_free = pool.n_free();
   r.blocks_total = pool.n_total();
-  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) r.layers.push_back({cache.layer_usage(l), {}});
+  for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
+    LayerReport layer;
+    layer.usage = cache.layer_usage(l);
+    observe_layer_storage(layer.usage, layer.observations);
+    r.layers.push_back(std::move(layer));
+  }
   for (SeqId seq : seqs) {
     if (!cache.contains(seq)) continue;
     SequenceKv s{seq, {}, {}, cache.blocks_held(seq)};
@@ -41,8 +48,12 @@ RankReport RankReporter::report(const StepPlan& plan, StepResult result) {
   r.world_rank = grid_.rank;
   r.pp_stage = grid_.stage();
   r.tp_rank = grid_.tp_rank();
-  const std::vector<LayerCompressionCounters> counters = executor_.take_counters();
-  for (size_t l = 0; l < counters.size() && l < r.layers.size(); ++l) r.layers[l].counters = counters[l];
+  const std::vector<LayerCompressionCounts> counts = executor_.take_counts();
+  for (size_t l = 0; l < counts.size() && l < r.layers.size(); ++l) {
+    r.layers[l].evicted_tokens = counts[l].evicted_tokens;
+    const std::vector<Observation> observed = counts[l].observations();
+    r.layers[l].observations.insert(r.layers[l].observations.end(), observed.begin(), observed.end());
+  }
   // The stage's other tensor ranks hold the same sequence lengths: one of them describes the sequences.
   if (grid_.tp_rank() != 0) {
     r.sequences.clear();
@@ -54,19 +65,14 @@ RankReport RankReporter::report(const StepPlan& plan, StepResult result) {
   return r;
 }
 
-// The policies' decisions (none before the sequence's prefill starts) beside what the cache holds for them.
+// What the policies report (nothing before the sequence's prefill starts) beside what the cache holds for them.
 SequenceDetail RankReporter::detail(SeqId seq) const {
   SequenceDetail d{seq, executor_.policy_detail(seq)};
   d.layers.resize(size_t(cache_.n_layers()));
   for (int l = cache_.layer_begin(); l < cache_.layer_end(); ++l) {
     SequenceLayerDetail& layer = d.layers[size_t(l - cache_.layer_begin())];
-    const LayerKv& kv = cache_.layer(seq, l);
-    layer.appended = kv.n_appended;
-    if (kv.codebook) {
-      for (const auto& k : kv.codebook->keys) layer.codebook_keys += int64_t(k.size());
-      for (const auto& v : kv.codebook->values) layer.codebook_values += int64_t(v.size());
-    }
-    layer.shared_keys = cache_.sequence_usage(seq, l).shared_key_entries;
+    layer.appended = cache_.layer(seq, l).n_appended;
+    observe_sequence_storage(cache_, seq, l, layer.observations);
   }
   return d;
 }

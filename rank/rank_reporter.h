@@ -13,8 +13,9 @@
 
 namespace strata {
 
-// The KV part of a rank's report from its cache: pool, per-layer usage, and the per-layer entries and blocks of
-// those of `seqs` the cache holds (counters zero, no detail).
+// The KV part of a rank's report from its cache: pool, per-layer usage and what the cache stores of the policies'
+// decisions (cache/storage_observations.h), and the per-layer entries and blocks of those of `seqs` the cache
+// holds (no counts, no detail).
 RankReport kv_report(const KvCache& cache, std::span<const SeqId> seqs);
 
 class RankReporter {
@@ -23,7 +24,7 @@ class RankReporter {
 
   // Follows the plan's sequences, so that a report lists those the cache holds. Call before executing it.
   void track(const StepPlan& plan);
-  // The report of `plan`'s step. Takes the executor's compression counters (they restart from zero). `result`:
+  // The report of `plan`'s step. Takes the executor's compression counts (they restart from zero). `result`:
   // what the executor sampled; kept only on the last stage's first tensor rank.
   RankReport report(const StepPlan& plan, StepResult result);
 

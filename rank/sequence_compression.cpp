@@ -16,7 +16,7 @@ ShardCompression::ShardCompression(LlamaModel& model, KvCache& cache, Compressio
       config(std::move(config)),
       model_name(std::move(model_name)),
       collectives(collectives),
-      counters(size_t(cache.n_layers())) {}
+      counts(size_t(cache.n_layers())) {}
 
 PolicyContext ShardCompression::context(int global_layer) const {
   return PolicyContext{global_layer,
@@ -56,7 +56,7 @@ void SequenceCompression::start_prefill(int prefill_len) {
   KvCache& cache = shard_.cache;
   prefill_len_ = prefill_len;
   policies_.clear();
-  merged_tokens_.assign(size_t(cache.n_layers()), 0);
+  counted_.assign(size_t(cache.n_layers()), {});
   // Every rank must agree on whether the sequence takes the cross-layer step (it is a collective) and PoD runs in
   // every layer of the model or in none, so the policies of the other stages' layers are asked too; building one
   // does no work.
@@ -86,6 +86,7 @@ void SequenceCompression::start_prefill(int prefill_len) {
 
 void SequenceCompression::forget_policies() {
   policies_.clear();
+  counted_.clear();
   prefill_stats_.reset();
 }
 
@@ -207,6 +208,7 @@ void SequenceCompression::after_step(const PlannedWork& work) {
   run_hooks(end);
   seal_groups(end);
   free_distant_keys(end);
+  count_observations();
   decode_stats_.reset();
 }
 
@@ -230,17 +232,12 @@ void SequenceCompression::run_hooks(const StepEnd& end) {
   KvCache& cache = shard_.cache;
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     CompressionPolicy& policy = *policies_[size_t(shard_.local(l))];
-    const std::optional<bool> lazy_before = policy.lazy();
     LayerState s = layer_state(l, end.prefill_end ? prefill_stats_.get() : decode_stats_.get(), end.n_generated);
     const PooledLayerKeys keys(cache, seq_, l);
     s.keys = &keys;
     apply(l, s.n_entries, end.prefill_end ? policy.on_prefill_end(s) : policy.on_decode_step(s));
     // A layer replaced by codebooks codes every new entry as it arrives (SpindleKV's decode-time update).
     if (end.decode) cache.code_appended(seq_, l, end.work_end - 1);
-    if (!lazy_before && policy.lazy()) {
-      LayerCompressionCounters& c = shard_.counters[size_t(shard_.local(l))];
-      (*policy.lazy() ? c.lazy_decisions : c.not_lazy_decisions) += 1;
-    }
   }
   if (end.prefill_end) {
     if (!sums_every_prompt_row_) prefill_stats_.reset();
@@ -353,30 +350,32 @@ void SequenceCompression::free_distant_keys(const StepEnd& end) {
 void SequenceCompression::apply(int global_layer, int n_entries, const std::optional<Selection>& keep) {
   if (!keep) return;
   KvCache& cache = shard_.cache;
-  const size_t local = size_t(shard_.local(global_layer));
-  LayerCompressionCounters& counters = shard_.counters[local];
-  if (!keep->merges.empty()) {
-    const int64_t merged = cache.merge(seq_, global_layer, keep->merges);
-    counters.merged_tokens += merged;
-    merged_tokens_[local] += merged;
-  }
+  if (!keep->merges.empty()) cache.merge(seq_, global_layer, keep->merges);
   cache.retain(seq_, global_layer, keep->kept);
-  counters.evicted_tokens += n_entries - int64_t(keep->kept[0].size());
+  shard_.counts[size_t(shard_.local(global_layer))].evicted_tokens += n_entries - int64_t(keep->kept[0].size());
   if (keep->codebook) {
     cache.replace_with_codebook(seq_, global_layer, keep->codebook->positions, keep->codebook->key_threshold,
                                 keep->codebook->value_threshold);
   }
 }
 
+// After every step's hooks: what each layer's policy counted since the previous count goes to the shard's counts
+// for the next report, whichever hook (prefill end, chunk, cross-layer step, decode) it came from.
+void SequenceCompression::count_observations() {
+  for (size_t local = 0; local < policies_.size(); ++local) {
+    std::vector<Observation> now;
+    policies_[local]->observe(now);
+    shard_.counts[local].add_growth(counted_[local], now);
+    counted_[local] = std::move(now);
+  }
+}
+
 std::vector<SequenceLayerDetail> SequenceCompression::detail() const {
   std::vector<SequenceLayerDetail> out;
   for (size_t i = 0; i < policies_.size(); ++i) {
-    const CompressionPolicy& policy = *policies_[i];
     SequenceLayerDetail d;
     d.policy = to_string(spec_for(shard_.cache.layer_begin() + int(i)));
-    if (policy.lazy()) d.lazy = *policy.lazy() ? 1 : 0;
-    d.capacity = policy.capacity().value_or(-1);
-    d.merged_tokens = merged_tokens_[i];
+    policies_[i]->observe(d.observations);
     out.push_back(std::move(d));
   }
   return out;

@@ -17,11 +17,12 @@
 #include "model/llama_model.h"
 #include "parallel/rank_report.h"
 #include "parallel/step_plan.h"
+#include "rank/layer_compression_counts.h"
 
 namespace strata {
 
 // What the compression of every sequence on the rank shares: the shard, the server's configuration, and the
-// counters of what the policies did since the last report.
+// counts of what the policies did since the last report.
 struct ShardCompression {
   ShardCompression(LlamaModel& model, KvCache& cache, CompressionConfig config, std::string model_name,
                    PolicyCollectives& collectives);
@@ -41,7 +42,7 @@ struct ShardCompression {
   std::string model_name;
   PolicyCollectives& collectives;
   std::optional<PodBlocks> pod_blocks;             // kv_cache.pod_blocks, for sequences whose policy shares keys
-  std::vector<LayerCompressionCounters> counters;  // per local layer, since the last report
+  std::vector<LayerCompressionCounts> counts;      // per local layer, since the last report
 };
 
 class SequenceCompression {
@@ -74,8 +75,8 @@ class SequenceCompression {
   // After the forward pass: the hooks at the prompt's end and after each decode step, and what they decided.
   void after_step(const PlannedWork& work);
 
-  // Per local layer: the spec in effect, SimLayerKV's verdict, D2O's capacity and merges so far (the cache's own
-  // counts are the reporter's). Empty before the first prefill starts.
+  // Per local layer: the spec in effect and what its policy reports (CompressionPolicy::observe; what the cache
+  // holds is the reporter's). Empty before the first prefill starts.
   std::vector<SequenceLayerDetail> detail() const;
 
  private:
@@ -101,6 +102,7 @@ class SequenceCompression {
   void cross_layer_step();
   void seal_groups(const StepEnd& end);
   void free_distant_keys(const StepEnd& end);
+  void count_observations();
   void apply(int global_layer, int n_entries, const std::optional<Selection>& keep);
 
   ShardCompression& shard_;
@@ -112,7 +114,8 @@ class SequenceCompression {
   int next_compression_ = 0;
   bool ask_rows_again_ = false;
   std::vector<std::unique_ptr<CompressionPolicy>> policies_;  // per local layer, built when a prefill starts
-  std::vector<int64_t> merged_tokens_;                        // per local layer, since the prefill started
+  std::vector<std::vector<Observation>> counted_;             // per local layer: what its policy reported when
+                                                              // last counted (count_observations)
   bool cross_layer_ = false;  // a layer of the model, on any stage, takes part in the cross-layer step
   bool sums_every_prompt_row_ = false;
   std::unique_ptr<AttentionStats> prefill_stats_;  // across the chunks of a prefill

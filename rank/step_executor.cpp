@@ -117,9 +117,9 @@ void StepExecutor::fork_prefilled(SeqId source, SeqId seq) {
   state.compression.start_prefilled(sums->stride, *sums);
 }
 
-std::vector<LayerCompressionCounters> StepExecutor::take_counters() {
-  std::vector<LayerCompressionCounters> out(shard_.counters.size());
-  out.swap(shard_.counters);
+std::vector<LayerCompressionCounts> StepExecutor::take_counts() {
+  std::vector<LayerCompressionCounts> out(shard_.counts.size());
+  out.swap(shard_.counts);
   return out;
 }
 

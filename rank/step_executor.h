@@ -30,15 +30,15 @@ class StepExecutor {
 
   StepResult execute(const StepPlan& plan);
 
-  // Counters per local layer since the last call, then reset.
-  std::vector<LayerCompressionCounters> take_counters();
+  // What the policies did per local layer since the last call, then reset.
+  std::vector<LayerCompressionCounts> take_counts();
   // Tokens are sampled where the logits are (LogitsMode::sample: no vocabulary-sized row comes to the host). With
   // keep_logits(true) every sampled work item gets its logits row instead, sampled on the host, for last_logits().
   void keep_logits(bool keep) { keep_logits_ = keep; }
   // The logits of the last execute(), with keep_logits(true): one row of vocab_size floats per sampled work item,
   // in plan order (on the rank that samples). strata eval scores forced continuations with them.
   const std::vector<float>& last_logits() const { return logits_; }
-  // What the policies of a sequence's local layers decided (empty when unknown or before its prefill).
+  // What the policies of a sequence's local layers report (empty when unknown or before its prefill).
   std::vector<SequenceLayerDetail> policy_detail(SeqId seq) const;
   // PoD's layer blocks (kv_cache.pod_blocks, checked against the model and the stages), for the sequences whose
   // policies share keys.

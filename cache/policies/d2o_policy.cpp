@@ -58,6 +58,11 @@ namespace {
 // A prompt shorter than sinks + this is not compressed (spec 7: "skip D2O for the request").
 constexpr int kMinPromptBeyondSinks = 16;
 
+constexpr LayerMetric kMetrics[] = {
+    {"merged_tokens", "strata_kv_layer_merged_tokens_total", MetricType::counter,
+     "Evicted KV entries merged into kept ones (D2O), per layer."},
+};
+
 enum class LayerRule { code_softmax, paper_gate };
 
 struct D2oParams {
@@ -160,9 +165,11 @@ class D2oPolicy final : public CompressionPolicy {
     return merges_every_step || CompressionPolicy::needs_unquantized(state);
   }
 
-  std::optional<int> capacity() const override {
-    if (exempt_ || !budget_) return std::nullopt;
-    return budget_->total();
+  // The budget S once fixed (the most entries the layer holds from then on), and the evicted entries merged so
+  // far, per KV head like the evictions: /v1/kv_state shows both, /metrics counts the merges.
+  void observe(std::vector<Observation>& out) const override {
+    if (!exempt_ && budget_) out.push_back({"capacity", budget_->total()});
+    if (merged_tokens_ > 0) out.push_back({"merged_tokens", merged_tokens_, ObservationKind::count});
   }
 
  private:
@@ -207,7 +214,10 @@ class D2oPolicy final : public CompressionPolicy {
       selection.kept.push_back(std::move(kept));
       evicted.push_back(std::move(dropped));
     }
-    if (params_.merge) selection.merges = merge_evicted(state, selection.kept, evicted);
+    if (params_.merge) {
+      selection.merges = merge_evicted(state, selection.kept, evicted);
+      merged_tokens_ += int64_t(selection.merges[0].n_sources());  // every KV head merges the same slots
+    }
     return selection;
   }
 
@@ -254,6 +264,7 @@ class D2oPolicy final : public CompressionPolicy {
   std::optional<D2oBudget> budget_;  // fixed at the first eviction
   D2oThreshold threshold_;
   std::vector<std::vector<float>> scores_;  // [n_kv_heads][entries], accumulated attention
+  int64_t merged_tokens_ = 0;               // evicted entries merged, per KV head
 };
 
 }  // namespace
@@ -299,5 +310,7 @@ std::unique_ptr<CompressionPolicy> make_d2o_policy(const PolicySpec& spec, const
   }
   return std::make_unique<D2oPolicy>(params, context);
 }
+
+std::span<const LayerMetric> d2o_metrics() { return kMetrics; }
 
 }  // namespace strata

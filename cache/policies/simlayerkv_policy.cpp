@@ -99,6 +99,13 @@ struct SimLayerKvParams {
   bool bounded = false;
 };
 
+// The verdicts, counted per layer under the label operators already select on (lazy="true": trimmed layers).
+constexpr std::string_view kLazyHelp = "SimLayerKV verdicts per layer: lazy=\"true\" layers were trimmed.";
+constexpr LayerMetric kMetrics[] = {
+    {"lazy=true", "strata_kv_layer_lazy_decisions_total", MetricType::counter, kLazyHelp, "lazy", "true"},
+    {"lazy=false", "strata_kv_layer_lazy_decisions_total", MetricType::counter, kLazyHelp, "lazy", "false"},
+};
+
 class SimLayerKvPolicy final : public CompressionPolicy {
  public:
   SimLayerKvPolicy(const SimLayerKvParams& params, std::unique_ptr<CompressionPolicy> kept,
@@ -145,9 +152,10 @@ class SimLayerKvPolicy final : public CompressionPolicy {
     return std::nullopt;
   }
 
-  std::optional<bool> lazy() const override {
-    if (!decided_) return std::nullopt;
-    return lazy_;
+  // The verdict once taken (a layer too short to trim is not lazy), and what the composition's policy reports.
+  void observe(std::vector<Observation>& out) const override {
+    if (decided_) out.push_back({"lazy", lazy_ ? 1 : 0, ObservationKind::verdict});
+    if (kept_) kept_->observe(out);
   }
 
  private:
@@ -229,5 +237,7 @@ std::unique_ptr<CompressionPolicy> make_simlayerkv_policy(const PolicySpec& spec
     throw PolicyError("kept_" + e.param(), std::string("simlayerkv: kept_") + e.what());
   }
 }
+
+std::span<const LayerMetric> simlayerkv_metrics() { return kMetrics; }
 
 }  // namespace strata

@@ -332,7 +332,7 @@ nlohmann::json run_through_engine(const BenchSetup& setup, const Tokenizer& toke
                                   bool kv_estimable, int batch) {
   const auto& [rt, n_prompt, n_gen, policy, weight_bytes, copy_gbs, rng] = setup;
   const ModelConfig& mc = rt.weights.config;
-  ServerMetrics metrics(mc.max_context);
+  ServerMetrics metrics(mc.max_context, layer_metrics());
   EngineOptions o = options;
   o.limits.max_running = std::max(o.limits.max_running, batch);
   Engine engine(*rt.executor, *rt.cache, tokenizer, mc, metrics, o);

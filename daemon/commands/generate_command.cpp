@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache/compression_policy.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
 #include "daemon/rank_world.h"
@@ -137,7 +138,7 @@ int generate_command(int argc, char** argv) {
     if (cl.has("seed")) request.sampling.seed = uint64_t(cl.get_int("seed", 0));
 
     std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
-    ServerMetrics metrics(rt->weights.config.max_context);
+    ServerMetrics metrics(rt->weights.config.max_context, layer_metrics());
     Engine engine(*ranks, tokenizer, rt->weights.config, metrics, engine_options(config, *rt));
     auto sink = std::make_shared<PrintingSink>(cl.has("json"), &engine);
     request.sink = sink;

@@ -15,6 +15,7 @@
 #include <stop_token>
 #include <thread>
 
+#include "cache/compression_policy.h"
 #include "daemon/build_commit.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
@@ -234,7 +235,7 @@ int serve_command(int argc, char** argv) {
     std::unique_ptr<RankRuntime> rt = make_runtime(config, world.get());
     if (!rt->tokenizer) throw ConfigError(config.file + ": model.path: a served model needs a tokenizer");
     std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
-    ServerMetrics metrics(rt->weights.config.max_context);
+    ServerMetrics metrics(rt->weights.config.max_context, layer_metrics());
     metrics.set_build_info(build_commit(), rt->backend->name(), std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())));
     EngineOptions engine_settings = engine_options(config, *rt);
     std::mutex failure_mutex;

@@ -12,6 +12,7 @@
 
 #include "cache/policies/policies.h"
 #include "tests/cache/policy_test_states.h"
+#include "tests/observed.h"
 
 namespace strata {
 namespace {
@@ -129,7 +130,7 @@ TEST(D2oPolicy, AsksForEveryPromptRowThenEachDecodeQuery) {
   EXPECT_FALSE(p->needs(test::start(100)).decode_probabilities);
   EXPECT_TRUE(p->needs(at(100, 100, 1, {})).decode_probabilities);
   EXPECT_TRUE(p->cross_layer());
-  EXPECT_FALSE(p->capacity().has_value());
+  EXPECT_FALSE(test::observed(*p, "capacity").has_value());
   // Exempt layers (code: 0, 1 and L-1) still need the prompt rows for their statistic, but nothing after.
   for (int layer : {0, 1, 29}) {
     auto exempt = d2o("", layer, 30);
@@ -153,7 +154,7 @@ TEST(D2oPolicy, FirstDecodeStepEvictsAndMergesThenOneTokenPerStep) {
   ASSERT_TRUE(sel.has_value());
   ASSERT_EQ(sel->kept.size(), 1u);
   EXPECT_EQ(sel->kept[0], (Ids{0, 2, 4, 6, 8, 10, 12, 15, 16, 17}));
-  EXPECT_EQ(p->capacity(), 10);
+  EXPECT_EQ(test::observed(*p, "capacity"), 10);
   // tau = mean of {1, 0, 0.7071, 0, 1, 0.6, 1, 0} = 0.5384: entries 1, 5, 9, 11 and 13 merge; 3, 7, 14 do not.
   ASSERT_EQ(sel->merges.size(), 1u);
   const KvMerges& m = sel->merges[0];
@@ -235,7 +236,7 @@ TEST(D2oPolicy, SelectsPerKvHeadWithTheSinksAndTheWindow) {
   ASSERT_EQ(sel->kept.size(), 2u);
   EXPECT_EQ(sel->kept[0], (Ids{0, 1, 2, 3, 10, 19, 20}));
   EXPECT_EQ(sel->kept[1], (Ids{0, 1, 2, 3, 12, 19, 20}));
-  EXPECT_EQ(p->capacity(), 7);
+  EXPECT_EQ(test::observed(*p, "capacity"), 7);
   // Next step, 8 entries: candidates [4, 6) = the heavy hitter and old 19; this step's query puts 4 on entry 5
   // in head 0 only (KV 0: mean 2 against its heavy hitter's 1.5), so KV 0 keeps old 19 and KV 1 its heavy hitter.
   std::vector<float> step(4 * 8, 0.0f);
@@ -256,7 +257,7 @@ TEST(D2oPolicy, TheAllocationSetsEachLayersBudget) {
   std::optional<Selection> sel = p->on_decode_step(at(100, 101, 1, std::vector<float>(2 * 101, 0.0f)));
   ASSERT_TRUE(sel.has_value());
   EXPECT_EQ(sel->kept[0].size(), 12u);
-  EXPECT_EQ(p->capacity(), 12);
+  EXPECT_EQ(test::observed(*p, "capacity"), 12);
 }
 
 TEST(D2oPolicy, EvictAtPrefillEndAfterTheLayerStatistics) {
@@ -267,7 +268,7 @@ TEST(D2oPolicy, EvictAtPrefillEndAfterTheLayerStatistics) {
   std::optional<Selection> sel = p->on_layer_statistics(at(kPrompt, kPrompt, 0, {}), std::vector<double>{0.5});
   ASSERT_TRUE(sel.has_value());
   EXPECT_EQ(sel->kept[0], (Ids{0, 2, 4, 6, 8, 10, 14, 15, 16}));
-  EXPECT_EQ(p->capacity(), 9);
+  EXPECT_EQ(test::observed(*p, "capacity"), 9);
   // Then one per step.
   sel = p->on_decode_step(at(kPrompt, 10, 1, std::vector<float>(2 * 10, 0.0f)));
   ASSERT_TRUE(sel.has_value());

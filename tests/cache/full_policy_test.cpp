@@ -27,7 +27,9 @@ TEST(FullPolicy, KeepsEverythingAtEveryHook) {
       s.n_generated = 1;
       EXPECT_FALSE(p->on_decode_step(s).has_value()) << "layer " << layer << " entries " << entries;
     }
-    EXPECT_FALSE(p->lazy().has_value());
+    std::vector<Observation> observations;
+    p->observe(observations);
+    EXPECT_TRUE(observations.empty()) << "layer " << layer;
   }
 }
 

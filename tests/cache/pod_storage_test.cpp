@@ -8,6 +8,7 @@
 
 #include "cache/block_pool.h"
 #include "cache/kv_cache.h"
+#include "cache/storage_observations.h"
 #include "kernels/backend.h"
 
 namespace strata {
@@ -38,6 +39,11 @@ TEST(PodStorage, PairsWholeBlocksAndFreesTheSecond) {
   EXPECT_EQ(cache.blocks_held(7), 5);
   EXPECT_EQ(cache.sequence_usage(7, 0).shared_key_entries, 16);  // two pairs of two 4-entry blocks lost their keys
   EXPECT_EQ(cache.layer_usage(0).shared_key_entries, 16);
+  std::vector<Observation> layer_observed, sequence_observed;  // as the reports carry them
+  observe_layer_storage(cache.layer_usage(0), layer_observed);
+  observe_sequence_storage(cache, 7, 0, sequence_observed);
+  EXPECT_EQ(layer_observed, (std::vector<Observation>{{"shared_keys", 16}}));
+  EXPECT_EQ(sequence_observed, layer_observed);
   // Entry 9 (block 2, slot 1) now lives in the key region of block 1.
   EXPECT_EQ(view.block_f32(kv.block_table[1])[L.k_offset(0, 1) + 1], 901.0f);
   EXPECT_EQ(view.block_f32(kv.block_table[1])[L.v_offset(0, 1)], 500.0f);  // block 1's own values stay

@@ -10,6 +10,7 @@
 
 #include "cache/policies/policies.h"
 #include "thread_group.h"
+#include "tests/observed.h"
 
 namespace strata {
 namespace {
@@ -33,7 +34,7 @@ std::optional<bool> simlayerkv_verdict(const std::vector<float>& sums, int n_hea
   state.column_sums = sums.data();
   state.sums_stride = 4;
   policy->on_decode_step(state);
-  return policy->lazy();
+  return test::verdict(*policy, "lazy");
 }
 
 TEST(PolicyCollectives, SimLayerKvDecidesOnTheMeanOverEveryRanksHeads) {

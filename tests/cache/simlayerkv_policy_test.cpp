@@ -15,6 +15,7 @@
 #include "cache/policies/policies.h"
 #include "cache/policies/simlayerkv_score.h"
 #include "cache/policy_spec.h"
+#include "tests/observed.h"
 
 namespace strata {
 namespace {
@@ -109,7 +110,7 @@ TEST(SimLayerKvPolicy, DecodeStrategyAsksForTheFirstDecodeQueryOnly) {
   EXPECT_EQ(at_start.prefill_rows_from, -1);
   EXPECT_FALSE(at_start.decode_probabilities);
   EXPECT_FALSE(p->on_prefill_end(bare_state(9, 9, 0)).has_value());
-  EXPECT_FALSE(p->lazy().has_value());  // nothing decided at prefill end under the decode strategy
+  EXPECT_FALSE(test::verdict(*p, "lazy").has_value());  // nothing decided at prefill end under the decode strategy
   const PolicyNeeds before_first = p->needs(bare_state(9, 9, 0));
   EXPECT_EQ(before_first.prefill_rows_from, -1);
   EXPECT_TRUE(before_first.decode_probabilities);
@@ -126,16 +127,16 @@ TEST(SimLayerKvPolicy, LazyAboveTheThresholdKeepsTheInitialAndRecentEntries) {
   ASSERT_TRUE(sel.has_value());
   ASSERT_EQ(sel->kept.size(), 1u);  // one list: every KV head keeps the same entries
   EXPECT_EQ(sel->kept[0], kSmallKept);
-  ASSERT_TRUE(p->lazy().has_value());
-  EXPECT_TRUE(*p->lazy());
+  ASSERT_TRUE(test::verdict(*p, "lazy").has_value());
+  EXPECT_TRUE(*test::verdict(*p, "lazy"));
 }
 
 TEST(SimLayerKvPolicy, NotLazyBelowTheThreshold) {
   auto p = make(small());
   // Mean of 0.75 and 0.625 = 0.6875 <= 0.75; the mass on entries 2 and 5 lies outside S.
   EXPECT_FALSE(p->on_decode_step(first_step_sums(0.75f, 0.625f).state(9, 1)).has_value());
-  ASSERT_TRUE(p->lazy().has_value());
-  EXPECT_FALSE(*p->lazy());
+  ASSERT_TRUE(test::verdict(*p, "lazy").has_value());
+  EXPECT_FALSE(*test::verdict(*p, "lazy"));
 }
 
 TEST(SimLayerKvPolicy, ExactlyAtTheThresholdDependsOnTheComparison) {
@@ -143,13 +144,13 @@ TEST(SimLayerKvPolicy, ExactlyAtTheThresholdDependsOnTheComparison) {
   for (const Params& params : {small(), small({{"compare", "code"}})}) {
     auto p = make(params);
     EXPECT_FALSE(p->on_decode_step(first_step_sums(1.0f, 0.5f).state(9, 1)).has_value());
-    EXPECT_FALSE(*p->lazy());
+    EXPECT_FALSE(*test::verdict(*p, "lazy"));
   }
   auto paper = make(small({{"compare", "paper"}}));
   const auto sel = paper->on_decode_step(first_step_sums(1.0f, 0.5f).state(9, 1));
   ASSERT_TRUE(sel.has_value());
   EXPECT_EQ(sel->kept[0], kSmallKept);
-  EXPECT_TRUE(*paper->lazy());
+  EXPECT_TRUE(*test::verdict(*paper, "lazy"));
 }
 
 TEST(SimLayerKvPolicy, OnlyTheEntriesOfSCount) {
@@ -159,7 +160,7 @@ TEST(SimLayerKvPolicy, OnlyTheEntriesOfSCount) {
   Sums sums(2, 10);
   sums.set(0, 2, 1.0f).set(1, 5, 1.0f);
   EXPECT_FALSE(p->on_decode_step(sums.state(9, 1)).has_value());
-  EXPECT_FALSE(*p->lazy());
+  EXPECT_FALSE(*test::verdict(*p, "lazy"));
   // The same layer with the mass one entry further in each direction (entries 1 and 6): score 1.
   auto q = make(small({{"threshold", "0"}}));
   Sums inside(2, 10);
@@ -203,8 +204,8 @@ TEST(SimLayerKvPolicy, NeverTrimsALayerThatHoldsAtMostInitialPlusWindow) {
   auto p = make({{"threshold", "0"}});
   EXPECT_FALSE(p->needs(bare_state(1027, 1027, 0)).decode_probabilities);
   EXPECT_FALSE(p->on_decode_step(bare_state(1027, 1028, 1)).has_value());
-  ASSERT_TRUE(p->lazy().has_value());
-  EXPECT_FALSE(*p->lazy());
+  ASSERT_TRUE(test::verdict(*p, "lazy").has_value());
+  EXPECT_FALSE(*test::verdict(*p, "lazy"));
   // It stays decided: the layer outgrowing 1028 later changes nothing (spec 2.2, one decision per request).
   EXPECT_FALSE(p->needs(bare_state(1027, 1028, 1)).decode_probabilities);
   EXPECT_FALSE(p->on_decode_step(bare_state(1027, 1029, 2)).has_value());
@@ -213,7 +214,7 @@ TEST(SimLayerKvPolicy, NeverTrimsALayerThatHoldsAtMostInitialPlusWindow) {
   Sums sums(2, 6);
   sums.set(0, 0, 1.0f).set(1, 5, 1.0f);
   EXPECT_FALSE(q->on_decode_step(sums.state(5, 1)).has_value());
-  EXPECT_FALSE(*q->lazy());
+  EXPECT_FALSE(*test::verdict(*q, "lazy"));
 }
 
 TEST(SimLayerKvPolicy, DefaultsKeepFourInitialAndTheLast1024Entries) {
@@ -243,7 +244,7 @@ TEST(SimLayerKvPolicy, DecidesOnlyOnce) {
     Sums grown(2, 6 + step - 1);  // all the mass on entry 2, outside S: a first step would score 0
     grown.set(0, 2, 1.0f).set(1, 2, 1.0f);
     EXPECT_FALSE(lazy->on_decode_step(grown.state(9, step)).has_value()) << "step " << step;
-    EXPECT_TRUE(*lazy->lazy());
+    EXPECT_TRUE(*test::verdict(*lazy, "lazy"));
   }
   // Not lazy at the first step; a later step that puts everything on S does not make it lazy.
   auto busy = make(small());
@@ -251,7 +252,7 @@ TEST(SimLayerKvPolicy, DecidesOnlyOnce) {
   Sums all_on_s(2, 11);
   all_on_s.set(0, 0, 1.0f).set(1, 10, 1.0f);
   EXPECT_FALSE(busy->on_decode_step(all_on_s.state(9, 2)).has_value());
-  EXPECT_FALSE(*busy->lazy());
+  EXPECT_FALSE(*test::verdict(*busy, "lazy"));
 }
 
 TEST(SimLayerKvPolicy, BoundedLazyLayerSlidesItsWindow) {
@@ -317,7 +318,7 @@ TEST(SimLayerKvPolicy, PrefillStrategyDecidesAndTrimsAtPrefillEnd) {
   const auto sel = p->on_prefill_end(sums.state(10, 0));
   ASSERT_TRUE(sel.has_value());
   EXPECT_EQ(sel->kept[0], (std::vector<int32_t>{0, 1, 6, 7, 8, 9}));
-  EXPECT_TRUE(*p->lazy());
+  EXPECT_TRUE(*test::verdict(*p, "lazy"));
   // The first decode step already sees the trimmed cache; nothing more is asked or returned.
   const PolicyNeeds before_decode = p->needs(bare_state(10, 6, 0));
   EXPECT_EQ(before_decode.prefill_rows_from, -1);
@@ -333,7 +334,7 @@ TEST(SimLayerKvPolicy, PrefillStrategyBelowTheThreshold) {
   sums.set(0, 0, 1.0f).set(0, 9, 0.5f).set(0, 3, 0.5f);
   sums.set(1, 8, 1.25f).set(1, 5, 0.75f);
   EXPECT_FALSE(p->on_prefill_end(sums.state(10, 0)).has_value());
-  EXPECT_FALSE(*p->lazy());
+  EXPECT_FALSE(*test::verdict(*p, "lazy"));
 }
 
 TEST(SimLayerKvPolicy, PrefillStrategyAveragesOverThePromptRowsThereAre) {
@@ -351,7 +352,7 @@ TEST(SimLayerKvPolicy, PrefillStrategyNeverTrimsAShortPrompt) {
   auto p = make(small({{"strategy", "prefill"}, {"threshold", "0"}}));
   EXPECT_EQ(p->needs(bare_state(6, 0, 0)).prefill_rows_from, -1);
   EXPECT_FALSE(p->on_prefill_end(bare_state(6, 6, 0)).has_value());
-  EXPECT_FALSE(*p->lazy());
+  EXPECT_FALSE(*test::verdict(*p, "lazy"));
   EXPECT_FALSE(p->on_decode_step(bare_state(6, 7, 1)).has_value());
 }
 
@@ -377,7 +378,7 @@ TEST(SimLayerKvPolicy, AKeptPolicyCompressesTheLayersFoundNotLazy) {
   ASSERT_TRUE(kept.has_value() && alone.has_value());
   EXPECT_EQ(kept->kept, alone->kept);
   EXPECT_EQ(kept->kept[0].size(), 5u);
-  EXPECT_FALSE(*p->lazy());
+  EXPECT_FALSE(*test::verdict(*p, "lazy"));
   // Lazy: S, as without a kept policy.
   Sums above(2, 10);
   above.set(0, 0, 2.0f);
@@ -386,7 +387,7 @@ TEST(SimLayerKvPolicy, AKeptPolicyCompressesTheLayersFoundNotLazy) {
   const auto lazy = q->on_prefill_end(above.state(10, 0));
   ASSERT_TRUE(lazy.has_value());
   EXPECT_EQ(lazy->kept[0], kSmallKept);
-  EXPECT_TRUE(*q->lazy());
+  EXPECT_TRUE(*test::verdict(*q, "lazy"));
   // A prompt too short to trim is still compressed by the kept policy, which asks for the rows.
   auto r = make(small({{"strategy", "prefill"}, {"prefill_rows", "2"}, {"kept", "snapkv"}, {"kept_budget", "3"}}));
   EXPECT_EQ(r->needs(bare_state(6, 0, 0)).prefill_rows_from, 4);
@@ -416,7 +417,7 @@ TEST(SimLayerKvPolicy, GqaAveragesOverQueryHeadsNotKvHeads) {
   const float busy[4] = {0.875f, 0.875f, 0.5f, 0.5f};
   for (int h = 0; h < 4; ++h) sums.set(h, 9, busy[h]).set(h, 4, 1 - busy[h]);
   EXPECT_FALSE(p->on_decode_step(sums.state(9, 1)).has_value());
-  EXPECT_FALSE(*p->lazy());
+  EXPECT_FALSE(*test::verdict(*p, "lazy"));
   // Masses 1, 1, 0.5, 0.625: mean 0.78125, lazy; one list for both KV heads.
   auto q = make(small(), 4, 2);
   Sums lazy_sums(4, 10);
@@ -443,7 +444,7 @@ TEST(SimLayerKvPolicy, DefaultThresholdPerModel) {
       Sums sums(1, 10);
       sums.set(0, 0, float(delta + offset)).set(0, 4, float(1 - delta - offset));
       p->on_decode_step(sums.state(9, 1));
-      EXPECT_EQ(*p->lazy(), offset > 0) << model << " score " << delta + offset;
+      EXPECT_EQ(*test::verdict(*p, "lazy"), offset > 0) << model << " score " << delta + offset;
     }
   }
   // An explicit threshold wins over the model's.
@@ -451,7 +452,7 @@ TEST(SimLayerKvPolicy, DefaultThresholdPerModel) {
   Sums sums(1, 10);
   sums.set(0, 0, 0.8f).set(0, 4, 0.2f);
   p->on_decode_step(sums.state(9, 1));
-  EXPECT_FALSE(*p->lazy());
+  EXPECT_FALSE(*test::verdict(*p, "lazy"));
 }
 
 TEST(SimLayerKvPolicy, MissingSumsForADecisionAreAnError) {

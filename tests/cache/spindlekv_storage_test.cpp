@@ -10,6 +10,7 @@
 
 #include "cache/block_pool.h"
 #include "cache/kv_cache.h"
+#include "cache/storage_observations.h"
 #include "kernels/backend.h"
 
 namespace strata {
@@ -67,6 +68,11 @@ TEST(SpindleKvStorage, ReplaceDecodeAndRelease) {
   EXPECT_EQ(u.coded_blocks, 2);
   EXPECT_EQ(u.codebook_pages, 1);
   EXPECT_EQ(u.codebook_vectors, 4);
+  std::vector<Observation> layer_observed, sequence_observed;  // as the reports carry them
+  observe_layer_storage(u, layer_observed);
+  observe_sequence_storage(f.cache, 1, 0, sequence_observed);
+  EXPECT_EQ(layer_observed, (std::vector<Observation>{{"codebook_vectors", 4}}));
+  EXPECT_EQ(sequence_observed, (std::vector<Observation>{{"codebook.keys", 3}, {"codebook.values", 1}}));
   EXPECT_EQ(u.bytes, 128 + 2 * 128 + 128);
   EXPECT_EQ(f.cache.sequence_usage(1, 0).bytes, u.bytes);
   EXPECT_EQ(f.pool.n_free(), 16 - 4);                     // 1 block, 1 page, 2 slabs

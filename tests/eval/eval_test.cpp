@@ -145,7 +145,7 @@ TEST(EvalInvariants, FullGeneratesWhatTheEngineGenerates) {
                                           "Summarize the passage above in three sentences.", 24, "full")};
   EvalRunner(rt, {}).run(jobs);
 
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt.executor, *rt.cache, *rt.tokenizer, rt.weights.config, metrics, EngineOptions{});
   auto sink = std::make_shared<test::RecordingSink>();
   GenerationRequest r;
@@ -238,7 +238,7 @@ void expect_memory_matches_metrics(RankRuntime& rt, const std::string& policy, d
   std::string rendered;
   EvalRunnerOptions options;
   options.before_release = [&](const EvalJob&, const KvCache& cache) {
-    ServerMetrics metrics(8192);
+    ServerMetrics metrics(8192, layer_metrics());
     for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
       const LayerUsage u = cache.layer_usage(l);
       metrics.set_layer_kv(l, 0, 0, u.entries, u.bytes, u.uncompressed_bytes);

@@ -82,10 +82,17 @@ def step_result():
     return struct.pack("<IQI", 0x53455253, 7, 1) + struct.pack("<qif", 3, 17, -0.5) + top
 
 
+def observations(items):
+    """Named values (cache/observation.h): name, value, kind (0 count, 1 amount, 2 verdict)."""
+    return struct.pack("<I", len(items)) + b"".join(wire_string(n) + struct.pack("<qB", v, k) for n, v, k in items)
+
+
 def rank_report():
-    layer = struct.pack("<10q", 5, 1, 0, 0, 0, 0, 0, 4096, 4096, 0) + struct.pack("<4q", 2, 0, 0, 0)
+    layer = (struct.pack("<10q", 5, 1, 0, 0, 0, 0, 0, 4096, 4096, 0) + struct.pack("<q", 2)
+             + observations([("merged_tokens", 2, 0), ("codebook_vectors", 7, 1)]))
     sequence = struct.pack("<q", 3) + wire_vector("i", [5, 5]) + wire_vector("i", [1, 1]) + struct.pack("<q", 2)
-    detail_layer = wire_string("full") + struct.pack("<ibiqqqq", 5, -1, -1, 0, 0, 0, 0)
+    detail_layer = (wire_string("d2o") + struct.pack("<i", 5)
+                    + observations([("lazy", 1, 2), ("capacity", 4, 1), ("codebook.keys", 3, 1)]))
     detail = struct.pack("<qI", 3, 2) + detail_layer + detail_layer
     result = step_result()
     return (struct.pack("<IQiiiiiqqq", 0x54525053, 7, 0, 0, 0, 0, 16, 4096, 10, 12) + struct.pack("<I", 2)

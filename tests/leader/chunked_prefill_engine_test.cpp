@@ -51,7 +51,7 @@ std::vector<int32_t> prompt_of(int n, int seed) {
 
 struct ServedEngine {
   std::unique_ptr<RankRuntime> rt;
-  ServerMetrics metrics{8192};
+  ServerMetrics metrics{8192, layer_metrics()};
   std::unique_ptr<Engine> engine;
 
   ServedEngine(const ServerConfig& config, int max_batch_tokens = 512, double watermark = 0.01)

@@ -49,7 +49,7 @@ class EngineTest : public ::testing::Test {
                                                      int max_tokens) {
     std::vector<std::vector<int32_t>> out;
     for (const std::string& p : prompts) {
-      ServerMetrics metrics(8192);
+      ServerMetrics metrics(8192, layer_metrics());
       Engine engine(*rt.executor, *rt.cache, *rt.tokenizer, rt.weights.config, metrics, EngineOptions{});
       auto sink = std::make_shared<RecordingSink>();
       engine.submit(request(rt, p, max_tokens, sink));
@@ -72,7 +72,7 @@ TEST_F(EngineTest, BatchedRequestsGetWhatEachGetsAlone) {
   auto rt = make(64);
   const auto alone = run_alone(*rt, kPrompts, 8);
 
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (const std::string& p : kPrompts) {
@@ -91,7 +91,7 @@ TEST_F(EngineTest, BatchedRequestsGetWhatEachGetsAlone) {
 TEST_F(EngineTest, RequestJoiningARunningBatchDoesNotDisturbIt) {
   auto rt = make(64, /*max_batch_tokens=*/16);  // small steps: the second request arrives mid-prefill of the first
   const auto alone = run_alone(*rt, {kPrompts[1], kPrompts[0]}, 6);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   EngineOptions options;
   options.limits.max_batch_tokens = 16;
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
@@ -120,7 +120,7 @@ TEST_F(EngineTest, PreemptionByRecomputeGivesTheSameOutput) {
 
   auto rt = make(4);
   ASSERT_LT(rt->pool->n_total(), 2 * 30 * 3) << "the pool must be too small for two whole sequences";
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   EngineOptions options;
   options.limits.watermark = 0.0;
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
@@ -141,7 +141,7 @@ TEST_F(EngineTest, PreemptionByRecomputeGivesTheSameOutput) {
 
 TEST_F(EngineTest, CancelledRequestFreesItsBlocksAndOthersFinish) {
   auto rt = make(64);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
   auto gone = std::make_shared<RecordingSink>();
   gone->cancel_after_deltas = 2;
@@ -157,7 +157,7 @@ TEST_F(EngineTest, CancelledRequestFreesItsBlocksAndOthersFinish) {
 
 TEST_F(EngineTest, FinishReasonsAndStopStrings) {
   auto rt = make(64);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
   // Greedy "The capital of France is" continues " Paris..."; stopping at "is" cuts before it.
   auto length = std::make_shared<RecordingSink>();
@@ -176,7 +176,7 @@ TEST_F(EngineTest, FinishReasonsAndStopStrings) {
 
 TEST_F(EngineTest, SeveralChoicesAndSeeds) {
   auto rt = make(64);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
   auto a = std::make_shared<RecordingSink>(), b = std::make_shared<RecordingSink>();
   for (auto& sink : {a, b}) {
@@ -196,7 +196,7 @@ TEST_F(EngineTest, SeveralChoicesAndSeeds) {
 
 TEST_F(EngineTest, PromptsTheEngineCannotServeAreRefused) {
   auto rt = make(1);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
   auto sink = std::make_shared<RecordingSink>();
   GenerationRequest too_long = request(*rt, kPrompts[0], 4, sink);
@@ -210,7 +210,7 @@ TEST_F(EngineTest, PromptsTheEngineCannotServeAreRefused) {
 // A full queue refuses a request with its reason, which the front end turns into its status (routing/).
 TEST_F(EngineTest, AFullQueueRefusesWithItsReason) {
   auto rt = make(64);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   EngineOptions options;
   options.max_waiting = 1;
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);
@@ -229,7 +229,7 @@ TEST_F(EngineTest, AFullQueueRefusesWithItsReason) {
 // A drain refuses new requests and lets those submitted finish: the queued one too, not only the running one.
 TEST_F(EngineTest, ADrainFinishesWhatWasSubmittedAndRefusesTheRest) {
   auto rt = make(64);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   EngineOptions options;
   options.limits.max_running = 1;  // the second request waits in the queue
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);

@@ -16,6 +16,7 @@
 #include "leader/engine.h"
 #include "leader/metrics.h"
 #include "tests/leader/recording_sink.h"
+#include "tests/observed.h"
 #include "tests/test_paths.h"
 
 namespace strata {
@@ -70,7 +71,7 @@ struct Generation {
 // Greedy tokens of each prompt, all submitted together.
 std::vector<Generation> generate(RankRuntime& rt, const std::vector<std::string>& texts, int max_tokens,
                                  EngineOptions options = {}, std::string* metrics_text = nullptr) {
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt.executor, *rt.cache, *rt.tokenizer, rt.weights.config, metrics, options);
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (const std::string& t : texts) {
@@ -140,7 +141,7 @@ TEST(KvQuantizationEngine, PreemptionUnderInt4GivesWhatEachGetsAlone) {
     ids.emplace_back(rt_ids.begin(), rt_ids.begin() + 64);
   }
   auto run = [&](RankRuntime& rt, const std::vector<std::vector<int32_t>>& batch, std::string* metrics_text) {
-    ServerMetrics metrics(8192);
+    ServerMetrics metrics(8192, layer_metrics());
     EngineOptions options;
     options.limits.watermark = 0.0;
     Engine engine(*rt.executor, *rt.cache, *rt.tokenizer, rt.weights.config, metrics, options);
@@ -204,9 +205,10 @@ TEST(KvQuantizationEngine, PoliciesDecideOnTheUnquantizedCacheThenItIsQuantized)
   const std::vector<SequenceLayerDetail> policies = rt->executor->policy_detail(1);
   for (int l = 0; l < rt->weights.config.n_layers; ++l) {
     const LayerKv& kv = rt->cache->layer(1, l);
-    ASSERT_GE(policies[size_t(l)].lazy, 0) << "layer " << l << " has no verdict";
-    lazy += policies[size_t(l)].lazy == 1 ? 1 : 0;
-    EXPECT_EQ(kv.n_entries, policies[size_t(l)].lazy == 1 ? 68 : n + 1) << "layer " << l;
+    const std::optional<int64_t> verdict = test::observed(policies[size_t(l)].observations, "lazy");
+    ASSERT_TRUE(verdict.has_value()) << "layer " << l << " has no verdict";
+    lazy += *verdict == 1 ? 1 : 0;
+    EXPECT_EQ(kv.n_entries, *verdict == 1 ? 68 : n + 1) << "layer " << l;
     EXPECT_EQ(kv.n_quantized_blocks, kv.n_entries / 32) << "layer " << l << " not quantized after the decision";
     const LayerUsage u = rt->cache->layer_usage(l);
     EXPECT_LT(u.bytes, u.uncompressed_bytes) << "layer " << l;
@@ -228,7 +230,7 @@ TEST(KvQuantizationEngine, PerStepEvictionOnAQuantizedCache) {
   const std::vector<std::string> texts = prompts(600);
   const std::vector<std::string> policies = {"streaming:budget=64,mode=rolling", "h2o:budget=64,mode=per_step",
                                              "simlayerkv:window=40,n_init=4,bounded=true,threshold=0"};
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (size_t i = 0; i < policies.size(); ++i) {

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cache/compression_policy.h"
+
 namespace strata {
 namespace {
 
@@ -50,10 +52,16 @@ void populate(ServerMetrics& metrics) {
   metrics.observe_inter_token_latency(0.006);
   metrics.observe_inter_token_latency(0.012);
   metrics.observe_finished_request(1.7, 812, 96);
+  const std::vector<Observation> counts = {{"lazy=true", 1, ObservationKind::count},
+                                           {"merged_tokens", 12, ObservationKind::count}};
+  metrics.add_layer_compression(2, 1, 0, 40, counts);
+  const std::vector<Observation> amounts = {{"codebook_vectors", 715, ObservationKind::amount},
+                                            {"shared_keys", 64, ObservationKind::amount}};
+  metrics.set_layer_observed(2, 1, 0, amounts);
 }
 
 TEST(MetricsTest, LayerGaugesCarryLayerStageAndRank) {
-  ServerMetrics metrics(2048);
+  ServerMetrics metrics(2048, layer_metrics());
   metrics.set_layer_kv(3, 1, 0, 128, 4096, 16384);
   metrics.set_layer_kv(3, 1, 1, 64, 2048, 8192);
   std::string text = metrics.render();
@@ -71,7 +79,7 @@ TEST(MetricsTest, LayerGaugesCarryLayerStageAndRank) {
 }
 
 TEST(MetricsTest, KvBlocksGiveTheUsageRatio) {
-  ServerMetrics metrics(2048);
+  ServerMetrics metrics(2048, layer_metrics());
   EXPECT_EQ(value_of(metrics.render(), "strata_kv_usage_ratio"), 0);  // no pool yet: 0, not NaN
   metrics.set_kv_blocks(250, 1000, 16);
   std::string text = metrics.render();
@@ -82,7 +90,7 @@ TEST(MetricsTest, KvBlocksGiveTheUsageRatio) {
 }
 
 TEST(MetricsTest, RequestGaugesAndCounters) {
-  ServerMetrics metrics(2048);
+  ServerMetrics metrics(2048, layer_metrics());
   std::string text = metrics.render();
   EXPECT_EQ(value_of(text, "strata_requests_total{finish_reason=\"stop\"}"), 0);  // present before any request
   EXPECT_EQ(value_of(text, "strata_requests_total{finish_reason=\"abort\"}"), 0);
@@ -110,7 +118,7 @@ TEST(MetricsTest, RequestGaugesAndCounters) {
 }
 
 TEST(MetricsTest, HistogramsCountIntoTheirBuckets) {
-  ServerMetrics metrics(2048);
+  ServerMetrics metrics(2048, layer_metrics());
   metrics.observe_time_to_first_token(0.03);
   metrics.observe_inter_token_latency(0.004);
   metrics.observe_finished_request(2.2, 700, 30);
@@ -136,7 +144,7 @@ TEST(MetricsTest, HistogramsCountIntoTheirBuckets) {
 }
 
 TEST(MetricsTest, UpdatesAndRendersFromManyThreads) {
-  ServerMetrics metrics(2048);
+  ServerMetrics metrics(2048, layer_metrics());
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&metrics, t] {
@@ -160,7 +168,7 @@ TEST(MetricsTest, UpdatesAndRendersFromManyThreads) {
 // Renders every metric; tests/leader/test_metrics_format.py runs this test with STRATA_METRICS_EXPOSITION set and
 // parses the file with the Prometheus client library's parser.
 TEST(MetricsTest, WritesExpositionForTheParser) {
-  ServerMetrics metrics(4096);
+  ServerMetrics metrics(4096, layer_metrics());
   populate(metrics);
   std::string text = metrics.render();
   for (const char* name :
@@ -182,7 +190,7 @@ TEST(MetricsTest, WritesExpositionForTheParser) {
 }
 
 TEST(MetricsTest, CompressionRatioEvictionsAndLazyDecisions) {
-  ServerMetrics metrics(4096);
+  ServerMetrics metrics(4096, layer_metrics());
   EXPECT_NE(metrics.render().find("strata_kv_compression_ratio 1"), std::string::npos) << "1 while empty";
   metrics.set_layer_kv(0, 0, 0, 100, 1000, 4000);
   metrics.set_layer_kv(1, 0, 0, 100, 1000, 2000);
@@ -192,8 +200,10 @@ TEST(MetricsTest, CompressionRatioEvictionsAndLazyDecisions) {
   text = metrics.render();
   EXPECT_NE(text.find("strata_kv_compression_ratio 2"), std::string::npos);  // 6000 / 3000
 
-  metrics.add_layer_compression(1, 0, 0, 37, 1, 0);
-  metrics.add_layer_compression(1, 0, 0, 5, 0, 2);
+  const std::vector<Observation> lazy = {{"lazy=true", 1, ObservationKind::count}};
+  const std::vector<Observation> not_lazy = {{"lazy=false", 2, ObservationKind::count}};
+  metrics.add_layer_compression(1, 0, 0, 37, lazy);
+  metrics.add_layer_compression(1, 0, 0, 5, not_lazy);
   text = metrics.render();
   EXPECT_NE(text.find(R"(strata_kv_layer_evicted_tokens_total{layer="1",pp_stage="0",tp_rank="0"} 42)"),
             std::string::npos)
@@ -204,6 +214,69 @@ TEST(MetricsTest, CompressionRatioEvictionsAndLazyDecisions) {
   EXPECT_NE(text.find(R"(strata_kv_layer_lazy_decisions_total{layer="1",lazy="false",pp_stage="0",tp_rank="0"} 2)"),
             std::string::npos)
       << text;
+}
+
+// The series that policies and the cache declare are on every layer from the start and fed by name; /metrics
+// knows none of them.
+TEST(MetricsTest, DeclaredLayerSeriesAreFedByName) {
+  const LayerMetric declared[] = {
+      {"done=yes", "strata_test_done_total", MetricType::counter, "Done, by answer.", "answer", "yes"},
+      {"done=no", "strata_test_done_total", MetricType::counter, "Done, by answer.", "answer", "no"},
+      {"held", "strata_test_held", MetricType::gauge, "Held now."},
+  };
+  ServerMetrics metrics(2048, declared);
+  metrics.set_layer_kv(4, 1, 0, 10, 100, 100);
+  std::string text = metrics.render();
+  EXPECT_NE(text.find("# HELP strata_test_done_total Done, by answer."), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE strata_test_done_total counter"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE strata_test_held gauge"), std::string::npos) << text;
+  const std::string yes = R"(strata_test_done_total{answer="yes",layer="4",pp_stage="1",tp_rank="0"})";
+  const std::string no = R"(strata_test_done_total{answer="no",layer="4",pp_stage="1",tp_rank="0"})";
+  EXPECT_EQ(value_of(text, yes), 0);
+  EXPECT_EQ(value_of(text, no), 0);
+  EXPECT_EQ(value_of(text, layer_series("strata_test_held", 4, 1, 0)), 0);
+
+  // Counts add up; an amount, or a name nobody declared, feeds no counter.
+  const std::vector<Observation> step = {{"done=yes", 2, ObservationKind::count},
+                                         {"done=no", 5, ObservationKind::amount},
+                                         {"undeclared", 9, ObservationKind::count}};
+  metrics.add_layer_compression(4, 1, 0, 0, step);
+  metrics.add_layer_compression(4, 1, 0, 0, step);
+  // A gauge shows the amount of its name, and 0 again once none is reported.
+  const std::vector<Observation> held = {{"held", 33, ObservationKind::amount}};
+  metrics.set_layer_observed(4, 1, 0, held);
+  text = metrics.render();
+  EXPECT_EQ(value_of(text, yes), 4);
+  EXPECT_EQ(value_of(text, no), 0);
+  EXPECT_EQ(text.find("undeclared"), std::string::npos);
+  EXPECT_EQ(value_of(text, layer_series("strata_test_held", 4, 1, 0)), 33);
+  metrics.set_layer_observed(4, 1, 0, {});
+  EXPECT_EQ(value_of(metrics.render(), layer_series("strata_test_held", 4, 1, 0)), 0);
+}
+
+// The per-layer families operators scrape (README, deploy/grafana) keep their names, types and HELP texts, now
+// that policies and the cache declare them.
+TEST(MetricsTest, ThePoliciesLayerFamiliesKeepTheirNames) {
+  ServerMetrics metrics(2048, layer_metrics());
+  metrics.set_layer_kv(0, 0, 0, 10, 100, 100);
+  const std::string text = metrics.render();
+  for (const char* line : {
+           R"(# HELP strata_kv_layer_lazy_decisions_total SimLayerKV verdicts per layer: lazy="true" layers were trimmed.)",
+           "# TYPE strata_kv_layer_lazy_decisions_total counter",
+           R"(strata_kv_layer_lazy_decisions_total{layer="0",lazy="true",pp_stage="0",tp_rank="0"} 0)",
+           R"(strata_kv_layer_lazy_decisions_total{layer="0",lazy="false",pp_stage="0",tp_rank="0"} 0)",
+           "# HELP strata_kv_layer_merged_tokens_total Evicted KV entries merged into kept ones (D2O), per layer.",
+           "# TYPE strata_kv_layer_merged_tokens_total counter",
+           R"(strata_kv_layer_merged_tokens_total{layer="0",pp_stage="0",tp_rank="0"} 0)",
+           "# HELP strata_kv_layer_codebook_vectors SpindleKV codebook entries held by one layer (keys and values).",
+           "# TYPE strata_kv_layer_codebook_vectors gauge",
+           R"(strata_kv_layer_codebook_vectors{layer="0",pp_stage="0",tp_rank="0"} 0)",
+           "# HELP strata_kv_layer_shared_keys PoD: entries one layer holds without their keys (its block leader's are "
+           "used).",
+           "# TYPE strata_kv_layer_shared_keys gauge",
+           R"(strata_kv_layer_shared_keys{layer="0",pp_stage="0",tp_rank="0"} 0)"}) {
+    EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line;
+  }
 }
 
 }  // namespace

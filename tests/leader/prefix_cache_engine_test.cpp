@@ -45,7 +45,7 @@ class SequentialEngine {
  public:
   SequentialEngine(const ServerConfig& config, bool prefix_caching)
       : rt_(make_runtime(config)),
-        metrics_(8192),
+        metrics_(8192, layer_metrics()),
         engine_(*rt_->executor, *rt_->cache, *rt_->tokenizer, rt_->weights.config, metrics_,
                 options(config, *rt_, prefix_caching)) {}
 
@@ -204,7 +204,7 @@ TEST(PrefixCacheEngine, PodBypassesTheCache) {
 TEST(PrefixCacheEngine, ACachedPrefixGivesWayWhenThePoolIsShort) {
   const ServerConfig config = config_with("f32", "full", 16);
   const std::unique_ptr<RankRuntime> rt = make_runtime(config);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, engine_options(config, *rt));
   for (int i = 0; i < 3; ++i) {
     auto sink = std::make_shared<RecordingSink>();
@@ -230,7 +230,7 @@ TEST(PrefixCacheEngine, PreemptedSequencesComeBackToTheSameOutput) {
   auto run = [](bool prefix_caching, int64_t* preemptions) {
     const ServerConfig config = config_with("f32", "full", 24);
     const std::unique_ptr<RankRuntime> rt = make_runtime(config);
-    ServerMetrics metrics(8192);
+    ServerMetrics metrics(8192, layer_metrics());
     EngineOptions options = engine_options(config, *rt);
     if (!prefix_caching) options.prefix_cache.reset();
     Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);

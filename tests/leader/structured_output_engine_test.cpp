@@ -61,7 +61,7 @@ constexpr const char* kPerson = R"({"type": "object", "properties": {
 
 TEST(StructuredOutputEngine, ConstrainedChoicesEndWithTheirDocument) {
   auto rt = make_runtime_with(64);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
   const auto person = schema(kPerson);
   const auto answer = schema(R"({"enum": ["yes", "no"]})");
@@ -99,7 +99,7 @@ TEST(StructuredOutputEngine, FreeRequestsBesideConstrainedOnesAndPreemptionsGetW
   {
     auto rt = make_runtime_with(64);
     for (auto* out : {&free_alone, &constrained_alone}) {
-      ServerMetrics metrics(8192);
+      ServerMetrics metrics(8192, layer_metrics());
       Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, EngineOptions{});
       auto sink = std::make_shared<RecordingSink>();
       const bool free = out == &free_alone;
@@ -111,7 +111,7 @@ TEST(StructuredOutputEngine, FreeRequestsBesideConstrainedOnesAndPreemptionsGetW
   // A 4 MiB pool holds 170 blocks: four sequences preempt each other, and the constrained ones keep their grammar
   // state across the recompute.
   auto rt = make_runtime_with(4);
-  ServerMetrics metrics(8192);
+  ServerMetrics metrics(8192, layer_metrics());
   EngineOptions options;
   options.limits.watermark = 0.0;
   Engine engine(*rt->executor, *rt->cache, *rt->tokenizer, rt->weights.config, metrics, options);

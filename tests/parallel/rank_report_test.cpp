@@ -1,5 +1,6 @@
 #include "parallel/rank_report.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -26,19 +27,21 @@ RankReport full_report() {
   l0.usage.blocks = 2;
   l0.usage.bytes = 16384;
   l0.usage.uncompressed_bytes = 32768;
-  l0.usage.codebook_vectors = 715;
-  l0.usage.shared_key_entries = 64;
-  l0.counters = {3, 1, 0, 4};
+  l0.usage.cached_blocks = 3;
+  l0.evicted_tokens = 3;
+  l0.observations = {{"an_amount", 715, ObservationKind::amount}, {"a_count", 4, ObservationKind::count}};
   LayerReport l1;
   l1.usage.entries = -1;
-  l1.counters.not_lazy_decisions = 7;
+  l1.observations = {{"a_verdict=false", 7, ObservationKind::count}};
   r.layers = {l0, l1};
   r.sequences.push_back(SequenceKv{42, {96, 80}, {6, 5}, 9});  // 9 < 11 blocks: quantized blocks share slots
   r.sequences.push_back(SequenceKv{43, {0, 0}, {0, 0}, 0});     // before its prefill
   SequenceDetail d;
   d.seq = 42;
-  d.layers.push_back({"snapkv:budget=96", 300, -1, -1, 0, 0, 0, 0});
-  d.layers.push_back({std::string("odd\0name", 8), 300, 1, 128, 17, 310, 405, 32});
+  d.layers.push_back({"snapkv:budget=96", 300, {}});
+  d.layers.push_back({std::string("odd\0name", 8), 300,
+                      {{"a_verdict", 1, ObservationKind::verdict}, {"an_amount", 128, ObservationKind::amount},
+                       {"nested.amount", 310, ObservationKind::amount}, {"", -5, ObservationKind::count}}});
   r.details.push_back(d);
   r.details.push_back(SequenceDetail{43, {SequenceLayerDetail{}, SequenceLayerDetail{}}});  // no policies yet
   r.result.step = r.step;
@@ -57,10 +60,10 @@ TEST(RankReport, RoundTripsEveryField) {
             std::tie(a.block_bytes, a.blocks_free, a.blocks_total));
   ASSERT_EQ(b.layers.size(), 2u);
   EXPECT_EQ(b.layers[0].usage.uncompressed_bytes, 32768);
-  EXPECT_EQ(b.layers[0].counters.merged_tokens, 4);
-  EXPECT_EQ(b.layers[0].usage.codebook_vectors, 715);
-  EXPECT_EQ(b.layers[0].usage.shared_key_entries, 64);
-  EXPECT_EQ(b.layers[1].counters.not_lazy_decisions, 7);
+  EXPECT_EQ(b.layers[0].usage.cached_blocks, 3);
+  EXPECT_EQ(b.layers[0].evicted_tokens, 3);
+  EXPECT_EQ(b.layers[0].observations, a.layers[0].observations);
+  EXPECT_EQ(b.layers[1].observations, a.layers[1].observations);
   EXPECT_EQ(b.layers[1].usage.entries, -1);
   ASSERT_EQ(b.sequences.size(), 2u);
   const SequenceKv& s = b.sequences[0];
@@ -73,10 +76,10 @@ TEST(RankReport, RoundTripsEveryField) {
   EXPECT_EQ(b.details[0].seq, 42);
   EXPECT_EQ(b.details[0].layers[0].appended, 300);
   EXPECT_EQ(d.policy, a.details[0].layers[1].policy);
-  EXPECT_EQ(std::tie(d.lazy, d.capacity, d.merged_tokens, d.codebook_keys, d.codebook_values, d.shared_keys),
-            std::make_tuple(int8_t(1), 128, int64_t(17), int64_t(310), int64_t(405), int64_t(32)));
+  EXPECT_EQ(d.observations, a.details[0].layers[1].observations);
+  EXPECT_TRUE(b.details[0].layers[0].observations.empty());
   EXPECT_TRUE(b.details[1].layers[0].policy.empty());
-  EXPECT_EQ(b.details[1].layers[1].lazy, -1);
+  EXPECT_TRUE(b.details[1].layers[1].observations.empty());
   ASSERT_EQ(b.result.sampled.size(), 1u);
   ASSERT_EQ(b.result.sampled[0].sample.top.size(), 2u);
   EXPECT_EQ(b.result.sampled[0].sample.top[1].id, 3);
@@ -110,6 +113,26 @@ TEST(RankReport, TruncatedOrCorruptMessagesAreErrors) {
     ADD_FAILURE() << "a short per-layer detail was accepted";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("sequence 43"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RankReport, AnObservationOfAnUnknownKindIsAnError) {
+  RankReport r = full_report();
+  r.layers = {LayerReport{}};
+  r.layers[0].observations = {{"an_amount", 128, ObservationKind::amount}};
+  r.sequences.clear();
+  r.details.clear();
+  std::vector<uint8_t> bytes = serialize(r);
+  // The kind is the byte after the value, the observation's last.
+  const std::string name = "an_amount";
+  const auto at = std::search(bytes.begin(), bytes.end(), name.begin(), name.end()) + ptrdiff_t(name.size() + 8);
+  ASSERT_EQ(*at, uint8_t(ObservationKind::amount));
+  *at = 3;
+  try {
+    deserialize_rank_report(bytes);
+    ADD_FAILURE() << "an unknown observation kind was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'an_amount' of unknown kind 3"), std::string::npos) << e.what();
   }
 }
 

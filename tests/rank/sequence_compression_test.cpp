@@ -3,6 +3,7 @@
 //   - sealing: a quantized pool's full groups are quantized once the layer's policy no longer needs them
 //     unquantized (by default after the first decode step's hooks), and then at every step;
 //   - D2O: a merging layer is never sealed, its merges are counted per layer, and its capacity is reported;
+//   - SimLayerKV: each layer's verdict is counted once, under lazy=true or lazy=false;
 //   - the per-layer detail names the spec in effect (layer overrides included) and is empty before the prefill.
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "cache/kv_cache.h"
 #include "rank/step_executor.h"
 #include "tests/model/smollm2_model.h"
+#include "tests/observed.h"
 
 namespace strata {
 namespace {
@@ -111,26 +113,54 @@ TEST(SequenceCompression, D2OMergingLayersStayUnsealedAndCountTheirMerges) {
   bed.prefill();
   for (int step = 0; step < 12; ++step) bed.decode();
   const std::vector<SequenceLayerDetail> detail = bed.executor.policy_detail(kSeq);
+  std::vector<LayerCompressionCounts> counts = bed.executor.take_counts();
   ASSERT_EQ(int(detail.size()), bed.n_layers());
   int merging_layers = 0;
   for (int l = 0; l < bed.n_layers(); ++l) {
     const bool exempt = l == 0 || l == 1 || l == bed.n_layers() - 1;  // D2O's code exempts these (spec, d2o)
+    const std::vector<Observation>& observed = detail[size_t(l)].observations;
     if (exempt) {
-      EXPECT_EQ(detail[size_t(l)].capacity, -1) << "layer " << l;
-      EXPECT_EQ(detail[size_t(l)].merged_tokens, 0) << "layer " << l;
+      EXPECT_FALSE(test::observed(observed, "capacity").has_value()) << "layer " << l;
+      EXPECT_FALSE(test::observed(observed, "merged_tokens").has_value()) << "layer " << l;
       EXPECT_EQ(bed.layer(l).n_entries, kPromptTokens + 12) << "layer " << l;
       EXPECT_EQ(bed.layer(l).n_quantized_blocks, (kPromptTokens + 12) / 32) << "an exempt layer is sealed, " << l;
       continue;
     }
     ++merging_layers;
-    EXPECT_GT(detail[size_t(l)].capacity, 0) << "layer " << l;
-    EXPECT_LE(bed.layer(l).n_entries, detail[size_t(l)].capacity + 1) << "layer " << l;
-    EXPECT_GT(detail[size_t(l)].merged_tokens, 0) << "layer " << l;
+    const int64_t capacity = test::observed(observed, "capacity").value_or(0);
+    const int64_t merged = test::observed(observed, "merged_tokens").value_or(0);
+    EXPECT_GT(capacity, 0) << "layer " << l;
+    EXPECT_LE(bed.layer(l).n_entries, capacity + 1) << "layer " << l;
+    EXPECT_GT(merged, 0) << "layer " << l;
+    // The merges reported so far are what the layer's counter counted: the sequence's only reports.
+    EXPECT_EQ(counts[size_t(l)].observed["merged_tokens"], merged) << "layer " << l;
     EXPECT_EQ(bed.layer(l).n_quantized_blocks, 0) << "a merging layer stays at full precision, " << l;
   }
   EXPECT_EQ(merging_layers, bed.n_layers() - 3);
   bed.finish();
   EXPECT_EQ(pool.n_free(), pool.n_total());
+}
+
+TEST(SequenceCompression, EachVerdictIsCountedOnce) {
+  test::SmolLm2& m = test::smollm2(WeightDtype::automatic);
+  // Whichever way each layer goes, its verdict counts once, in the report after the step that took it.
+  Bed bed(CompressionConfig{parse_policy_spec("simlayerkv:threshold=0.6,n_init=4,window=16"), {}, 0}, *m.pool);
+  bed.add();
+  bed.prefill();
+  bed.decode();  // the first decode step decides
+  const std::vector<SequenceLayerDetail> detail = bed.executor.policy_detail(kSeq);
+  std::vector<LayerCompressionCounts> counts = bed.executor.take_counts();
+  for (int l = 0; l < bed.n_layers(); ++l) {
+    const std::optional<int64_t> verdict = test::observed(detail[size_t(l)].observations, "lazy");
+    ASSERT_TRUE(verdict.has_value()) << "layer " << l;
+    EXPECT_EQ(counts[size_t(l)].observations(),
+              (std::vector<Observation>{{*verdict ? "lazy=true" : "lazy=false", 1, ObservationKind::count}}))
+        << "layer " << l;
+  }
+  bed.decode();
+  for (const LayerCompressionCounts& c : bed.executor.take_counts()) EXPECT_TRUE(c.observations().empty());
+  bed.finish();
+  EXPECT_EQ(m.pool->n_free(), m.pool->n_total());
 }
 
 TEST(SequenceCompression, DetailNamesEachLayersSpecOnceThePrefillStarts) {

@@ -158,20 +158,20 @@ TEST(StepExecutor, AppliesTheLayersPolicyAndReportsItOnce) {
   const int budget = 12;
   Bed bed(config_of("snapkv:budget=" + std::to_string(budget) + ",window=4", {{0, 1, parse_policy_spec("full")}}));
   bed.generate(1, greedy(), 0, 2, 20);
-  const std::vector<LayerCompressionCounters> counters = bed.executor.take_counters();
+  const std::vector<LayerCompressionCounts> counts = bed.executor.take_counts();
   const std::vector<SequenceLayerDetail> detail = bed.executor.policy_detail(1);
   const int n_layers = bed.m.model->config().n_layers;
-  ASSERT_EQ(int(counters.size()), n_layers);
+  ASSERT_EQ(int(counts.size()), n_layers);
   ASSERT_EQ(int(detail.size()), n_layers);
   const int n = int(kPrompt.size());
   for (int l = 0; l < n_layers; ++l) {
     const bool full = l <= 1;
     // The prompt, compressed at its end, then the first decode step's token.
     EXPECT_EQ(bed.cache.layer(1, l).n_entries, (full ? n : budget) + 1) << "layer " << l;
-    EXPECT_EQ(counters[size_t(l)].evicted_tokens, full ? 0 : n - budget) << "layer " << l;
+    EXPECT_EQ(counts[size_t(l)].evicted_tokens, full ? 0 : n - budget) << "layer " << l;
     EXPECT_EQ(detail[size_t(l)].policy, full ? "full" : to_string(parse_policy_spec("snapkv:budget=12,window=4")));
   }
-  for (const LayerCompressionCounters& c : bed.executor.take_counters()) EXPECT_EQ(c.evicted_tokens, 0);
+  for (const LayerCompressionCounts& c : bed.executor.take_counts()) EXPECT_EQ(c.evicted_tokens, 0);
   bed.finish(1);
 }
 
