@@ -241,7 +241,7 @@ TEST(StepExecutor, RefusesPoliciesWhoseNeedsTheSequenceCannotMeet) {
 std::vector<uint64_t> every_seventh_but(int32_t excluded, int64_t vocab) {
   std::vector<uint64_t> mask(size_t(mask_words(vocab)), 0);
   for (int64_t id = 3; id < vocab; id += 7) {
-    if (id != excluded) mask[size_t(id / 64)] |= uint64_t(1) << (id % 64);
+    if (id != excluded) mask_set(mask, id);
   }
   return mask;
 }
