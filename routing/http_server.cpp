@@ -239,23 +239,13 @@ struct ServerContext {
         chat_template(chat_template_in),
         keys(options.api_keys),
         connections(options.max_connections) {
-    limits.model_name = options.model_name;
-    limits.max_context = options.max_context;
-    limits.vocab_size = tokenizer.vocab_size();
-    limits.max_n = options.max_n;
-    limits.max_prompts = options.max_prompts;
-    limits.max_sequences = options.max_sequences;
-    limits.max_top_logprobs = options.max_top_logprobs;
-    limits.kv_policies = options.kv_policies;
-    limits.check_kv_policy = options.check_kv_policy;
-    limits.ignore_unknown_fields = options.ignore_unknown_fields;
+    options.limits.vocab_size = tokenizer.vocab_size();
   }
 
   ServerOptions options;
   GenerationService& service;
   const Tokenizer& tokenizer;
   const ChatTemplate& chat_template;
-  ProtocolLimits limits;
   int64_t started_at = unix_now();
   SinkRegistry sinks;
   ApiKeys keys;
@@ -266,11 +256,11 @@ struct ServerContext {
 
 // The served model as /v1/models lists it.
 nlohmann::json model_object(const ServerContext& server) {
-  return {{"id", server.options.model_name},
+  return {{"id", server.options.limits.model_name},
           {"object", "model"},
           {"created", server.started_at},
           {"owned_by", kServerName},
-          {"max_model_len", server.options.max_context}};
+          {"max_model_len", server.options.limits.max_context}};
 }
 
 // The answer of a route other than generation.
@@ -287,12 +277,12 @@ PlainAnswer plain_answer(ServerContext& server, const RouteEntry& route, std::st
       return {.body = nlohmann::json({{"object", "list"}, {"data", nlohmann::json::array({model_object(server)})}})
                           .dump()};
     case Route::model:
-      check_model_name(percent_decoded(path.substr(route.path.size())), server.limits);
+      check_model_name(percent_decoded(path.substr(route.path.size())), server.options.limits);
       return {.body = model_object(server).dump()};
     case Route::tokenize:
-      return {.body = tokenize_response(body, server.tokenizer, server.chat_template, server.limits)};
+      return {.body = tokenize_response(body, server.tokenizer, server.chat_template, server.options.limits)};
     case Route::detokenize:
-      return {.body = detokenize_response(body, server.tokenizer, server.limits)};
+      return {.body = detokenize_response(body, server.tokenizer, server.options.limits)};
     case Route::health: {
       const bool healthy = server.service.healthy() && !server.draining;
       const nlohmann::json status = {{"status", server.draining ? "draining" : healthy ? "ok" : "unavailable"}};
@@ -531,11 +521,11 @@ net::awaitable<bool> Session::answer_error(const Request& request, const ApiErro
 }
 
 net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dialect) {
-  std::vector<ParsedCompletion> batch = parse_completion_request(request.body(), dialect, server_.limits);
+  std::vector<ParsedCompletion> batch = parse_completion_request(request.body(), dialect, server_.options.limits);
   const std::string id = make_request_id(dialect);
   request_id_ = id;
   for (ParsedCompletion& prompt : batch) {
-    encode_prompt(prompt, server_.tokenizer, server_.chat_template, server_.limits);
+    encode_prompt(prompt, server_.tokenizer, server_.chat_template, server_.options.limits);
     prompt.request.id = id;
   }
   ResponseContext context = make_response_context(batch, server_.chat_template, unix_now());

@@ -52,7 +52,7 @@ strata::HttpServer& server() {
     strata::ServerOptions options;
     options.port = 0;
     options.threads = 1;
-    options.model_name = "SmolLM2-135M-Instruct";
+    options.limits.model_name = "SmolLM2-135M-Instruct";
     options.max_body_bytes = 64 << 10;  // small limits, so that short inputs reach them
     options.max_header_bytes = 2 << 10;
     auto started = std::make_unique<strata::HttpServer>(options, service, strata::fuzz::smollm2_tokenizer(),
