@@ -2,7 +2,9 @@
 // The HTTP/1.1 front end (Boost.Beast): OpenAI-compatible completions and chat (whole or streamed as server-sent
 // events), /v1/models, /health, /metrics, /v1/kv_state. Requests are parsed, tokenized and validated here, then
 // handed to the GenerationService; its events come back through a per-request sink that never blocks the engine.
-// Beast stays in http_server.cpp: this header is cheap to include.
+// One file per part: the listener and the I/O threads (http_server.cpp), a connection's session (http_session.cpp),
+// the routes (http_routes.cpp), the sink that wakes a session (event_queue_sink.cpp) and the registry of the sinks
+// in flight (sink_registry.cpp). Beast stays in those (routing/http_messages.h): this header is cheap to include.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

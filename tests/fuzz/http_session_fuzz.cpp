@@ -1,7 +1,7 @@
 // libFuzzer harness: the HTTP server (routing/http_server.h) reading arbitrary bytes from a client: Beast's request
 // parser with the server's limits, the routes, the OpenAI requests with SmolLM2's tokenizer and template, and the
 // answers, whole or streamed, from a service that answers every request at once. The bytes go through a loopback
-// connection to a server started once (its sessions are private to http_server.cpp), each from another loopback
+// connection to a server started once (its sessions are private to http_session.cpp), each from another loopback
 // source address; the client then closes its sending side and reads every answer until the server closes.
 // Bugs: a crash, a sanitizer report, an answer that is not HTTP, a 5xx answer to a client's bytes, a connection
 // the server does not close within 5 s of the client's end of input.
