@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "cache/kv_cache.h"
+#include "rank/offline_executor.h"
 #include "tests/model/smollm2_model.h"
 
 namespace strata {
@@ -269,7 +270,7 @@ TEST(StepExecutor, AMaskedGreedyStepTakesTheBestAllowedToken) {
 
   for (bool on_host : {false, true}) {
     SCOPED_TRACE(on_host ? "sampled on the host" : "sampled where the logits are");
-    bed.executor.keep_logits(on_host);
+    OfflineExecutor(bed.executor).keep_logits(on_host);
     SamplingRule rule = greedy();
     rule.n_logprobs = 2;
     StepPlan p;
