@@ -96,7 +96,7 @@ nlohmann::json time_schema(const std::string& text, const std::shared_ptr<const 
       (step == 0 ? first_mask_s : mask_s).push_back(seconds_since(start));
       std::vector<int32_t> allowed;
       for (int32_t id = 0; id < trie->vocab_size(); ++id) {
-        if (grammar::mask_has(mask, id)) allowed.push_back(id);
+        if (mask_has(mask, id)) allowed.push_back(id);
       }
       wire_bytes.push_back(double(mask_wire_bytes(mask.size(), int64_t(allowed.size()))));
       matcher.accept_token(allowed[rng() % allowed.size()]);

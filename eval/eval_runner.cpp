@@ -33,7 +33,8 @@ float token_logprob(std::span<const float> logits, int32_t token) {
   return float(double(logits[size_t(token)]) - max - std::log(sum));
 }
 
-EvalRunner::EvalRunner(RankRuntime& runtime, EvalRunnerOptions options) : rt_(runtime), options_(options) {
+EvalRunner::EvalRunner(RankRuntime& runtime, EvalRunnerOptions options)
+    : rt_(runtime), executor_(*runtime.executor), options_(options) {
   if (options_.max_batch < 1 || options_.prefill_chunk < 1) {
     throw std::invalid_argument("eval: max_batch and prefill_chunk must be at least 1");
   }
@@ -83,7 +84,7 @@ static std::vector<std::vector<EvalJob*>> groups_by_prompt(std::span<EvalJob> jo
 
 void EvalRunner::run(std::span<EvalJob> jobs, const std::function<void(size_t, size_t)>& progress) {
   check_fits(jobs);
-  rt_.executor->keep_logits(true);  // forced continuations are scored from the logits rows
+  executor_.keep_logits(true);  // forced continuations are scored from the logits rows
   size_t n_done = 0;
   const auto done = [&](size_t n) {
     n_done += n;
@@ -115,7 +116,7 @@ EvalRunner::SharedPrompt EvalRunner::prefill_shared(const std::vector<int32_t>& 
   StepPlan plan;
   plan.added.push_back(PlannedSequence{shared.seq, greedy_sampling(), 0, parse_policy_spec("full"), prompt_len});
   execute(plan);
-  rt_.executor->share_prefill(shared.seq);
+  executor_.share_prefill(shared.seq);
   ++prefills_;
   for (int pos = 0; pos < prompt_len; pos += options_.prefill_chunk) {
     const int end = std::min(prompt_len, pos + options_.prefill_chunk);
@@ -124,7 +125,7 @@ EvalRunner::SharedPrompt EvalRunner::prefill_shared(const std::vector<int32_t>& 
     const StepResult result = execute(plan);
     if (end == prompt_len) {
       const int64_t vocab = rt_.weights.config.vocab_size;
-      shared.last_logits.assign(rt_.executor->last_logits().begin(), rt_.executor->last_logits().begin() + vocab);
+      shared.last_logits.assign(executor_.last_logits().begin(), executor_.last_logits().begin() + vocab);
       shared.greedy = result.sampled.at(0).sample.id;
     }
   }
@@ -150,7 +151,6 @@ void EvalRunner::run_batches(std::span<EvalJob* const> jobs, const SharedPrompt*
 }
 
 void EvalRunner::run_batch(std::span<EvalJob* const> batch, const SharedPrompt* shared) {
-  StepExecutor& executor = *rt_.executor;
   StepPlan plan;
   std::vector<Active> active;
   for (EvalJob* job : batch) {
@@ -193,7 +193,7 @@ void EvalRunner::run_batch(std::span<EvalJob* const> batch, const SharedPrompt* 
     }
     const StepResult result = execute(plan);
     for (size_t i = 0; i < sampled.size(); ++i) {
-      const std::span<const float> logits(executor.last_logits().data() + i * vocab, size_t(vocab));
+      const std::span<const float> logits(executor_.last_logits().data() + i * vocab, size_t(vocab));
       if (take_next(*sampled[i], logits, result.sampled.at(i).sample.id)) finish(*sampled[i], plan);
     }
   }
@@ -212,11 +212,11 @@ void EvalRunner::start_from(const SharedPrompt& shared, Active& a, StepPlan& pla
     case JobStart::own_prefill:
       break;
     case JobStart::fork_prefix:
-      rt_.executor->fork_prefix(shared.seq, a.seq, start.entries, prompt_len);
+      executor_.fork_prefix(shared.seq, a.seq, start.entries, prompt_len);
       a.pos = start.entries;
       break;
     case JobStart::fork_prefilled:
-      rt_.executor->fork_prefilled(shared.seq, a.seq);
+      executor_.fork_prefilled(shared.seq, a.seq);
       a.pos = prompt_len;
       if (take_next(a, shared.last_logits, shared.greedy)) finish(a, plan);
       break;
@@ -249,7 +249,7 @@ void EvalRunner::finish(Active& a, StepPlan& plan) {
 
 StepResult EvalRunner::execute(StepPlan& plan) {
   plan.step = ++step_;
-  const StepResult result = rt_.executor->execute(plan);
+  const StepResult result = executor_.execute(plan);
   plan = StepPlan{};
   return result;
 }

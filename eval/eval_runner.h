@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "rank/offline_executor.h"
 #include "rank/rank_runtime.h"
 
 namespace strata {
@@ -73,6 +74,7 @@ class EvalRunner {
   std::vector<LayerHeld> layers_held(int64_t seq) const;
 
   RankRuntime& rt_;
+  OfflineExecutor executor_;  // rt_'s
   EvalRunnerOptions options_;
   int64_t next_seq_ = 1;
   uint64_t step_ = 0;

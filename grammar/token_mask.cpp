@@ -58,12 +58,12 @@ VocabularyTrie::VocabularyTrie(const std::vector<std::string>& token_bytes)
 void VocabularyTrie::index_lengths() {
   std::vector<std::vector<int32_t>> by_length(max_depth_ + 1);
   for (int32_t id = 0; id < vocab_size_; ++id) by_length[tokens_[id].size()].push_back(id);
-  TokenMask within((vocab_size_ + 63) / 64, 0);  // empty tokens are never allowed as text: left out
+  TokenMask within(size_t(mask_words(vocab_size_)), 0);  // empty tokens are never allowed as text: left out
   no_longer_than_ = {within};
   length_class_.assign(max_depth_ + 1, 0);
   for (size_t length = 1; length <= max_depth_; ++length) {
     if (!by_length[length].empty()) {
-      for (int32_t id : by_length[length]) within[id >> 6] |= uint64_t{1} << (id & 63);
+      for (int32_t id : by_length[length]) mask_set(within, id);
       no_longer_than_.push_back(within);
     }
     length_class_[length] = static_cast<uint32_t>(no_longer_than_.size() - 1);
@@ -117,7 +117,7 @@ const TokenMask& TokenMasker::whole_walk_mask(StateId state) {
   auto found = cache_.find(state);
   if (found != cache_.end()) return found->second;
   TokenMask& mask = cache_[state];
-  mask.assign((vocabulary_->vocab_size() + 63) / 64, 0);
+  mask.assign(size_t(mask_words(vocabulary_->vocab_size())), 0);
   walk_longer_than(state, 0, mask);
   ++whole_walks_;
   set_end_tokens(state, mask);
@@ -142,8 +142,7 @@ void TokenMasker::walk_longer_than(StateId state, size_t bytes, TokenMask& mask)
     state_at_depth_[depth] = next;
     if (depth > bytes) {  // the tokens that end here are `depth` bytes long
       for (uint32_t i = trie.token_begin_[node]; i < trie.token_begin_[node + 1]; ++i) {
-        int32_t token = trie.token_ids_[i];
-        mask[token >> 6] |= uint64_t{1} << (token & 63);
+        mask_set(mask, trie.token_ids_[i]);
       }
     }
     ++node;
@@ -154,8 +153,11 @@ void TokenMasker::walk_longer_than(StateId state, size_t bytes, TokenMask& mask)
 void TokenMasker::set_end_tokens(StateId state, TokenMask& mask) const {
   const bool complete = automaton_->is_complete(state);
   for (int32_t token : end_tokens_) {
-    uint64_t bit = uint64_t{1} << (token & 63);
-    mask[token >> 6] = complete ? mask[token >> 6] | bit : mask[token >> 6] & ~bit;
+    if (complete) {
+      mask_set(mask, token);
+    } else {
+      mask_clear(mask, token);
+    }
   }
 }
 

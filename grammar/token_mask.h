@@ -26,12 +26,11 @@
 #include <vector>
 
 #include "grammar/grammar_matcher.h"
+#include "kernels/token_mask_layout.h"
 
 namespace strata::grammar {
 
-using TokenMask = std::vector<uint64_t>;  // bit i of word i / 64: token i allowed; ceil(V / 64) words
-
-inline bool mask_has(const TokenMask& mask, int32_t token) { return (mask[token >> 6] >> (token & 63)) & 1; }
+using TokenMask = std::vector<uint64_t>;  // the allowed tokens, in kernels/token_mask_layout.h's layout
 
 class VocabularyTrie {
  public:

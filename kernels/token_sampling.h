@@ -28,6 +28,8 @@
 #include <span>
 #include <vector>
 
+#include "kernels/token_mask_layout.h"
+
 namespace strata {
 
 struct TokenPenalty {
@@ -59,16 +61,14 @@ struct RowSampling {
   int n_logprobs = -1;    // < 0: none
   double uniform = 0.0;   // in [0, 1): the draw, from the sequence's RNG
   std::span<const TokenPenalty> penalties;
-  // Empty: every token allowed. Otherwise mask_words(V) words, token id allowed when bit id % 64 of word id / 64
-  // is set; the bits past the last column are ignored.
+  // Empty: every token allowed. Otherwise a mask of the allowed tokens (kernels/token_mask_layout.h); the bits
+  // past the last column are ignored.
   std::span<const uint64_t> allowed;
 };
 
-// The words of a mask over n_columns tokens.
-constexpr int64_t mask_words(int64_t n_columns) { return (n_columns + 63) / 64; }
 // Whether a mask (empty: none) allows token id.
 constexpr bool token_allowed(std::span<const uint64_t> allowed, int64_t id) {
-  return allowed.empty() || ((allowed[size_t(id / 64)] >> (id % 64)) & 1u) != 0;
+  return allowed.empty() || mask_has(allowed, id);
 }
 
 struct TokenLogprob {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "cache/prefill_footprint.h"
+#include "kernels/token_mask_layout.h"
 #include "leader/stop_matcher.h"
 
 namespace strata {
@@ -486,7 +487,7 @@ std::vector<uint64_t> Engine::allowed_tokens(Sequence& seq) {
   }
   if (too_early) {
     for (int32_t id : tokenizer_.stop_ids()) {
-      if (id >= 0 && id < config_.vocab_size) words[size_t(id / 64)] &= ~(uint64_t(1) << (id % 64));
+      if (id >= 0 && id < config_.vocab_size) mask_clear(words, id);
     }
   }
   return words;

@@ -2,15 +2,13 @@
 
 #include <stdexcept>
 
+#include "model/json_field.h"
+
 namespace strata {
 
 namespace {
 
 using OrderedJson = nlohmann::ordered_json;
-
-[[noreturn]] void throw_field(const std::string& field, const std::string& what) {
-  throw std::invalid_argument(field + ": " + what);
-}
 
 std::string message_param(size_t index) { return "messages[" + std::to_string(index) + "]"; }
 
@@ -426,7 +424,7 @@ std::optional<ParsedToolCall> read_call(std::string_view text, size_t& pos, cons
 // -----------------------------------------------------------------------------------------------------------------
 
 OrderedJson ToolCallSyntax::call_schema(std::span<const ToolDefinition> tools) const {
-  if (tools.empty()) throw std::invalid_argument("tools: a tool call's schema needs at least one tool");
+  if (tools.empty()) throw_field("tools", "a tool call's schema needs at least one tool");
   OrderedJson branches = OrderedJson::array();
   for (const ToolDefinition& tool : tools) {
     branches.push_back({{"type", "object"},

@@ -59,7 +59,7 @@ struct ToolCallSyntax {
   // The JSON Schema of the object of one call of one of `tools` (several: anyOf, one branch per tool):
   // {"type": "object", "properties": {"name": {"const": NAME}, ARGUMENTS_KEY: <the tool's parameters>},
   //  "required": ["name", ARGUMENTS_KEY], "additionalProperties": false}, "name" listed first. Throws
-  // std::invalid_argument for no tools.
+  // FieldError (model/json_field.h) naming "tools" for no tools.
   nlohmann::ordered_json call_schema(std::span<const ToolDefinition> tools) const;
 };
 
@@ -73,8 +73,8 @@ class ChatTemplate {
 
   // The prompt text; it contains special-token strings and is meant to be encoded with parse_special = true.
   // `tools` are listed where the family puts them (none: the prompt is what it was before tools existed); tool
-  // calls and tool results in `messages` are rendered in the family's format. Throws std::invalid_argument whose
-  // message starts with the field at fault ("messages[2].tool_calls[0].function.arguments: not valid JSON",
+  // calls and tool results in `messages` are rendered in the family's format. Throws FieldError
+  // (model/json_field.h) naming the field at fault ("messages[2].tool_calls[0].function.arguments: not valid JSON",
   // "tools[0].function.name: required"), for an unknown role, a malformed tool call or tool message, or an order
   // the template cannot express.
   std::string render(std::span<const ChatMessage> messages, std::span<const ToolDefinition> tools,

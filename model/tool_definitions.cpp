@@ -1,21 +1,15 @@
 #include "model/tool_definitions.h"
 
 #include <set>
-#include <stdexcept>
+
+#include "model/json_field.h"
 
 namespace strata {
 
 namespace {
 
-[[noreturn]] void throw_field(const std::string& field, const std::string& what) {
-  throw std::invalid_argument(field + ": " + what);
-}
-
-template <class Json>
-std::string read_string(const Json& value, const std::string& field) {
-  if (!value.is_string()) throw_field(field, std::string("must be a string, got ") + value.type_name());
-  return value.template get<std::string>();
-}
+using json_field::read_bool;
+using json_field::read_string;
 
 void check_function_name(const std::string& name, const std::string& field) {
   if (name.empty()) throw_field(field, "required");
@@ -29,7 +23,7 @@ void check_function_name(const std::string& name, const std::string& field) {
 
 template <class Json>
 ToolDefinition read_function(const Json& function, const std::string& param) {
-  if (!function.is_object()) throw_field(param, std::string("must be an object, got ") + function.type_name());
+  if (!function.is_object()) throw FieldError::wrong_type(param, "an object", function);
   ToolDefinition tool;
   for (const auto& [key, value] : function.items()) {
     const std::string field = param + "." + key;
@@ -39,11 +33,10 @@ ToolDefinition read_function(const Json& function, const std::string& param) {
     } else if (key == "description") {
       tool.description = read_string(value, field);
     } else if (key == "parameters") {
-      if (!value.is_object()) throw_field(field, std::string("must be a JSON Schema object, got ") + value.type_name());
+      if (!value.is_object()) throw FieldError::wrong_type(field, "a JSON Schema object", value);
       tool.parameters = nlohmann::ordered_json(value);
     } else if (key == "strict") {
-      if (!value.is_boolean()) throw_field(field, std::string("must be a boolean, got ") + value.type_name());
-      tool.strict = value.template get<bool>();
+      tool.strict = read_bool(value, field);
     } else {
       throw_field(field, "unknown field");
     }
@@ -54,12 +47,12 @@ ToolDefinition read_function(const Json& function, const std::string& param) {
 
 template <class Json>
 std::vector<ToolDefinition> read_tools(const Json& tools) {
-  if (!tools.is_array()) throw_field("tools", std::string("must be an array, got ") + tools.type_name());
+  if (!tools.is_array()) throw FieldError::wrong_type("tools", "an array", tools);
   std::vector<ToolDefinition> out;
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& tool = tools[i];
     const std::string param = "tools[" + std::to_string(i) + "]";
-    if (!tool.is_object()) throw_field(param, std::string("must be an object, got ") + tool.type_name());
+    if (!tool.is_object()) throw FieldError::wrong_type(param, "an object", tool);
     for (const auto& [key, value] : tool.items()) {
       if (key != "type" && key != "function") throw_field(param + "." + key, "unknown field");
     }

@@ -16,8 +16,8 @@ struct ToolDefinition {
   bool strict = false;                 // OpenAI's `strict`; a forced call is constrained to the schema either way
 };
 
-// Reads an OpenAI `tools` array. Throws std::invalid_argument whose message starts with the field at fault and a
-// colon ("tools[1].function.name: ..."): not an array, an entry that is not a function tool, a missing or
+// Reads an OpenAI `tools` array. Throws FieldError (model/json_field.h) naming the field at fault
+// ("tools[1].function.name"): not an array, an entry that is not a function tool, a missing or
 // malformed name (OpenAI's rule: 1 to 64 of a-z A-Z 0-9 _ -), a name given twice, parameters that are not an
 // object, an unknown key. The ordered_json overload keeps the client's key order in `parameters` (the order in
 // which the prompt lists, and a constrained call writes, the arguments); the other sorts the keys.
@@ -25,7 +25,7 @@ std::vector<ToolDefinition> parse_tool_definitions(const nlohmann::ordered_json&
 std::vector<ToolDefinition> parse_tool_definitions(const nlohmann::json& tools);
 
 // Checks what render and the call schema rely on, for definitions built in code: names as above and unique,
-// parameters an object or null. Throws std::invalid_argument naming "tools[i].function.<field>".
+// parameters an object or null. Throws FieldError naming "tools[i].function.<field>".
 void check_tool_definitions(std::span<const ToolDefinition> tools);
 
 // OpenAI's form of one tool, {"type": "function", "function": {"name", "description", "parameters"}}, as the chat

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/token_mask_layout.h"
 #include "parallel/wire_codec.h"
 
 namespace strata {
@@ -94,7 +95,7 @@ void put_mask(Writer& w, const std::vector<uint64_t>& mask) {
   std::vector<int32_t> ids;
   const bool listed_bit = form == MaskForm::allowed;
   for (int64_t id = 0; id < int64_t(mask.size()) * 64; ++id) {
-    if (((mask[size_t(id >> 6)] >> (id & 63)) & 1) == listed_bit) ids.push_back(int32_t(id));
+    if (mask_has(mask, id) == listed_bit) ids.push_back(int32_t(id));
   }
   w.put<uint32_t>(uint32_t(mask.size()));
   w.put(ids);
@@ -112,7 +113,11 @@ std::vector<uint64_t> read_mask(Reader& r, MaskForm form) {
     if (ids[i] < 0 || int64_t(ids[i]) >= int64_t(n_words) * 64 || (i > 0 && ids[i] <= ids[i - 1])) {
       throw std::runtime_error("step message: mask ids out of order or range");
     }
-    mask[size_t(ids[i]) >> 6] ^= uint64_t{1} << (ids[i] & 63);
+    if (form == MaskForm::allowed) {
+      mask_set(mask, ids[i]);
+    } else {
+      mask_clear(mask, ids[i]);
+    }
   }
   return mask;
 }

@@ -29,7 +29,7 @@ struct PlannedWork {
   bool sample = false;      // the chunk ends the known tokens: sample the next one
   int32_t prefill_len = 0;  // a prefill chunk: the length of the prefill it belongs to (the prompt, or all known
                             // tokens when a preempted sequence is recomputed); 0: a decode step
-  // Empty: no constraint; else the mask of the token this work samples (kernels/token_sampling.h:
+  // Empty: no constraint; else the mask of the token this work samples (kernels/token_mask_layout.h:
   // mask_words(vocab) words), only where sample is set. "= {}" lets the brace initialisers that stop before it
   // compile without -Wmissing-field-initializers.
   std::vector<uint64_t> allowed = {};

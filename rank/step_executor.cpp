@@ -99,24 +99,6 @@ StepExecutor::SequenceState& StepExecutor::state_of(SeqId seq) {
   return it->second;
 }
 
-void StepExecutor::start_prefill_with_entries(SeqId seq, int prefill_len) {
-  state_of(seq).compression.start_prefill(prefill_len);
-}
-
-void StepExecutor::fork_prefix(SeqId source, SeqId seq, int n_entries, int prefill_len) {
-  SequenceState& state = state_of(seq);
-  cache_.fork(source, seq, n_entries);
-  state.compression.start_prefill(prefill_len);
-}
-
-void StepExecutor::fork_prefilled(SeqId source, SeqId seq) {
-  const AttentionStats* sums = state_of(source).compression.prompt_statistics();
-  if (!sums) throw std::logic_error("shared prefill: sequence " + std::to_string(source) + " kept no statistics");
-  SequenceState& state = state_of(seq);
-  cache_.fork(source, seq, sums->stride);
-  state.compression.start_prefilled(sums->stride, *sums);
-}
-
 std::vector<LayerCompressionCounts> StepExecutor::take_counts() {
   std::vector<LayerCompressionCounts> out(shard_.counts.size());
   out.swap(shard_.counts);

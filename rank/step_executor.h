@@ -2,7 +2,8 @@
 // What every rank does with a StepPlan: create and forget per-sequence state, free the blocks of preempted and
 // finished sequences, run its shard of the forward pass (with the attention statistics its layers' compression
 // policies ask for), sample (on the last stage), and hand each sequence's work to its compression
-// (rank/sequence_compression.h). With one rank the leader calls it directly.
+// (rank/sequence_compression.h). With one rank the leader calls it directly. strata eval and strata bench drive it
+// through rank/offline_executor.h.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,12 +33,6 @@ class StepExecutor {
 
   // What the policies did per local layer since the last call, then reset.
   std::vector<LayerCompressionCounts> take_counts();
-  // Tokens are sampled where the logits are (LogitsMode::sample: no vocabulary-sized row comes to the host). With
-  // keep_logits(true) every sampled work item gets its logits row instead, sampled on the host, for last_logits().
-  void keep_logits(bool keep) { keep_logits_ = keep; }
-  // The logits of the last execute(), with keep_logits(true): one row of vocab_size floats per sampled work item,
-  // in plan order (on the rank that samples). strata eval scores forced continuations with them.
-  const std::vector<float>& last_logits() const { return logits_; }
   // What the policies of a sequence's local layers report (empty when unknown or before its prefill).
   std::vector<SequenceLayerDetail> policy_detail(SeqId seq) const;
   // PoD's layer blocks (kv_cache.pod_blocks, checked against the model and the stages), for the sequences whose
@@ -46,22 +41,10 @@ class StepExecutor {
   // Whether a request's policy (for every layer) can run on this shard's cache: throws std::invalid_argument,
   // as a sequence with it would, before the request is queued (routing/ answers 400).
   void check_request_policy(const PolicySpec& spec) const { shard_.check_request_policy(spec); }
-  // strata bench --context: `seq` (added by an earlier plan) already holds entries written into the cache without
-  // a forward pass (synthetic keys and values). Starts its prefill of prefill_len entries, those included, as a
-  // first prefill chunk at position 0 would; the chunks that follow them end it and run the policies' hooks.
-  void start_prefill_with_entries(SeqId seq, int prefill_len);
-
-  // strata eval's shared prefill (eval/shared_prefill.h), in one process; every sequence named was added by an
-  // earlier plan. share_prefill(source), before its prefill starts: it sums every prompt row's attention in every
-  // layer and keeps the sums. fork_prefix: seq starts with copies of source's first n_entries entries, and a prefill
-  // of prefill_len entries continues after them (as a PrefixStart with copies does). fork_prefilled: seq starts
-  // with copies of source's whole prompt and its sums, at the prompt's end: its policies' prompt-end hooks have run,
-  // and its next work is its first decode step.
-  void share_prefill(SeqId source) { state_of(source).compression.sum_every_prompt_row(); }
-  void fork_prefix(SeqId source, SeqId seq, int n_entries, int prefill_len);
-  void fork_prefilled(SeqId source, SeqId seq);
 
  private:
+  friend class OfflineExecutor;  // strata eval's and strata bench's door (rank/offline_executor.h)
+
   struct SequenceState {
     SequenceSampler sampler;
     SequenceCompression compression;
@@ -76,7 +59,7 @@ class StepExecutor {
   KvCache& cache_;
   ShardCompression shard_;
   std::unordered_map<SeqId, SequenceState> seqs_;
-  std::vector<float> logits_;
+  std::vector<float> logits_;          // the rows of the last execute() with keep_logits_ (OfflineExecutor)
   std::vector<RowSampling> sampling_;  // per work item of the step being executed (LogitsMode::sample)
   std::vector<RowSample> samples_;     // the tokens of the LogitsMode::sample items of the last execute()
   bool keep_logits_ = false;

@@ -2,19 +2,21 @@
 // The HTTP/1.1 front end (Boost.Beast): OpenAI-compatible completions and chat (whole or streamed as server-sent
 // events), /v1/models, /health, /metrics, /v1/kv_state. Requests are parsed, tokenized and validated here, then
 // handed to the GenerationService; its events come back through a per-request sink that never blocks the engine.
-// Beast stays in http_server.cpp: this header is cheap to include.
+// One file per part: the listener and the I/O threads (http_server.cpp), a connection's session (http_session.cpp),
+// the routes (http_routes.cpp), the sink that wakes a session (event_queue_sink.cpp) and the registry of the sinks
+// in flight (sink_registry.cpp). Beast stays in those (routing/http_messages.h): this header is cheap to include.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "routing/protocol_limits.h"
+
 namespace strata {
 
 class ChatTemplate;
-struct PolicySpec;
 class GenerationService;
 class Tokenizer;
 
@@ -27,15 +29,9 @@ struct ServerOptions {
   std::chrono::seconds read_timeout{30};         // one whole request, from its first byte
   std::chrono::seconds idle_timeout{15};         // a connection's wait for the first byte of its next request
   std::chrono::seconds write_timeout{30};        // each response write (each chunk when streaming)
-  std::string model_name;                        // the served model id (/v1/models, "model" checks)
-  int max_context = 2048;                        // tokens of prompt + completion
-  int max_n = 16;                                // choices per prompt
-  int max_prompts = 64;                          // prompts in one completions request (a batch)
-  int max_sequences = 256;                       // see ProtocolLimits
-  int max_top_logprobs = 20;
-  std::vector<std::string> kv_policies = {"full"};  // KV compression policies a request may choose
-  std::function<void(const PolicySpec&)> check_kv_policy;  // see ProtocolLimits
-  bool ignore_unknown_fields = false;            // see ProtocolLimits
+  // What a request may ask for; model_name is also the id /v1/models lists. vocab_size is the tokenizer's,
+  // whatever is set here.
+  ProtocolLimits limits;
   int max_connections = 512;                     // connections held at once; more get 503 and are closed
   bool access_log = false;                       // one stderr line per request (server.access_log, on in strata serve)
   std::vector<std::string> api_keys;             // bearer keys for /v1/* (routing/api_keys.h); none: open

@@ -1,8 +1,8 @@
 #include "routing/json_fields.h"
 
 #include <cstdio>
-#include <limits>
 
+#include "model/json_field.h"
 #include "routing/api_error.h"
 
 namespace strata {
@@ -29,34 +29,45 @@ const RequestJson* find_field(const RequestJson& object, const char* name) {
   return &*it;
 }
 
+namespace {
+
+// A field read the wrong type (FieldError::wrong_type), answered 400 "invalid type for 'param': expected ..., got ...".
+[[noreturn]] void throw_invalid_type(const FieldError& error) {
+  throw ApiError::invalid_request(error.field(), "invalid type for " + quoted(error.field()) + ": " + error.problem());
+}
+
+// A value read by model/json_field.h, whose wrong type is answered the OpenAI way.
+template <class Read>
+decltype(auto) answering_wrong_type(Read read) {
+  try {
+    return read();
+  } catch (const FieldError& e) {
+    throw_invalid_type(e);
+  }
+}
+
+}  // namespace
+
 void throw_type(const std::string& param, const char* expected, const RequestJson& value) {
-  throw ApiError::invalid_request(
-      param, "invalid type for " + quoted(param) + ": expected " + expected + ", got " + value.type_name());
+  throw_invalid_type(FieldError::wrong_type(param, expected, value));
 }
 
 void throw_required(const std::string& param) { throw ApiError::invalid_request(param, quoted(param) + " is required"); }
 
 double read_number(const RequestJson& value, const std::string& param) {
-  if (!value.is_number()) throw_type(param, "a number", value);
-  return value.get<double>();
+  return answering_wrong_type([&] { return json_field::read_number(value, param); });
 }
 
 int64_t read_integer(const RequestJson& value, const std::string& param) {
-  if (!value.is_number_integer()) throw_type(param, "an integer", value);
-  if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-    return std::numeric_limits<int64_t>::max();
-  }
-  return value.get<int64_t>();
+  return answering_wrong_type([&] { return json_field::read_integer(value, param); });
 }
 
 bool read_bool(const RequestJson& value, const std::string& param) {
-  if (!value.is_boolean()) throw_type(param, "a boolean", value);
-  return value.get<bool>();
+  return answering_wrong_type([&] { return json_field::read_bool(value, param); });
 }
 
 const std::string& read_string(const RequestJson& value, const std::string& param) {
-  if (!value.is_string()) throw_type(param, "a string", value);
-  return value.get_ref<const std::string&>();
+  return answering_wrong_type([&]() -> const std::string& { return json_field::read_string(value, param); });
 }
 
 std::vector<int32_t> read_token_ids(const RequestJson& array, const std::string& param, int vocab_size) {

@@ -1,6 +1,7 @@
 #pragma once
 // Reading one field of a request body with the error OpenAI clients expect: 400 invalid_request_error whose
-// message and `param` name the field ("messages[2].content", "response_format.json_schema.name").
+// message and `param` name the field ("messages[2].content", "response_format.json_schema.name"). The readers are
+// model/json_field.h's; here their FieldError becomes that 400.
 #include <cstdint>
 #include <string>
 #include <string_view>

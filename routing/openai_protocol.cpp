@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/compression_policy.h"
+#include "model/json_field.h"
 #include "model/tokenizer.h"
 #include "routing/api_error.h"
 #include "routing/json_fields.h"
@@ -525,12 +526,8 @@ std::vector<int32_t> prompt_token_ids(const ParsedCompletion& parsed, const Toke
     std::string text;
     try {
       text = chat_template.render(*messages, parsed.output_format.prompt_tools(), add_generation_prompt);
-    } catch (const std::invalid_argument& e) {
-      // The templates name the field first ("messages[2].tool_calls[0].function.arguments: not valid JSON").
-      const std::string what = e.what();
-      const size_t colon = what.find(": ");
-      const bool named = colon != std::string::npos && (what.starts_with("messages") || what.starts_with("tools"));
-      throw ApiError::invalid_request(named ? what.substr(0, colon) : "messages", what);
+    } catch (const FieldError& e) {  // "messages[2].tool_calls[0].function.arguments: not valid JSON"
+      throw ApiError::invalid_request(e.field(), e.what());
     }
     ids = tokenizer.encode(text, /*parse_special=*/true);
   } else if (auto* text = std::get_if<std::string>(&parsed.prompt)) {

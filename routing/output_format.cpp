@@ -1,9 +1,9 @@
 #include "routing/output_format.h"
 
 #include <algorithm>
-#include <stdexcept>
 
 #include "grammar/json_schema.h"
+#include "model/json_field.h"
 #include "routing/api_error.h"
 #include "routing/openai_protocol.h"
 
@@ -97,9 +97,8 @@ void parse_tools(const RequestJson& root, OutputFormat& format) {
   if (const RequestJson* tools = find_field(root, "tools")) {
     try {
       format.tools = parse_tool_definitions(*tools);
-    } catch (const std::invalid_argument& e) {
-      const std::string what = e.what();  // "tools[1].function.name: ..."
-      throw ApiError::invalid_request(what.substr(0, what.find(": ")), what);
+    } catch (const FieldError& e) {
+      throw ApiError::invalid_request(e.field(), e.what());
     }
   }
   parse_tool_choice(root, format);

@@ -34,6 +34,7 @@
 #include "daemon/runtime.h"
 #include "leader/engine.h"
 #include "leader/metrics.h"
+#include "rank/offline_executor.h"
 
 namespace strata {
 namespace {
@@ -213,7 +214,8 @@ void write_synthetic_context(const BenchSetup& setup, std::span<const SeqId> seq
   KvCache& cache = *setup.rt.cache;
   for (SeqId seq : seqs) cache.append(seq, n_synthetic);
   write_synthetic_entries(*setup.rt.backend, cache, seqs, n_synthetic, uint32_t(setup.rng()));
-  for (SeqId seq : seqs) setup.rt.executor->start_prefill_with_entries(seq, n_context);
+  OfflineExecutor executor(*setup.rt.executor);
+  for (SeqId seq : seqs) executor.start_prefill_with_entries(seq, n_context);
 }
 
 // Prefills each sequence's real tail, prompts[i] at positions n_synthetic.., in chunks of every sequence, at most

@@ -49,6 +49,7 @@
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/token_mask_layout.h"
 
 namespace strata::cuda {
 namespace {
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(kThreads)
   if (p.mask_begin >= 0) {
     const uint64_t* allowed = masks + p.mask_begin;
     for (int i = int(threadIdx.x); i < n; i += kThreads) {
-      if (((allowed[i / 64] >> (i % 64)) & 1u) == 0) x[i] = -INFINITY;
+      if ((allowed[mask_word(i)] & mask_bit(i)) == 0) x[i] = -INFINITY;
     }
     __syncthreads();  // a penalty may fall on a masked token: -inf stays -inf, in either order, but not at once
   }

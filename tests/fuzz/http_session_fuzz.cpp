@@ -1,7 +1,7 @@
 // libFuzzer harness: the HTTP server (routing/http_server.h) reading arbitrary bytes from a client: Beast's request
 // parser with the server's limits, the routes, the OpenAI requests with SmolLM2's tokenizer and template, and the
 // answers, whole or streamed, from a service that answers every request at once. The bytes go through a loopback
-// connection to a server started once (its sessions are private to http_server.cpp), each from another loopback
+// connection to a server started once (its sessions are private to http_session.cpp), each from another loopback
 // source address; the client then closes its sending side and reads every answer until the server closes.
 // Bugs: a crash, a sanitizer report, an answer that is not HTTP, a 5xx answer to a client's bytes, a connection
 // the server does not close within 5 s of the client's end of input.
@@ -52,7 +52,7 @@ strata::HttpServer& server() {
     strata::ServerOptions options;
     options.port = 0;
     options.threads = 1;
-    options.model_name = "SmolLM2-135M-Instruct";
+    options.limits.model_name = "SmolLM2-135M-Instruct";
     options.max_body_bytes = 64 << 10;  // small limits, so that short inputs reach them
     options.max_header_bytes = 2 << 10;
     auto started = std::make_unique<strata::HttpServer>(options, service, strata::fuzz::smollm2_tokenizer(),

@@ -28,7 +28,7 @@ using test::schema_grammar;
 // The mask computed the plain way, token by token from the real state: the reference the keyed masks must equal.
 TokenMask reference_mask(GrammarAutomaton& automaton, StateId state, const std::vector<std::string>& tokens,
                          const std::vector<int32_t>& end_tokens) {
-  TokenMask mask((tokens.size() + 63) / 64, 0);
+  TokenMask mask(size_t(mask_words(int64_t(tokens.size()))), 0);
   for (size_t id = 0; id < tokens.size(); ++id) {
     bool allowed = !tokens[id].empty();
     if (std::find(end_tokens.begin(), end_tokens.end(), static_cast<int32_t>(id)) != end_tokens.end()) {
@@ -40,7 +40,7 @@ TokenMask reference_mask(GrammarAutomaton& automaton, StateId state, const std::
         allowed = next != kDeadState;
       }
     }
-    if (allowed) mask[id >> 6] |= uint64_t{1} << (id & 63);
+    if (allowed) mask_set(mask, int64_t(id));
   }
   return mask;
 }

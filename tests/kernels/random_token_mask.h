@@ -13,7 +13,7 @@ inline std::vector<uint64_t> random_mask(int64_t cols, double density, int64_t a
   std::vector<uint64_t> mask(size_t(mask_words(cols)), 0);
   std::bernoulli_distribution allow(density);
   for (int64_t id = 0; id < cols; ++id) {
-    if (allow(rng) || id == always) mask[size_t(id / 64)] |= uint64_t(1) << (id % 64);
+    if (allow(rng) || id == always) mask_set(mask, id);
   }
   return mask;
 }

@@ -31,17 +31,15 @@ std::vector<float> random_logits(int64_t cols, std::mt19937& rng) {
 
 std::vector<uint64_t> mask_of(int64_t cols, const std::vector<int32_t>& allowed) {
   std::vector<uint64_t> mask(size_t(mask_words(cols)), 0);
-  for (int32_t id : allowed) mask[size_t(id / 64)] |= uint64_t(1) << (id % 64);
+  for (int32_t id : allowed) mask_set(mask, id);
   return mask;
 }
-
-bool is_set(const std::vector<uint64_t>& mask, int64_t id) { return (mask[size_t(id / 64)] >> (id % 64)) & 1u; }
 
 // The allowed ids, most likely first (the lower id among equal logits).
 std::vector<int32_t> allowed_in_order(const std::vector<float>& x, const std::vector<uint64_t>& mask) {
   std::vector<int32_t> ids;
   for (int32_t id = 0; id < int32_t(x.size()); ++id) {
-    if (is_set(mask, id)) ids.push_back(id);
+    if (mask_has(mask, id)) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
   return ids;
@@ -85,15 +83,15 @@ std::optional<int32_t> reference_draw(const std::vector<float>& x, const std::ve
 std::vector<double> masked_log_softmax(const std::vector<float>& x, const std::vector<uint64_t>& mask) {
   double max = -INFINITY;
   for (size_t id = 0; id < x.size(); ++id) {
-    if (is_set(mask, int64_t(id))) max = std::max(max, double(x[id]));
+    if (mask_has(mask, int64_t(id))) max = std::max(max, double(x[id]));
   }
   double sum = 0.0;
   for (size_t id = 0; id < x.size(); ++id) {
-    if (is_set(mask, int64_t(id))) sum += std::exp(double(x[id]) - max);
+    if (mask_has(mask, int64_t(id))) sum += std::exp(double(x[id]) - max);
   }
   std::vector<double> out(x.size(), -INFINITY);
   for (size_t id = 0; id < x.size(); ++id) {
-    if (is_set(mask, int64_t(id))) out[id] = double(x[id]) - max - std::log(sum);
+    if (mask_has(mask, int64_t(id))) out[id] = double(x[id]) - max - std::log(sum);
   }
   return out;
 }
@@ -101,6 +99,18 @@ std::vector<double> masked_log_softmax(const std::vector<float>& x, const std::v
 RowSample sample(std::vector<float> x, const std::vector<uint64_t>& mask, RowSampling s) {
   s.allowed = mask;
   return sample_row_on_host(x, s);
+}
+
+// The layout the grammar, the step message and every backend share (kernels/token_mask_layout.h), bit by bit.
+TEST(TokenMaskLayout, TokenIdIsBitIdMod64OfWordIdDiv64) {
+  std::vector<uint64_t> mask(size_t(mask_words(130)), 0);
+  ASSERT_EQ(mask.size(), 3u);
+  for (int64_t id : {0, 70, 129}) mask_set(mask, id);
+  EXPECT_EQ(mask, (std::vector<uint64_t>{1, uint64_t{1} << 6, 2}));
+  EXPECT_TRUE(mask_has(mask, 70));
+  EXPECT_FALSE(mask_has(mask, 71));
+  mask_clear(mask, 70);
+  EXPECT_EQ(mask[1], 0u);
 }
 
 // Across word boundaries (1, 63, 64, 65 columns) and up to a vocabulary; sparse masks, dense ones, one that leaves
@@ -112,7 +122,7 @@ TEST(MaskedSampling, GreedyTakesTheBestAllowedToken) {
       std::vector<float> x = random_logits(cols, rng);
       const int64_t best = std::max_element(x.begin(), x.end()) - x.begin();
       std::vector<uint64_t> mask = random_mask(cols, density, (best + 1) % cols, rng);
-      if (cols > 1) mask[size_t(best / 64)] &= ~(uint64_t(1) << (best % 64));
+      if (cols > 1) mask_clear(mask, best);
       const std::vector<int32_t> order = allowed_in_order(x, mask);
       ASSERT_FALSE(order.empty());
       EXPECT_EQ(sample(x, mask, RowSampling{}).id, order[0]) << "cols " << cols << ", density " << density;
@@ -137,7 +147,7 @@ TEST(MaskedSampling, DrawsNeverTakeAMaskedToken) {
       s.temperature = temperature;
       s.uniform = i == 1999 ? std::nextafter(1.0, 0.0) : i / 2000.0;
       const int32_t id = sample(x, mask, s).id;
-      ASSERT_TRUE(is_set(mask, id)) << "T " << temperature << ", u " << s.uniform << " drew masked " << id;
+      ASSERT_TRUE(mask_has(mask, id)) << "T " << temperature << ", u " << s.uniform << " drew masked " << id;
       drawn.insert(id);
     }
   }

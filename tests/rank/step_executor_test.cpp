@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "cache/kv_cache.h"
+#include "rank/offline_executor.h"
 #include "tests/model/smollm2_model.h"
 
 namespace strata {
@@ -241,7 +242,7 @@ TEST(StepExecutor, RefusesPoliciesWhoseNeedsTheSequenceCannotMeet) {
 std::vector<uint64_t> every_seventh_but(int32_t excluded, int64_t vocab) {
   std::vector<uint64_t> mask(size_t(mask_words(vocab)), 0);
   for (int64_t id = 3; id < vocab; id += 7) {
-    if (id != excluded) mask[size_t(id / 64)] |= uint64_t(1) << (id % 64);
+    if (id != excluded) mask_set(mask, id);
   }
   return mask;
 }
@@ -269,7 +270,7 @@ TEST(StepExecutor, AMaskedGreedyStepTakesTheBestAllowedToken) {
 
   for (bool on_host : {false, true}) {
     SCOPED_TRACE(on_host ? "sampled on the host" : "sampled where the logits are");
-    bed.executor.keep_logits(on_host);
+    OfflineExecutor(bed.executor).keep_logits(on_host);
     SamplingRule rule = greedy();
     rule.n_logprobs = 2;
     StepPlan p;

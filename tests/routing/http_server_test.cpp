@@ -195,8 +195,8 @@ class HttpServerTest : public ::testing::Test {
   HttpServerTest() : tokenizer_(byte_tokenizer()), chat_template_(ChatTemplateKind::chatml) {
     options_.host = "127.0.0.1";
     options_.port = 0;
-    options_.model_name = "smol";
-    options_.max_context = 128;
+    options_.limits.model_name = "smol";
+    options_.limits.max_context = 128;
     options_.max_body_bytes = 4096;
     options_.read_timeout = 5s;
     service_.script = {ChoiceDelta{0, "Hello", {'H'}, {}}, ChoiceDelta{0, " world", {' '}, {}},

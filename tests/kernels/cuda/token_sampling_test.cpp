@@ -323,7 +323,7 @@ TEST_F(CudaTokenSampling, MaskedAndUnmaskedRowsMatchTheCpu) {
       const int64_t best = std::max_element(row, row + cols) - row;
       const double density = std::vector<double>{0.0, 0.001, 0.3, 0.9}[size_t(r % 4)];  // 0: no mask
       if (density > 0.0) b.masks[size_t(r)] = random_mask(cols, density, (best + 1) % cols, rng);
-      if (density > 0.0 && cols > 1) b.masks[size_t(r)][size_t(best / 64)] &= ~(uint64_t(1) << (best % 64));
+      if (density > 0.0 && cols > 1) mask_clear(b.masks[size_t(r)], best);
       if (r == 5) b.masks[size_t(r)] = random_mask(cols, 0.0, cols / 2, rng);  // one token
       b.penalties[size_t(r)] = random_penalties(cols, 30, rng);
       if (r % 3 == 0) {  // lifts the row's argmax, masked in rows 1 to 3 mod 4, to the top

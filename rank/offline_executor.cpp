@@ -1,0 +1,28 @@
+#include "rank/offline_executor.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace strata {
+
+void OfflineExecutor::start_prefill_with_entries(SeqId seq, int prefill_len) {
+  executor_.state_of(seq).compression.start_prefill(prefill_len);
+}
+
+void OfflineExecutor::share_prefill(SeqId source) { executor_.state_of(source).compression.sum_every_prompt_row(); }
+
+void OfflineExecutor::fork_prefix(SeqId source, SeqId seq, int n_entries, int prefill_len) {
+  StepExecutor::SequenceState& state = executor_.state_of(seq);
+  executor_.cache_.fork(source, seq, n_entries);
+  state.compression.start_prefill(prefill_len);
+}
+
+void OfflineExecutor::fork_prefilled(SeqId source, SeqId seq) {
+  const AttentionStats* sums = executor_.state_of(source).compression.prompt_statistics();
+  if (!sums) throw std::logic_error("shared prefill: sequence " + std::to_string(source) + " kept no statistics");
+  StepExecutor::SequenceState& state = executor_.state_of(seq);
+  executor_.cache_.fork(source, seq, sums->stride);
+  state.compression.start_prefilled(sums->stride, *sums);
+}
+
+}  // namespace strata
