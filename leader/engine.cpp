@@ -178,7 +178,6 @@ bool Engine::healthy() const {
   return healthy_ && broken_.empty() && !stopping_;
 }
 
-void Engine::record_error(int http_status) { metrics_.add_request_error(http_status); }
 
 bool Engine::has_work() const { return !running_.empty() || !waiting_.empty() || !to_release_.empty(); }
 

@@ -72,7 +72,6 @@ class Engine final : public GenerationService {
   // reports at once: lengths, and detail if that step had it.
   std::string kv_state_json() override;
   bool healthy() const override;
-  void record_error(int http_status) override;
 
   // Runs steps on the calling thread until every submitted request has finished (strata generate, bench, tests).
   // RankFailure propagates.

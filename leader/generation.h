@@ -123,8 +123,6 @@ class GenerationService {
   virtual std::string metrics_text() = 0;          // Prometheus text format
   virtual std::string kv_state_json() = 0;         // per-layer KV state, for people who debug
   virtual bool healthy() const = 0;
-  // The front end answered a request with an error status (counted in strata_request_errors_total).
-  virtual void record_error(int http_status) = 0;
 };
 
 }  // namespace strata

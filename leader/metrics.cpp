@@ -90,7 +90,6 @@ ServerMetrics::ServerMetrics(int64_t max_model_len, std::span<const LayerMetric>
       prefix_cache_blocks_(gauge(*registry_, "strata_prefix_cache_blocks",
                                  "Cached prompt blocks (each one KV block in every layer of every stage).")),
       requests_(counter_family(*registry_, "strata_requests_total", "Requests finished, by finish reason.")),
-      request_errors_(counter_family(*registry_, "strata_request_errors_total", "Requests failed, by HTTP status.")),
       // vLLM gives its queue time the end-to-end buckets; these, fine below 0.3 s, tell a queue of one step from an
       // idle server, which is where a dashboard starts to see load.
       queue_time_(histogram(*registry_, "strata_request_queue_time_seconds",
@@ -194,11 +193,12 @@ void ServerMetrics::add_layer_compression(int layer_index, int pp_stage, int tp_
 void ServerMetrics::set_layer_observed(int layer_index, int pp_stage, int tp_rank,
                                        std::span<const Observation> observed) {
   std::lock_guard lock(layers_mutex_);
-  for (auto& [name, gauge] : layer(layer_index, pp_stage, tp_rank).observed_gauges) {
+  for (auto& named : layer(layer_index, pp_stage, tp_rank).observed_gauges) {
+    const std::string& name = named.first;  // a structured binding cannot be captured before clang 16
     auto it = std::find_if(observed.begin(), observed.end(), [&name](const Observation& o) {
       return o.kind == ObservationKind::amount && o.name == name;
     });
-    gauge->Set(it == observed.end() ? 0.0 : static_cast<double>(it->value));
+    named.second->Set(it == observed.end() ? 0.0 : static_cast<double>(it->value));
   }
 }
 
@@ -244,9 +244,6 @@ void ServerMetrics::add_finished_request(FinishReason reason) {
   requests_.Add({{"finish_reason", std::string(finish_reason_name(reason))}}).Increment();
 }
 
-void ServerMetrics::add_request_error(int http_status) {
-  request_errors_.Add({{"status", std::to_string(http_status)}}).Increment();
-}
 
 void ServerMetrics::observe_queue_time(double seconds) { queue_time_.Observe(seconds); }
 

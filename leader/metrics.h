@@ -63,7 +63,6 @@ class ServerMetrics {
   // strata_requests_total{finish_reason}: "stop", "length" or "abort" (the client went away), all three from the
   // start at 0.
   void add_finished_request(FinishReason reason);
-  void add_request_error(int http_status);
 
   // A request's wait in the queue: from arrival to the step that first schedules one of its sequences.
   void observe_queue_time(double seconds);
@@ -121,7 +120,6 @@ class ServerMetrics {
   prometheus::Counter& prefix_cache_hits_;
   prometheus::Gauge& prefix_cache_blocks_;
   prometheus::Family<prometheus::Counter>& requests_;
-  prometheus::Family<prometheus::Counter>& request_errors_;
 
   prometheus::Histogram& queue_time_;
   prometheus::Histogram& time_to_first_token_;

@@ -107,7 +107,7 @@ PlainAnswer plain_answer(ServerContext& server, const RouteEntry& route, std::st
       return {healthy ? http::status::ok : http::status::service_unavailable, status.dump()};
     }
     case Route::metrics:
-      return {.body = server.service.metrics_text(), .content_type = "text/plain; version=0.0.4; charset=utf-8"};
+      return {.body = server.service.metrics_text() + server.errors.text(), .content_type = "text/plain; version=0.0.4; charset=utf-8"};
     case Route::kv_state:
       return {.body = server.service.kv_state_json()};
     case Route::completions:

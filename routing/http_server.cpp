@@ -36,7 +36,7 @@ net::awaitable<void> refuse_connection(ServerContext& server, tcp::socket socket
                  "the server holds its maximum of " + std::to_string(server.options.max_connections) +
                      " connections; retry later",
                  "", "too_many_connections");
-  server.service.record_error(503);
+  server.errors.record(503);
   Response response = error_response(11, false, error);
   response.set(http::field::retry_after, kBusyRetryAfterS);
   stream.expires_after(kRefusalLinger);

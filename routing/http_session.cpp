@@ -105,14 +105,14 @@ net::awaitable<void> Session::run() {
                                        "request headers exceed " + std::to_string(options.max_header_bytes) + " bytes",
                                        "", "headers_too_large");
       unsigned version = parser.is_header_done() ? parser.get().version() : 11;
-      server_.service.record_error(error.http_status());
+      server_.errors.record(error.http_status());
       Response response = error_response(version, false, error);
       if (co_await do_write(response)) co_await do_linger();
       break;
     }
     if (ec && ec.category() == http::make_error_code(http::error::bad_target).category() &&
         ec != http::error::end_of_stream && ec != http::error::partial_message) {
-      server_.service.record_error(400);
+      server_.errors.record(400);
       Response response =
           error_response(11, false, ApiError(400, "invalid_request_error", "malformed HTTP request: " + ec.message()));
       if (co_await do_write(response)) co_await do_linger();
@@ -177,7 +177,7 @@ net::awaitable<bool> Session::respond(Request& request) {
     error = ApiError::internal("unknown exception");
   }
   // Reached only with an error (no co_await is allowed inside a catch block).
-  server_.service.record_error(error->http_status());
+  server_.errors.record(error->http_status());
   if (error->http_status() >= 500) {
     std::fprintf(stderr, "strata http: %s %s -> %s\n", std::string(request.method_string()).c_str(),
                  std::string(request.target()).c_str(), http_error_status_text(*error).c_str());
@@ -227,7 +227,7 @@ net::awaitable<bool> Session::dispatch(Request& request) {
 // An error answer with one header besides the usual ones (Allow, WWW-Authenticate, Retry-After).
 net::awaitable<bool> Session::answer_error(const Request& request, const ApiError& error, http::field field,
                                            std::string_view value) {
-  server_.service.record_error(error.http_status());
+  server_.errors.record(error.http_status());
   Response response = error_response(request.version(), request.keep_alive(), error);
   response.set(field, value);
   co_return co_await do_write(response) && request.keep_alive();

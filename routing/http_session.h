@@ -7,6 +7,7 @@
 
 #include "routing/api_keys.h"
 #include "routing/connection_limit.h"
+#include "routing/request_error_counter.h"
 #include "routing/http_messages.h"
 #include "routing/http_server.h"
 #include "routing/sink_registry.h"
@@ -30,6 +31,7 @@ struct ServerContext {
   int64_t started_at = 0;  // unix seconds
   SinkRegistry sinks;
   ApiKeys keys;
+  RequestErrorCounter errors;
   ConnectionLimit connections;
   ConnectionLimit refusals{kMaxRefusalsInFlight};
   std::atomic<bool> draining{false};

@@ -43,7 +43,6 @@ class AnsweringService final : public strata::GenerationService {
   std::string metrics_text() override { return "strata_requests_total 0\n"; }
   std::string kv_state_json() override { return "{}"; }
   bool healthy() const override { return true; }
-  void record_error(int) override {}
 };
 
 strata::HttpServer& server() {

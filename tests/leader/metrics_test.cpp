@@ -46,7 +46,6 @@ void populate(ServerMetrics& metrics) {
   metrics.add_preemption();
   metrics.add_finished_request(FinishReason::stop);
   metrics.add_finished_request(FinishReason::length);
-  metrics.add_request_error(503);
   metrics.observe_queue_time(0.004);
   metrics.observe_time_to_first_token(0.031);
   metrics.observe_inter_token_latency(0.006);
@@ -104,7 +103,6 @@ TEST(MetricsTest, RequestGaugesAndCounters) {
   metrics.add_finished_request(FinishReason::stop);
   metrics.add_finished_request(FinishReason::stop);
   metrics.add_finished_request(FinishReason::length);
-  metrics.add_request_error(503);
   text = metrics.render();
   EXPECT_EQ(value_of(text, "strata_requests_running"), 3);
   EXPECT_EQ(value_of(text, "strata_requests_waiting"), 5);
@@ -113,8 +111,6 @@ TEST(MetricsTest, RequestGaugesAndCounters) {
   EXPECT_EQ(value_of(text, "strata_preemptions_total"), 2);
   EXPECT_EQ(value_of(text, "strata_requests_total{finish_reason=\"stop\"}"), 2);
   EXPECT_EQ(value_of(text, "strata_requests_total{finish_reason=\"length\"}"), 1);
-  EXPECT_EQ(value_of(text, "strata_request_errors_total{status=\"503\"}"), 1);
-  EXPECT_EQ(value_of(text, "strata_request_errors_total{status=\"500\"}"), std::nullopt);
 }
 
 TEST(MetricsTest, HistogramsCountIntoTheirBuckets) {
@@ -176,7 +172,7 @@ TEST(MetricsTest, WritesExpositionForTheParser) {
         "strata_kv_saved_bytes", "strata_kv_blocks_free", "strata_kv_blocks_total", "strata_kv_block_size_tokens",
         "strata_kv_usage_ratio", "strata_requests_running", "strata_requests_waiting", "strata_prompt_tokens_total",
         "strata_generation_tokens_total", "strata_requests_total", "strata_preemptions_total",
-        "strata_request_errors_total", "strata_request_queue_time_seconds", "strata_time_to_first_token_seconds",
+        "strata_request_queue_time_seconds", "strata_time_to_first_token_seconds",
         "strata_inter_token_latency_seconds",
         "strata_e2e_request_latency_seconds", "strata_request_prompt_tokens", "strata_request_generation_tokens",
         "strata_kv_compression_ratio", "strata_kv_layer_evicted_tokens_total", "strata_kv_layer_lazy_decisions_total"}) {
