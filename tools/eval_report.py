@@ -664,7 +664,7 @@ def method_section(full_row, backend):
     prefixes = sorted({p["prefix"] for p in full.get("perplexity", [])})
     tokens = sorted({p["tokens"] for p in full.get("perplexity", [])})
     full_ppl = ", ".join(f"{p['document']} @{p['prefix']}: {p['perplexity']:.2f}" for p in full.get("perplexity", []))
-    lines = [
+    lines = [] if not documents else [
         f"- **Perplexity increase**: exp(NLL − NLL of `full`) − 1 for each document and prefix length, where the\n"
         f"  prefix ({', '.join(map(str, prefixes))} tokens of {', '.join(documents)}) is prefilled and compressed\n"
         f"  and the next {', '.join(map(str, tokens))} tokens are scored one by one through the compressed cache. A\n"
@@ -806,13 +806,16 @@ def sections(runs, copies, rows, args, timing, drawn):
         f"{timing}\n" if timing else "",
         method_section(next(r for r in rows if case_label(r.case) == "full"), runs[0]["backend"]) + "\n",
         open(args.notes).read().strip() + "\n" if args.notes else "",
-        f"## The goal\n\n{goal_section(rows)}\n",
-        f"## Best measured configuration at {', '.join(f'{x}×' for x in SAVINGS)} less KV memory\n\n"
-        f"{best_table(rows)}\n",
-        f"## Quality against memory: the Pareto front\n\n{front_plot}"
-        f"The rows on the front (no other row saves as much memory for less):\n\n{front_table(front)}\n",
-        f"## Every row\n\n{row_table(rows)}\n\n![quality against memory kept](quality_vs_memory.png)\n",
     ]
+    if scored(rows):  # the perplexity-based parts; a run of other tasks alone (RULER, say) has none
+        parts += [
+            f"## The goal\n\n{goal_section(rows)}\n",
+            f"## Best measured configuration at {', '.join(f'{x}×' for x in SAVINGS)} less KV memory\n\n"
+            f"{best_table(rows)}\n",
+            f"## Quality against memory: the Pareto front\n\n{front_plot}"
+            f"The rows on the front (no other row saves as much memory for less):\n\n{front_table(front)}\n",
+            f"## Every row\n\n{row_table(rows)}\n\n![quality against memory kept](quality_vs_memory.png)\n",
+        ]
     parts.append("## Memory as users pay it\n\nWhat `full` would hold over what the row held, summed over its jobs: at "
                  "their ends, and at their peaks (the most each sequence held at any step, its prompt's prefill "
                  "included: a policy that compresses at the prompt's end holds the whole prompt first). The f32 "
@@ -842,7 +845,8 @@ def main(argv=None):
         raise SystemExit(f"--timing-before: {args.timing_before} or the results have no \"timing\" to compare")
     copies, before_copy = copy_inputs(args)
     rows = collect_rows(runs, copies)
-    plot_quality(rows, os.path.join(args.out, "quality_vs_memory.png"))
+    if scored(rows):
+        plot_quality(rows, os.path.join(args.out, "quality_vs_memory.png"))
     drawn = {name for name, path in [
         ("pareto_front", plot_front(rows, pareto_front(rows), os.path.join(args.out, "pareto_front.png"))),
         ("layers", plot_layers(rows, args.layer_budget, os.path.join(args.out, "layer_occupancy.png"))),

@@ -391,3 +391,20 @@ def test_ruler_goal_names_what_stands_in_the_way(tmp_path):
     assert ("- **streaming@10%+int4**. In the way: 6.00× less at its peak (bf16 basis) < 10×." in text)
     assert ("- **snapkv@10%**. In the way: 1.10× less at its peak (bf16 basis) < 10×; RULER after_compression 50% "
             "of full's < 95%." in text)
+
+
+def test_a_run_without_perplexity_reports_only_what_it_measured(tmp_path):
+    """A RULER-only run: no perplexity goal, front or row table, and no empty quality plot."""
+    snapkv = make_case("snapkv", "128", ratio=14.0)
+    snapkv["ruler"] = ruler_items([("niah_single", "in_prompt", 0.5), ("niah_single", "after_compression", 0.5)])
+    run = make_run([snapkv])
+    run["cases"][0]["ruler"] = ruler_items([("niah_single", "in_prompt", 1.0), ("niah_single", "after_compression", 1.0)])
+    for case in run["cases"]:
+        case["perplexity"], case["long_generation"] = [], []
+    out = tmp_path / "report"
+    er.main([write(tmp_path / "r.json", run), "--out", str(out)])
+    text = (out / "README.md").read_text()
+    assert "## RULER" in text and "## Memory as users pay it" in text
+    for absent in ("## The goal", "## Every row", "Perplexity increase**", "Pareto front"):
+        assert absent not in text
+    assert not (out / "quality_vs_memory.png").exists()
