@@ -107,7 +107,7 @@ EvalSuite::EvalSuite(EvalSettings settings, const Tokenizer& tokenizer, const Ch
   }
   if (settings_.agreement_prompts > 0) instructions_ = load_instructions(settings_.data_dir);
   if (!settings_.retrieval_lengths.empty()) retrieval_texts_ = load_retrieval_texts(settings_.data_dir);
-  if (runs_ruler()) ruler_sentences_ = retrieval_sentences(load_retrieval_texts(settings_.data_dir));
+  if (runs_ruler()) make_ruler_prompts();
   if (settings_.agreement_prompts > int(instructions_.size())) {
     throw std::invalid_argument("eval: " + std::to_string(settings_.agreement_prompts) + " agreement prompts asked, " +
                                 std::to_string(instructions_.size()) + " instructions in " + settings_.data_dir);
@@ -165,6 +165,19 @@ bool EvalSuite::runs_ruler() const {
          !settings_.ruler_settings.empty();
 }
 
+// Once for the suite: every case's jobs share the prompts, and generating one tokenizes its whole filler.
+void EvalSuite::make_ruler_prompts() {
+  const std::vector<std::string> sentences = retrieval_sentences(load_retrieval_texts(settings_.data_dir));
+  for (RulerTask task : settings_.ruler_tasks) {
+    for (int length : settings_.ruler_lengths) {
+      for (int trial = 0; trial < settings_.ruler_trials; ++trial) {
+        const RulerCase rc{task, length, trial};
+        ruler_prompts_.emplace_back(rc, ruler_prompt(tokenizer_, sentences, rc, ruler_seed(settings_.seed, rc)));
+      }
+    }
+  }
+}
+
 EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
   CaseJobs j;
   auto add = [&](EvalJob job, CaseJobs::Tag tag) {
@@ -207,16 +220,10 @@ EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {
     }
   }
   // A trial's prompt is the same in both settings: only where the question comes differs.
-  for (RulerTask task : runs_ruler() ? settings_.ruler_tasks : std::vector<RulerTask>{}) {
-    for (int length : settings_.ruler_lengths) {
-      for (int trial = 0; trial < settings_.ruler_trials; ++trial) {
-        const RulerCase rc{task, length, trial};
-        const RulerPrompt prompt = ruler_prompt(tokenizer_, ruler_sentences_, rc, ruler_seed(settings_.seed, rc));
-        for (RulerSetting setting : settings_.ruler_settings) {
-          j.ruler.push_back({rc, setting, prompt});
-          add(ruler_job(tokenizer_, prompt, task, setting), {CaseJobs::Tag::ruler, j.ruler.size() - 1});
-        }
-      }
+  for (const auto& [rc, prompt] : ruler_prompts_) {
+    for (RulerSetting setting : settings_.ruler_settings) {
+      j.ruler.push_back({rc, setting, prompt});
+      add(ruler_job(tokenizer_, prompt, rc.task, setting), {CaseJobs::Tag::ruler, j.ruler.size() - 1});
     }
   }
   for (size_t d = 0; d < documents_.size() && settings_.agreement_prompts > 0; ++d) {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "eval/eval_tasks.h"
@@ -118,6 +119,7 @@ class EvalSuite {
   // The jobs of one case: one per perplexity, passkey and agreement case of the settings.
   CaseJobs jobs_for(const EvalCase& c) const;
   bool runs_ruler() const;
+  void make_ruler_prompts();
   // Scores the jobs run for c and sums the memory they held.
   EvalCaseResult score(const EvalCase& c, const CaseJobs& jobs);
 
@@ -127,7 +129,7 @@ class EvalSuite {
   std::vector<std::vector<int32_t>> documents_;
   std::vector<std::string> instructions_;
   std::vector<std::string> retrieval_texts_;
-  std::vector<std::string> ruler_sentences_;  // RULER's filler: the retrieval texts' sentences
+  std::vector<std::pair<RulerCase, RulerPrompt>> ruler_prompts_;  // every case's prompt, in the order of the jobs
   std::vector<std::vector<int32_t>> reference_answers_;  // full's agreement answers
   int64_t prefills_ = 0;
 };
