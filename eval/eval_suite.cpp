@@ -167,15 +167,9 @@ bool EvalSuite::runs_ruler() const {
 
 // Once for the suite: every case's jobs share the prompts, and generating one tokenizes its whole filler.
 void EvalSuite::make_ruler_prompts() {
-  const std::vector<std::string> sentences = retrieval_sentences(load_retrieval_texts(settings_.data_dir));
-  for (RulerTask task : settings_.ruler_tasks) {
-    for (int length : settings_.ruler_lengths) {
-      for (int trial = 0; trial < settings_.ruler_trials; ++trial) {
-        const RulerCase rc{task, length, trial};
-        ruler_prompts_.emplace_back(rc, ruler_prompt(tokenizer_, sentences, rc, ruler_seed(settings_.seed, rc)));
-      }
-    }
-  }
+  ruler_prompts_ = ruler_prompts(tokenizer_, retrieval_sentences(load_retrieval_texts(settings_.data_dir)),
+                                 settings_.ruler_tasks, settings_.ruler_lengths, settings_.ruler_trials,
+                                 settings_.seed);
 }
 
 EvalSuite::CaseJobs EvalSuite::jobs_for(const EvalCase& c) const {

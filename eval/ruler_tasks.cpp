@@ -8,6 +8,8 @@
 #include <set>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 namespace strata {
 namespace {
 
@@ -314,6 +316,23 @@ RulerPrompt ruler_prompt(const Tokenizer& tokenizer, const std::vector<std::stri
   throw std::invalid_argument("eval: unknown RULER task");
 }
 
+std::vector<std::pair<RulerCase, RulerPrompt>> ruler_prompts(const Tokenizer& tokenizer,
+                                                             const std::vector<std::string>& sentences,
+                                                             const std::vector<RulerTask>& tasks,
+                                                             const std::vector<int>& lengths, int trials,
+                                                             uint64_t base_seed) {
+  std::vector<std::pair<RulerCase, RulerPrompt>> out;
+  for (RulerTask task : tasks) {
+    for (int length : lengths) {
+      for (int trial = 0; trial < trials; ++trial) {
+        const RulerCase c{task, length, trial};
+        out.emplace_back(c, ruler_prompt(tokenizer, sentences, c, ruler_seed(base_seed, c)));
+      }
+    }
+  }
+  return out;
+}
+
 int ruler_generate_tokens(RulerTask task) {
   switch (task) {
     case RulerTask::niah_single:
@@ -373,6 +392,20 @@ RulerScore score_ruler(const RulerCase& c, RulerSetting setting, const RulerProm
   RulerScore s{c, setting, prompt.expected, tokenizer.decode(job.generated, true), 0.0};
   s.recall = ruler_recall(s.expected, s.answer);
   return s;
+}
+
+void write_ruler_prompts(std::ostream& out, const Tokenizer& tokenizer,
+                         const std::vector<std::pair<RulerCase, RulerPrompt>>& prompts) {
+  for (const auto& [c, prompt] : prompts) {
+    const nlohmann::ordered_json line = {{"task", ruler_task_name(c.task)},
+                                         {"length", c.length},
+                                         {"trial", c.trial},
+                                         {"expected", prompt.expected},
+                                         {"generate", ruler_generate_tokens(c.task)},
+                                         {"context", tokenizer.encode(prompt.context, false)},
+                                         {"question", tokenizer.encode(prompt.question, false)}};
+    out << line.dump() << "\n";
+  }
 }
 
 }  // namespace strata

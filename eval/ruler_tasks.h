@@ -16,8 +16,10 @@
 // (string_match_all): the share of the expected values that appear in the answer, case-insensitively.
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "eval/eval_runner.h"
@@ -50,6 +52,12 @@ uint64_t ruler_seed(uint64_t base, const RulerCase& c);
 // words. Throws std::invalid_argument when the length is too short for the task.
 RulerPrompt ruler_prompt(const Tokenizer& tokenizer, const std::vector<std::string>& sentences, const RulerCase& c,
                          uint64_t seed);
+// Every case's prompt, task by task, then length by length, then trial by trial, seeded by ruler_seed(base_seed, case).
+std::vector<std::pair<RulerCase, RulerPrompt>> ruler_prompts(const Tokenizer& tokenizer,
+                                                             const std::vector<std::string>& sentences,
+                                                             const std::vector<RulerTask>& tasks,
+                                                             const std::vector<int>& lengths, int trials,
+                                                             uint64_t base_seed);
 // Greedy tokens to generate for a task's answer: room for every expected value and a little more.
 int ruler_generate_tokens(RulerTask task);
 // The share of `expected` found in `answer` (case-insensitive substrings), 0 to 1.
@@ -75,5 +83,11 @@ struct RulerScore {
 EvalJob ruler_job(const Tokenizer& tokenizer, const RulerPrompt& prompt, RulerTask task, RulerSetting setting);
 RulerScore score_ruler(const RulerCase& c, RulerSetting setting, const RulerPrompt& prompt, const Tokenizer& tokenizer,
                        const EvalJob& job);
+
+// The prompts of ruler_prompts as JSON lines of {task, length, trial, expected, generate, context: [token ids],
+// question: [token ids]}: what a test sends to a server to check the eval's scores against its greedy answers
+// (`strata eval --dump-ruler-prompts FILE`).
+void write_ruler_prompts(std::ostream& out, const Tokenizer& tokenizer,
+                         const std::vector<std::pair<RulerCase, RulerPrompt>>& prompts);
 
 }  // namespace strata

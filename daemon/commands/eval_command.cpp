@@ -17,6 +17,7 @@
 #include "eval/eval_report.h"
 #include "eval/eval_suite.h"
 #include "eval/retrieval_task.h"
+#include "eval/ruler_tasks.h"
 #include "model/gguf_file.h"
 #include "model/tokenizer.h"
 
@@ -71,7 +72,7 @@ constexpr const char* kUsage =
     "                   [--passkey-lengths 1024,4096] [--passkey-depths 0,0.5,1]\n"
     "                   [--agreement-prompts N] [--agreement-context N] [--agreement-tokens N] [--batch N]\n"
     "                   [--no-shared-prefill] [--seed S] [--data DIR] [--set section.key=value]\n"
-    "                   [--dump-retrieval-prompts FILE]\n"
+    "                   [--dump-retrieval-prompts FILE] [--dump-ruler-prompts FILE]\n"
     "Runs `full` and every policy at every budget over perplexity, long generation, retrieval, passkey\n"
     "retrieval and agreement with full, and writes the raw results as JSON (default eval-results.json).\n"
     "Empty lists and zero counts skip a task (--policies '': only the --quantized rows). Every prompt is\n"
@@ -79,7 +80,8 @@ constexpr const char* kUsage =
     "slower). A policy may carry parameters of its own besides the budget:\n"
     "--policies h2o,h2o:mode=per_step,streaming:mode=rolling.\n"
     "--dump-retrieval-prompts FILE writes the retrieval cases' prompts (--retrieval-lengths, -depths, -trials,\n"
-    "--seed) as JSON lines of token ids for tools/retrieval_probe.py, and runs nothing.\n";
+    "--seed) as JSON lines of token ids for tools/retrieval_probe.py, and runs nothing; --dump-ruler-prompts FILE\n"
+    "the RULER cases' (--ruler-tasks, -lengths, -trials, --seed), context and question apart, likewise.\n";
 
 // The suite's settings from the command line.
 EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& config) {
@@ -177,15 +179,23 @@ std::vector<std::pair<std::string, std::vector<EvalCase>>> cases_by_dtype(const 
   return out;
 }
 
-// --dump-retrieval-prompts: the retrieval task's prompts for a server (tools/retrieval_probe.py); the tokenizer
-// alone, no weights.
-void dump_retrieval_prompts(const ServerConfig& config, const EvalSettings& settings, const std::string& path) {
+// --dump-retrieval-prompts, --dump-ruler-prompts: a task's prompts for a server (tools/retrieval_probe.py,
+// tests/e2e/test_ruler_against_server.py); the tokenizer alone, no weights.
+void dump_prompts(const ServerConfig& config, const EvalSettings& settings, const std::string& flag,
+                  const std::string& path) {
   const Tokenizer tokenizer = Tokenizer::from_gguf(*GgufFile::open(config.model.path));
   std::ofstream out(path);
-  if (!out) throw std::runtime_error("--dump-retrieval-prompts: cannot write " + path);
-  write_retrieval_prompts(out, tokenizer, load_retrieval_texts(settings.data_dir), settings.retrieval_lengths,
-                          settings.retrieval_depths, settings.retrieval_trials, settings.seed);
-  std::cerr << "strata eval: retrieval prompts written to " << path << "\n";
+  if (!out) throw std::runtime_error("--" + flag + ": cannot write " + path);
+  const std::vector<std::string> texts = load_retrieval_texts(settings.data_dir);
+  if (flag == "dump-ruler-prompts") {
+    write_ruler_prompts(out, tokenizer,
+                        ruler_prompts(tokenizer, retrieval_sentences(texts), settings.ruler_tasks,
+                                      settings.ruler_lengths, settings.ruler_trials, settings.seed));
+  } else {
+    write_retrieval_prompts(out, tokenizer, texts, settings.retrieval_lengths, settings.retrieval_depths,
+                            settings.retrieval_trials, settings.seed);
+  }
+  std::cerr << "strata eval: prompts written to " << path << "\n";
 }
 
 }  // namespace
@@ -197,7 +207,8 @@ int eval_command(int argc, char** argv) {
                     "ppl-prefixes", "ppl-tokens", "long-docs", "long-prompt", "long-tokens", "retrieval-lengths",
                     "retrieval-depths", "retrieval-trials", "ruler-tasks", "ruler-lengths", "ruler-trials",
                     "ruler-settings", "passkey-lengths", "passkey-depths", "agreement-prompts", "agreement-context",
-                    "agreement-tokens", "batch", "seed", "data", "set", "dump-retrieval-prompts"},
+                    "agreement-tokens", "batch", "seed", "data", "set", "dump-retrieval-prompts",
+                    "dump-ruler-prompts"},
                    {"help", "no-shared-prefill"}, {"set"});
     if (cl.has("help")) {
       std::cout << kUsage;
@@ -205,9 +216,11 @@ int eval_command(int argc, char** argv) {
     }
     ServerConfig config = load_command_config(cl);
     const EvalSettings settings = parse_eval_settings(cl, config);
-    if (cl.has("dump-retrieval-prompts")) {
-      dump_retrieval_prompts(config, settings, cl.get("dump-retrieval-prompts"));
-      return 0;
+    for (const std::string flag : {"dump-retrieval-prompts", "dump-ruler-prompts"}) {
+      if (cl.has(flag)) {
+        dump_prompts(config, settings, flag, cl.get(flag));
+        return 0;
+      }
     }
     check_policies_runnable(settings, config);
     const std::string out_path = cl.get("out", "eval-results.json");

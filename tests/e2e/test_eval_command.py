@@ -49,7 +49,7 @@ def test_the_retrieval_prompts_are_dumped_for_the_probe_without_running_a_case(t
                              str(prompts), "--retrieval-lengths", "600,900", "--retrieval-depths", "0,1",
                              "--retrieval-trials", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "retrieval prompts written" in result.stderr
+    assert "prompts written" in result.stderr
     lines = [json.loads(line) for line in prompts.read_text(encoding="utf-8").splitlines()]
     assert [(p["length"], p["depth"], p["trial"]) for p in lines] == [
         (length, depth, trial) for length in (600, 900) for depth in (0, 1) for trial in (0, 1)]
