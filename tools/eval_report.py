@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ruler_report import plot_ruler, relative_ruler, ruler_goal, ruler_section  # noqa: E402
+from ruler_report import plot_ruler, relative_ruler, ruler_goal, ruler_section, savings_tables  # noqa: E402
 
 RESAMPLES = 10_000
 SEED = 1
@@ -49,10 +49,15 @@ TASK_SETTINGS = {
     "perplexity": ("documents", "perplexity_prefixes", "perplexity_tokens"),
     "long_generation": ("documents", "long_documents", "long_prompt", "long_tokens"),
     "retrieval": ("retrieval_lengths", "retrieval_depths", "retrieval_trials", "seed"),
-    "ruler": ("ruler_tasks", "ruler_lengths", "ruler_trials", "ruler_settings", "seed"),
+    "ruler": ("ruler_lengths", "ruler_trials", "ruler_settings", "seed"),
     "passkey": ("passkey_lengths", "passkey_depths", "seed"),
     "agreement": ("documents", "agreement_context", "agreement_prompts", "agreement_tokens"),
 }
+# Tasks whose results are cases seeded one by one (eval/ruler_tasks.h: the seed mixes the task, the length and the
+# trial): two files of the same settings measured the same cases where these keys agree, so their results merge
+# case by case (a run of three RULER tasks adds what a run of the others lacks).
+CASE_KEYS = {"ruler": ("task", "length", "trial", "setting")}
+CASE_SELECTION = {"ruler_tasks"}  # which of those cases a run measures
 
 Estimate = namedtuple("Estimate", "value low high")
 
@@ -88,7 +93,7 @@ def measured_under(run, case):
     """What must agree for two files' rows of one label to be one row: model, backend, the settings no task owns
     (batch, prefill chunk), when the policies run (kv_cache.prefill_compression; files before it: end), policy
     spec."""
-    owned = ROW_SELECTION.union(*TASK_SETTINGS.values())
+    owned = ROW_SELECTION.union(CASE_SELECTION, *TASK_SETTINGS.values())
     settings = {k: v for k, v in run.get("settings", {}).items() if k not in owned}
     prefill = run.get("prefill_compression", {"mode": "end"})
     prefill = "end" if prefill.get("mode") == "end" else f"chunked:{prefill.get('chunk')}"
@@ -129,16 +134,29 @@ class MergedCase:
 
     def add(self, run, case, full, measured):
         new = {task: key for task, key in measured.items() if task not in self.measured}
+        extended = {task: self._new_cases(task, case[task], full.get(task, []))
+                    for task in measured if task in self.measured and task in CASE_KEYS}
+        extended = {task: items for task, items in extended.items() if items[0]}
         if self.case is None:
             self.case = {**case, **{task: [] for task in TASK_SETTINGS}, "memory": dict(case["memory"])}
-        elif not new:
+        elif not new and not extended:
             return
         else:
             self.case["memory"] = merged_memory(self.case["memory"], case["memory"])
         for task in new:
             self.case[task], self.full[task] = case[task], full.get(task, [])
             self.settings[task] = {k: run.get("settings", {}).get(k) for k in TASK_SETTINGS[task]}
+        for task, (items, full_items) in extended.items():
+            self.case[task] = self.case[task] + items
+            self.full[task] = self.full[task] + full_items
         self.measured.update(new)
+
+    def _new_cases(self, task, items, full_items):
+        """The results of `items` (and of `full`'s) for cases this row has not measured yet."""
+        def key(item):
+            return tuple(item[k] for k in CASE_KEYS[task])
+        have, have_full = {key(i) for i in self.case[task]}, {key(i) for i in self.full[task]}
+        return [i for i in items if key(i) not in have], [i for i in full_items if key(i) not in have_full]
 
 
 def merged_memory(a, b):
@@ -826,9 +844,11 @@ def sections(runs, copies, rows, args, timing, drawn):
         parts.append(f"## Perplexity increase per prefix length\n\n{by_prefix}\n")
     parts.append(retrieval_section(rows, chosen_rows(rows, args.retrieval_rows), args.out))
     peak_bf16 = lambda row: bf16_basis(row.stats["peak_ratio"], row.case)  # noqa: E731
-    parts.append(ruler_section(rows, next(r for r in rows if case_label(r.case) == "full"),
-                               "ruler_frontier.png" if "ruler" in drawn else None,
-                               ruler_goal(rows, peak_bf16, perplexity_shortfalls)))
+    end_bf16 = lambda row: bf16_basis(row.stats["ratio"], row.case)  # noqa: E731
+    full_row = next(r for r in rows if case_label(r.case) == "full")
+    parts.append(ruler_section(rows, full_row, "ruler_frontier.png" if "ruler" in drawn else None,
+                               ruler_goal(rows, peak_bf16, perplexity_shortfalls),
+                               savings_tables(rows, end_bf16, peak_bf16) if full_row.case.get("ruler") else None))
     if "layers" in drawn:
         parts.append("## Per-layer occupancy\n\n![tokens held per layer](layer_occupancy.png)\n")
     grid = passkey_grid(rows)

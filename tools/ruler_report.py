@@ -18,6 +18,9 @@ SETTINGS = ("in_prompt", "after_compression")
 # [eval-ruler]'s goal: at least this much less KV memory at the peak, on the bf16 basis, with at least GOAL_RULER of
 # `full`'s RULER average in both settings (and the perplexity terms of the report's own goal).
 GOAL_PEAK, GOAL_RULER = 10.0, 0.95
+# The savings the report gathers rows around (the issue's "about 5x and 10x"): a row is about T when its saving on
+# the bf16 basis lies within a factor of sqrt(2) of T.
+SAVINGS_TARGETS = (5.0, 10.0)
 
 
 def ruler_scores(items):
@@ -78,6 +81,33 @@ def rows_table(rows, setting):
         lines.append(f"| {row.name} | {ratio:.1f}× | " + " | ".join(cells) +
                      f" | {_pct(row.stats.get('ruler', {}).get(setting))} |")
     return "\n".join(lines)
+
+
+def savings_tables(rows, end_bf16, peak_bf16):
+    """For each target saving, at the rows' ends and at their peaks (bf16 basis): the rows about that saving, with
+    their score per task and setting on the tasks that enter the averages, and their averages."""
+    full = next(r for r in rows if r.name == "full")
+    full_scores = ruler_scores(full.case["ruler"])
+    columns = [(t, s) for s in SETTINGS for t in counted_tasks(full_scores, s)]
+    parts = []
+    for target in SAVINGS_TARGETS:
+        for where, saving in (("its end", end_bf16), ("its peak", peak_bf16)):
+            members = [r for r in rows if r is not full and r.case.get("ruler") and saving(r) is not None
+                       and target / 2 ** 0.5 <= saving(r) < target * 2 ** 0.5]
+            if not members:
+                parts.append(f"**About {target:g}× less at {where}:** no row.\n")
+                continue
+            lines = ["| row | at its end | at its peak | " + " | ".join(f"{t}, {s}" for t, s in columns) +
+                     " | " + " | ".join(f"average, {s} (% of full's)" for s in SETTINGS) + " |",
+                     "|---|---|---|" + "---|" * (len(columns) + len(SETTINGS))]
+            for r in sorted(members, key=saving):
+                scores = ruler_scores(r.case["ruler"])
+                cells = [_pct(scores.get(c)) for c in columns]
+                cells += [_pct(r.stats.get("ruler", {}).get(s)) for s in SETTINGS]
+                savings = [f"{x:.1f}×" if x is not None else "–" for x in (end_bf16(r), peak_bf16(r))]
+                lines.append(f"| {r.name} | " + " | ".join(savings + cells) + " |")
+            parts.append(f"**About {target:g}× less at {where}** (bf16 basis):\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)
 
 
 def plot_ruler(rows, path):
@@ -142,8 +172,8 @@ def ruler_goal(rows, peak_bf16, perplexity_shortfalls):
     return "\n".join(lines)
 
 
-def ruler_section(rows, full_row, plot=None, goal=None):
-    """The report's RULER section; empty when `full` did not measure RULER."""
+def ruler_section(rows, full_row, plot=None, goal=None, savings=None):
+    """The report's RULER section; empty when `full` did not measure RULER. `savings`: savings_tables' text."""
     if not full_row.case.get("ruler"):
         return ""
     parts = ["## RULER: the question in the prompt, and after compression\n",
@@ -156,6 +186,10 @@ def ruler_section(rows, full_row, plot=None, goal=None):
              full_table(full_row.case["ruler"]) + "\n"]
     if goal:
         parts.append(goal + "\n")
+    if savings:
+        parts.append("### About 5× and 10× less memory\n\nThe rows whose saving on the bf16 basis lies within a "
+                     "factor of √2 of 5× and of 10×, at their jobs' ends and at their peaks; the tasks that enter "
+                     "the averages, in both settings.\n\n" + savings)
     if plot:
         parts.append(f"![RULER against memory, per setting]({plot})\n")
     for setting in SETTINGS:

@@ -5,6 +5,7 @@ retrieval against `full`, the merging of files (task by task) and the timing com
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -408,3 +409,47 @@ def test_a_run_without_perplexity_reports_only_what_it_measured(tmp_path):
     for absent in ("## The goal", "## Every row", "Perplexity increase**", "Pareto front"):
         assert absent not in text
     assert not (out / "quality_vs_memory.png").exists()
+
+
+def test_ruler_runs_of_other_tasks_merge_case_by_case():
+    """A run of niah_single and one of niah_multikey, at the same lengths and seed, measured other cases of one row:
+    the row holds both tasks, each against its own file's `full`; a case both files hold counts once."""
+    def run_of(task, full_recall, snapkv_recall):
+        snapkv = make_case("snapkv", "10%", ratio=10.0)
+        snapkv["ruler"] = [{**item, "task": task} for item in
+                           ruler_items([(task, "in_prompt", snapkv_recall), (task, "after_compression", 0.0)])]
+        run = make_run([snapkv], ruler_tasks=[task], ruler_lengths=[2048], ruler_trials=2, seed=1)
+        run["cases"][0]["ruler"] = ruler_items([(task, "in_prompt", full_recall), (task, "after_compression", 1.0)])
+        return run
+    single, multikey = run_of("niah_single", 1.0, 0.5), run_of("niah_multikey", 0.5, 0.5)
+    rows = by_name(rows_of(single, multikey, run_of("niah_single", 1.0, 0.0)))
+    assert sorted(rows) == ["full", "snapkv@10%"]
+    snapkv = rows["snapkv@10%"]
+    assert sorted({(r["task"], r["setting"]) for r in snapkv.case["ruler"]}) == [
+        ("niah_multikey", "after_compression"), ("niah_multikey", "in_prompt"),
+        ("niah_single", "after_compression"), ("niah_single", "in_prompt")]
+    assert len(snapkv.case["ruler"]) == 4  # the third file's niah_single cases were measured already
+    assert snapkv.stats["ruler"] == {"in_prompt": pytest.approx((0.5 + 0.5) / (1.0 + 0.5)),
+                                     "after_compression": pytest.approx(0.0)}
+
+
+def test_rows_about_5x_and_10x_at_their_ends_and_peaks(tmp_path):
+    """An end-mode row at 4.6x at its end and 1.02x at its peak is about 5x at its end only; a chunked int4 row at
+    20x at its peak on the f32 basis is about 10x there on the bf16 basis."""
+    end = make_case("snapkv", "20%", ratio=4.6)
+    end["memory"].update(peak_bytes=100, peak_ratio=1.02)
+    chunked = make_case("streaming", "10%", ratio=24.0, dtype="int4")
+    chunked["memory"].update(peak_bytes=100, peak_ratio=20.0)
+    for case, recall in ((end, 0.25), (chunked, 1.0)):
+        case["ruler"] = ruler_items([("niah_single", "in_prompt", recall), ("niah_single", "after_compression", 0.5)])
+    run = make_run([end, chunked])
+    run["cases"][0]["ruler"] = ruler_items([("niah_single", "in_prompt", 1.0), ("niah_single", "after_compression", 1.0)])
+    out = tmp_path / "report"
+    er.main([write(tmp_path / "r.json", run), "--out", str(out)])
+    text = section((out / "README.md").read_text(), "RULER").split("### About 5× and 10× less memory")[1]
+    tables = {tuple(re.match(r"(\d+)× less at its (end|peak)", part).groups()): part.split("\n#")[0]
+              for part in text.split("**About ")[1:]}
+    assert "| snapkv@20% | 4.6× | 1.0× | 25% | 50% | 25% | 50% |" in tables["5", "end"]
+    assert "| streaming@10%+int4 | 12.0× | 10.0× | 100% | 50% | 100% | 50% |" in tables["10", "peak"]
+    assert "streaming" not in tables["5", "end"] and "snapkv" not in tables["10", "peak"]
+    assert tables["5", "peak"].startswith("5× less at its peak:** no row.")
