@@ -28,28 +28,20 @@ std::vector<int> whole_numbers(const std::vector<double>& numbers) {
   return std::vector<int>(numbers.begin(), numbers.end());
 }
 
-std::vector<RulerTask> ruler_task_list(const std::vector<std::string>& names) {
-  std::vector<RulerTask> out;
+// The choices named on a list flag (--ruler-tasks, --ruler-settings); an unknown name is refused with the known ones.
+template <class Choice>
+std::vector<Choice> named_choices(const std::string& flag, const std::vector<std::string>& names,
+                                  std::optional<Choice> (*parse)(std::string_view), const std::vector<Choice>& known,
+                                  std::string_view (*name_of)(Choice)) {
+  std::vector<Choice> out;
   for (const std::string& name : names) {
-    const std::optional<RulerTask> task = parse_ruler_task(name);
-    if (!task) {
-      std::string known;
-      for (RulerTask t : ruler_tasks()) known += (known.empty() ? "" : ", ") + std::string(ruler_task_name(t));
-      throw std::invalid_argument("--ruler-tasks: unknown task '" + name + "' (known: " + known + ")");
+    const std::optional<Choice> choice = parse(name);
+    if (!choice) {
+      std::string listed;
+      for (Choice c : known) listed += (listed.empty() ? "" : ", ") + std::string(name_of(c));
+      throw std::invalid_argument("--" + flag + ": unknown name '" + name + "' (known: " + listed + ")");
     }
-    out.push_back(*task);
-  }
-  return out;
-}
-
-std::vector<RulerSetting> ruler_setting_list(const std::vector<std::string>& names) {
-  std::vector<RulerSetting> out;
-  for (const std::string& name : names) {
-    const std::optional<RulerSetting> setting = parse_ruler_setting(name);
-    if (!setting) {
-      throw std::invalid_argument("--ruler-settings: unknown setting '" + name + "' (known: in_prompt, after_compression)");
-    }
-    out.push_back(*setting);
+    out.push_back(*choice);
   }
   return out;
 }
@@ -107,10 +99,17 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   if (cl.has("retrieval-lengths")) settings.retrieval_lengths = whole_numbers(cl.get_numbers("retrieval-lengths"));
   if (cl.has("retrieval-depths")) settings.retrieval_depths = cl.get_numbers("retrieval-depths");
   settings.retrieval_trials = cl.get_int("retrieval-trials", settings.retrieval_trials);
-  if (cl.has("ruler-tasks")) settings.ruler_tasks = ruler_task_list(cl.get_list("ruler-tasks"));
+  if (cl.has("ruler-tasks")) {
+    settings.ruler_tasks =
+        named_choices("ruler-tasks", cl.get_list("ruler-tasks"), parse_ruler_task, ruler_tasks(), ruler_task_name);
+  }
   if (cl.has("ruler-lengths")) settings.ruler_lengths = whole_numbers(cl.get_numbers("ruler-lengths"));
   settings.ruler_trials = cl.get_int("ruler-trials", settings.ruler_trials);
-  if (cl.has("ruler-settings")) settings.ruler_settings = ruler_setting_list(cl.get_list("ruler-settings"));
+  if (cl.has("ruler-settings")) {
+    settings.ruler_settings =
+        named_choices("ruler-settings", cl.get_list("ruler-settings"), parse_ruler_setting,
+                      {RulerSetting::in_prompt, RulerSetting::after_compression}, ruler_setting_name);
+  }
   if (cl.has("passkey-lengths")) settings.passkey_lengths = whole_numbers(cl.get_numbers("passkey-lengths"));
   if (cl.has("passkey-depths")) settings.passkey_depths = cl.get_numbers("passkey-depths");
   settings.agreement_prompts = cl.get_int("agreement-prompts", settings.agreement_prompts);

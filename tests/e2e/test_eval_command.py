@@ -73,3 +73,12 @@ def test_data_needs_only_the_files_of_the_tasks_run(tmp_path):
     (full,) = json.loads(out.read_text(encoding="utf-8"))["cases"]
     assert [(r["task"], r["setting"]) for r in full["ruler"]] == [("niah_single", "in_prompt"),
                                                                   ("niah_single", "after_compression")]
+
+
+def test_an_unknown_ruler_task_or_setting_is_refused_with_the_known_names(tmp_path):
+    for flag, value, known in (("--ruler-tasks", "niah_single,haystack", "niah_single, niah_multikey"),
+                               ("--ruler-settings", "after_question", "in_prompt, after_compression")):
+        result, out = run_eval(tmp_path, flag, value)
+        assert result.returncode != 0 and not out.exists()
+        unknown = value.split(",")[-1]
+        assert f"{flag}: unknown name '{unknown}' (known: {known}" in result.stderr, result.stderr[-2000:]
