@@ -845,10 +845,10 @@ def sections(runs, copies, rows, args, timing, drawn):
     parts.append(retrieval_section(rows, chosen_rows(rows, args.retrieval_rows), args.out))
     peak_bf16 = lambda row: bf16_basis(row.stats["peak_ratio"], row.case)  # noqa: E731
     end_bf16 = lambda row: bf16_basis(row.stats["ratio"], row.case)  # noqa: E731
-    full_row = next(r for r in rows if case_label(r.case) == "full")
-    parts.append(ruler_section(rows, full_row, "ruler_frontier.png" if "ruler" in drawn else None,
+    full_ruler = [item for r in rows if case_label(r.case) == "full" for item in r.case.get("ruler", [])]
+    parts.append(ruler_section(rows, full_ruler, "ruler_frontier.png" if "ruler" in drawn else None,
                                ruler_goal(rows, peak_bf16, perplexity_shortfalls),
-                               savings_tables(rows, end_bf16, peak_bf16) if full_row.case.get("ruler") else None))
+                               savings_tables(rows, end_bf16, peak_bf16) if full_ruler else None))
     if "layers" in drawn:
         parts.append("## Per-layer occupancy\n\n![tokens held per layer](layer_occupancy.png)\n")
     grid = passkey_grid(rows)

@@ -53,16 +53,20 @@ def _pct(x):
 
 
 def full_table(full_items):
-    """`full`'s score per task (rows) and setting (columns), and which tasks enter the averages."""
-    full = ruler_scores(full_items)
-    tasks = sorted({t for t, _ in full})
-    settings = [s for s in SETTINGS if any(k[1] == s for k in full)]
-    lines = ["| task | " + " | ".join(f"`full`, {s}" for s in settings) + " | in the averages |",
-             "|---|" + "---|" * (len(settings) + 1)]
-    for t in tasks:
-        left_out = [s for s in settings if (t, s) in full and full[t, s] < RULER_FLOOR]
-        note = "yes" if not left_out else f"no: `full` below {RULER_FLOOR:.0%} ({', '.join(left_out)})"
-        lines.append(f"| {t} | " + " | ".join(_pct(full.get((t, s))) for s in settings) + f" | {note} |")
+    """`full`'s score per task (rows) at each length and setting (columns), from every file's `full` (a case two files
+    hold counts once), and where it falls below the floor: there the task is left out of the averages of the rows
+    measured at that length."""
+    cells = defaultdict(list)
+    for item in {(i["task"], i["length"], i["trial"], i["setting"]): i for i in full_items}.values():
+        cells[item["task"], item["length"], item["setting"]].append(item["recall"])
+    score = {key: sum(v) / len(v) for key, v in cells.items()}
+    columns = sorted({(n, s) for _, n, s in score}, key=lambda c: (c[0], SETTINGS.index(c[1])))
+    lines = ["| task | " + " | ".join(f"{n:,}, {s}" for n, s in columns) + " | `full` below " +
+             f"{RULER_FLOOR:.0%} at |", "|---|" + "---|" * (len(columns) + 1)]
+    for t in sorted({t for t, _, _ in score}):
+        below = [f"{n:,} {s}" for n, s in columns if score.get((t, n, s), 1.0) < RULER_FLOOR]
+        lines.append(f"| {t} | " + " | ".join(_pct(score.get((t, n, s))) for n, s in columns) +
+                     f" | {', '.join(below) or '–'} |")
     return "\n".join(lines)
 
 
@@ -83,16 +87,20 @@ def rows_table(rows, setting):
     return "\n".join(lines)
 
 
+def _is_full(row):
+    return row.case["policy"] == "full" and row.case.get("kv_dtype", "f32") == "f32"
+
+
 def savings_tables(rows, end_bf16, peak_bf16):
     """For each target saving, at the rows' ends and at their peaks (bf16 basis): the rows about that saving, with
     their score per task and setting on the tasks that enter the averages, and their averages."""
-    full = next(r for r in rows if r.name == "full")
+    full = next(r for r in rows if _is_full(r) and r.case.get("ruler"))  # the first file's
     full_scores = ruler_scores(full.case["ruler"])
     columns = [(t, s) for s in SETTINGS for t in counted_tasks(full_scores, s)]
     parts = []
     for target in SAVINGS_TARGETS:
         for where, saving in (("its end", end_bf16), ("its peak", peak_bf16)):
-            members = [r for r in rows if r is not full and r.case.get("ruler") and saving(r) is not None
+            members = [r for r in rows if not _is_full(r) and r.case.get("ruler") and saving(r) is not None
                        and target / 2 ** 0.5 <= saving(r) < target * 2 ** 0.5]
             if not members:
                 parts.append(f"**About {target:g}× less at {where}:** no row.\n")
@@ -160,7 +168,7 @@ def ruler_shortfalls(row, peak_bf16, perplexity_shortfalls):
 def ruler_goal(rows, peak_bf16, perplexity_shortfalls):
     """Whether a row reaches the goal; if none does, the three that come closest (fewest terms missed, then the
     most memory saved at the peak) and what stands in their way."""
-    candidates = [(ruler_shortfalls(r, peak_bf16, perplexity_shortfalls), r) for r in rows if r.name != "full"]
+    candidates = [(ruler_shortfalls(r, peak_bf16, perplexity_shortfalls), r) for r in rows if not _is_full(r)]
     reached = [r for misses, r in candidates if not misses]
     goal = (f"**Goal:** at least {GOAL_PEAK:g}× less KV memory at the peak on the bf16 basis, at least "
             f"{_pct(GOAL_RULER)} of `full`'s RULER average in both settings, and the perplexity terms above.")
@@ -172,18 +180,19 @@ def ruler_goal(rows, peak_bf16, perplexity_shortfalls):
     return "\n".join(lines)
 
 
-def ruler_section(rows, full_row, plot=None, goal=None, savings=None):
-    """The report's RULER section; empty when `full` did not measure RULER. `savings`: savings_tables' text."""
-    if not full_row.case.get("ruler"):
+def ruler_section(rows, full_items, plot=None, goal=None, savings=None):
+    """The report's RULER section; empty when `full` did not measure RULER. full_items: the RULER results of every
+    file's `full`. `savings`: savings_tables' text."""
+    if not full_items:
         return ""
     parts = ["## RULER: the question in the prompt, and after compression\n",
              "Seven of RULER's synthetic task families (Hsieh et al., 2024; `eval/ruler_tasks.h`), scored as RULER "
              "scores them: the share of the expected values the greedy answer holds. *in_prompt*: the question ends "
              "the prompt, so a question-aware policy sees it when it compresses. *after_compression*: the context "
              "alone is prefilled and compressed, and the question follows as a continuation (a chat's next turn, a "
-             f"new question about a cached document). A task where `full` scores below {RULER_FLOOR:.0%} is shown "
-             "but left out of the averages.\n",
-             full_table(full_row.case["ruler"]) + "\n"]
+             f"new question about a cached document). A task where `full` scores below {RULER_FLOOR:.0%} (over the "
+             "lengths of a row's file) is shown but left out of that row's averages.\n",
+             full_table(full_items) + "\n"]
     if goal:
         parts.append(goal + "\n")
     if savings:

@@ -321,8 +321,9 @@ def test_ruler_section_shows_both_settings_and_what_it_left_out(tmp_path):
     out = tmp_path / "report"
     er.main([write(tmp_path / "r.json", run), "--out", str(out)])
     text = section((out / "README.md").read_text(), "RULER")
-    assert "| common_words | 30% | – | no: `full` below 50% (in_prompt) |" in text
-    assert "| niah_single | 75% | 80% | yes |" in text
+    assert "| task | 2,048, in_prompt | 2,048, after_compression | `full` below 50% at |" in text
+    assert "| common_words | 30% | – | 2,048 in_prompt |" in text
+    assert "| niah_single | 75% | 80% | – |" in text
     in_prompt, after = text.split("### in_prompt")[1].split("### after_compression")
     assert "| snapkv@128 | 14.0× | 0% | 75% | 100% |" in in_prompt
     assert "| snapkv@128 | 14.0× | 40% | 50% |" in after
