@@ -89,8 +89,8 @@ LayerUsage KvCache::layer_usage(int global_layer) const {
   u.codebook_vectors = c.codebook_vectors;
   u.shared_key_entries = c.shared_key_entries;
   const KvBlockLayout& L = pool_.layout();
-  u.bytes = (c.full_blocks + c.codebook_pages) * L.block_bytes() +
-            L.packed_pool_bytes(c.quantized_blocks + c.coded_blocks);
+  u.full_precision_bytes = (c.full_blocks + c.codebook_pages) * L.block_bytes();
+  u.bytes = u.full_precision_bytes + L.packed_pool_bytes(c.quantized_blocks + c.coded_blocks);
   u.uncompressed_bytes = c.uncompressed_blocks * pool_.layout().block_bytes();
   u.cached_blocks = n_cached_blocks();
   return u;
@@ -103,30 +103,35 @@ LayerUsage KvCache::sequence_usage(SeqId seq, int global_layer) const {
   u.blocks = int64_t(kv.block_table.size()) - kv.n_paired;
   u.quantized_blocks = kv.n_quantized_blocks;
   const KvBlockLayout& L = pool_.layout();
-  u.bytes = (u.blocks - u.quantized_blocks - kv.n_coded_blocks) * L.block_bytes() +
-            L.packed_pool_bytes(u.quantized_blocks);
+  u.full_precision_bytes = (u.blocks - u.quantized_blocks - kv.n_coded_blocks) * L.block_bytes();
+  u.bytes = u.full_precision_bytes + L.packed_pool_bytes(u.quantized_blocks);
   if (kv.codebook) {
     u.coded_blocks = kv.n_coded_blocks + (kv.codebook->open_block >= 0 ? 1 : 0);
     u.blocks += u.coded_blocks - kv.n_coded_blocks;
     u.codebook_pages = int64_t(kv.codebook->pages.size());
     u.codebook_vectors = kv.codebook->size();
     u.bytes += L.packed_pool_bytes(u.coded_blocks) + u.codebook_pages * L.block_bytes();
+    u.full_precision_bytes += u.codebook_pages * L.block_bytes();
   }
   u.shared_key_entries = shared_key_entries(kv);
   u.uncompressed_bytes = blocks_for(kv.n_appended, block_size()) * pool_.layout().block_bytes();
   return u;
 }
 
-int64_t KvCache::peak_bytes(SeqId seq) const {
-  auto it = peak_bytes_.find(seq);
-  return it == peak_bytes_.end() ? 0 : it->second;
+KvCache::HeldBytes KvCache::peak(SeqId seq) const {
+  auto it = peaks_.find(seq);
+  return it == peaks_.end() ? HeldBytes{} : it->second;
 }
 
 void KvCache::note_peak(SeqId seq) {
-  int64_t bytes = 0;
-  for (int l = layer_begin_; l < layer_end_; ++l) bytes += sequence_usage(seq, l).bytes;
-  int64_t& peak = peak_bytes_[seq];
-  peak = std::max(peak, bytes);
+  HeldBytes now;
+  for (int l = layer_begin_; l < layer_end_; ++l) {
+    const LayerUsage u = sequence_usage(seq, l);
+    now.bytes += u.bytes;
+    now.full_precision_bytes += u.full_precision_bytes;
+  }
+  HeldBytes& peak = peaks_[seq];
+  if (now.bytes > peak.bytes) peak = now;
 }
 
 void KvCache::account(int l, const LayerCounts& d) {
@@ -298,7 +303,7 @@ void KvCache::release(SeqId seq) {
     if (kv.codebook) release_codebook(kv, l);
   }
   seqs_.erase(it);
-  peak_bytes_.erase(seq);
+  peaks_.erase(seq);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -48,6 +48,9 @@ struct LayerUsage {
   int64_t codebook_vectors = 0;    // codebook entries, every head, keys and values
   int64_t shared_key_entries = 0;  // PoD: entries whose keys the layer no longer holds (its leader's are shared)
   int64_t bytes = 0;               // the pool memory the blocks take: packed ones at their share of a slot
+  // Of bytes, the blocks and codebook pages that hold entries at the pool's own precision (f32 on the CPU, bf16 on
+  // CUDA): what would halve where the entries are half as wide, while quantized and coded blocks keep their size.
+  int64_t full_precision_bytes = 0;
   int64_t uncompressed_bytes = 0;  // what the same sequences would take with `full` at full precision
   // Prefix caching: the layer's blocks in the cache, used by sequences or not. A block a sequence shares counts in
   // that sequence's blocks and bytes above too (each sequence as if it held it alone).
@@ -83,7 +86,13 @@ class KvCache {
   LayerUsage sequence_usage(SeqId seq, int global_layer) const;
   // The most pool bytes seq held over all its layers so far, taken after every append and start (a compression
   // runs after its step's append, so the moment before it is counted): what its peak cost the pool.
-  int64_t peak_bytes(SeqId seq) const;
+  // With the bytes at that moment that were full precision (LayerUsage::full_precision_bytes): a quantized pool's
+  // unsealed entries, a chunk's worth while a prompt is prefilled in chunks.
+  struct HeldBytes {
+    int64_t bytes = 0;
+    int64_t full_precision_bytes = 0;
+  };
+  HeldBytes peak(SeqId seq) const;
 
   // Actions.
   // Reserves n_new entries at the end of every layer of seq (creating seq if new). Check can_append first.
@@ -174,7 +183,7 @@ class KvCache {
   int layer_end_;
   std::map<SeqId, std::vector<LayerKv>> seqs_;
   std::vector<LayerCounts> counts_;  // per local layer
-  std::map<SeqId, int64_t> peak_bytes_;
+  std::map<SeqId, HeldBytes> peaks_;
   std::unordered_map<uint64_t, std::vector<int32_t>> prefix_blocks_;  // hash -> the block of each local layer
 };
 

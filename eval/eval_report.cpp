@@ -91,7 +91,9 @@ nlohmann::ordered_json case_json(const EvalCaseResult& r) {
   j["memory"] = {{"bytes", r.memory.bytes},
                  {"uncompressed_bytes", r.memory.uncompressed_bytes},
                  {"ratio", r.memory.ratio()},
+                 {"full_precision_bytes", r.memory.full_precision_bytes},
                  {"peak_bytes", r.memory.peak_bytes},
+                 {"peak_full_precision_bytes", r.memory.peak_full_precision_bytes},
                  {"peak_ratio", r.memory.peak_ratio()},
                  {"longest_prompt", r.memory.longest_prompt},
                  {"longest_entries", r.memory.longest_entries}};

@@ -242,7 +242,7 @@ bool EvalRunner::take_next(Active& a, std::span<const float> logits, int32_t gre
 
 void EvalRunner::finish(Active& a, StepPlan& plan) {
   a.job->layers = layers_held(a.seq);
-  a.job->peak_bytes = rt_.cache->peak_bytes(a.seq);
+  a.job->peak = rt_.cache->peak(a.seq);
   if (options_.before_release) options_.before_release(*a.job, *rt_.cache);
   plan.finished.push_back(a.seq);
 }
@@ -259,7 +259,7 @@ std::vector<LayerHeld> EvalRunner::layers_held(int64_t seq) const {
   std::vector<LayerHeld> out;
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     const LayerUsage u = cache.sequence_usage(seq, l);
-    out.push_back(LayerHeld{u.entries, u.bytes, u.uncompressed_bytes});
+    out.push_back(LayerHeld{u.entries, u.bytes, u.full_precision_bytes, u.uncompressed_bytes});
   }
   return out;
 }

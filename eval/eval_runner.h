@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/kv_cache.h"
 #include "rank/offline_executor.h"
 #include "rank/rank_runtime.h"
 
@@ -21,6 +22,7 @@ namespace strata {
 struct LayerHeld {
   int64_t entries = 0;             // tokens held
   int64_t bytes = 0;               // pool memory taken (whole blocks)
+  int64_t full_precision_bytes = 0;  // of which blocks at the pool's own precision (LayerUsage)
   int64_t uncompressed_bytes = 0;  // what `full` would take for the same tokens
 };
 
@@ -35,7 +37,7 @@ struct EvalJob {
   std::vector<float> forced_logprobs;  // one per forced token
   std::vector<int32_t> generated;
   std::vector<LayerHeld> layers;       // per layer of the model, at the job's last step
-  int64_t peak_bytes = 0;              // the most pool bytes its sequence held, prefill included (KvCache::peak_bytes)
+  KvCache::HeldBytes peak;             // the most pool bytes its sequence held, prefill included (KvCache::peak)
 };
 
 struct EvalRunnerOptions {

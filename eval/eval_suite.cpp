@@ -239,12 +239,14 @@ namespace {
 
 // Adds what a job's cache held, per layer, to mem; the longest prompt's entries are kept whole.
 void add_memory(EvalMemory& mem, const EvalJob& job) {
-  mem.peak_bytes += job.peak_bytes;
+  mem.peak_bytes += job.peak.bytes;
+  mem.peak_full_precision_bytes += job.peak.full_precision_bytes;
   mem.bytes.resize(job.layers.size());
   mem.uncompressed_bytes.resize(job.layers.size());
   for (size_t l = 0; l < job.layers.size(); ++l) {
     mem.bytes[l] += job.layers[l].bytes;
     mem.uncompressed_bytes[l] += job.layers[l].uncompressed_bytes;
+    mem.full_precision_bytes += job.layers[l].full_precision_bytes;
   }
   if (int(job.prompt.size()) > mem.longest_prompt) {
     mem.longest_prompt = int(job.prompt.size());

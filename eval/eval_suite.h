@@ -79,7 +79,9 @@ struct EvalMemory {
   std::vector<int64_t> bytes, uncompressed_bytes;  // per layer, summed over the case's jobs
   std::vector<int64_t> longest_entries;            // per layer, the job with the longest prompt
   int longest_prompt = 0;
-  int64_t peak_bytes = 0;                          // the jobs' peaks (EvalJob::peak_bytes), summed
+  int64_t peak_bytes = 0;                          // the jobs' peaks (EvalJob::peak), summed
+  int64_t peak_full_precision_bytes = 0;           // of which full precision (LayerUsage::full_precision_bytes)
+  int64_t full_precision_bytes = 0;                // the same at the jobs' ends, over all layers
   double ratio() const;                            // uncompressed / held, over all layers, at the jobs' ends
   double peak_ratio() const;                       // uncompressed at the end / held at the peak
 };

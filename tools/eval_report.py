@@ -168,10 +168,12 @@ def merged_memory(a, b):
     longest = max(a, b, key=lambda m: m.get("longest_prompt", 0))
     merged = {**longest, "bytes": held, "uncompressed_bytes": full,
               "ratio": sum(full) / sum(held) if sum(held) else 0.0}
-    merged.pop("peak_bytes", None)
-    merged.pop("peak_ratio", None)
-    if "peak_bytes" in a and "peak_bytes" in b:  # older files have no peak: then the merged row has none either
-        merged["peak_bytes"] = a["peak_bytes"] + b["peak_bytes"]
+    # Older files lack a peak or the full-precision share: then the merged row has none either.
+    for key in ("peak_bytes", "peak_ratio", "full_precision_bytes", "peak_full_precision_bytes"):
+        merged.pop(key, None)
+        if key != "peak_ratio" and key in a and key in b:
+            merged[key] = a[key] + b[key]
+    if "peak_bytes" in merged:
         merged["peak_ratio"] = sum(full) / merged["peak_bytes"] if merged["peak_bytes"] else 0.0
     return merged
 
@@ -464,12 +466,20 @@ def row_table(rows):
     return "\n".join(lines)
 
 
-def bf16_basis(ratio, case):
-    """The saving against a bf16 cache (the CUDA path's entries): a full-precision row keeps bf16 entries there and
-    saves as much; a quantized row's codes stay their size while `full`'s entries halve."""
+def bf16_basis(case, at):
+    """The saving against a bf16 cache (the CUDA path's entries), at the jobs' ends or at their peaks: there `full`'s
+    entries and the row's full-precision ones (a quantized pool's unsealed entries, a prefill chunk) halve, while
+    quantized and coded blocks keep their size. Files before the full-precision share was recorded: a
+    full-precision row saves as much, a quantized row half as much (its unsealed entries counted as codes)."""
+    memory = case["memory"]
+    ratio = memory["ratio"] if at == "end" else memory.get("peak_ratio")
+    held = sum(memory["bytes"]) if at == "end" else memory.get("peak_bytes")
+    fp = memory.get("full_precision_bytes" if at == "end" else "peak_full_precision_bytes")
     if ratio is None:
         return None
-    return ratio if case.get("kv_dtype", "f32") == "f32" else ratio / 2
+    if fp is None:
+        return ratio if case.get("kv_dtype", "f32") == "f32" else ratio / 2
+    return sum(memory["uncompressed_bytes"]) / (2 * held - fp) if held else None
 
 
 def memory_table(rows):
@@ -478,7 +488,7 @@ def memory_table(rows):
              "|---|---|---|---|---|"]
     for row in rows:
         end, peak = row.stats["ratio"], row.stats["peak_ratio"]
-        cells = [end, peak, bf16_basis(end, row.case), bf16_basis(peak, row.case)]
+        cells = [end, peak, bf16_basis(row.case, "end"), bf16_basis(row.case, "peak")]
         lines.append(f"| {row.name} | " + " | ".join(fmt(x, '.2f') + ("×" if x is not None else "") for x in cells)
                      + " |")
     return "\n".join(lines)
@@ -721,8 +731,9 @@ def method_section(full_row, backend):
                  "a quantized block\n  at its share of the slot that packs it).")
     if backend == "cpu":
         lines.append("  `full` holds f32 entries on the CPU backend. CUDA holds bf16 ones, half the bytes, and a bf16 "
-                     "slot packs half as\n  many int4 groups (3, against 6): there an int4 row's ratio is half the one "
-                     "measured here.")
+                     "slot packs half as\n  many int4 groups (3, against 6): there an int4 row saves half as much, "
+                     "but for its entries still at full\n  precision (unsealed, or a prefill chunk), which halve like "
+                     "`full`'s (the bf16 basis below).")
     return "\n".join(lines)
 
 
@@ -843,8 +854,8 @@ def sections(runs, copies, rows, args, timing, drawn):
     if by_prefix:
         parts.append(f"## Perplexity increase per prefix length\n\n{by_prefix}\n")
     parts.append(retrieval_section(rows, chosen_rows(rows, args.retrieval_rows), args.out))
-    peak_bf16 = lambda row: bf16_basis(row.stats["peak_ratio"], row.case)  # noqa: E731
-    end_bf16 = lambda row: bf16_basis(row.stats["ratio"], row.case)  # noqa: E731
+    peak_bf16 = lambda row: bf16_basis(row.case, "peak")  # noqa: E731
+    end_bf16 = lambda row: bf16_basis(row.case, "end")  # noqa: E731
     full_ruler = [item for r in rows if case_label(r.case) == "full" for item in r.case.get("ruler", [])]
     parts.append(ruler_section(rows, full_ruler, "ruler_frontier.png" if "ruler" in drawn else None,
                                ruler_goal(rows, peak_bf16, perplexity_shortfalls),

@@ -212,7 +212,12 @@ TEST(QuantizedKvCache, SealQuantizesFullGroupsAndAccountsTheirBytes) {
   EXPECT_EQ(u.blocks, 3);
   EXPECT_EQ(u.quantized_blocks, 2);
   EXPECT_EQ(u.bytes, int4_pool_bytes(2) + kSlotBytes);
+  EXPECT_EQ(u.full_precision_bytes, kSlotBytes) << "the unsealed block";
   EXPECT_EQ(u.uncompressed_bytes, 3 * kSlotBytes);
+  EXPECT_EQ(f.cache.sequence_usage(1, 0).full_precision_bytes, kSlotBytes);
+  // The peak was before sealing: every block of both layers at full precision.
+  EXPECT_EQ(f.cache.peak(1).bytes, 6 * kSlotBytes);
+  EXPECT_EQ(f.cache.peak(1).full_precision_bytes, 6 * kSlotBytes);
   EXPECT_EQ(f.pool.n_free(), 19 - 5) << "two full-precision blocks out, one slab in";
   expect_tags(f, 1, 0, iota_n(70), 0.0f);
   expect_tags(f, 1, 1, iota_n(70), 0.0f);

@@ -155,17 +155,18 @@ TEST(KvCache, PeakBytesIsTheMostASequenceHeld) {
   Fixture f(40, 0, 2);
   const int64_t block = layout().block_bytes();
   f.cache.append(1, 10);  // 3 blocks per layer
-  EXPECT_EQ(f.cache.peak_bytes(1), 2 * 3 * block);
+  EXPECT_EQ(f.cache.peak(1).bytes, 2 * 3 * block);
   f.cache.retain(1, 0, std::vector<int32_t>{0, 1});
   f.cache.retain(1, 1, std::vector<int32_t>{0, 1});
-  EXPECT_EQ(f.cache.peak_bytes(1), 2 * 3 * block);
+  EXPECT_EQ(f.cache.peak(1).bytes, 2 * 3 * block);
   f.cache.append(1, 6);  // 8 entries: 2 blocks per layer
-  EXPECT_EQ(f.cache.peak_bytes(1), 2 * 3 * block);
+  EXPECT_EQ(f.cache.peak(1).bytes, 2 * 3 * block);
   f.cache.append(1, 8);  // 16 entries: 4 blocks per layer
-  EXPECT_EQ(f.cache.peak_bytes(1), 2 * 4 * block);
-  EXPECT_EQ(f.cache.peak_bytes(2), 0);  // no such sequence
+  EXPECT_EQ(f.cache.peak(1).bytes, 2 * 4 * block);
+  EXPECT_EQ(f.cache.peak(1).full_precision_bytes, 2 * 4 * block);  // a full-precision pool holds nothing else
+  EXPECT_EQ(f.cache.peak(2).bytes, 0);  // no such sequence
   f.cache.release(1);
-  EXPECT_EQ(f.cache.peak_bytes(1), 0);
+  EXPECT_EQ(f.cache.peak(1).bytes, 0);
 }
 
 TEST(KvCache, RetainKeepingAllOrNone) {

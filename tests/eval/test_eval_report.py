@@ -332,17 +332,22 @@ def test_ruler_section_shows_both_settings_and_what_it_left_out(tmp_path):
 
 
 def test_memory_at_the_peak_and_on_the_bf16_basis(tmp_path):
-    """A quantized row saves half as much against bf16 entries; a full-precision row as much; a file without
-    peaks shows none."""
+    """A quantized row saves half as much against bf16 entries, but for its full-precision share (its unsealed
+    entries), which halves like `full`'s; a full-precision row as much; a file without peaks shows none."""
     snapkv = make_case("snapkv", "128", ratio=14.0)
     snapkv["memory"].update(peak_bytes=400, peak_ratio=1.2)
     quantized = make_case("simlayerkv", "20%", ratio=7.0, dtype="int4")
     quantized["memory"].update(peak_bytes=400, peak_ratio=1.1)
+    # Held 400 bytes at the end (100 of them unsealed, full precision) and 800 at the peak (600 full precision) of
+    # `full`'s 1,600: on the bf16 basis `full` holds 800, the row 350 at the end and 500 at the peak.
+    chunked = make_case("snapkv", "10%", ratio=4.0, dtype="int4")
+    chunked["memory"].update(full_precision_bytes=100, peak_bytes=800, peak_full_precision_bytes=600, peak_ratio=2.0)
     out = tmp_path / "report"
-    er.main([write(tmp_path / "r.json", make_run([snapkv, quantized])), "--out", str(out)])
+    er.main([write(tmp_path / "r.json", make_run([snapkv, quantized, chunked])), "--out", str(out)])
     text = section((out / "README.md").read_text(), "Memory as users pay it")
     assert "| snapkv@128 | 14.00× | 1.20× | 14.00× | 1.20× |" in text
     assert "| simlayerkv@20%+int4 | 7.00× | 1.10× | 3.50× | 0.55× |" in text
+    assert f"| snapkv@10%+int4 | 4.00× | 2.00× | {800 / 350:.2f}× | 1.60× |" in text
     assert "| full | 1.00× | – | 1.00× | – |" in text
 
 
