@@ -98,8 +98,9 @@ Response ForwardingHandler::health_answer(const Request& request) const {
                         {"free_blocks", v.load.free_blocks}});
   }
   const bool ok = any_in_service && !draining_;
+  const bool cache_aware = options_.policy == RoutingPolicy::cache_aware;
   const nlohmann::json body = {{"status", draining_ ? "draining" : ok ? "ok" : "unavailable"},
-                               {"policy", options_.policy == RoutingPolicy::cache_aware ? "cache_aware" : "round_robin"},
+                               {"policy", cache_aware ? "cache_aware" : "round_robin"},
                                {"replicas", replicas}};
   return make_response(request.version(), request.keep_alive(),
                        ok ? http::status::ok : http::status::service_unavailable, body.dump(), "application/json");
@@ -111,8 +112,9 @@ Response ForwardingHandler::metrics_answer(const Request& request) const {
                        "text/plain; version=0.0.4; charset=utf-8");
 }
 
-// Tries the replicas in the order of choice until one answers; the prompt's blocks are recorded for the one that
-// did (a generation request's).
+// Tries the replicas in the order of choice until one answers. A generation request's prompt blocks are recorded
+// for each replica as it is tried, before it answers, so that the next question on the same document, which may
+// follow at once, goes there too.
 net::awaitable<bool> ForwardingHandler::forward(Request& request, const PromptChain& prompt, ResponseWriter& writer) {
   const std::vector<int> matched = index_.matched_blocks(prompt.blocks);
   const ReplicaChoice choice =
@@ -123,7 +125,7 @@ net::awaitable<bool> ForwardingHandler::forward(Request& request, const PromptCh
   for (size_t i = 0; i < choice.order.size(); ++i) {
     const size_t replica = choice.order[i];
     if (i > 0) metrics_.add_retry();
-    if (prompt.n_tokens > 0) index_.record(prompt.blocks, replica);  // before: a second request may follow at once
+    if (prompt.n_tokens > 0) index_.record(prompt.blocks, replica);
     Attempt result = co_await attempt(replica, request, writer);
     if (result.answered) {
       if (prompt.n_tokens > 0) metrics_.add_routed_prompt(prompt.n_tokens, matched[replica] * options_.block_size);

@@ -20,12 +20,21 @@ ReplicaChoice choose_replicas(RoutingPolicy policy, std::span<const ReplicaView>
     const bool counts = policy == RoutingPolicy::cache_aware && replicas[i].outstanding() < busy_threshold;
     return counts ? matched_blocks[i] : 0;
   };
-  // In service first; then, cache-aware, the longest match and the least loaded; ties keep the rotation.
+  // The free share of its KV pool in eighths, from its last /metrics: cached blocks count as used there, so among
+  // equally loaded replicas a new prompt goes where fewer are cached, and the documents spread over the pools.
+  auto free_eighths = [&](size_t i) {
+    const ReplicaLoad& load = replicas[i].load;
+    return load.total_blocks > 0 ? int(8 * load.free_blocks / load.total_blocks) : 8;
+  };
+  // In service first; then, cache-aware, the longest match, the least loaded, the most free; ties keep the rotation.
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     if (replicas[a].in_service != replicas[b].in_service) return replicas[a].in_service;
     if (policy == RoutingPolicy::round_robin) return false;
     if (match(a) != match(b)) return match(a) > match(b);
-    return replicas[a].outstanding() < replicas[b].outstanding();
+    if (replicas[a].outstanding() != replicas[b].outstanding()) {
+      return replicas[a].outstanding() < replicas[b].outstanding();
+    }
+    return free_eighths(a) > free_eighths(b);
   });
   ReplicaChoice choice{order, 0};
   if (n > 0) choice.matched_blocks = matched_blocks[order.front()];

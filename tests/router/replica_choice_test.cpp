@@ -46,6 +46,18 @@ TEST(ReplicaChoice, NewPromptsOnIdleReplicasSpreadByTurn) {
   EXPECT_EQ(firsts, (std::vector<size_t>{0, 1, 2}));
 }
 
+TEST(ReplicaChoice, AmongEquallyLoadedReplicasANewPromptGoesWhereTheMostOfThePoolIsFree) {
+  std::vector<ReplicaView> views = replicas({0, 0, 0});
+  for (ReplicaView& v : views) v.load.total_blocks = 800;
+  views[0].load.free_blocks = 100;  // holds cached documents
+  views[1].load.free_blocks = 700;
+  views[2].load.free_blocks = 350;
+  const std::vector<int> none = {0, 0, 0};
+  EXPECT_EQ(choose_replicas(RoutingPolicy::cache_aware, views, none, 8, 0).order, (std::vector<size_t>{1, 2, 0}));
+  views[1].in_flight = 1;  // load first
+  EXPECT_EQ(choose_replicas(RoutingPolicy::cache_aware, views, none, 8, 0).order, (std::vector<size_t>{2, 0, 1}));
+}
+
 TEST(ReplicaChoice, RoundRobinIgnoresMatchesAndLoad) {
   const std::vector<ReplicaView> views = replicas({5, 0, 0});
   const ReplicaChoice choice = choose_replicas(RoutingPolicy::round_robin, views, std::vector<int>{0, 40, 0}, 8, 3);
