@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import statistics
@@ -254,7 +255,7 @@ def main():
     load = workload(docs, args.questions)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     result = {"machine": machine(), "commit": commit, "command": " ".join(["bench/router.py", *sys.argv[1:]]),
-              "settings": vars(args), "max_tokens": MAX_TOKENS}
+              "settings": vars(args), "max_tokens": MAX_TOKENS, "load_average_at_start": os.getloadavg()}
 
     round_robin, replicas, front = fleet_run(args, load, "round_robin")
     for p in [front, *replicas]:
@@ -278,6 +279,7 @@ def main():
         "ttft_mean_round_robin_over_cache_aware": round_robin["ttft_mean_s"] / cache_aware["ttft_mean_s"],
         "router_overhead_median_ms": result["router_overhead"]["overhead_median_ms"],
     }
+    result["load_average_at_end"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["goals"], indent=1), json.dumps(result["kill"], indent=1))
 
