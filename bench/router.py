@@ -216,7 +216,8 @@ def wait_state(front: Process, url: str, in_service: bool, bound_s: float) -> fl
 
 
 def kill_run(args, docs, replicas: list[Process], front: Process) -> dict:
-    """Questions the documents were not asked yet; after a third of them, SIGKILL one replica."""
+    """Questions the documents were not asked yet; after a third of them, SIGKILL one replica. back_after_restart_s
+    counts from the restarted replica's first 200 on /health."""
     load = [{"prompt": f"{docs[d]}\n\nQuestion: In one word, what is document {d} about? ({k})\nAnswer:"}
             for k in range(2) for d in range(len(docs))]
     victim = replicas[1]
@@ -224,10 +225,10 @@ def kill_run(args, docs, replicas: list[Process], front: Process) -> dict:
 
     async def on_done(n_done):
         if n_done == len(load) // 3 and not observed:
+            in_flight = health_of(front, victim.url)["in_flight"]
             victim.process.send_signal(signal.SIGKILL)
-            killed = time.monotonic()
             out_s = await asyncio.to_thread(wait_state, front, victim.url, False, 10)
-            observed.update(killed_at=killed, out_s=out_s)
+            observed.update(in_flight=in_flight, out_s=out_s)
 
     records = asyncio.run(run_requests(front.url, [w["prompt"] for w in load], args.concurrency, on_done))
     restarted = replica(args.replica_mib, port=victim.port)
@@ -235,9 +236,12 @@ def kill_run(args, docs, replicas: list[Process], front: Process) -> dict:
     back_s = wait_state(front, victim.url, True, 10)
     not_started = [r for r in records if r["error"] and r["events"] == 0]
     cut = [r for r in records if r["error"] and r["events"] > 0]
+    attempts = [line for line in requests.get(f"{front.url}/metrics", timeout=10).text.splitlines()
+                if line.startswith(("strata_router_requests_total", "strata_router_retries_total"))]
     return {"requests": len(records), "failed_before_streaming": len(not_started), "cut_mid_stream": len(cut),
-            "errors": [r["error"] for r in not_started + cut], "out_after_kill_s": observed.get("out_s"),
-            "back_after_restart_s": back_s}
+            "errors": [r["error"] for r in not_started + cut], "victim_in_flight_at_kill": observed.get("in_flight"),
+            "out_after_kill_s": observed.get("out_s"), "back_after_restart_s": back_s,
+            "router_attempts_after_the_run": attempts}
 
 
 def main():
