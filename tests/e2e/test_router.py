@@ -5,10 +5,13 @@
 - API keys are checked at the router;
 - a replica killed with SIGKILL: the stream it was writing ends with an error event, the requests after it still
   succeed, and the router's /health shows it out within 2 s and back once it is restarted;
+- a replica that drops a request before answering (a stand-in that answers its health checks and closes every
+  other connection: a crash at the wrong moment, on demand) leaves the request to the next replica;
 - a draining replica is taken out; the router itself drains on SIGTERM;
 - a configuration without replicas, a bad URL and a bad policy are refused with the key named."""
 import json
 import signal
+import socketserver
 import subprocess
 import threading
 import time
@@ -197,6 +200,44 @@ def test_a_killed_replica_is_taken_out_and_brought_back():
         assert back_s <= HEALTH_BOUND_S
     finally:
         stop_all([router, *replicas])
+
+
+class DroppingReplica(socketserver.ThreadingTCPServer):
+    """Healthy to the health checks; every other request's connection is closed before any answer."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self):
+            request_line = self.rfile.readline().decode(errors="replace")
+            if request_line.startswith(("GET /health", "GET /metrics")):
+                body = b'{"status":"ok"}' if "/health" in request_line else b""
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                                 % (len(body), body))
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), self.Handler)
+        self.base_url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_a_request_a_replica_drops_before_answering_goes_to_the_next(cluster):
+    _, replicas = cluster
+    dropping = DroppingReplica()
+    router = start_router([dropping, replicas[0]], "--policy", "round_robin")
+    try:
+        wait_for(lambda: all(r["in_service"] for r in replica_health(router).values()), HEALTH_BOUND_S, "in service")
+        assert complete(router.base_url, "Hello").status_code == 200  # round-robin's first turn: the dropping one
+        stream = Stream(router.base_url, max_tokens=8)
+        stream.join(60)
+        assert stream.status == 200 and stream.events[-1] == "[DONE]", (stream.failure, stream.events[-2:])
+        samples = metrics(router.base_url)
+        assert metric(samples, "strata_router_requests_total", replica=dropping.base_url, status="failed") >= 1
+        assert metric(samples, "strata_router_retries_total") >= 1
+    finally:
+        router.stop()
+        dropping.shutdown()
 
 
 def test_a_draining_replica_is_taken_out():
