@@ -23,7 +23,9 @@ net::awaitable<beast::error_code> UpstreamConnection::send(Request request, std:
   if (connect_ec) co_return connect_ec;
   beast::error_code ignored;
   stream_.socket().set_option(tcp::no_delay(true), ignored);
-  request.set(http::field::host, endpoint_.host + ":" + std::to_string(endpoint_.port));
+  const bool ipv6 = endpoint_.host.find(':') != std::string::npos;
+  const std::string host = ipv6 ? "[" + endpoint_.host + "]" : endpoint_.host;
+  request.set(http::field::host, host + ":" + std::to_string(endpoint_.port));
   request.keep_alive(false);
   request.prepare_payload();
   stream_.expires_after(timeout);
