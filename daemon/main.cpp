@@ -1,4 +1,4 @@
-// strata: the serving daemon's one binary. Subcommands: serve, generate, bench, tokenize, eval, calibrate.
+// strata: the serving daemon's one binary. Subcommands: serve, route, generate, bench, tokenize, eval, calibrate.
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -13,6 +13,8 @@ void print_usage() {
   std::cout << "usage: strata <command> [flags]   (strata --version: the commit of the build)\n"
                "  serve     --config FILE [--port N] [--host H] [--set section.key=value]...\n"
                "            serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)\n"
+               "  route     --config FILE --replica http://HOST:PORT... [--policy cache_aware|round_robin] [--port N]\n"
+               "            forward the same API to replicas, each request where its prompt's prefix is cached\n"
                "  generate  --config FILE --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S]\n"
                "            complete one prompt and print the text\n"
                "  bench     --config FILE [--model PATH|preset:NAME] [--batch 1,8] [--prompt-tokens N] [--gen-tokens N]\n"
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   int sub_argc = argc - 2;
   char** sub_argv = argv + 2;
   if (command == "serve") return strata::serve_command(sub_argc, sub_argv);
+  if (command == "route") return strata::route_command(sub_argc, sub_argv);
   if (command == "generate") return strata::generate_command(sub_argc, sub_argv);
   if (command == "bench") return strata::bench_command(sub_argc, sub_argv);
   if (command == "tokenize") return strata::tokenize_command(sub_argc, sub_argv);

@@ -277,6 +277,24 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
 
 }  // namespace
 
+ModelFrontEnd load_model_front_end(const ServerConfig& config) {
+  namespace fs = std::filesystem;
+  const ServerConfig::Model& m = config.model;
+  const std::string where = config.file + ": model.path: ";
+  if (m.path.rfind(kPresetPrefix, 0) == 0) throw ConfigError(where + "a preset model has no tokenizer to route by");
+  if (fs::is_directory(m.path)) {
+    const std::string tokenizer_json = (fs::path(m.path) / "tokenizer.json").string();
+    if (!fs::exists(tokenizer_json)) throw ConfigError(where + tokenizer_json + " does not exist");
+    return {Tokenizer::from_hf_json(tokenizer_json), choose_template(m, ""),
+            m.name.empty() ? fs::path(m.path).filename().string() : m.name,
+            config_from_hf_json((fs::path(m.path) / "config.json").string()).max_context};
+  }
+  if (!fs::exists(m.path)) throw ConfigError(where + m.path + " does not exist");
+  const auto gguf = GgufFile::open(m.path);
+  return {Tokenizer::from_gguf(*gguf), choose_template(m, gguf->get_string("tokenizer.chat_template").value_or("")),
+          m.name.empty() ? fs::path(m.path).stem().string() : m.name, config_from_gguf(*gguf).max_context};
+}
+
 std::unique_ptr<RankRuntime> make_runtime(const ServerConfig& config, const RankWorld* world) {
   auto rt = std::make_unique<RankRuntime>();
   if (config.model.path.empty()) {

@@ -7,6 +7,7 @@
 #include "daemon/server_config.h"
 #include "leader/engine.h"
 #include "leader/step_dispatcher.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "rank/rank_runtime.h"
 
@@ -20,6 +21,16 @@ std::unique_ptr<RankRuntime> make_runtime(const ServerConfig& config, const Rank
 // The leader's dispatcher over the runtime (every rank must be running, the others in run_worker): its
 // constructor exchanges a first step with them.
 std::unique_ptr<StepDispatcher> make_dispatcher(RankRuntime& rt, const RankWorld* world);
+
+// What of model.path a router needs (strata route): the tokenizer, the chat template, the served name and the
+// context, without the weights. Throws ConfigError naming model.path where the model has no tokenizer.
+struct ModelFrontEnd {
+  Tokenizer tokenizer;
+  ChatTemplate chat_template;
+  std::string model_name;
+  int max_context = 0;
+};
+ModelFrontEnd load_model_front_end(const ServerConfig& config);
 
 // For models without a tokenizer (dummy weights): token i is the text "t<i>", nothing is special.
 Tokenizer stand_in_tokenizer(const ModelConfig& config);

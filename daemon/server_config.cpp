@@ -10,6 +10,7 @@
 
 #include "cache/compression_config.h"
 #include "cache/compression_policy.h"
+#include "router/replica_endpoint.h"
 #include "routing/api_keys.h"
 
 namespace strata {
@@ -61,6 +62,18 @@ std::vector<std::string> checked_api_keys(std::vector<std::string> keys, const s
     if (!problem.empty()) throw ConfigError(where + ": entry " + std::to_string(i + 1) + ": " + problem);
   }
   return keys;
+}
+
+// Replica URLs as given, each checked (router/replica_endpoint.h).
+std::vector<std::string> checked_replicas(std::vector<std::string> urls, const std::string& where) {
+  for (const std::string& url : urls) {
+    try {
+      parse_replica_url(url);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(where + ": " + e.what());
+    }
+  }
+  return urls;
 }
 
 // The setter of every configuration key.
@@ -213,6 +226,42 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.parallel.micro_batches = int(parse_int(t, w, 1, 1024));
        }},
+      {"router.replicas",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.replicas = checked_replicas(split_list(t), w);
+       }},
+      {"router.policy",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.policy = parse_choice(t, w, {"cache_aware", "round_robin"});
+       }},
+      {"router.busy_threshold",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.busy_threshold = int(parse_int(t, w, 1, 1 << 20));
+       }},
+      {"router.index_blocks",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.index_blocks = parse_int(t, w, 1, int64_t(1) << 32);
+       }},
+      {"router.health_interval_ms",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.health_interval_ms = int(parse_int(t, w, 10, 60000));
+       }},
+      {"router.health_timeout_ms",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.health_timeout_ms = int(parse_int(t, w, 10, 60000));
+       }},
+      {"router.connect_timeout_ms",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.connect_timeout_ms = int(parse_int(t, w, 10, 60000));
+       }},
+      {"router.upstream_timeout_s",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.upstream_timeout_s = int(parse_int(t, w, 1, 86400));
+       }},
+      {"router.forward_api_key",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.router.forward_api_key = parse_choice(t, w, {"true", "false"}) == "true";
+       }},
   };
   return table;
 }
@@ -235,6 +284,16 @@ std::string key_name(const YAML::Node& key, const std::string& where) {
                       (key.IsSequence() ? "list" : key.IsMap() ? "mapping" : "null"));
   }
   return key.Scalar();
+}
+
+// A YAML list of scalars (`what`: what its items are, for the error).
+std::vector<std::string> scalar_list(const YAML::Node& list, const std::string& where, const std::string& what) {
+  std::vector<std::string> items;
+  for (const auto& item : list) {
+    if (!item.IsScalar()) throw ConfigError(where + ": expected a list of " + what);
+    items.push_back(item.Scalar());
+  }
+  return items;
 }
 
 // yaml-cpp keeps both entries of a key given twice in one mapping, and the server would silently take the last:
@@ -306,13 +365,12 @@ ServerConfig load_server_config(const std::string& path) {
     for (const auto& entry : section.second) {
       const std::string key = name + "." + key_name(entry.first, path + ": " + name);
       const std::string where = path + ": " + key;
-      if (key == "server.api_keys" && entry.second.IsSequence()) {  // the one key that takes a YAML list
-        std::vector<std::string> keys;
-        for (const auto& item : entry.second) {
-          if (!item.IsScalar()) throw ConfigError(where + ": expected a list of keys");
-          keys.push_back(item.Scalar());
-        }
-        config.server.api_keys = checked_api_keys(std::move(keys), where);
+      if (key == "server.api_keys" && entry.second.IsSequence()) {  // the keys that take a YAML list
+        config.server.api_keys = checked_api_keys(scalar_list(entry.second, where, "keys"), where);
+        continue;
+      }
+      if (key == "router.replicas" && entry.second.IsSequence()) {
+        config.router.replicas = checked_replicas(scalar_list(entry.second, where, "URLs"), where);
         continue;
       }
       if (!entry.second.IsScalar()) throw ConfigError(where + ": expected a single value");

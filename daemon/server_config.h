@@ -73,6 +73,20 @@ struct ServerConfig {
     int timeout_s = 60;                     // how long a rank may stay silent before the world is ended
     int micro_batches = 0;                  // pieces a step is cut into along the pipeline; 0: pp (set: >= 1)
   } parallel;
+
+  // strata route (router/router_options.h): the replicas it forwards to; its own listener is server.*, its
+  // tokenizer model.*, and the replicas' block size kv_cache.block_size.
+  struct Router {
+    std::vector<std::string> replicas;      // http://host:port of each strata serve (a YAML list, or comma-separated)
+    std::string policy = "cache_aware";     // cache_aware | round_robin
+    int busy_threshold = 8;                 // outstanding requests at which a replica's prefix match stops counting
+    int64_t index_blocks = 1 << 18;         // prompt blocks remembered (least recently used out)
+    int health_interval_ms = 500;           // how often each replica's /health and /metrics are read
+    int health_timeout_ms = 1000;           // a health check unanswered this long takes the replica out
+    int connect_timeout_ms = 1000;
+    int upstream_timeout_s = 600;           // the longest wait for any part of a replica's response
+    bool forward_api_key = true;            // the client's Authorization header goes on to the replica
+  } router;
 };
 
 ServerConfig load_server_config(const std::string& path);

@@ -4,36 +4,20 @@
 #include <stdexcept>
 #include <string>
 
+#include "leader/block_hash_chain.h"
+
 namespace strata {
-namespace {
-
-// splitmix64's finaliser: every input bit reaches every output bit.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 PrefixIndex::PrefixIndex(int block_size, uint64_t salt) : block_size_(block_size), salt_(salt) {
   if (block_size < 1) throw std::invalid_argument("prefix index: block_size must be positive");
 }
 
 std::vector<uint64_t> PrefixIndex::chain(std::span<const int32_t> tokens) const {
-  std::vector<uint64_t> hashes;
-  extend_chain(hashes, tokens);
-  return hashes;
+  return block_hash_chain(tokens, block_size_, salt_);
 }
 
 void PrefixIndex::extend_chain(std::vector<uint64_t>& chain, std::span<const int32_t> tokens) const {
-  const size_t block = size_t(block_size_);
-  uint64_t h = chain.empty() ? mix(salt_) : chain.back();
-  for (size_t end = (chain.size() + 1) * block; end <= tokens.size(); end += block) {
-    for (size_t i = end - block; i < end; ++i) h = mix(h ^ uint64_t(uint32_t(tokens[i])));
-    chain.push_back(h);
-  }
+  extend_block_hash_chain(chain, tokens, block_size_, salt_);
 }
 
 int PrefixIndex::cached_blocks(std::span<const uint64_t> chain, std::span<const int32_t> tokens) const {

@@ -1,9 +1,10 @@
 #pragma once
 // The leader's index of the prompt blocks the ranks keep for reuse (automatic prefix caching). A prefix block is
-// block_size prompt tokens; it is named by a hash chain (its parent's hash, its tokens, and a salt for whatever
-// else changes the KV, such as the model), and on every rank it is one KV block per local layer. The leader alone
-// decides which blocks a new sequence starts from, which are published once prefilled and which are evicted when
-// the pool needs their memory, and tells the ranks in the StepPlan; the ranks only keep the block ids.
+// block_size prompt tokens; it is named by a hash chain (leader/block_hash_chain.h: its parent's hash, its tokens,
+// and a salt for whatever else changes the KV, such as the model), and on every rank it is one KV block per local
+// layer. The leader alone decides which blocks a new sequence starts from, which are published once prefilled and
+// which are evicted when the pool needs their memory, and tells the ranks in the StepPlan; the ranks only keep the
+// block ids.
 //
 // A block in use by a sequence stays; a block nobody uses stays cached until evicted, least recently used first,
 // and only once no cached block continues it (a block whose parent is gone could never be found again).

@@ -102,14 +102,14 @@ PlainAnswer plain_answer(ServerContext& server, const RouteEntry& route, std::st
     case Route::detokenize:
       return {.body = detokenize_response(body, server.tokenizer, server.options.limits)};
     case Route::health: {
-      const bool healthy = server.service.healthy() && !server.draining;
+      const bool healthy = server.service->healthy() && !server.draining;
       const nlohmann::json status = {{"status", server.draining ? "draining" : healthy ? "ok" : "unavailable"}};
       return {healthy ? http::status::ok : http::status::service_unavailable, status.dump()};
     }
     case Route::metrics:
-      return {.body = server.service.metrics_text() + server.errors.text(), .content_type = "text/plain; version=0.0.4; charset=utf-8"};
+      return {.body = server.service->metrics_text() + server.errors.text(), .content_type = "text/plain; version=0.0.4; charset=utf-8"};
     case Route::kv_state:
-      return {.body = server.service.kv_state_json()};
+      return {.body = server.service->kv_state_json()};
     case Route::completions:
     case Route::chat_completions:
       break;

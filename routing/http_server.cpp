@@ -87,9 +87,9 @@ net::awaitable<void> listen(tcp::acceptor& acceptor, ServerContext& server) {
 }  // namespace
 
 struct HttpServer::Impl {
-  Impl(ServerOptions options, GenerationService& service, const Tokenizer& tokenizer,
+  Impl(ServerOptions options, GenerationService* service, RequestHandler* handler, const Tokenizer& tokenizer,
        const ChatTemplate& chat_template)
-      : server(std::move(options), service, tokenizer, chat_template) {}
+      : server(std::move(options), service, handler, tokenizer, chat_template) {}
 
   ServerContext server;  // declared before the io_context: outlives the sessions' coroutine frames
   std::unique_ptr<net::io_context> io_context;
@@ -102,7 +102,11 @@ struct HttpServer::Impl {
 
 HttpServer::HttpServer(ServerOptions options, GenerationService& service, const Tokenizer& tokenizer,
                        const ChatTemplate& chat_template)
-    : impl_(std::make_unique<Impl>(std::move(options), service, tokenizer, chat_template)) {}
+    : impl_(std::make_unique<Impl>(std::move(options), &service, nullptr, tokenizer, chat_template)) {}
+
+HttpServer::HttpServer(ServerOptions options, RequestHandler& handler, const Tokenizer& tokenizer,
+                       const ChatTemplate& chat_template)
+    : impl_(std::make_unique<Impl>(std::move(options), nullptr, &handler, tokenizer, chat_template)) {}
 
 HttpServer::~HttpServer() { stop(); }
 

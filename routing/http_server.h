@@ -18,6 +18,7 @@ namespace strata {
 
 class ChatTemplate;
 class GenerationService;
+class RequestHandler;
 class Tokenizer;
 
 struct ServerOptions {
@@ -43,6 +44,10 @@ class HttpServer {
   // The service, tokenizer and template must outlive the server.
   HttpServer(ServerOptions options, GenerationService& service, const Tokenizer& tokenizer,
              const ChatTemplate& chat_template);
+  // A server whose every route the handler answers (routing/request_handler.h: strata route); the session still
+  // reads, checks keys, refuses while draining and routes. /health and /metrics go to the handler too.
+  HttpServer(ServerOptions options, RequestHandler& handler, const Tokenizer& tokenizer,
+             const ChatTemplate& chat_template);
   ~HttpServer();  // stops
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -55,7 +60,8 @@ class HttpServer {
   // load balancers stop sending; the requests in flight go on, and each connection closes after its response.
   // Idempotent.
   void start_draining();
-  // Generation requests whose response is not yet completely written.
+  // Generation requests whose response is not yet completely written (a handler's server: none, the handler
+  // counts its own).
   int n_in_flight() const;
   // Closes the listener and every connection and joins the threads; requests in flight are cancelled (their
   // sinks report cancelled()). Idempotent.

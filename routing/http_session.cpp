@@ -18,6 +18,7 @@
 #include "routing/http_routes.h"
 #include "routing/openai_protocol.h"
 #include "routing/prompt_batch.h"
+#include "routing/request_handler.h"
 
 namespace strata {
 namespace {
@@ -39,7 +40,7 @@ std::string http_error_status_text(const ApiError& error) {
 
 // One connection: read a request, answer it, repeat while keep-alive. Lives in its coroutine's frame on its own
 // strand; every read and write has a deadline.
-class Session {
+class Session : ResponseWriter {
  public:
   Session(ServerContext& server, tcp::socket socket) : server_(server), stream_(std::move(socket)) {}
 
@@ -65,6 +66,13 @@ class Session {
   net::awaitable<bool> do_write_stream_data(std::string_view data);
   net::awaitable<void> do_write_stream_end();
   net::awaitable<void> do_linger();
+  // ResponseWriter, for a RequestHandler.
+  net::awaitable<bool> write(Response& response) override { return do_write(response); }
+  net::awaitable<bool> write_stream_header(const Request& request) override {
+    return do_write_stream_header(request);
+  }
+  net::awaitable<bool> write_stream_data(std::string_view data) override { return do_write_stream_data(data); }
+  net::awaitable<bool> write_stream_end(const Request& request) override;
 
   ServerContext& server_;
   beast::tcp_stream stream_;
@@ -217,6 +225,7 @@ net::awaitable<bool> Session::dispatch(Request& request) {
     co_return co_await answer_error(request, error, http::field::allow, allowed);
   }
 
+  if (server_.handler) co_return co_await server_.handler->answer(request, *entry, path, *this);
   if (entry->route == Route::completions) co_return co_await serve_generation(request, ApiDialect::completions);
   if (entry->route == Route::chat_completions) co_return co_await serve_generation(request, ApiDialect::chat);
   PlainAnswer answer = plain_answer(server_, *entry, path, request.body());
@@ -251,7 +260,7 @@ net::awaitable<bool> Session::serve_generation(Request& request, ApiDialect dial
   for (size_t i = 0; i < batch.size(); ++i) {
     batch[i].request.sink = std::move(prompt_sinks[i]);
     try {
-      server_.service.submit(std::move(batch[i].request));
+      server_.service->submit(std::move(batch[i].request));
     } catch (const std::invalid_argument& e) {
       throw ApiError::invalid_request(batch.size() == 1 ? "" : batch[i].prompt_param, e.what());
     } catch (const SubmitRefused& e) {
@@ -305,8 +314,7 @@ net::awaitable<bool> Session::stream(const Request& request, const ResponseConte
     if (!co_await wait_for_events(sink, timer)) co_return false;
     events = sink.take();
   }
-  co_await do_write_stream_end();
-  co_return stream_chunked_ && request.keep_alive();
+  co_return co_await write_stream_end(request);
 }
 
 // Waits until the sink holds events (true) or the client has gone away (false). Runs on the session strand, as
@@ -383,6 +391,11 @@ net::awaitable<void> Session::do_write_stream_end() {
   co_await net::async_write(stream_, http::make_chunk_last(), use_nothrow);
 }
 
+net::awaitable<bool> Session::write_stream_end(const Request& request) {
+  co_await do_write_stream_end();
+  co_return stream_chunked_ && request.keep_alive();
+}
+
 // After an error that ends the connection, read and drop what the client still sends for a moment, so that
 // closing with unread input does not reset the connection before the client has read the error.
 net::awaitable<void> Session::do_linger() {
@@ -399,10 +412,11 @@ net::awaitable<void> Session::do_linger() {
 
 }  // namespace
 
-ServerContext::ServerContext(ServerOptions options_in, GenerationService& service_in, const Tokenizer& tokenizer_in,
-                             const ChatTemplate& chat_template_in)
+ServerContext::ServerContext(ServerOptions options_in, GenerationService* service_in, RequestHandler* handler_in,
+                             const Tokenizer& tokenizer_in, const ChatTemplate& chat_template_in)
     : options(std::move(options_in)),
       service(service_in),
+      handler(handler_in),
       tokenizer(tokenizer_in),
       chat_template(chat_template_in),
       started_at(unix_now()),

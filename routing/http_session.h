@@ -16,16 +16,18 @@ namespace strata {
 
 class ChatTemplate;
 class GenerationService;
+class RequestHandler;
 class Tokenizer;
 
-// What every session shares: the options, the engine and tokenizer, the keys, the sinks in flight, the bounds on
-// connections and whether the server drains.
+// What every session shares: the options, the engine (or the handler that answers instead) and tokenizer, the
+// keys, the sinks in flight, the bounds on connections and whether the server drains.
 struct ServerContext {
-  ServerContext(ServerOptions options_in, GenerationService& service_in, const Tokenizer& tokenizer_in,
-                const ChatTemplate& chat_template_in);
+  ServerContext(ServerOptions options_in, GenerationService* service_in, RequestHandler* handler_in,
+                const Tokenizer& tokenizer_in, const ChatTemplate& chat_template_in);
 
   ServerOptions options;
-  GenerationService& service;
+  GenerationService* service;  // exactly one of service and handler is set
+  RequestHandler* handler;
   const Tokenizer& tokenizer;
   const ChatTemplate& chat_template;
   int64_t started_at = 0;  // unix seconds

@@ -1,7 +1,7 @@
 """The folders' layers (docs/architecture.md): a source file includes only headers of its own folder or of a layer
 below it, so that no include runs upward and the folder names tell where a change belongs.
 
-    kernels < cache < parallel < model < rank, grammar < leader < routing, eval < daemon < bench
+    kernels < cache < parallel < model < rank, grammar < leader < routing, eval < router < daemon < bench
 
 kernels/cpu and kernels/cuda implement kernels/backend.h, cache/policies implement cache/compression_policy.h and
 daemon/commands are the daemon's: a subfolder belongs to its top-level folder's layer. routing and eval share a
@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"kernels": 0, "cache": 1, "parallel": 2, "model": 3, "rank": 4, "grammar": 4, "leader": 5, "routing": 6, "eval": 6,
-          "daemon": 7, "bench": 8}
+          "router": 7, "daemon": 8, "bench": 9}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

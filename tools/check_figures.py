@@ -50,6 +50,21 @@ def kv_bytes_ratio(d: dict, context: int) -> float:
     return step[0] / step[1]
 
 
+def router_summary(d: dict) -> str:
+    """Cache-aware routing against one replica alone and round-robin (bench/router.py)."""
+    return (f"cache-aware routing served {d['cache_aware']['cache_share']:.1%} of the prompt tokens from the "
+            f"replicas' caches (one replica alone: {d['one_replica']['cache_share']:.1%}, round-robin: "
+            f"{d['round_robin']['cache_share']:.1%}), with a mean time to first token "
+            f"{d['goals']['ttft_mean_round_robin_over_cache_aware']:.2f}x shorter than round-robin's; the router "
+            f"added {d['goals']['router_overhead_median_ms']:.2f} ms to the median time to first token")
+
+
+def router_row(d: dict, run: str) -> str:
+    r = d[run]
+    return (f"| {r['cache_share']:.1%} | {r['ttft_mean_s']:.2f} s | {r['ttft_median_s']:.2f} s | "
+            f"{r['ttft_p90_s']:.2f} s | {r['wall_s']:.0f} s |")
+
+
 def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
@@ -84,6 +99,10 @@ CLAIMS = [
           lambda d: f"{gpu_tests_passed(d, load('gpu-h200-c11d038-tests-smollm2.json'))} `Cuda*` and NCCL tests pass"),
     Claim("bench/results/README.md", "gpu-h200-c11d038-bench-8b.json",
           lambda d: f"although it reads {kv_bytes_ratio(d, 16384):.1f}x fewer KV bytes"),
+    Claim("README.md", "router-cpu.json", router_summary),
+    Claim("bench/results/README.md", "router-cpu.json", router_summary),
+    *(Claim("bench/results/README.md", "router-cpu.json", lambda d, run=run: router_row(d, run))
+      for run in ("cache_aware", "round_robin", "one_replica")),
 ]
 
 

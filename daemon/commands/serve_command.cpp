@@ -1,11 +1,6 @@
 // strata serve: load the model, start the engine thread and the HTTP server, run until SIGINT or SIGTERM (a
 // graceful drain, then the end; a second one ends at once). Under mpirun every rank runs this command: the leader
 // (rank 0) serves HTTP and schedules, the others execute their shard of every step (docs/distributed.md).
-#include <semaphore.h>
-#include <time.h>
-
-#include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
@@ -19,6 +14,7 @@
 #include "daemon/build_commit.h"
 #include "daemon/commands/command_line.h"
 #include "daemon/commands/commands.h"
+#include "daemon/commands/shutdown_signals.h"
 #include "daemon/rank_world.h"
 #include "daemon/runtime.h"
 #include "leader/engine.h"
@@ -32,46 +28,6 @@
 namespace strata {
 
 namespace {
-
-// SIGINT, SIGTERM and SIGUSR1 post a semaphore that the main thread waits on. A handler, not sigwait: libraries
-// start threads before main (OpenBLAS), and a signal delivered to one of those must still end in a clean
-// shutdown, also when it arrives while the model is loading. The first signal starts a drain; a SIGINT or SIGTERM
-// after it ends at once. SIGUSR1 only ever starts a drain: mpirun forwards it to every rank at once (it answers
-// SIGTERM by killing the world a second later), and a supervisor that signals every process of the group as well
-// as mpirun must not turn its one stop into two (docs/decisions.md).
-sem_t g_shutdown;
-std::atomic<int> g_signal{0};
-std::atomic<int> g_n_ending_signals{0};  // SIGINT and SIGTERM received
-
-void on_signal(int signal) {
-  g_signal = signal;
-  if (signal != SIGUSR1) ++g_n_ending_signals;  // lock-free, hence async-signal-safe
-  sem_post(&g_shutdown);  // async-signal-safe
-}
-
-void install_signal_handlers() {
-  sem_init(&g_shutdown, 0, 0);
-  struct sigaction action{};
-  action.sa_handler = on_signal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGUSR1, &action, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error code, not the end of the process
-}
-
-// Waits for the semaphore up to `timeout`; true when it was posted.
-bool wait_for_signal(std::chrono::milliseconds timeout) {
-  timespec deadline{};
-  clock_gettime(CLOCK_REALTIME, &deadline);
-  const long long ns = deadline.tv_nsec + std::chrono::nanoseconds(timeout).count();
-  deadline.tv_sec += time_t(ns / 1000000000);
-  deadline.tv_nsec = long(ns % 1000000000);
-  while (sem_timedwait(&g_shutdown, &deadline) != 0) {
-    if (errno != EINTR) return false;
-  }
-  return true;
-}
 
 void print_serve_help() {
   std::cout << "usage: strata serve --config FILE [--port N] [--host H] [--tp T] [--pp P] [--api-key KEY]...\n"
@@ -150,7 +106,7 @@ void drain(Engine& engine, HttpServer& server, std::chrono::seconds timeout, int
            const std::function<bool()>& failed) {
   server.start_draining();
   engine.drain();
-  std::cerr << "strata: signal " << g_signal.load() << ", draining: " << server.n_in_flight()
+  std::cerr << "strata: signal " << last_signal() << ", draining: " << server.n_in_flight()
             << " request(s) in flight get up to " << timeout.count()
             << " s to finish (a second SIGTERM or SIGINT ends at once)" << std::endl;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -160,7 +116,7 @@ void drain(Engine& engine, HttpServer& server, std::chrono::seconds timeout, int
                 << std::endl;
       return;
     }
-    if (wait_for_signal(kDrainPoll) && (g_n_ending_signals.load() > n_ending || failed())) return;
+    if (wait_for_signal(kDrainPoll) && (n_ending_signals() > n_ending || failed())) return;
   }
   std::cerr << "strata: drained" << std::endl;
 }
@@ -192,14 +148,13 @@ void shut_down(RankWorld& world, Engine& engine, HttpServer& server, StepDispatc
 // the drain timeout is 0) and shuts down. failure(): why the world broke, or "".
 void serve_until_stopped(RankWorld& world, Engine& engine, HttpServer& server, StepDispatcher& ranks,
                          std::chrono::seconds drain_timeout, const std::function<std::string()>& failure) {
-  while (sem_wait(&g_shutdown) != 0) {
-  }
-  const int n_ending = g_n_ending_signals.load();
+  wait_for_shutdown();
+  const int n_ending = n_ending_signals();
   const auto failed = [&] { return !failure().empty(); };
   if (!failed() && n_ending < 2 && drain_timeout.count() > 0) drain(engine, server, drain_timeout, n_ending, failed);
   const std::string why = failure();
   if (why.empty()) {
-    std::cerr << "strata: signal " << g_signal.load() << ", shutting down"
+    std::cerr << "strata: signal " << last_signal() << ", shutting down"
               << (world.distributed() ? " (mpirun also signals every rank when one dies, and names it)" : "")
               << std::endl;
   }
@@ -232,7 +187,7 @@ int serve_command(int argc, char** argv) {
       return 0;
     }
 
-    install_signal_handlers();
+    install_shutdown_signals();
     std::unique_ptr<RankRuntime> rt = make_runtime(config, world.get());
     if (!rt->tokenizer) throw ConfigError(config.file + ": model.path: a served model needs a tokenizer");
     std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
@@ -246,7 +201,7 @@ int serve_command(int argc, char** argv) {
         std::lock_guard lock(failure_mutex);
         rank_failure = message;
       }
-      sem_post(&g_shutdown);
+      post_shutdown();
     };
     ServerOptions options = server_options(config, *rt);
     check_server_options(config, options);

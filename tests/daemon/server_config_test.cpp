@@ -349,7 +349,9 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "parallel.timeout_s", "parallel.micro_batches",
       "server.ignore_unknown_fields", "server.access_log",
       "server.max_connections", "server.idle_timeout_s", "server.drain_timeout_s", "server.api_keys",
-      "server.api_key_file", "server.metrics_require_key",
+      "server.api_key_file", "server.metrics_require_key", "router.replicas", "router.policy",
+      "router.busy_threshold", "router.index_blocks", "router.health_interval_ms", "router.health_timeout_ms",
+      "router.connect_timeout_ms", "router.upstream_timeout_s", "router.forward_api_key",
   };
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()), expected);
   EXPECT_EQ(keys.size(), expected.size());  // no duplicates
@@ -370,6 +372,9 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "server.ignore_unknown_fields" || k == "server.access_log" ? "true"
                               : k == "server.metrics_require_key" ? "true"
                               : k == "server.api_keys"        ? "sk-a,sk-b"
+                              : k == "router.replicas"        ? "http://127.0.0.1:8001,http://[::1]:8002/"
+                              : k == "router.policy"          ? "round_robin"
+                              : k == "router.forward_api_key" ? "false"
                                                              : "16";
     EXPECT_NO_THROW(apply_config_override(c, k + "=" + value)) << k;
   }
@@ -483,6 +488,35 @@ TEST_F(ServerConfigTest, ConnectionAndDrainKeysAreChecked) {
   EXPECT_CONTAINS(override_error(c, "server.idle_timeout_s=0"), "server.idle_timeout_s");
   EXPECT_CONTAINS(override_error(c, "server.drain_timeout_s=-1"), "server.drain_timeout_s");
   EXPECT_CONTAINS(override_error(c, "server.metrics_require_key=yes"), "server.metrics_require_key");
+}
+
+TEST_F(ServerConfigTest, RouterSectionFromAYamlListWithItsDefaults) {
+  const ServerConfig defaults;
+  EXPECT_TRUE(defaults.router.replicas.empty());
+  EXPECT_EQ(defaults.router.policy, "cache_aware");
+  EXPECT_TRUE(defaults.router.forward_api_key);
+  const ServerConfig c = load_server_config(write("router.yaml",
+                                                  "router:\n"
+                                                  "  replicas: [http://127.0.0.1:8001, \"http://10.0.0.2:8000/\"]\n"
+                                                  "  policy: round_robin\n"
+                                                  "  busy_threshold: 3\n"
+                                                  "  health_interval_ms: 250\n"));
+  EXPECT_EQ(c.router.replicas, (std::vector<std::string>{"http://127.0.0.1:8001", "http://10.0.0.2:8000/"}));
+  EXPECT_EQ(c.router.policy, "round_robin");
+  EXPECT_EQ(c.router.busy_threshold, 3);
+  EXPECT_EQ(c.router.health_interval_ms, 250);
+}
+
+TEST_F(ServerConfigTest, BadRouterValuesNameTheKeyAndTheReplica) {
+  const std::string not_http = load_error(write("scheme.yaml", "router:\n  replicas: [https://a:1]\n"));
+  EXPECT_CONTAINS(not_http, "scheme.yaml: router.replicas");
+  EXPECT_CONTAINS(not_http, "https://a:1");
+  EXPECT_CONTAINS(load_error(write("nested.yaml", "router:\n  replicas: [[http://a:1]]\n")), "expected a list of URLs");
+  ServerConfig c;
+  EXPECT_CONTAINS(override_error(c, "router.replicas=http://a:99999"), "port '99999'");
+  EXPECT_CONTAINS(override_error(c, "router.replicas=http://a:1/v1"), "without a path");
+  EXPECT_CONTAINS(override_error(c, "router.policy=random"), "cache_aware, round_robin");
+  EXPECT_CONTAINS(override_error(c, "router.health_interval_ms=0"), "router.health_interval_ms");
 }
 
 }  // namespace

@@ -21,15 +21,18 @@ def strata_binary():
 
 
 class ServeProcess:
-    def __init__(self, overrides=(), name="strata serve", extra_args=(), config=CONFIG):
+    """command: "serve", or "route" (tests/e2e/test_router.py); port: a given one (a replica restarted where it
+    was), or a free one."""
+
+    def __init__(self, overrides=(), name="strata serve", extra_args=(), config=CONFIG, command="serve", port=None):
         if not strata_binary().exists() or not MODEL.exists():
             pytest.fail("build/strata or the model is missing: run tools/setup.sh")
         self.name = name
-        self.port = free_port()
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_dir = Path(tempfile.mkdtemp(prefix="strata-e2e-"))
         self.log_path = self.log_dir / "serve.log"
-        args = [str(strata_binary()), "serve", "--config", str(config), "--port", str(self.port), *extra_args]
+        args = [str(strata_binary()), command, "--config", str(config), "--port", str(self.port), *extra_args]
         for o in overrides:
             args += ["--set", o]
         with open(self.log_path, "wb") as log:

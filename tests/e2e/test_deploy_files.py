@@ -19,6 +19,8 @@ CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 DASHBOARD = DEPLOY / "grafana" / "strata-dashboard.json"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 UNIT = DEPLOY / "systemd" / "strata.service"
+ROUTER_UNITS = {"route": DEPLOY / "systemd" / "strata-router.service",
+                "serve": DEPLOY / "systemd" / "strata-replica@.service"}
 
 
 def _dashboard():
@@ -78,6 +80,11 @@ def test_dashboard_has_the_panels_design_md_promises():
     find("timeseries", "rate(strata_prompt_tokens_total", "rate(strata_generation_tokens_total")
     find("timeseries", "strata_preemptions_total")
     find("timeseries", "strata_request_errors_total")
+    # The router row (strata route's own series).
+    find("timeseries", "strata_router_requests_total", "strata_router_retries_total")
+    find("timeseries", "strata_router_prefix_hit_tokens_total", "strata_router_prompt_tokens_total")
+    find("timeseries", "strata_router_upstream_first_byte_seconds_bucket")
+    find("timeseries", "strata_router_replica_healthy", "strata_router_replica_in_flight")
     for histogram in ("strata_time_to_first_token_seconds", "strata_inter_token_latency_seconds",
                       "strata_e2e_request_latency_seconds"):
         exprs = " ".join(_exprs(find("timeseries", f"{histogram}_bucket")))
@@ -137,6 +144,22 @@ def test_systemd_unit_keys():
     drain_s = int(re.search(r"^  drain_timeout_s: (\d+)", CONFIG.read_text(), re.M).group(1))
     assert stop_s > drain_s, "systemd would SIGKILL the server before its drain can end"
     assert "PrivateDevices" not in service, "PrivateDevices hides the GPUs"
+    assert sections["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+@pytest.mark.parametrize("command", sorted(ROUTER_UNITS))
+def test_router_and_replica_units(command):
+    sections = _unit_sections(ROUTER_UNITS[command].read_text(encoding="utf-8"))
+    service = {k: v[-1] for k, v in sections["Service"].items()}
+    exec_start = service["ExecStart"].split()
+    assert exec_start[0] == "/opt/strata/build/strata" and exec_start[1] == command, exec_start
+    assert exec_start[exec_start.index("--config") + 1].startswith("/etc/strata/"), exec_start
+    if command == "serve":
+        assert exec_start[exec_start.index("--port") + 1] == "%i", "the instance name is the replica's port"
+    assert service["KillSignal"] == "SIGTERM" and service["Restart"] == "on-failure"
+    assert service["User"] != "root" and int(service["LimitNOFILE"]) >= 4096
+    drain_s = int(re.search(r"^  drain_timeout_s: (\d+)", CONFIG.read_text(), re.M).group(1))
+    assert int(service["TimeoutStopSec"]) > drain_s
     assert sections["Install"]["WantedBy"] == ["multi-user.target"]
 
 

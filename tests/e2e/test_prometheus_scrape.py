@@ -30,7 +30,11 @@ REQUEST_TIMEOUT_S = 60
 GRAFANA_VARIABLES = {"$__rate_interval": "15s", "$__interval": "1s", "$__range": "1m", "$job": ".*",
                      "$instance": ".*", "$tp_rank": ".*"}
 # Metrics that are declared but have no series until something happens that this test cannot cause.
-MAY_BE_ABSENT = {"strata_request_errors_total"}  # a status appears with its first failed request
+MAY_BE_ABSENT = {"strata_request_errors_total",  # a status appears with its first failed request
+                 # the router row: strata route's series, which a replica does not have
+                 "strata_router_requests_total", "strata_router_retries_total", "strata_router_prefix_hit_tokens_total",
+                 "strata_router_prompt_tokens_total", "strata_router_upstream_first_byte_seconds_bucket",
+                 "strata_router_replica_healthy", "strata_router_replica_in_flight"}
 
 
 def _prometheus_binary():
