@@ -470,15 +470,17 @@ def bf16_basis(case, at):
     """The saving against a bf16 cache (the CUDA path's entries), at the jobs' ends or at their peaks: there `full`'s
     entries and the row's full-precision ones (a quantized pool's unsealed entries, a prefill chunk) halve, while
     quantized and coded blocks keep their size. Files before the full-precision share was recorded: a
-    full-precision row saves as much, a quantized row half as much (its unsealed entries counted as codes)."""
+    full-precision row saves as much; a quantized row half as much at the end (its unsealed group counted as codes),
+    and at the peak, which may be all unsealed entries (a prompt prefilled whole), nothing is said."""
     memory = case["memory"]
     ratio = memory["ratio"] if at == "end" else memory.get("peak_ratio")
     held = sum(memory["bytes"]) if at == "end" else memory.get("peak_bytes")
     fp = memory.get("full_precision_bytes" if at == "end" else "peak_full_precision_bytes")
-    if ratio is None:
+    quantized = case.get("kv_dtype", "f32") != "f32"
+    if ratio is None or (fp is None and quantized and at == "peak"):  # a peak's unsealed share is unknown
         return None
     if fp is None:
-        return ratio if case.get("kv_dtype", "f32") == "f32" else ratio / 2
+        return ratio / 2 if quantized else ratio
     return sum(memory["uncompressed_bytes"]) / (2 * held - fp) if held else None
 
 

@@ -346,7 +346,7 @@ def test_memory_at_the_peak_and_on_the_bf16_basis(tmp_path):
     er.main([write(tmp_path / "r.json", make_run([snapkv, quantized, chunked])), "--out", str(out)])
     text = section((out / "README.md").read_text(), "Memory as users pay it")
     assert "| snapkv@128 | 14.00× | 1.20× | 14.00× | 1.20× |" in text
-    assert "| simlayerkv@20%+int4 | 7.00× | 1.10× | 3.50× | 0.55× |" in text
+    assert "| simlayerkv@20%+int4 | 7.00× | 1.10× | 3.50× | – |" in text  # its peak's unsealed share unknown
     assert f"| snapkv@10%+int4 | 4.00× | 2.00× | {800 / 350:.2f}× | 1.60× |" in text
     assert "| full | 1.00× | – | 1.00× | – |" in text
 
@@ -387,7 +387,7 @@ def test_ruler_goal_names_what_stands_in_the_way(tmp_path):
     snapkv["memory"].update(peak_bytes=100, peak_ratio=1.1)
     snapkv["ruler"] = ruler_items([("niah_single", "in_prompt", 1.0), ("niah_single", "after_compression", 0.4)])
     quantized = make_case("streaming", "10%", ratio=12.0, ppl=0.005, dtype="int4")
-    quantized["memory"].update(peak_bytes=100, peak_ratio=12.0)
+    quantized["memory"].update(peak_bytes=400, peak_full_precision_bytes=0, peak_ratio=12.0)  # sealed at its peak
     quantized["ruler"] = ruler_items([("niah_single", "in_prompt", 1.0), ("niah_single", "after_compression", 0.8)])
     run = make_run([snapkv, quantized])
     run["cases"][0]["ruler"] = ruler_items([("niah_single", "in_prompt", 1.0), ("niah_single", "after_compression", 0.8)])
@@ -445,7 +445,7 @@ def test_rows_about_5x_and_10x_at_their_ends_and_peaks(tmp_path):
     end = make_case("snapkv", "20%", ratio=4.6)
     end["memory"].update(peak_bytes=100, peak_ratio=1.02)
     chunked = make_case("streaming", "10%", ratio=24.0, dtype="int4")
-    chunked["memory"].update(peak_bytes=100, peak_ratio=20.0)
+    chunked["memory"].update(peak_bytes=480, peak_full_precision_bytes=0, peak_ratio=20.0)
     for case, recall in ((end, 0.25), (chunked, 1.0)):
         case["ruler"] = ruler_items([("niah_single", "in_prompt", recall), ("niah_single", "after_compression", 0.5)])
     run = make_run([end, chunked])
