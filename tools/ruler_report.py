@@ -94,7 +94,7 @@ def _is_full(row):
 def savings_tables(rows, end_bf16, peak_bf16):
     """For each target saving, at the rows' ends and at their peaks (bf16 basis): the rows about that saving, with
     their score per task and setting on the tasks that enter the averages, and their averages."""
-    full = next(r for r in rows if _is_full(r) and r.case.get("ruler"))  # the first file's
+    full = max((r for r in rows if _is_full(r)), key=lambda r: len(r.case.get("ruler", [])))  # the most measured
     full_scores = ruler_scores(full.case["ruler"])
     columns = [(t, s) for s in SETTINGS for t in counted_tasks(full_scores, s)]
     parts = []
