@@ -3,6 +3,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from functools import lru_cache
@@ -163,3 +164,52 @@ def stop_process(process, timeout_s):
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+CALL_BOUND_S = 60  # generous: a call ends within seconds of its server draining or its stream being cut
+
+
+class CompletionCall(threading.Thread):
+    """One completions request on a thread of its own: streamed (the events, decoded) or not (the response)."""
+
+    def __init__(self, base_url, max_tokens, stream):
+        super().__init__(daemon=True)
+        self.url = f"{base_url}/v1/completions"
+        self.body = {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "max_tokens": max_tokens,
+                     "temperature": 0, "ignore_eos": True, "stream": stream}
+        self.first_event = threading.Event()
+        self.events, self.response, self.failure = [], None, None
+        self.start()
+
+    def run(self):
+        try:
+            with requests.post(self.url, json=self.body, stream=self.body["stream"], timeout=300) as response:
+                self.response = response
+                if not self.body["stream"] or response.status_code != 200:
+                    response.content  # noqa: B018 (reads the body)
+                    return
+                for line in response.iter_lines():
+                    if line.startswith(b"data: "):
+                        self.events.append(line[6:].decode())
+                        self.first_event.set()
+        except requests.RequestException as e:
+            self.failure = e
+        finally:
+            self.first_event.set()
+
+    @property
+    def status(self):
+        return None if self.response is None else self.response.status_code
+
+    def result(self):
+        self.join(timeout=CALL_BOUND_S)
+        assert not self.is_alive(), "the request did not end"
+        assert self.failure is None, self.failure
+        return self.response
+
+    def streamed_tokens(self):
+        """The number of text chunks before [DONE], and the finish reason; asserts the stream ended properly."""
+        assert self.events and self.events[-1] == "[DONE]", self.events[-3:]
+        chunks = [json.loads(e) for e in self.events[:-1]]
+        assert all("error" not in c for c in chunks), chunks[-1]
+        return sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"]), chunks[-1]["choices"][0]

@@ -5,59 +5,16 @@ then exits 0. A second SIGTERM or SIGINT ends at once."""
 import json
 import re
 import signal
-import threading
 import time
 
 import pytest
 import requests
 
 from serve_process import ServeProcess
-from support import error_of, metric, metrics
+from support import CompletionCall, error_of, metric, metrics
 
 MODEL = "SmolLM2-135M-Instruct"
 EXIT_BOUND_S = 60  # generous: the drains below take seconds
-
-
-class Call(threading.Thread):
-    """One completions request on a thread of its own: streamed (the events, decoded) or not (the response)."""
-
-    def __init__(self, server, max_tokens, stream):
-        super().__init__(daemon=True)
-        self.url = f"{server.base_url}/v1/completions"
-        self.body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
-                     "ignore_eos": True, "stream": stream}
-        self.first_event = threading.Event()
-        self.events, self.response, self.failure = [], None, None
-        self.start()
-
-    def run(self):
-        try:
-            with requests.post(self.url, json=self.body, stream=self.body["stream"], timeout=300) as response:
-                self.response = response
-                if not self.body["stream"] or response.status_code != 200:
-                    response.content  # noqa: B018 (reads the body)
-                    return
-                for line in response.iter_lines():
-                    if line.startswith(b"data: "):
-                        self.events.append(line[6:].decode())
-                        self.first_event.set()
-        except requests.RequestException as e:
-            self.failure = e
-        finally:
-            self.first_event.set()
-
-    def result(self):
-        self.join(timeout=EXIT_BOUND_S)
-        assert not self.is_alive(), "the request did not end"
-        assert self.failure is None, self.failure
-        return self.response
-
-    def streamed_tokens(self):
-        """The number of text chunks before [DONE], and the finish reason; asserts the stream ended properly."""
-        assert self.events and self.events[-1] == "[DONE]", self.events[-3:]
-        chunks = [json.loads(e) for e in self.events[:-1]]
-        assert all("error" not in c for c in chunks), chunks[-1]
-        return sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"]), chunks[-1]["choices"][0]
 
 
 def wait_for_exit(server):
@@ -89,8 +46,8 @@ def engine_requests(server):
 def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
     server = serve("server.drain_timeout_s=120")
     # engine.max_running=2: two run, the other two wait in the queue when the signal comes.
-    calls = [Call(server, 96, stream=True), Call(server, 96, stream=True), Call(server, 32, stream=False),
-             Call(server, 32, stream=True)]
+    calls = [CompletionCall(server.base_url, tokens, stream) for tokens, stream in
+             ((96, True), (96, True), (32, False), (32, True))]
     assert calls[0].first_event.wait(60) and calls[0].events, "the first stream did not start"
     # The others reach the engine a moment later (later still on a loaded machine): signal once three have.
     deadline = time.monotonic() + 60
@@ -124,8 +81,8 @@ def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
 
 def test_what_outlasts_the_drain_timeout_ends_with_an_error(serve):
     server = serve("server.drain_timeout_s=2")
-    stream = Call(server, 4000, stream=True)
-    whole = Call(server, 4000, stream=False)
+    stream = CompletionCall(server.base_url, 4000, stream=True)
+    whole = CompletionCall(server.base_url, 4000, stream=False)
     assert stream.first_event.wait(60) and stream.events
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
@@ -143,7 +100,7 @@ def test_what_outlasts_the_drain_timeout_ends_with_an_error(serve):
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_ends_at_once(serve, second):
     server = serve("server.drain_timeout_s=300")
-    stream = Call(server, 4000, stream=True)
+    stream = CompletionCall(server.base_url, 4000, stream=True)
     assert stream.first_event.wait(60) and stream.events
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.5)
@@ -158,7 +115,7 @@ def test_a_second_signal_ends_at_once(serve, second):
 
 def test_sigusr1_drains_and_repeating_it_does_not_end_the_drain(serve):
     server = serve("server.drain_timeout_s=120")
-    stream = Call(server, 64, stream=True)
+    stream = CompletionCall(server.base_url, 64, stream=True)
     assert stream.first_event.wait(60) and stream.events
     server.process.send_signal(signal.SIGUSR1)
     server.process.send_signal(signal.SIGUSR1)  # e.g. mpirun's forward and a supervisor's own

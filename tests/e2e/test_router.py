@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from serve_process import ServeProcess, strata_binary
-from support import ROOT, metric, metrics
+from support import ROOT, CompletionCall, metric, metrics
 
 MODEL = "SmolLM2-135M-Instruct"
 REPLICA_SETTINGS = ["engine.threads=1", "kv_cache.memory_mib=64", "server.drain_timeout_s=30"]
@@ -67,32 +67,6 @@ def wait_for(condition, bound_s, what):
         assert time.monotonic() - start < bound_s, f"{what}: not within {bound_s} s"
         time.sleep(0.05)
     return time.monotonic() - start
-
-
-class Stream(threading.Thread):
-    """A long streamed completion through `base_url` on a thread of its own; events holds its data lines."""
-
-    def __init__(self, base_url, max_tokens=400):
-        super().__init__(daemon=True)
-        self.body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
-                     "ignore_eos": True, "stream": True}
-        self.url = f"{base_url}/v1/completions"
-        self.events, self.status, self.failure = [], None, None
-        self.first_event = threading.Event()
-        self.start()
-
-    def run(self):
-        try:
-            with requests.post(self.url, json=self.body, stream=True, timeout=120) as response:
-                self.status = response.status_code
-                for line in response.iter_lines():
-                    if line.startswith(b"data: "):
-                        self.events.append(line[6:].decode())
-                        self.first_event.set()
-        except requests.RequestException as e:
-            self.failure = e
-        finally:
-            self.first_event.set()
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +156,7 @@ def test_a_killed_replica_is_taken_out_and_brought_back():
     replicas = start_replicas(2, name="replica (kill)")
     router = start_router(replicas)
     try:
-        stream = Stream(router.base_url)
+        stream = CompletionCall(router.base_url, 400, stream=True)
         assert stream.first_event.wait(60) and stream.events, stream.failure
         victim = next(r for r in replicas if replica_health(router)[r.base_url]["in_flight"] == 1)
         victim.process.send_signal(signal.SIGKILL)
@@ -229,7 +203,7 @@ def test_a_request_a_replica_drops_before_answering_goes_to_the_next(cluster):
     try:
         wait_for(lambda: all(r["in_service"] for r in replica_health(router).values()), HEALTH_BOUND_S, "in service")
         assert complete(router.base_url, "Hello").status_code == 200  # round-robin's first turn: the dropping one
-        stream = Stream(router.base_url, max_tokens=8)
+        stream = CompletionCall(router.base_url, 8, stream=True)
         stream.join(60)
         assert stream.status == 200 and stream.events[-1] == "[DONE]", (stream.failure, stream.events[-2:])
         samples = metrics(router.base_url)
@@ -245,7 +219,7 @@ def test_a_draining_replica_is_taken_out():
     router = start_router(replicas)
     try:
         draining = replicas[1]
-        stream = Stream(draining.base_url, max_tokens=500)  # keeps the replica draining for a while
+        stream = CompletionCall(draining.base_url, 500, stream=True)  # keeps the replica draining for a while
         assert stream.first_event.wait(60)
         draining.process.send_signal(signal.SIGTERM)
         start = time.monotonic()
@@ -264,7 +238,7 @@ def test_the_router_drains_on_sigterm(cluster):
     _, replicas = cluster
     router = start_router(replicas)
     try:
-        stream = Stream(router.base_url, max_tokens=400)
+        stream = CompletionCall(router.base_url, 400, stream=True)
         assert stream.first_event.wait(60)
         router.process.send_signal(signal.SIGTERM)
         wait_for(lambda: requests.get(f"{router.base_url}/health", timeout=5).status_code == 503, 2, "draining")
