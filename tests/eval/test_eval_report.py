@@ -109,7 +109,8 @@ def test_every_committed_interval_contains_its_estimate():
     rows = [r for path in COMMITTED for r in rows_of(json.loads(path.read_text()))]
     estimates = [e for r in rows for e in [r.stats["ppl"], r.stats["long_generation"],
                                            *r.stats["ppl_by_prefix"].values()] if e is not None]
-    assert len(estimates) >= 2 * len(rows) > 0
+    scored = [r for r in rows if r.stats["ppl"] is not None or r.stats["long_generation"] is not None]
+    assert len(estimates) >= len(scored) > 0  # a RULER-only file's rows have no estimate
     assert all(e.low <= e.value <= e.high for e in estimates)
     assert any(e.low < e.high for e in estimates)
 
