@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "routing/api_keys.h"
+
 namespace strata {
 
 // text as a whole number, or std::invalid_argument naming --flag.
@@ -97,6 +99,16 @@ ServerConfig load_command_config(const CommandLine& cl) {
   ServerConfig config = load_server_config(cl.get("config", "configs/smollm2-cpu.yaml"));
   for (const std::string& s : cl.get_all("set")) apply_config_override(config, s);
   return config;
+}
+
+void apply_listener_flags(const CommandLine& cl, ServerConfig& config) {
+  if (cl.has("port")) apply_config_override(config, "server.port=" + cl.get("port"));
+  if (cl.has("host")) apply_config_override(config, "server.host=" + cl.get("host"));
+  for (const std::string& key : cl.get_all("api-key")) {
+    const std::string problem = api_key_problem(key);
+    if (!problem.empty()) throw ConfigError("--api-key: " + problem);
+    config.server.api_keys.push_back(key);
+  }
 }
 
 }  // namespace strata

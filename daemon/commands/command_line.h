@@ -34,5 +34,8 @@ class CommandLine {
 // The configuration a subcommand runs with: the file of --config (configs/smollm2-cpu.yaml by default), then
 // every --set section.key=value in order.
 ServerConfig load_command_config(const CommandLine& cl);
+// The listener's flags of serve and route: --port and --host over server.*, each --api-key added to
+// server.api_keys (a malformed key is a ConfigError naming the flag).
+void apply_listener_flags(const CommandLine& cl, ServerConfig& config);
 
 }  // namespace strata

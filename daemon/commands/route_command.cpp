@@ -82,13 +82,7 @@ ServerConfig route_config(const CommandLine& cl) {
     apply_config_override(config, "router.replicas=" + urls);
   }
   if (cl.has("policy")) apply_config_override(config, "router.policy=" + cl.get("policy"));
-  if (cl.has("port")) apply_config_override(config, "server.port=" + cl.get("port"));
-  if (cl.has("host")) apply_config_override(config, "server.host=" + cl.get("host"));
-  for (const std::string& key : cl.get_all("api-key")) {
-    const std::string problem = api_key_problem(key);
-    if (!problem.empty()) throw ConfigError("--api-key: " + problem);
-    config.server.api_keys.push_back(key);
-  }
+  apply_listener_flags(cl, config);
   if (config.router.replicas.empty()) {
     throw ConfigError(config.file + ": router.replicas: no replica (give --replica http://HOST:PORT or the list)");
   }

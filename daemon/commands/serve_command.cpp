@@ -172,15 +172,9 @@ int serve_command(int argc, char** argv) {
       return 0;
     }
     ServerConfig config = load_command_config(cl);
-    if (cl.has("port")) apply_config_override(config, "server.port=" + cl.get("port"));
-    if (cl.has("host")) apply_config_override(config, "server.host=" + cl.get("host"));
+    apply_listener_flags(cl, config);
     if (cl.has("tp")) apply_config_override(config, "parallel.tp=" + cl.get("tp"));
     if (cl.has("pp")) apply_config_override(config, "parallel.pp=" + cl.get("pp"));
-    for (const std::string& key : cl.get_all("api-key")) {
-      const std::string problem = api_key_problem(key);
-      if (!problem.empty()) throw ConfigError("--api-key: " + problem);
-      config.server.api_keys.push_back(key);
-    }
     world = std::make_unique<RankWorld>(config);
     if (!world->grid().is_leader()) {
       serve_as_worker(config, *world);
