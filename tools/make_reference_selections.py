@@ -1,5 +1,5 @@
-"""Writes tests/fixtures/selections/<prompt>.json: the entries SnapKV, PyramidKV and StreamingLLM keep, computed
-independently of Strata (format: that folder's README.md).
+"""Writes tests/fixtures/selections/<prompt>.json: the entries SnapKV, PyramidKV, StreamingLLM and Expected Attention
+keep, computed independently of Strata (format: that folder's README.md).
 
 The attention probabilities come from Hugging Face transformers loading models/SmolLM2-135M-Instruct.Q4_1.gguf
 (dequantized to fp32, eager attention, output_attentions=True): one forward pass over the prompt gives, for every
@@ -11,6 +11,19 @@ documented choices (docs/compression.md):
   - pooling as PyTorch's max_pool1d / avg_pool1d(count_include_pad=True), stride 1, padding k // 2 (spec 2.5);
   - ties: higher score first, then lower index; kept indices ascending, the window appended (spec 1.5-1.6);
   - PyramidKV's official integer schedule (spec 3.4), L = 30 layers, beta = 20.
+
+Expected Attention (Devoto et al., 2025, "Expected Attention: KV Cache Compression by Estimating Attention from
+Future Queries Distribution"; NVIDIA kvpress's ExpectedAttentionPress) uses the same forward pass: forward hooks on
+every layer's self_attn.q_proj capture the queries before RoPE, and the cache (use_cache=True) gives the keys after
+RoPE and the values. Per layer, in float64, with m = n - sinks rows and entries [sinks, n):
+  - mu_h, Sigma_h: the mean and the population covariance (1/m) of query head h's rows [sinks, n);
+  - Rbar: the mean over positions [n, n + future) of the RoPE matrix R(p) = diag(cos_p) + diag(sin_p) P (P is
+    rotate_half), cos/sin from the model's own rotary embedding (computed there in fp32, then cast);
+  - z[h][e] = (Rbar mu_h) . k_e / sqrt(d) + k_e^T (Rbar Sigma_h Rbar^T) k_e / (2 d), softmax over e in [sinks, n);
+  - per KV head g: the MEAN of its 3 query heads' probabilities times ||v_e||_2; the top C - sinks of those with
+    the same tie rule, the sinks [0, sinks) kept in front.
+Self-checks run on every prompt: z recomputed entry by entry in numpy, Rbar against the model's own
+apply_rotary_pos_emb, and the cached keys against k_proj's output rotated at their positions.
 Nothing here imports or runs Strata code; the prompts are tokenized with tools/reference_tokenizer.py.
 
 Needs the reference stack (tools/requirements-reference.txt: torch, transformers, accelerate, gguf, tokenizers).
@@ -30,6 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_tokenizer import build_reference_tokenizer  # noqa: E402
@@ -44,7 +58,7 @@ PROMPTS = [
 ]
 PIECE_CHARS = 8000  # more than enough text for 1,000 tokens (about 4.3 characters per token)
 BUDGETS = [64, 128]
-N_LAYERS, N_HEADS, N_KV_HEADS = 30, 9, 3
+N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_DIM = 30, 9, 3, 64
 # Candidates whose score lies within this relative distance of the cut are listed in "band", so that a test can
 # tell a near-tie at the cut from a real disagreement.
 BAND_REL = 1e-3
@@ -64,6 +78,11 @@ def configs():
         out.append((f"pyramidkv:budget={c},window=8,kernel=7,pool=max,beta=20,schedule=official,agg=mean",
                     dict(method="pyramidkv", budget=c, window=8, kernel=7, pool="max", beta=20)))
         out.append((f"streaming:budget={c},sinks=4,mode=one_shot", dict(method="streaming", budget=c, sinks=4)))
+    for c in BUDGETS:
+        # kvpress's ExpectedAttentionPress defaults: n_sink = 4, n_future_positions = 512, use_covariance and
+        # use_vnorm on (epsilon = 0).
+        out.append((f"expected_attention:budget={c},sinks=4,future=512,covariance=true,vnorm=true",
+                    dict(method="expected_attention", budget=c, sinks=4, future=512, covariance=True, vnorm=True)))
     return out
 
 
@@ -118,12 +137,14 @@ def g9(x):
     return float(f"{x:.9g}")
 
 
-def select(scores, keep, n, window):
-    """Spec 2.6 with Strata's tie rule: the top-`keep` of scores (over [0, n - w)), higher score first, then lower
-    index; returns the kept indices ascending with the window appended, and the cut's numbers."""
+def select(scores, keep, n, window, sinks=0):
+    """Spec 2.6 with Strata's tie rule: the top-`keep` of scores, higher score first, then lower index; returns the
+    kept indices ascending, and the cut's numbers. scores[i] is entry sinks + i: the candidates are [0, n - w) for
+    SnapKV and PyramidKV (sinks = 0, the window [n - w, n) appended) and [sinks, n) for Expected Attention (w = 0,
+    the sinks [0, sinks) in front). Band indices are entry indices."""
     m = len(scores)
     order = np.lexsort((np.arange(m), -scores))  # last key is primary: descending score, then ascending index
-    kept = sorted(int(i) for i in order[:keep]) + list(range(n - window, n))
+    kept = list(range(sinks)) + sorted(sinks + int(i) for i in order[:keep]) + list(range(n - window, n))
     last_kept = float(scores[order[keep - 1]]) if keep > 0 else None
     first_dropped = float(scores[order[keep]]) if keep < m else None
     record = {"kept": ranges(kept), "last_kept": None if last_kept is None else g9(last_kept),
@@ -134,7 +155,7 @@ def select(scores, keep, n, window):
         near = [int(i) for i in order
                 if abs(scores[i] - last_kept) <= BAND_REL * scale or abs(scores[i] - first_dropped) <= BAND_REL * scale]
         near.sort(key=lambda i: min(abs(scores[i] - last_kept), abs(scores[i] - first_dropped)))
-        record["band"] = sorted([i, g9(float(scores[i]))] for i in near[:BAND_MAX])
+        record["band"] = sorted([sinks + i, g9(float(scores[i]))] for i in near[:BAND_MAX])
     return record
 
 
@@ -148,6 +169,98 @@ def window_sums(attentions, n, window):
         s = probs[0, :, n - window:, :n - window].to(torch.float64).sum(dim=1)  # [heads, n - w]
         out.append(s.view(N_KV_HEADS, group, n - window).mean(dim=1).numpy())
     return out
+
+
+def rope_matrices(rotary_emb, positions):
+    """[len(positions), d, d] float64: R(p) = diag(cos_p) + diag(sin_p) P, with cos/sin from the model's own rotary
+    embedding (it computes them in fp32) and P the matrix of rotate_half (P[d/2:, :d/2] = I, P[:d/2, d/2:] = -I),
+    so that R(p) x = x * cos_p + rotate_half(x) * sin_p, transformers' apply_rotary_pos_emb."""
+    cos, sin = rotary_emb(torch.zeros(1, dtype=torch.float32), torch.tensor([list(positions)]))
+    cos, sin = cos[0].to(torch.float64), sin[0].to(torch.float64)  # [p, d]
+    d = cos.shape[-1]
+    half = d // 2
+    rot = torch.zeros(d, d, dtype=torch.float64)
+    rot[half:, :half] = torch.eye(half, dtype=torch.float64)
+    rot[:half, half:] = -torch.eye(half, dtype=torch.float64)
+    return cos[:, :, None] * torch.eye(d, dtype=torch.float64) + sin[:, :, None] * rot
+
+
+def mean_rope(rotary_emb, n, future):
+    """Rbar: the mean of R(p) over the future positions p in [n, n + future), float64 [d, d]."""
+    return rope_matrices(rotary_emb, range(n, n + future)).mean(dim=0)
+
+
+def expected_attention(queries, keys, values, rbar, sinks, covariance, vnorm):
+    """One layer, float64. queries [n, n_heads * d] (q_proj's output, before RoPE); keys, values [n_kv_heads, n, d]
+    (keys after RoPE, as cached). Returns (scores [n_kv_heads, n - sinks] for entries [sinks, n), and the
+    intermediates (mubar [heads, d], sigmabar [heads, d, d], z [heads, n - sinks]) for the self-check)."""
+    n = queries.shape[0]
+    d = keys.shape[-1]
+    m = n - sinks
+    group = N_HEADS // N_KV_HEADS
+    q = queries[sinks:].view(m, N_HEADS, d).transpose(0, 1)  # [heads, m, d]
+    mu = q.mean(dim=1)  # [heads, d]
+    centered = q - mu[:, None, :]
+    sigma = torch.einsum("hri,hrj->hij", centered, centered) / m  # population covariance, as kvpress
+    mubar = mu @ rbar.T  # Rbar mu_h
+    sigmabar = rbar @ sigma @ rbar.T  # Rbar Sigma_h Rbar^T (broadcast over heads)
+    k = keys[:, sinks:].repeat_interleave(group, dim=0)  # [heads, m, d]: query head h reads KV head h // group
+    z = torch.einsum("hi,hei->he", mubar, k) / d ** 0.5
+    if covariance:
+        z = z + torch.einsum("hei,hij,hej->he", k, sigmabar, k) / (2 * d)
+    probs = torch.softmax(z, dim=-1)
+    scores = probs.view(N_KV_HEADS, group, m).mean(dim=1)  # MEAN over the query heads of each KV head
+    if vnorm:
+        scores = scores * values[:, sinks:].norm(dim=-1)
+    return scores, (mubar, sigmabar, z)
+
+
+def check_expected_attention(rotary_emb, queries, keys, values, k_proj_out, n, sinks, future):
+    """Self-checks of one layer's arithmetic, a second way each: Rbar against transformers' apply_rotary_pos_emb;
+    the cached keys against k_proj's output rotated at their positions (they are post-RoPE); mu, Sigma, z, the
+    softmax and the scores recomputed with numpy, z entry by entry in plain loops for a sample of entries."""
+    d = keys.shape[-1]
+    gen = np.random.default_rng(0)
+    vec = torch.from_numpy(gen.standard_normal((1, 1, 1, d)))
+    cos, sin = rotary_emb(torch.zeros(1, dtype=torch.float32), torch.tensor([[n]]))
+    rotated, _ = apply_rotary_pos_emb(vec, vec, cos.to(torch.float64), sin.to(torch.float64))
+    one = mean_rope(rotary_emb, n, 1)
+    assert torch.equal(one, rope_matrices(rotary_emb, [n])[0]), "Rbar for future = 1 is not R(n)"
+    assert torch.allclose(one @ vec.view(d), rotated.view(d), rtol=0, atol=1e-14), "R(n) != apply_rotary_pos_emb"
+    # The average: Rbar x is the mean over the future positions of apply_rotary_pos_emb(x).
+    cos, sin = rotary_emb(torch.zeros(1, dtype=torch.float32), torch.arange(n, n + future)[None])
+    rotated, _ = apply_rotary_pos_emb(vec, vec, cos.to(torch.float64), sin.to(torch.float64))  # [1, 1, future, d]
+    assert torch.allclose(mean_rope(rotary_emb, n, future) @ vec.view(d), rotated[0, 0].mean(dim=0), rtol=0,
+                          atol=1e-13), "Rbar != the mean of apply_rotary_pos_emb"
+    # The cached keys are k_proj's output after RoPE at positions 0 .. n - 1 (fp32 both).
+    cos, sin = rotary_emb(torch.zeros(1, dtype=torch.float32), torch.arange(n)[None])
+    raw = k_proj_out.view(1, n, N_KV_HEADS, d).transpose(1, 2)
+    _, roped = apply_rotary_pos_emb(raw, raw, cos, sin)
+    assert torch.allclose(roped[0].to(torch.float64), keys, rtol=0, atol=1e-5), "cached keys are not post-RoPE"
+
+    rbar = mean_rope(rotary_emb, n, future)
+    scores, (mubar, sigmabar, z) = expected_attention(queries, keys, values, rbar, sinks, True, True)
+    q, k, v, r = queries.numpy(), keys.numpy(), values.numpy(), rbar.numpy()
+    group = N_HEADS // N_KV_HEADS
+    probs = np.empty((N_HEADS, n - sinks))
+    for h in range(N_HEADS):
+        rows = q[sinks:, h * d:(h + 1) * d]
+        mu = rows.mean(axis=0)
+        sigma = np.cov(rows, rowvar=False, bias=True)
+        mb, sb = r @ mu, r @ sigma @ r.T
+        assert np.allclose(mb, mubar[h].numpy(), rtol=1e-12, atol=1e-12)
+        assert np.allclose(sb, sigmabar[h].numpy(), rtol=1e-12, atol=1e-12)
+        kh = k[h // group, sinks:]
+        zh = kh @ mb / np.sqrt(d) + np.einsum("ei,ij,ej->e", kh, sb, kh) / (2 * d)
+        for e in list(range(0, n - sinks, 37)) + [n - sinks - 1]:
+            lin = sum(mb[i] * kh[e, i] for i in range(d)) / np.sqrt(d)
+            quad = sum(kh[e, i] * sb[i, j] * kh[e, j] for i in range(d) for j in range(d)) / (2 * d)
+            assert abs(lin + quad - z[h, e].item()) <= 1e-11 * max(1.0, abs(lin + quad)), (h, e, lin + quad)
+        assert np.allclose(zh, z[h].numpy(), rtol=1e-12, atol=1e-12)
+        ez = np.exp(zh - zh.max())
+        probs[h] = ez / ez.sum()
+    ref = probs.reshape(N_KV_HEADS, group, n - sinks).mean(axis=1) * np.linalg.norm(v[:, sinks:], axis=-1)
+    assert np.allclose(ref, scores.numpy(), rtol=1e-12, atol=0), "scores differ from numpy's"
 
 
 def main():
@@ -168,6 +281,7 @@ def main():
     cfg = model.config
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (N_LAYERS, N_HEADS,
                                                                                          N_KV_HEADS), cfg
+    assert cfg.hidden_size // cfg.num_attention_heads == HEAD_DIM, cfg
     versions = {p: version(p) for p in ("torch", "transformers", "gguf", "tokenizers", "numpy")}
     versions["python"] = sys.version.split()[0]
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
@@ -178,17 +292,53 @@ def main():
     for name, heading, n_tokens in PROMPTS:
         ids = prompt_ids(tokenizer, text, heading, n_tokens)
         n = len(ids)
+        # The queries before RoPE (q_proj's output) and, for the self-check, the keys before RoPE, from the same
+        # forward pass that gives the attention probabilities and the cache.
+        captured = {"q": [None] * N_LAYERS, "k": [None] * N_LAYERS}
+        hooks = []
+        for layer in range(N_LAYERS):
+            attn = model.model.layers[layer].self_attn
+            for kind, proj in (("q", attn.q_proj), ("k", attn.k_proj)):
+                hooks.append(proj.register_forward_hook(
+                    lambda _m, _i, o, kind=kind, layer=layer: captured[kind].__setitem__(layer, o.detach()[0].clone())))
         with torch.no_grad():
-            out = model(torch.tensor([ids]), output_attentions=True)
+            out = model(torch.tensor([ids]), output_attentions=True, use_cache=True)
+        for hook in hooks:
+            hook.remove()
         attentions = [a.detach() for a in out.attentions]
         assert len(attentions) == N_LAYERS and tuple(attentions[0].shape) == (1, N_HEADS, n, n)
+        queries = [q.to(torch.float64) for q in captured["q"]]  # [n, n_heads * d] each
+        cache = out.past_key_values
+        keys = [cache.layers[layer].keys[0].to(torch.float64) for layer in range(N_LAYERS)]  # [n_kv_heads, n, d]
+        values = [cache.layers[layer].values[0].to(torch.float64) for layer in range(N_LAYERS)]
+        assert tuple(queries[0].shape) == (n, N_HEADS * HEAD_DIM) and tuple(keys[0].shape) == (N_KV_HEADS, n,
+                                                                                                HEAD_DIM)
+        rotary = model.model.rotary_emb
+        for layer in (0, N_LAYERS - 1):
+            check_expected_attention(rotary, queries[layer], keys[layer], values[layer], captured["k"][layer], n, 4,
+                                     512)
         sums = {}
+        rbars = {}
         policies = []
         for spec, p in configs():
             entry = {"spec": spec, "method": p["method"], "budget": p["budget"]}
             if p["method"] == "streaming":
                 recent = p["budget"] - p["sinks"]
                 entry["kept"] = ranges(list(range(p["sinks"])) + list(range(n - recent, n)))
+                policies.append(entry)
+                continue
+            if p["method"] == "expected_attention":
+                sinks, keep = p["sinks"], p["budget"] - p["sinks"]
+                assert n > p["budget"] and 0 <= keep < n - sinks, (spec, n)
+                if p["future"] not in rbars:
+                    rbars[p["future"]] = mean_rope(rotary, n, p["future"])
+                entry.update(sinks=sinks, future=p["future"], keep_per_layer=[keep] * N_LAYERS)
+                layers = []
+                for layer in range(N_LAYERS):
+                    scores, _ = expected_attention(queries[layer], keys[layer], values[layer], rbars[p["future"]],
+                                                   sinks, p["covariance"], p["vnorm"])
+                    layers.append([select(scores[g].numpy(), keep, n, 0, sinks) for g in range(N_KV_HEADS)])
+                entry["layers"] = layers
                 policies.append(entry)
                 continue
             w = p["window"]
@@ -226,6 +376,11 @@ def main():
               f"{sum(m == 0 for m in margins)} inside an exact tie (decided by the index rule), "
               f"{sum(0 < m < 1e-4 for m in margins)} with a relative margin in (0, 1e-4), "
               f"smallest non-zero margin {min(m for m in margins if m > 0):.3g}")
+        for method in dict.fromkeys(pol["method"] for pol in policies if "layers" in pol):
+            margins = [h["margin_rel"] for pol in policies if pol["method"] == method for layer in pol["layers"]
+                       for h in layer]
+            print(f"  {method}: {len(margins)} cuts, {sum(m == 0 for m in margins)} exact ties, "
+                  f"{sum(0 < m < 1e-4 for m in margins)} in (0, 1e-4), smallest margin {min(margins):.3g}")
 
 
 if __name__ == "__main__":
