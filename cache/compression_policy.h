@@ -19,8 +19,10 @@
 #include "cache/observation.h"
 #include "cache/policy_collectives.h"
 #include "cache/policy_spec.h"
+#include "cache/query_moments.h"
 #include "kernels/kv_merge.h"
 #include "kernels/pod_attention.h"
+#include "kernels/rope_params.h"
 
 namespace strata {
 
@@ -40,6 +42,7 @@ struct PolicyContext {
   // each key group whose entries change is quantized again (Backend::kv_compact); cutting a whole group's worth at
   // once moves the groups after it intact, and costs one staging block's worth of entries at most.
   int decode_eviction_batch = 1;
+  RopeParams rope = {};  // the model's RoPE (Expected Attention rotates its query statistics to future positions)
 };
 
 // The attention statistics a policy asks the forward pass for. Both are column sums: for every query head h and
@@ -51,6 +54,10 @@ struct PolicyNeeds {
   int prefill_rows_from = -1;
   // The decode query of the coming step is summed (H2O's per-step scores, SimLayerKV's first decode step).
   bool decode_probabilities = false;
+  // The queries (before RoPE) of prompt rows at positions >= this are added to the layer's QueryMoments, across
+  // prefill chunks, until the prompt's end (Expected Attention: every row after the sinks). -1: none. Asked once,
+  // when the prefill starts.
+  int query_moments_from = -1;
 };
 
 // The layer's keys as a policy may see them: through questions the backend answers where the cache lives, never
@@ -62,6 +69,11 @@ class LayerKeys {
   // and the index into candidates that gives it, the lower on ties (Backend::kv_nearest_keys).
   virtual void nearest(int kv_head, std::span<const int32_t> queries, std::span<const int32_t> candidates,
                        std::span<float> best_similarity, std::span<int32_t> best_candidate) const = 0;
+  // For the first n = value_norms.size() entries e of KV head kv_head: m quadratic forms of its key,
+  // forms[j * n + e] = linear[j] . k_e + k_e^T quadratic[j] k_e (linear [m][head_dim], quadratic
+  // [m][head_dim][head_dim], row-major), and value_norms[e] = |v_e| (Backend::kv_key_forms; Expected Attention).
+  virtual void key_forms(int kv_head, std::span<const float> linear, std::span<const float> quadratic,
+                         std::span<float> forms, std::span<float> value_norms) const = 0;
 };
 
 // One (sequence, layer) at a hook.
@@ -78,6 +90,8 @@ struct LayerState {
   int sums_stride = 0;
   // The layer's keys, entries < n_entries (nullptr in tests that do not need them).
   const LayerKeys* keys = nullptr;
+  // The prompt rows' query moments asked for (PolicyNeeds::query_moments_from) up to this hook; nullptr when none.
+  const QueryMoments* query_moments = nullptr;
 
   float sum(int head, int entry) const { return column_sums[int64_t(head) * sums_stride + entry]; }
   int point() const { return compression_point > 0 ? compression_point : prompt_len; }
@@ -119,8 +133,12 @@ struct PolicyTraits {
   bool keeps_every_entry = false;
   // It has a chunked prefill form (kv_cache.prefill_compression: chunked): on_prefill_chunk compresses what the
   // layer holds after each prefill chunk, and prefill_budget bounds what it keeps. Its decisions read attention
-  // sums and positions, never the cache's entries, so a quantized pool seals groups as the prompt is prefilled.
+  // sums, positions, query moments and key forms (which read sealed groups too), never the cache's full-precision
+  // entries, so a quantized pool seals groups as the prompt is prefilled.
   bool compresses_prefill_chunks = false;
+  // Its decisions read the keys and values through LayerKeys::key_forms (Backend::kv_key_forms), which only some
+  // backends have (Backend::has_kv_key_forms): refused elsewhere with an error naming the policy.
+  bool reads_key_forms = false;
 };
 
 class CompressionPolicy {

@@ -31,6 +31,7 @@ const std::map<std::string, PolicyRow>& policies() {
       {"d2o", {make_d2o_policy, d2o_metrics()}},
       {"spindlekv", {make_spindlekv_policy}},
       {"pod", {make_pod_policy}},
+      {"expected_attention", {make_expected_attention_policy}},
   };
   return table;
 }

@@ -20,6 +20,10 @@ class PooledLayerKeys final : public LayerKeys {
     pool_.backend().kv_nearest_keys(block_table_, kv_head, queries, candidates, pool_.view(), best_similarity,
                                     best_candidate);
   }
+  void key_forms(int kv_head, std::span<const float> linear, std::span<const float> quadratic,
+                 std::span<float> forms, std::span<float> value_norms) const override {
+    pool_.backend().kv_key_forms(block_table_, kv_head, linear, quadratic, pool_.view(), forms, value_norms);
+  }
 
  private:
   const BlockPool& pool_;

@@ -17,8 +17,10 @@ PrefixReuse prefix_reuse(const CompressionConfig& config, const std::optional<Po
     const std::unique_ptr<CompressionPolicy> policy = make_policy(request ? *request : config.for_layer(l), context);
     if (policy->traits().shared_keys) return PrefixReuse{0, false};
     reuse.copies = reuse.copies || !policy->traits().keeps_every_entry;
-    const int from = policy->needs(start).prefill_rows_from;
-    if (from >= 0) reuse.max_cached_tokens = std::min(reuse.max_cached_tokens, from);
+    const PolicyNeeds needs = policy->needs(start);
+    for (int from : {needs.prefill_rows_from, needs.query_moments_from}) {
+      if (from >= 0) reuse.max_cached_tokens = std::min(reuse.max_cached_tokens, from);
+    }
   }
   // Chunked: the cached part ends before the first compression point, which the sequence then reaches itself.
   if (reuse.copies && config.chunked() && start.point() < prompt_len) {

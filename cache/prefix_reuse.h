@@ -1,8 +1,8 @@
 #pragma once
 // What prefix caching may do for one sequence under its compression policies (the leader asks before it looks
 // for cached blocks; docs/decisions.md [prefix-cache]):
-//   - a policy that sums prompt rows' attention (SnapKV's observation window, H2O's accumulated scores) needs those
-//     rows computed, so the cached part ends before the first of them;
+//   - a policy that sums prompt rows' attention (SnapKV's observation window, H2O's accumulated scores) or their
+//     query moments (Expected Attention) needs those rows computed, so the cached part ends before the first of them;
 //   - the prompt's last token is always computed: its logits give the first token;
 //   - a policy that may rewrite entries gets copies of the cached blocks, so that its rewrites need no memory
 //     the scheduler has not counted;

@@ -13,7 +13,8 @@ JobStart job_start(const PolicySpec& policy, PolicyContext context, int prompt_l
   for (int l = 0; l < context.n_layers_total; ++l) {
     context.global_layer = l;
     const std::unique_ptr<CompressionPolicy> p = make_policy(policy, context);
-    if (p->traits().shared_keys) return {JobStart::own_prefill};
+    // PoD changes the KV later layers compute; the shared prefill keeps no query moments.
+    if (p->traits().shared_keys || p->needs(start).query_moments_from >= 0) return {JobStart::own_prefill};
     const int from = p->needs(start).prefill_rows_from;
     if (from == 0) sums_every_row = true;
     if (from > 0) first_window_row = std::min(first_window_row, from);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/kv_block_layout.h"
@@ -113,6 +114,17 @@ class Backend {
   virtual void kv_nearest_keys(std::span<const int32_t> block_table, int head, std::span<const int32_t> queries,
                                std::span<const int32_t> candidates, const KvPoolView& pool,
                                std::span<float> best_similarity, std::span<int32_t> best_candidate) = 0;
+  // Expected Attention's reads of the cache (cache/policies/expected_attention_policy.cpp): for the first
+  // n = value_norms.size() entries e of KV head `head`, m = linear.size() / head_dim quadratic forms of its key,
+  // forms[j * n + e] = linear[j] . k_e + k_e^T quadratic[j] k_e (linear [m][Dh], quadratic [m][Dh][Dh], row-major),
+  // and value_norms[e] = |v_e|. Quantized blocks are dequantized as they are read. Host outputs: m + 1 numbers per
+  // entry, never the keys. Only where has_kv_key_forms(); the default throws std::logic_error.
+  virtual bool has_kv_key_forms() const { return false; }
+  virtual void kv_key_forms(std::span<const int32_t> /*block_table*/, int /*head*/, std::span<const float> /*linear*/,
+                            std::span<const float> /*quadratic*/, const KvPoolView& /*pool*/,
+                            std::span<float> /*forms*/, std::span<float> /*value_norms*/) {
+    throw std::logic_error(name() + " backend: no kv_key_forms");
+  }
   // Applies `merges` (kernels/kv_merge.h) to the keys and values of KV head `head`, in place.
   virtual void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
                         int head) = 0;

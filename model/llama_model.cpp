@@ -404,6 +404,7 @@ void LlamaModel::run_layer(int local_layer, std::span<const BatchSequence> batch
   const Tensor* qkv_weights[] = {&lw.wq, &lw.wk, &lw.wv};
   Tensor* qkv[] = {&q, &k, &v};
   backend_.matmul_shared_input(h, qkv_weights, qkv);
+  add_query_moments(local_layer, batch, seqs, q);
   backend_.rope(q, positions, n_heads_local_, c.head_dim, rope_);
   backend_.rope(k, positions, n_kv_heads_local_, c.head_dim, rope_);
   backend_.kv_write(k, v, seqs, pool);
@@ -420,6 +421,23 @@ void LlamaModel::run_layer(int local_layer, std::span<const BatchSequence> batch
   backend_.matmul(act, lw.w_down, down);
   tp_all_reduce(down);
   backend_.add(x, down);
+}
+
+// The queries before RoPE of the rows whose moments a sequence's policy asks for (AttentionStats::moments), added
+// on the host: a copy of those rows (a memcpy on the CPU backend), then QueryMoments' double sums.
+void LlamaModel::add_query_moments(int local_layer, std::span<const BatchSequence> batch,
+                                   std::span<const AttentionSequence> seqs, const Tensor& q) {
+  const size_t l = size_t(local_layer);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    AttentionStats* st = batch[i].stats;
+    if (!st || l >= st->moments.size() || !st->moments[l]) continue;
+    const int first = std::max(0, st->moments_from[l] - batch[i].start_pos);
+    const int n = seqs[i].n_q - first;
+    if (n <= 0) continue;
+    query_rows_.resize(size_t(n) * size_t(q.cols));
+    backend_.copy_to_host(q.slice_rows(seqs[i].q_begin + first, n), query_rows_.data());
+    st->moments[l]->add_rows(query_rows_.data(), n, q.cols);
+  }
 }
 
 // Plain paged attention for the batch's other sequences; PoD attention for its PoD sequences, whose distant

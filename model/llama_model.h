@@ -16,10 +16,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "cache/kv_cache.h"
+#include "cache/query_moments.h"
 #include "kernels/backend.h"
 #include "model/model_weights.h"
 #include "parallel/comm.h"
@@ -39,6 +41,10 @@ struct AttentionStats {
   int stride = 0;                         // entries per head row: at least the entries at the hook
   std::vector<int> rows_from;             // per local layer; -1: this layer wants none
   std::vector<std::vector<float>> sums;   // per local layer: [n_heads_local][stride]
+  // Per local layer, or empty: the queries before RoPE of the rows at positions >= moments_from[l] are added to
+  // moments[l] (PolicyNeeds::query_moments_from; -1 and nullopt: none).
+  std::vector<int> moments_from;
+  std::vector<std::optional<QueryMoments>> moments;
 };
 
 // PoD for one sequence (kernels/pod_attention.h, cache/pod_blocks.h): its window and, for every local layer and
@@ -133,6 +139,8 @@ class LlamaModel {
                  std::span<const AttentionSequence> seqs, std::span<const int32_t> positions);
   void attention(int local_layer, std::span<const BatchSequence> batch, const KvCache& cache,
                  std::span<const AttentionSequence> seqs, const Tensor& q, Tensor& out);
+  void add_query_moments(int local_layer, std::span<const BatchSequence> batch,
+                         std::span<const AttentionSequence> seqs, const Tensor& q);
 
   Backend& backend_;
   const ModelWeights& weights_;
@@ -146,6 +154,7 @@ class LlamaModel {
   std::unique_ptr<Workspace> ws_;
   int micro_batches_ = 1;
   std::vector<float> host_;  // staging for what crosses ranks ([T, D] hidden states, logits slices)
+  std::vector<float> query_rows_;  // staging for the query rows whose moments a policy asks for
   std::vector<float> sampled_logits_;  // full logits rows of a vocabulary-parallel head, sampled on the host
   std::vector<std::vector<float>> sent_;  // per micro-batch: [T, D] hidden states on their way to the next stage
 };

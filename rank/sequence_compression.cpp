@@ -19,13 +19,15 @@ ShardCompression::ShardCompression(LlamaModel& model, KvCache& cache, Compressio
       counts(size_t(cache.n_layers())) {}
 
 PolicyContext ShardCompression::context(int global_layer) const {
+  const ModelConfig& c = model.config();
   return PolicyContext{global_layer,
-                       model.config().n_layers,
+                       c.n_layers,
                        model.n_heads_local(),
                        model.n_kv_heads_local(),
                        model_name,
                        &collectives,
-                       cache.pool().quantized() ? kKvQuantGroup : 1};
+                       cache.pool().quantized() ? kKvQuantGroup : 1,
+                       RopeParams{c.rope_style, c.rope_theta, c.rope_scaling}};
 }
 
 void ShardCompression::check_fits(const PolicyTraits& traits, const std::string& policy_name) const {
@@ -34,6 +36,10 @@ void ShardCompression::check_fits(const PolicyTraits& traits, const std::string&
   }
   if (traits.shared_keys && !pod_blocks) {
     throw std::invalid_argument("policy " + policy_name + ": needs kv_cache.pod_blocks (made by strata calibrate)");
+  }
+  if (traits.reads_key_forms && !cache.pool().backend().has_kv_key_forms()) {
+    throw std::invalid_argument("policy " + policy_name + ": reads the cache's keys with kv_key_forms, which the " +
+                                cache.pool().backend().name() + " backend does not have yet (docs/compression.md)");
   }
   if (config.chunked() && !traits.compresses_prefill_chunks) {
     throw std::invalid_argument("policy " + policy_name + ": has no chunked prefill form, and " +
@@ -129,15 +135,21 @@ std::unique_ptr<AttentionStats> SequenceCompression::prefill_stats() const {
     LayerState start;
     start.prompt_len = prefill_len_;
     start.compression_point = next_compression_;
-    const int from = sums_every_prompt_row_ ? 0 : policy->needs(start).prefill_rows_from;
+    const PolicyNeeds needs = policy->needs(start);
+    const int from = sums_every_prompt_row_ ? 0 : needs.prefill_rows_from;
     stats->rows_from.push_back(from);
-    any = any || from >= 0;
+    stats->moments_from.push_back(needs.query_moments_from);
+    any = any || from >= 0 || needs.query_moments_from >= 0;
   }
+  stats->moments.resize(stats->moments_from.size());
   if (!any) return nullptr;
   stats->stride = prefill_len_;
   const int n_heads = shard_.model.n_heads_local();
   for (int from : stats->rows_from) {
     stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * size_t(prefill_len_) : 0, 0.0f);
+  }
+  for (size_t local = 0; local < stats->moments_from.size(); ++local) {
+    if (stats->moments_from[local] >= 0) stats->moments[local].emplace(n_heads, shard_.model.config().head_dim);
   }
   return stats;
 }
@@ -153,6 +165,10 @@ void SequenceCompression::start_prefilled(int prefill_len, const AttentionStats&
                                     " sums the prompt rows from " + std::to_string(from) + ", not from the first");
       }
       if (from == 0) prefill_stats_->sums[local] = source.sums.at(local);
+      if (prefill_stats_->moments[local]) {
+        throw std::invalid_argument("shared prefill: layer " + std::to_string(shard_.cache.layer_begin() + int(local)) +
+                                    " sums the prompt's query moments, which the shared prefill does not keep");
+      }
     }
   }
   // As if the prompt's last token had just been computed.
@@ -200,6 +216,7 @@ LayerState SequenceCompression::layer_state(int global_layer, const AttentionSta
     s.column_sums = stats->sums[local].data();
     s.sums_stride = stats->stride;
   }
+  if (stats && local < stats->moments.size() && stats->moments[local]) s.query_moments = &*stats->moments[local];
   return s;
 }
 

@@ -20,5 +20,7 @@ std::unique_ptr<CompressionPolicy> make_d2o_policy(const PolicySpec& spec, const
 std::span<const LayerMetric> d2o_metrics();
 std::unique_ptr<CompressionPolicy> make_spindlekv_policy(const PolicySpec& spec, const PolicyContext& context);
 std::unique_ptr<CompressionPolicy> make_pod_policy(const PolicySpec& spec, const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_expected_attention_policy(const PolicySpec& spec,
+                                                                  const PolicyContext& context);
 
 }  // namespace strata

@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_codebook_ops.h"
+#include "kernels/cpu/kv_key_forms.h"
 #include "kernels/cpu/kv_merge_ops.h"
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/pod_ops.h"
@@ -170,6 +171,12 @@ class CpuBackend final : public Backend {
   void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
                 int head) override {
     cpu::kv_merge(block_table, merges, pool, head);
+  }
+  bool has_kv_key_forms() const override { return true; }
+  void kv_key_forms(std::span<const int32_t> block_table, int head, std::span<const float> linear,
+                    std::span<const float> quadratic, const KvPoolView& pool, std::span<float> forms,
+                    std::span<float> value_norms) override {
+    cpu::kv_key_forms(block_table, head, linear, quadratic, pool, forms, value_norms);
   }
   int kv_codebook_build(std::span<const int32_t> block_table, int head, KvPart part,
                         std::span<const int32_t> positions, float threshold, const KvPoolView& pool,

@@ -47,6 +47,11 @@ class VectorKeys final : public LayerKeys {
       best_similarity[i] = float(best);
     }
   }
+  // D2O never asks for key forms (Expected Attention's question); this fake has no values to answer it with.
+  void key_forms(int, std::span<const float>, std::span<const float>, std::span<float>,
+                 std::span<float>) const override {
+    throw std::logic_error("VectorKeys: no key forms");
+  }
 
   void append(std::vector<Vec> per_head) {
     for (size_t g = 0; g < keys_.size(); ++g) keys_[g].push_back(per_head[g]);

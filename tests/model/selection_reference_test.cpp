@@ -1,7 +1,11 @@
-// The kept entries of SnapKV, PyramidKV and StreamingLLM against an independent implementation: the spec's
-// arithmetic (../shared/specs/pyramidkv.md, sections 2, 3.1, 3.3, 3.4, 5, 8, with Strata's choices from
-// docs/compression.md) applied by tools/make_reference_selections.py to the attention probabilities of Hugging Face
-// transformers on the same GGUF. It wrote tests/fixtures/selections/<prompt>.json (format: that folder's README.md).
+// The kept entries of SnapKV, PyramidKV, StreamingLLM and Expected Attention against an independent
+// implementation: the spec's arithmetic (../shared/specs/pyramidkv.md, sections 2, 3.1, 3.3, 3.4, 5, 8, with
+// Strata's choices from docs/compression.md), and Expected Attention's definition (Devoto et al., 2025; kvpress),
+// applied by tools/make_reference_selections.py to the attention probabilities, queries, keys and values of Hugging
+// Face transformers on the same GGUF. It wrote tests/fixtures/selections/<prompt>.json (that folder's README.md).
+//
+// Expected Attention: our forward pass adds each layer's queries before RoPE from position `sinks` on to its
+// QueryMoments, and the policy reads them and the keys and values in the pool at on_prefill_end.
 //
 // Here our own forward pass computes the column sums the way the step executor asks for them (rows from n - w in
 // every layer, stride n; one chunked prefill serves both windows, 8 and 32), and each layer's policy, built
@@ -33,6 +37,7 @@
 #include "cache/policies/policies.h"
 #include "cache/policies/selection.h"
 #include "cache/policy_spec.h"
+#include "cache/pooled_layer_keys.h"
 #include "kernels/backend.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
@@ -117,6 +122,26 @@ class SelectionReferenceTest : public ::testing::TestWithParam<std::string> {
     }
     return out;
   }
+
+  // Expected Attention's statistics as the step executor gathers them: the prompt prefilled in one step, every
+  // layer adding its query rows from position `sinks` to its QueryMoments. The cache keeps the prompt's keys
+  // and values for the policies' key forms.
+  struct MomentsRun {
+    std::unique_ptr<KvCache> cache;
+    AttentionStats stats;
+  };
+  static MomentsRun moments_run(const std::vector<int32_t>& ids, int sinks) {
+    const ModelConfig& c = test::smollm2().model->config();
+    MomentsRun run{std::make_unique<KvCache>(*test::smollm2().pool, 0, c.n_layers), {}};
+    run.stats.rows_from.assign(size_t(c.n_layers), -1);
+    run.stats.sums.resize(size_t(c.n_layers));
+    run.stats.moments_from.assign(size_t(c.n_layers), sinks);
+    for (int l = 0; l < c.n_layers; ++l) run.stats.moments.emplace_back(std::in_place, c.n_heads, c.head_dim);
+    const BatchSequence seq{1, ids, 0, LogitsMode::none, &run.stats};
+    std::vector<float> logits;
+    test::smollm2().model->forward({&seq, 1}, *run.cache, logits);
+    return run;
+  }
 };
 
 
@@ -124,6 +149,7 @@ std::unique_ptr<CompressionPolicy> make(const PolicySpec& spec, const PolicyCont
   if (spec.name == "snapkv") return make_snapkv_policy(spec, context);
   if (spec.name == "pyramidkv") return make_pyramidkv_policy(spec, context);
   if (spec.name == "streaming") return make_streaming_policy(spec, context);
+  if (spec.name == "expected_attention") return make_expected_attention_policy(spec, context);
   throw std::runtime_error("no reference for policy " + spec.name);
 }
 
@@ -150,6 +176,7 @@ bool compare_head(const std::vector<int32_t>& ours, const nlohmann::json& ref, c
   const double last_kept = ref.value("last_kept", 0.0), first_dropped = ref.value("first_dropped", 0.0);
   const double scale = std::max(std::fabs(last_kept), 1e-30);
   for (const auto& [index, score] : band) {
+    if (scores.empty()) break;  // a policy whose scores the test does not recompute
     counts.worst_score_diff = std::max(counts.worst_score_diff, std::fabs(scores[size_t(index)] - score) / scale);
   }
   if (ours == expected) {
@@ -173,7 +200,8 @@ bool compare_head(const std::vector<int32_t>& ours, const nlohmann::json& ref, c
         continue;
       }
       const double d = std::min(std::fabs(it->second - last_kept), std::fabs(it->second - first_dropped)) / scale;
-      detail << "; " << index << ": reference " << it->second << ", ours " << scores[size_t(index)];
+      detail << "; " << index << ": reference " << it->second;
+      if (!scores.empty()) detail << ", ours " << scores[size_t(index)];
       if (d > kNearTie) explained = false;
     }
   }
@@ -184,6 +212,41 @@ bool compare_head(const std::vector<int32_t>& ours, const nlohmann::json& ref, c
   }
   ADD_FAILURE() << detail.str();
   return false;
+}
+
+// Expected Attention: each layer's policy, at the prompt's end, reads the run's query moments and, through the
+// pool, its keys and values; every KV head keeps the sinks and the reference's top entries.
+template <typename Run>
+void check_expected_attention(const nlohmann::json& entry, const PolicySpec& spec, const Run& run,
+                              const std::string& text, Counts& counts, int& disagreements) {
+  const ModelConfig& c = test::smollm2().model->config();
+  const int n = run.cache->layer(1, 0).n_entries;
+  const int sinks = entry.at("sinks").get<int>();
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const std::string where = text + " layer " + std::to_string(layer);
+    PolicyContext context{layer, c.n_layers, c.n_heads, c.n_kv_heads, "SmolLM2"};
+    context.rope = RopeParams{c.rope_style, c.rope_theta, c.rope_scaling};
+    std::unique_ptr<CompressionPolicy> policy = make(spec, context);
+    LayerState state;
+    state.prompt_len = n;
+    ASSERT_EQ(policy->needs(state).query_moments_from, sinks) << where;
+    state.n_entries = n;
+    const PooledLayerKeys keys(*run.cache, 1, layer);
+    state.keys = &keys;
+    state.query_moments = &*run.stats.moments[size_t(layer)];
+    const std::optional<Selection> selection = policy->on_prefill_end(state);
+    ASSERT_TRUE(selection.has_value()) << where << ": kept the whole prompt";
+    ASSERT_EQ(selection->kept.size(), size_t(c.n_kv_heads)) << where;
+    const int keep = entry.at("keep_per_layer").at(size_t(layer)).get<int>();
+    for (int g = 0; g < c.n_kv_heads; ++g) {
+      const std::string head = where + " KV head " + std::to_string(g);
+      EXPECT_EQ(selection->kept[size_t(g)].size(), size_t(keep + sinks)) << head << ": budget";
+      if (!compare_head(selection->kept[size_t(g)], entry.at("layers").at(size_t(layer)).at(size_t(g)), {}, head,
+                        counts)) {
+        ++disagreements;
+      }
+    }
+  }
 }
 
 TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersAttention) {
@@ -207,14 +270,26 @@ TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersA
     }
   }
   const std::map<int, AttentionStats> stats = window_stats(ids, windows);  // by window
+  std::map<int, MomentsRun> moments;  // by sinks, for Expected Attention
+  for (const nlohmann::json& entry : fixture.at("policies")) {
+    if (entry.at("method") == "expected_attention" && !moments.count(entry.at("sinks").get<int>())) {
+      moments.emplace(entry.at("sinks").get<int>(), moments_run(ids, entry.at("sinks").get<int>()));
+    }
+  }
   Counts counts;
-  int disagreements = 0, n_scored = 0;
+  int disagreements = 0, n_scored = 0, n_expected = 0;
   for (const nlohmann::json& entry : fixture.at("policies")) {
     const std::string text = entry.at("spec").get<std::string>();
     const PolicySpec spec = parse_policy_spec(text);
+    const bool expected_attention = entry.at("method") == "expected_attention";
     const bool scored = entry.contains("window");
     const int window = scored ? entry.at("window").get<int>() : 0;
     n_scored += scored ? 1 : 0;
+    if (expected_attention) {
+      ++n_expected;
+      check_expected_attention(entry, spec, moments.at(entry.at("sinks").get<int>()), text, counts, disagreements);
+      continue;
+    }
     for (int layer = 0; layer < c.n_layers; ++layer) {
       const std::string where = GetParam() + " " + text + " layer " + std::to_string(layer);
       std::unique_ptr<CompressionPolicy> policy =
@@ -252,8 +327,10 @@ TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersA
   }
   std::cout << "[ selection ] " << GetParam() << " (" << n << " tokens): " << counts.compared
             << " selections compared (" << n_scored << " SnapKV/PyramidKV configurations x " << c.n_layers
-            << " layers x " << c.n_kv_heads << " KV heads + " << fixture.at("policies").size() - n_scored
-            << " StreamingLLM x " << c.n_layers << " layers), "
+            << " layers x " << c.n_kv_heads << " KV heads + " << n_expected << " Expected Attention x "
+            << c.n_layers << " x " << c.n_kv_heads << " + "
+            << int(fixture.at("policies").size()) - n_scored - n_expected << " StreamingLLM x " << c.n_layers
+            << " layers), "
             << counts.exact << " exact, " << counts.near_ties << " near-ties (relative margin <= " << kNearTie
             << "), " << disagreements << " disagreements; largest relative pooled-score difference at the cuts "
             << counts.worst_score_diff << std::endl;
