@@ -3,7 +3,9 @@
 // policy asks for (PolicyNeeds::query_moments_from): Expected Attention's statistics of the queries to come
 // (cache/policies/expected_attention_policy.cpp). The forward pass adds each step's rows as it computes them, so a
 // chunked prefill's moments are those of every row so far; the policy reads a head's mean and covariance at its
-// compression point. Sums in double: the covariance is a difference of two large sums.
+// compression point. The sums are of each row minus the head's first row (the shifted-data algorithm: the
+// covariance of queries whose mean is large beside their spread is then not a difference of two large sums), in
+// float over blocks of rows and in double across them.
 #include <cstdint>
 #include <vector>
 
@@ -28,8 +30,9 @@ class QueryMoments {
   int n_heads_;
   int head_dim_;
   int64_t rows_ = 0;
-  std::vector<double> sum_;    // [n_heads][head_dim]
-  std::vector<double> outer_;  // [n_heads][head_dim][head_dim]: the sum of q q^T
+  std::vector<float> shift_;   // [n_heads][head_dim]: each head's first row
+  std::vector<double> sum_;    // [n_heads][head_dim]: the sum of q - shift
+  std::vector<double> outer_;  // [n_heads][head_dim][head_dim]: the sum of (q - shift)(q - shift)^T
 };
 
 }  // namespace strata

@@ -27,7 +27,8 @@ PolicyContext ShardCompression::context(int global_layer) const {
                        model_name,
                        &collectives,
                        cache.pool().quantized() ? kKvQuantGroup : 1,
-                       RopeParams{c.rope_style, c.rope_theta, c.rope_scaling}};
+                       RopeParams{c.rope_style, c.rope_theta, c.rope_scaling},
+                       config.chunked()};
 }
 
 void ShardCompression::check_fits(const PolicyTraits& traits, const std::string& policy_name) const {

@@ -15,8 +15,14 @@
 // and the top C - sinks of the rest (ties: higher score, then lower index). Nothing is evicted while decoding.
 // Keys and values are read through LayerKeys::key_forms, where the cache lives (quantized groups dequantized).
 //
+// Every decision is a function of the prefix before its compression point alone, which is what lets a compressed
+// document serve any question: a budget given as a fraction resolves against the compression point (the prefix
+// so far), and with chunked prefill the prompt's end is not a compression point: the tokens after the last
+// multiple of kv_cache.prefill_chunk (the end of a document and the question after it) stay whole, at most one
+// chunk, as a question asked after compression would. In end mode the prompt's end is the only point.
+//
 // Parameters:
-//   budget      C, sinks included (default 128); a token count or a fraction of the prompt (its full length).
+//   budget      C, sinks included (default 128); a token count or a fraction of the prefix at the compression point.
 //   sinks       default 4: the first entries, always kept and left out of the statistics (kvpress's n_sink).
 //   future      default 512: the future positions the rotation is averaged over (kvpress's n_future_positions).
 //   covariance  true (default) | false; vnorm true (default) | false: kvpress's use_covariance, use_vnorm.
@@ -89,7 +95,10 @@ class ExpectedAttentionPolicy final : public CompressionPolicy {
     n.query_moments_from = sinks_;
     return n;
   }
-  std::optional<Selection> on_prefill_end(const LayerState& state) override { return select(state); }
+  std::optional<Selection> on_prefill_end(const LayerState& state) override {
+    if (context_.chunked_prefill) return std::nullopt;
+    return select(state);
+  }
   // Chunked prefill: the same selection with the rows so far, future positions from the chunk's end.
   std::optional<Selection> on_prefill_chunk(const LayerState& state) override { return select(state); }
   std::optional<Selection> on_decode_step(const LayerState&) override { return std::nullopt; }
@@ -98,7 +107,7 @@ class ExpectedAttentionPolicy final : public CompressionPolicy {
  private:
   std::optional<Selection> select(const LayerState& state) const {
     const int n = state.n_entries;
-    const int budget = std::max(budget_.resolve(state.prompt_len), sinks_);
+    const int budget = std::max(budget_.resolve(state.point()), sinks_);
     if (n <= budget) return std::nullopt;
     if (!state.query_moments || state.query_moments->rows() == 0 || !state.keys) {
       throw std::logic_error("expected_attention: no query moments or keys at a compression point");

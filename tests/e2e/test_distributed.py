@@ -6,9 +6,10 @@ process produces.
   LOGPROB_TOLERANCE (a log-probability is a logit minus the log-sum-exp of all logits, so it checks the whole
   vocabulary-parallel head).
 - A dummy-weight model (preset tiny-gqa: 8 heads, 4 KV heads) with TP=2 and TP=4.
-- With snapkv, pyramidkv, simlayerkv and d2o, every layer holds the same number of tokens at every step as in the
+- With snapkv, pyramidkv, simlayerkv, d2o and expected_attention, every layer holds the same number of tokens at every step as in the
   single process (SimLayerKV's lazy test and D2O's statistics reduce over the TP group, D2O's allocation gathers
-  every stage's layers); so do snapkv and h2o compressing after every prefill chunk (chunked prefill).
+  every stage's layers); so do snapkv, h2o and expected_attention compressing after every prefill chunk (chunked
+  prefill).
 - Degrees that do not fit the model or the world are start-up errors that say so.
 """
 import subprocess
@@ -75,6 +76,7 @@ POLICIES = {
     "pyramidkv": "pyramidkv:budget=96",
     "simlayerkv": "simlayerkv:window=64,threshold=0.6",
     "d2o": "d2o",
+    "expected_attention": "expected_attention:budget=96",
 }
 
 
@@ -95,18 +97,20 @@ def test_compressed_layers_hold_what_one_process_holds(name):
 
 # kv_cache.prefill_compression chunked: the policies compress after every 64 prompt tokens on every rank of the
 # world, at the same positions, over the TP-reduced statistics of their own heads.
-CHUNKED = {"snapkv": "snapkv:budget=48,window=8", "h2o": "h2o:budget=48"}
+# Expected Attention leaves the prompt's tail after its last compression point whole (at most one chunk).
+CHUNKED = {"snapkv": ("snapkv:budget=48,window=8", 48), "h2o": ("h2o:budget=48", 48),
+           "expected_attention": ("expected_attention:budget=48", 48 + 64)}
 
 
 @pytest.mark.parametrize("name", sorted(CHUNKED))
 def test_chunked_prefill_compression_holds_what_one_process_holds(name):
-    settings = [f"kv_cache.policy={CHUNKED[name]}", "kv_cache.prefill_compression=chunked",
-                "kv_cache.prefill_chunk=64"]
+    spec, most = CHUNKED[name]
+    settings = [f"kv_cache.policy={spec}", "kv_cache.prefill_compression=chunked", "kv_cache.prefill_chunk=64"]
     args = ["--prompt", long_prompt(), "--max-tokens", "6"]
     want = generate(1, 1, args, settings)
     got = generate(3, 2, args, settings)
     assert [t["layer_tokens"] for t in got] == [t["layer_tokens"] for t in want], name
-    assert max(want[0]["layer_tokens"]) <= 48 + 1, f"{name}: the prompt was not compressed to its budget"
+    assert max(want[0]["layer_tokens"]) <= most + 1, f"{name}: the prompt was not compressed to its budget"
     assert_same_generation(got, want, f"chunked {name} tp=3 pp=2")
 
 

@@ -94,6 +94,18 @@ TEST(ChunkedPrefillEngine, BatchedRequestsGetWhatEachGetsAlone) {
   EXPECT_EQ(small_steps.generate(kPrompts, 6), alone);
 }
 
+TEST(ChunkedPrefillEngine, ExpectedAttentionBatchedGetsWhatEachGetsAlone) {
+  // A policy that reads the cache's keys and values at every compression point (through the pool's backend) and
+  // the query moments the forward pass adds up chunk by chunk.
+  const ServerConfig config = chunked_config(64, "expected_attention:budget=40", 32);
+  ServedEngine run(config);
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& p : kPrompts) alone.push_back(run.generate({p}, 6)[0]);
+  EXPECT_EQ(run.generate(kPrompts, 6), alone);
+  ServedEngine small_steps(config, /*max_batch_tokens=*/20);
+  EXPECT_EQ(small_steps.generate(kPrompts, 6), alone);
+}
+
 TEST(ChunkedPrefillEngine, PreemptionByRecomputeGivesTheSameOutput) {
   // The engine test's scenario (tests/leader/engine_test.cpp) in chunked mode: a 4 MiB pool, too small for two
   // whole sequences, so the newest running ones are preempted and recomputed.
@@ -111,7 +123,7 @@ TEST(ChunkedPrefillEngine, APromptFourTimesThePoolIsServedUnderEachBoundedPolicy
   // 8 MiB: 341 blocks of 16 tokens, 11 a layer: 176 tokens a layer. The prompt has 720.
   const std::vector<int32_t> prompt = prompt_of(720, 9);
   for (const std::string policy : {"streaming:budget=32", "h2o:budget=32", "snapkv:budget=32,window=8",
-                                   "pyramidkv:budget=32"}) {
+                                   "pyramidkv:budget=32", "expected_attention:budget=32"}) {
     ServedEngine run(chunked_config(8, policy, 64));
     ASSERT_LT(run.rt->pool->n_total() / 30 * 16 * 4, int64_t(prompt.size()) + 64) << "the pool is that small";
     EXPECT_EQ(run.generate({prompt}, 4)[0].size(), 4u) << policy;
