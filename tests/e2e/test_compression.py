@@ -62,6 +62,7 @@ def test_budget_beyond_the_prompt_equals_full(server, model_name):
                {"policy": "h2o", "budget": 2048},
                {"policy": "snapkv", "budget": 2048},
                {"policy": "pyramidkv", "budget": 2048},
+               {"policy": "expected_attention", "budget": 2048},
                {"policy": "simlayerkv"}):  # window 1024 > prompt: no layer is trimmed
         assert token_texts(complete(server, model_name, prompt, kv)) == full, kv
 
@@ -132,11 +133,13 @@ def test_policies_run_together_in_one_batch(server, model_name):
         "The clockmaker opened the case and found, to his surprise,",
         "Every morning the almanac recorded the tide, the wind, and",
         "She counted the lamps along the quay: one, two, three,",
+        "The ledger listed the ships that came in that year, their cargo and",
     ]
     policies = [{"policy": "snapkv", "budget": 16, "window": 4},
                 {"policy": "streaming", "budget": 12, "mode": "rolling"},
                 {"policy": "h2o", "budget": 12, "window": 4, "mode": "per_step"},
-                {"policy": "pyramidkv", "budget": 16, "window": 4}]
+                {"policy": "pyramidkv", "budget": 16, "window": 4},
+                {"policy": "expected_attention", "budget": 10, "sinks": 2}]
     alone = [token_texts(complete(server, model_name, p, kv)) for p, kv in zip(prompts, policies)]
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(lambda pk: token_texts(complete(server, model_name, *pk)), zip(prompts, policies)))
@@ -156,7 +159,9 @@ def test_bad_policies_and_parameters_name_the_field(server, model_name):
                       ({"policy": "snapkv", "budget": "lots"}, "kv_compression.budget"),
                       ({"policy": "snapkv", "pool": "median"}, "kv_compression.pool"),
                       ({"policy": "snapkv", "bogus": 1}, "kv_compression.bogus"),
-                      ({"policy": "snapkv", "budget": {"a": 1}}, "kv_compression.budget")):
+                      ({"policy": "snapkv", "budget": {"a": 1}}, "kv_compression.budget"),
+                      ({"policy": "expected_attention", "future": 0}, "kv_compression.future"),
+                      ({"policy": "expected_attention", "budget": 4}, "kv_compression.budget")):
         error = error_of(post(kv), 400)
         assert error["param"] == param, (kv, error)
     assert post({"policy": "snapkv", "budget": "20%"}).status_code == 200
