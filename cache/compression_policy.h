@@ -161,6 +161,11 @@ class CompressionPolicy {
   // The most entries the layer keeps after a prefill compression of a prompt of prompt_len tokens (the
   // scheduler's footprint while the prompt is prefilled in chunks); nullopt when it keeps the whole prompt.
   virtual std::optional<int> prefill_budget(int /*prompt_len*/) const { return std::nullopt; }
+  // A query-agnostic policy (Expected Attention), whose decision at a chunked compression point depends on the
+  // tokens before it alone: the entries the layer holds right after the compression at `point` of a prefill that
+  // started at position 0. The prefix cache shares such a compressed prefix between sequences whose prompts agree
+  // up to the point (leader/prefix_cache.h). nullopt for every other policy.
+  virtual std::optional<int> entries_after_point(int /*point*/) const { return std::nullopt; }
   // Whether a decision still to come must read this layer's cache unquantized (kv_cache.dtype int8 | int4 | int2:
   // decide on the unquantized cache, then quantize, as SimLayerKV + KIVI does). The executor seals the layer's
   // full groups only once this is false. The default holds the cache until the hooks of the first decode step

@@ -334,7 +334,29 @@ void KvCache::publish(SeqId seq, int index, uint64_t hash) {
   prefix_blocks_.emplace(hash, std::move(blocks));
 }
 
-void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, bool copy) {
+void KvCache::publish_compressed(SeqId seq, int index, uint64_t hash) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw std::logic_error("kv cache: publishing a compressed block of an unknown sequence");
+  const int32_t n_entries = it->second.front().n_entries;
+  for (const LayerKv& kv : it->second) {
+    const bool plain = kv.n_quantized_blocks == 0 && kv.n_coded_blocks == 0 && !kv.codebook && kv.n_paired == 0;
+    if (!plain || kv.n_entries != n_entries || n_entries % block_size() != 0 || index < 0 ||
+        int64_t(index + 1) * block_size() > n_entries) {
+      throw std::logic_error("kv cache: block " + std::to_string(index) + " of sequence " + std::to_string(seq) +
+                             " is not a whole full-precision block of a compressed prefix");
+    }
+  }
+  if (is_cached(hash)) throw std::logic_error("kv cache: a prefix block published twice");
+  std::vector<int32_t> blocks;
+  for (const LayerKv& kv : it->second) {
+    const int32_t b = kv.block_table[size_t(index)];
+    pool_.share(b);
+    blocks.push_back(b);
+  }
+  prefix_blocks_.emplace(hash, std::move(blocks));
+}
+
+void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, bool copy, int position) {
   if (contains(seq)) throw std::logic_error("kv cache: sequence " + std::to_string(seq) + " already holds entries");
   std::vector<LayerKv> layers(static_cast<size_t>(n_layers()));
   for (uint64_t hash : hashes) {
@@ -343,13 +365,14 @@ void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, boo
     for (size_t l = 0; l < layers.size(); ++l) layers[l].block_table.push_back(it->second[l]);
   }
   const int32_t n_entries = int32_t(hashes.size()) * block_size();
+  const int32_t n_appended = position > 0 ? position : n_entries;
   for (size_t l = 0; l < layers.size(); ++l) {
     LayerKv& kv = layers[l];
     for (int32_t b : kv.block_table) pool_.share(b);
     if (copy) own_blocks(kv, kv.block_table.size());
-    kv.n_entries = kv.n_appended = n_entries;
-    const int64_t n_blocks = int64_t(kv.block_table.size());
-    account(int(l), {n_entries, n_blocks, 0, n_blocks});
+    kv.n_entries = n_entries;
+    kv.n_appended = n_appended;
+    account(int(l), {n_entries, int64_t(kv.block_table.size()), 0, blocks_for(n_appended, block_size())});
   }
   seqs_.emplace(seq, std::move(layers));
   note_peak(seq);

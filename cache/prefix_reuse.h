@@ -11,6 +11,9 @@
 //   - with kv_cache.prefill_compression chunked, a policy that evicts during the prefill changes the KV of every
 //     token after its first compression: the sequence starts from cached blocks and publishes its own only
 //     before that point.
+//   - with chunked prefill and query-agnostic policies in every layer (CompressionPolicy::entries_after_point),
+//     what the layers hold right after the prompt's last compression point depends on the tokens before it
+//     alone: that compressed prefix may be shared with every sequence whose prompt agrees up to the point.
 #include <limits>
 #include <optional>
 
@@ -29,6 +32,10 @@ struct PrefixReuse {
   // Its policies may rewrite entries (evict, merge, code): it starts from copies of the cached blocks, which take
   // pool blocks of their own, instead of sharing them.
   bool copies = false;
+  // The prompt's last compression point whose compressed prefix may be shared (0: none), and the entries every
+  // layer holds right after it.
+  int compressed_point = 0;
+  int compressed_entries = 0;
 };
 
 // context: any layer's (its global_layer is replaced); request: the request's policy, or the configuration's.

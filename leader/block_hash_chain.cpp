@@ -29,4 +29,12 @@ std::vector<uint64_t> block_hash_chain(std::span<const int32_t> tokens, int bloc
   return chain;
 }
 
+std::vector<uint64_t> compressed_block_chain(uint64_t prefix_hash, std::string_view policy, int n_blocks) {
+  uint64_t h = mix(prefix_hash ^ 0x636f6d7072657373ULL);  // "compress": never a token block's hash chain
+  for (char c : policy) h = mix(h ^ uint64_t(uint8_t(c)));
+  std::vector<uint64_t> chain;
+  for (int i = 0; i < n_blocks; ++i) chain.push_back(h = mix(h ^ uint64_t(i)));
+  return chain;
+}
+
 }  // namespace strata

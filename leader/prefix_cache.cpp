@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "leader/block_hash_chain.h"
+
 namespace strata {
 
 PrefixCache::PrefixCache(int block_size, PrefixCacheSettings settings, CompressionConfig compression,
@@ -19,6 +21,16 @@ int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len
     use.chain = index_.chain(tokens.first(size_t(prefill_len)));
     use.reuse = prefix_reuse(compression_, policy, policy_context_, prefill_len);
     use.prefill_len = prefill_len;
+    plan_compressed(use, tokens, policy);
+  }
+  const int point = use.reuse.compressed_point;
+  if (use.started_compressed) return point;
+  if (!use.compressed.empty() && use.n_started == 0 &&
+      index_.has_compressed(use.compressed, tokens.first(size_t(point)), use.policy)) {
+    index_.acquire(use.compressed);
+    use.used.insert(use.used.end(), use.compressed.begin(), use.compressed.end());
+    use.started_compressed = true;
+    return point;
   }
   const int allowed = use.reuse.max_cached_tokens / block_size_;
   const int hit = std::min(index_.cached_blocks(use.chain, tokens), allowed);
@@ -33,15 +45,37 @@ int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len
   return use.n_started * block_size_;
 }
 
+void PrefixCache::plan_compressed(SequenceUse& use, std::span<const int32_t> tokens,
+                                  const std::optional<PolicySpec>& policy) {
+  use.compressed.clear();
+  const int point = use.reuse.compressed_point, entries = use.reuse.compressed_entries;
+  if (!settings_.share_compressed || point == 0 || point % block_size_ != 0 || entries == 0 ||
+      entries % block_size_ != 0) {
+    return;
+  }
+  use.policy.clear();
+  for (int l = 0; l < policy_context_.n_layers_total; ++l) {
+    use.policy += to_string(policy ? *policy : compression_.for_layer(l)) + ";";
+    if (policy) break;  // a request's policy is every layer's
+  }
+  const std::vector<uint64_t> prefix = index_.chain(tokens.first(size_t(point)));
+  use.compressed = compressed_block_chain(prefix.back(), use.policy, entries / block_size_);
+}
+
 bool PrefixCache::copies(SeqId seq) const {
   auto it = uses_.find(seq);
-  return it != uses_.end() && it->second.reuse.copies;
+  return it != uses_.end() && it->second.reuse.copies && !it->second.started_compressed;
 }
 
 void PrefixCache::start(StepPlan& plan, SeqId seq, int prefill_len) {
   auto it = uses_.find(seq);
-  if (it == uses_.end() || it->second.n_started == 0) return;
+  if (it == uses_.end() || (it->second.n_started == 0 && !it->second.started_compressed)) return;
   SequenceUse& use = it->second;
+  if (use.started_compressed) {
+    plan.prefix_started.push_back(
+        PrefixStart{seq, use.compressed, int32_t(prefill_len), false, int32_t(use.reuse.compressed_point)});
+    return;
+  }
   plan.prefix_started.push_back(PrefixStart{seq, {use.chain.begin(), use.chain.begin() + use.n_started},
                                             int32_t(prefill_len), use.reuse.copies});
   // Its copies are its own: the originals may go once this plan, which copies them, is planned (plan_done).
@@ -57,6 +91,7 @@ void PrefixCache::publish(StepPlan& plan, SeqId seq, std::span<const int32_t> to
   if (it == uses_.end()) return;
   SequenceUse& use = it->second;
   if (!use.reuse.may_publish) return;
+  publish_compressed(plan, seq, use, tokens, chunk_end);
   // Generated tokens' blocks hold what a prefill of them would write only where no policy rewrites entries.
   const bool generated = settings_.publish_generated && !use.reuse.copies;
   const int written = generated ? chunk_end : std::min(chunk_end, prefill_len);
@@ -75,6 +110,19 @@ void PrefixCache::publish(StepPlan& plan, SeqId seq, std::span<const int32_t> to
   }
 }
 
+// The prefill reaches its last compression point, which it computed itself: what its layers hold right after
+// the step's hooks is published (the ranks publish compressed blocks after the hooks).
+void PrefixCache::publish_compressed(StepPlan& plan, SeqId seq, SequenceUse& use, std::span<const int32_t> tokens,
+                                     int chunk_end) {
+  const int point = use.reuse.compressed_point;
+  if (use.compressed.empty() || use.started_compressed || chunk_end != point) return;
+  if (!index_.publish_compressed(use.compressed, tokens.first(size_t(point)), use.policy)) return;
+  for (size_t i = 0; i < use.compressed.size(); ++i) {
+    plan.prefix_published.push_back(PrefixPublish{seq, int32_t(i), use.compressed[i], true});
+  }
+  use.used.insert(use.used.end(), use.compressed.begin(), use.compressed.end());
+}
+
 void PrefixCache::plan_done() {
   index_.release(copied_);
   copied_.clear();
@@ -91,6 +139,7 @@ PrefixCache::SequenceBlocks PrefixCache::blocks_of(SeqId seq) const {
   auto it = uses_.find(seq);
   if (it == uses_.end()) return {};
   const SequenceUse& use = it->second;
+  if (use.started_compressed) return {int(use.compressed.size()), 0};
   return {use.reuse.copies ? 0 : use.n_started, use.next_block - use.n_started};
 }
 

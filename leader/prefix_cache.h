@@ -7,9 +7,17 @@
 // A sequence holds a use on every cached block it shares or published, from the step it is pinned (waiting for
 // admission) until it finishes or is preempted; one that takes copies lets go of the originals once admitted.
 // Blocks nobody uses stay cached until evicted.
+//
+// Compressed prefixes (cache/prefix_reuse.h, PrefixReuse::compressed_point): a sequence under query-agnostic
+// policies, prefilled in chunks, publishes what its layers hold right after its prompt's last compression point,
+// under compressed_block_chain(the prefix's hash, its policies), when that fills whole blocks; a later sequence
+// whose prompt agrees up to its own last point finds them and shares them instead of prefilling and compressing
+// that prefix. Its tail (the rest of the prompt: a question after a document) holds no compression point, so
+// nothing ever writes into the shared blocks, and it gets what it gets alone.
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -24,6 +32,8 @@ namespace strata {
 
 struct PrefixCacheSettings {
   uint64_t salt = 0;              // whatever besides the tokens changes the KV: the model, the weights' and KV's types
+  // Compressed prefixes are shared: false with a quantized pool, whose sealed blocks the index does not name.
+  bool share_compressed = true;
   // Generated tokens' blocks are published too: false with a quantized pool, where a decode step attends to the
   // quantized entries before it, so its KV is not what a prefill of the same tokens writes.
   bool publish_generated = true;
@@ -74,7 +84,15 @@ class PrefixCache {
     int prefill_len = 0;
     PrefixReuse reuse;
     bool publishing = true;        // false once a block of its was found already published by another sequence
+    // Its compressed prefix: the blocks' hashes (empty: none), the policies' text, and whether it started from them.
+    std::vector<uint64_t> compressed;
+    std::string policy;
+    bool started_compressed = false;
   };
+  // The compressed prefix a prefill of prefill_len tokens of `tokens` may share or publish (use.compressed).
+  void plan_compressed(SequenceUse& use, std::span<const int32_t> tokens, const std::optional<PolicySpec>& policy);
+  void publish_compressed(StepPlan& plan, SeqId seq, SequenceUse& use, std::span<const int32_t> tokens,
+                          int chunk_end);
 
   int block_size_;
   PrefixCacheSettings settings_;

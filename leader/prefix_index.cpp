@@ -72,6 +72,40 @@ bool PrefixIndex::publish(std::span<const uint64_t> chain, int index, std::span<
   return true;
 }
 
+bool PrefixIndex::has_compressed(std::span<const uint64_t> chain, std::span<const int32_t> prefix,
+                                 std::string_view policy) const {
+  for (size_t i = 0; i < chain.size(); ++i) {
+    auto it = blocks_.find(chain[i]);
+    if (it == blocks_.end()) return false;
+    const Block& b = it->second;
+    if (i == 0 && (b.policy != policy || !std::equal(prefix.begin(), prefix.end(), b.tokens.begin(), b.tokens.end()))) {
+      return false;
+    }
+    if (i > 0 && (!b.has_parent || b.parent != chain[i - 1])) return false;
+  }
+  return !chain.empty();
+}
+
+bool PrefixIndex::publish_compressed(std::span<const uint64_t> chain, std::span<const int32_t> prefix,
+                                     std::string_view policy) {
+  if (chain.empty() || blocks_.count(chain[0])) return false;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    Block b;
+    if (i == 0) {
+      b.tokens.assign(prefix.begin(), prefix.end());
+      b.policy = policy;
+    } else {
+      b.has_parent = true;
+      b.parent = chain[i - 1];
+      ++blocks_.at(b.parent).children;  // its parent was published just before, in use: never evictable here
+    }
+    b.users = 1;
+    b.last_used = ++clock_;
+    blocks_.emplace(chain[i], std::move(b));
+  }
+  return true;
+}
+
 std::vector<uint64_t> PrefixIndex::evict(int64_t n) {
   std::vector<uint64_t> evicted;
   while (int64_t(evicted.size()) < n && !evictable_.empty()) {

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <set>
 #include <span>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -36,6 +38,12 @@ class PrefixIndex {
   // Block `index` of the chain is now kept by the ranks, in use by the sequence that prefilled it. The blocks
   // before it must be cached. Returns false, changing nothing, when it already is.
   bool publish(std::span<const uint64_t> chain, int index, std::span<const int32_t> tokens);
+  // A compressed prefix (leader/prefix_cache.h): the blocks `chain` (compressed_block_chain) hold what `policy`
+  // keeps of the tokens `prefix`. Whether every one of them is cached for these tokens and this policy (a hash
+  // collision is a miss); and publishing them all at once, in use by the sequence that compressed them (false,
+  // changing nothing, when the first already is).
+  bool has_compressed(std::span<const uint64_t> chain, std::span<const int32_t> prefix, std::string_view policy) const;
+  bool publish_compressed(std::span<const uint64_t> chain, std::span<const int32_t> prefix, std::string_view policy);
   // Cached blocks that no sequence uses: what evicting could give back.
   int64_t n_unused() const { return n_unused_; }
   // Removes up to n unused blocks, least recently used first, and returns their hashes for the ranks.
@@ -46,7 +54,8 @@ class PrefixIndex {
   struct Block {
     bool has_parent = false;
     uint64_t parent = 0;
-    std::vector<int32_t> tokens;
+    std::vector<int32_t> tokens;  // its own; the first block of a compressed prefix: the whole prefix
+    std::string policy;           // a compressed prefix's first block: what compressed it
     int users = 0;
     int children = 0;   // cached blocks that continue this one
     uint64_t last_used = 0;

@@ -156,12 +156,14 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
     w.put(s.blocks);
     w.put(s.prefill_len);
     w.put<uint8_t>(s.copy);
+    w.put(s.position);
   }
   w.put<uint32_t>(uint32_t(plan.prefix_published.size()));
   for (const PrefixPublish& p : plan.prefix_published) {
     w.put(p.seq);
     w.put(p.index);
     w.put(p.hash);
+    w.put<uint8_t>(p.compressed);
   }
   w.put<uint32_t>(uint32_t(plan.work.size()));
   for (const PlannedWork& p : plan.work) {
@@ -195,21 +197,23 @@ StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
   plan.preempted = r.get_vector<int64_t>();
   plan.finished = r.get_vector<int64_t>();
   plan.prefix_evicted = r.get_vector<uint64_t>();
-  const uint32_t n_started = r.get_count(17);
+  const uint32_t n_started = r.get_count(21);
   for (uint32_t i = 0; i < n_started; ++i) {
     PrefixStart s;
     s.seq = r.get<int64_t>();
     s.blocks = r.get_vector<uint64_t>();
     s.prefill_len = r.get<int32_t>();
     s.copy = r.get<uint8_t>() != 0;
+    s.position = r.get<int32_t>();
     plan.prefix_started.push_back(std::move(s));
   }
-  const uint32_t n_published = r.get_count(20);
+  const uint32_t n_published = r.get_count(21);
   for (uint32_t i = 0; i < n_published; ++i) {
     PrefixPublish p;
     p.seq = r.get<int64_t>();
     p.index = r.get<int32_t>();
     p.hash = r.get<uint64_t>();
+    p.compressed = r.get<uint8_t>() != 0;
     plan.prefix_published.push_back(p);
   }
   const uint32_t n_work = r.get_count(8);

@@ -42,12 +42,18 @@ struct PrefixStart {
   std::vector<uint64_t> blocks;  // the cached blocks its KV starts with, a chain in order
   int32_t prefill_len = 0;       // the prefill whose first chunk follows them
   bool copy = false;             // its policies may rewrite entries: it takes copies instead of sharing them
+  // A compressed prefix (blocks published with PrefixPublish::compressed): the prompt tokens the blocks stand for,
+  // where the prefill's first chunk starts; 0: the blocks' own tokens.
+  int32_t position = 0;
   bool operator==(const PrefixStart&) const = default;
 };
 struct PrefixPublish {
   int64_t seq = 0;
   int32_t index = 0;  // the sequence's block: entries [index * block_size, (index + 1) * block_size)
   uint64_t hash = 0;
+  // A block of a compressed prefix (KvCache::publish_compressed), published after the policies' hooks, which
+  // compressed it; otherwise before them, as the forward pass wrote it.
+  bool compressed = false;
   bool operator==(const PrefixPublish&) const = default;
 };
 
@@ -59,7 +65,8 @@ struct StepPlan {
   std::vector<int64_t> finished;   // give back their KV blocks and forget their sampling state
   std::vector<PrefixStart> prefix_started;      // then: sequences whose KV starts with cached blocks
   std::vector<PlannedWork> work;
-  std::vector<PrefixPublish> prefix_published;  // after the forward pass, before the policies' hooks
+  std::vector<PrefixPublish> prefix_published;  // after the forward pass, before the policies' hooks (compressed
+                                                // blocks: after them)
   bool report_detail = false;  // every rank adds its sequences' policy detail to its report (/v1/kv_state asked)
   bool shutdown = false;
 };

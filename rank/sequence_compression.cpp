@@ -84,8 +84,9 @@ void SequenceCompression::start_prefill(int prefill_len) {
     throw std::invalid_argument("a shared prefill keeps every prompt row's sums, which chunked prefill compresses");
   }
   pod_ = n_shared_keys > 0 ? pod_sequence() : nullptr;
-  // The prefill starts after the entries already there (cached prefix blocks, strata bench's synthetic context).
-  const int prefill_begin = cache.contains(seq_) ? cache.layer(seq_, cache.layer_begin()).n_entries : 0;
+  // The prefill starts after the positions already there (cached prefix blocks, a compressed prefix, strata
+  // bench's synthetic context).
+  const int prefill_begin = cache.contains(seq_) ? cache.layer(seq_, cache.layer_begin()).n_appended : 0;
   next_compression_ = shard_.config.compression_point(prefill_begin, prefill_len);
   ask_rows_again_ = false;
   prefill_stats_ = prefill_stats();

@@ -26,9 +26,15 @@ StepResult StepExecutor::execute(const StepPlan& plan) {
   if (batch.empty()) return StepResult{plan.step, {}};
   model_.forward(batch, cache_, logits_, samples_);
   // Published as written: the hooks below may compact or seal them (the cache then copies or keeps the original).
-  for (const PrefixPublish& p : plan.prefix_published) cache_.publish(p.seq, p.index, p.hash);
+  for (const PrefixPublish& p : plan.prefix_published) {
+    if (!p.compressed) cache_.publish(p.seq, p.index, p.hash);
+  }
   StepResult result = collect_tokens(plan, batch);
   for (const PlannedWork& w : plan.work) state_of(w.seq).compression.after_step(w);
+  // A compressed prefix is what the hooks left.
+  for (const PrefixPublish& p : plan.prefix_published) {
+    if (p.compressed) cache_.publish_compressed(p.seq, p.index, p.hash);
+  }
   return result;
 }
 
@@ -52,7 +58,7 @@ void StepExecutor::update_sequences(const StepPlan& plan) {
   // A prefill that starts after cached blocks starts its policies here: its first chunk is not at position 0.
   for (const PrefixStart& s : plan.prefix_started) {
     SequenceState& state = state_of(s.seq);
-    cache_.start_from_prefix(s.seq, s.blocks, s.copy);
+    cache_.start_from_prefix(s.seq, s.blocks, s.copy, s.position);
     state.compression.start_prefill(s.prefill_len);
   }
 }

@@ -102,12 +102,14 @@ class ExpectedAttentionPolicy final : public CompressionPolicy {
   // Chunked prefill: the same selection with the rows so far, future positions from the chunk's end.
   std::optional<Selection> on_prefill_chunk(const LayerState& state) override { return select(state); }
   std::optional<Selection> on_decode_step(const LayerState&) override { return std::nullopt; }
-  std::optional<int> prefill_budget(int prompt_len) const override { return budget_.resolve(prompt_len); }
+  // The largest budget of any point: the prompt's own (a fraction grows with the point).
+  std::optional<int> prefill_budget(int prompt_len) const override { return budget_at(prompt_len); }
+  std::optional<int> entries_after_point(int point) const override { return std::min(point, budget_at(point)); }
 
  private:
   std::optional<Selection> select(const LayerState& state) const {
     const int n = state.n_entries;
-    const int budget = std::max(budget_.resolve(state.point()), sinks_);
+    const int budget = budget_at(state.point());
     if (n <= budget) return std::nullopt;
     if (!state.query_moments || state.query_moments->rows() == 0 || !state.keys) {
       throw std::logic_error("expected_attention: no query moments or keys at a compression point");
@@ -122,6 +124,9 @@ class ExpectedAttentionPolicy final : public CompressionPolicy {
     }
     return keep;
   }
+
+  // The entries kept at a compression point: C, or the sinks alone when a fraction falls below them.
+  int budget_at(int point) const { return std::max(budget_.resolve(point), sinks_); }
 
   // [n_kv_heads][n - sinks]: each KV head's score of the entries after the sinks.
   std::vector<std::vector<float>> kv_head_scores(const LayerState& state) const {

@@ -63,8 +63,9 @@ StepPlan full_plan() {
   w2.allowed = {0x8000000000000001ULL, 0, ~uint64_t(0)};
   p.work = {w1, w2};
   p.prefix_evicted = {1, ~uint64_t(0)};
-  p.prefix_started = {PrefixStart{42, {0xfeedULL, 7}, 300, true}, PrefixStart{9, {}, 0}};
-  p.prefix_published = {PrefixPublish{42, 2, 0x123456789abcdef0ULL}};
+  p.prefix_started = {PrefixStart{42, {0xfeedULL, 7}, 300, true}, PrefixStart{9, {}, 0},
+                      PrefixStart{11, {3, 4}, 1500, false, 1024}};
+  p.prefix_published = {PrefixPublish{42, 2, 0x123456789abcdef0ULL}, PrefixPublish{11, 0, 5, true}};
   return p;
 }
 
