@@ -6,7 +6,7 @@
 - structured output in that world: a schema's document is the one a single process writes;
 - prefix caching in that world: a document's second question starts from the blocks its first one published on
   every rank, and is answered with the tokens one process without the cache generates, with `full` and with
-  PyramidKV (which starts from copies);
+  PyramidKV (which starts from copies), and from the compressed document Expected Attention published;
 - a rank that dies (SIGKILL) or stops answering (SIGSTOP) mid-request: the client gets an error, and every process
   of the world is gone within FAILURE_BOUND_S, with a message naming the rank.
 """
@@ -138,6 +138,39 @@ def test_a_cached_prefix_in_a_world_answers_what_one_process_answers_without_it(
             assert margin < 1e-3, f"step {step}: token {g}, one process {w['token']} (margin {margin:.3g})"
             break
     assert got, "no tokens"
+
+
+def test_a_shared_compressed_document_in_a_world_answers_what_one_process_answers():
+    """[shared-compressed]: under Expected Attention with chunked prefill, a document's second question starts from
+    the compressed blocks its first one published on every rank of TP=3 x PP=2 (its cached tokens are its prompt's
+    last compression point), and is answered with the tokens one process without the cache generates."""
+    chunked = ["kv_cache.prefill_compression=chunked", "kv_cache.prefill_chunk=64"]
+    text = (ROOT / "tests" / "fixtures" / "texts" / "how_clocks_keep_time.txt").read_text(encoding="utf-8")
+    document = text[:900]
+    question = document + "\nQuestion: why does a pendulum keep time?\nAnswer:"
+    w = World(3, 2, chunked)
+    try:
+        client = openai.OpenAI(base_url=f"{w.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+        model = client.models.list().data[0].id
+        extra = {"kv_compression": {"policy": "expected_attention", "budget": 64}, "ignore_eos": True}
+        first = client.completions.create(model=model, prompt=document + "\nQuestion: what is a clock?\nAnswer:",
+                                          max_tokens=4, temperature=0, extra_body=extra)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        second = client.completions.create(model=model, prompt=question, max_tokens=12, logprobs=1, temperature=0,
+                                           extra_body=extra)
+        n_prompt = second.usage.prompt_tokens
+        assert second.usage.prompt_tokens_details.cached_tokens == (n_prompt - 1) // 64 * 64, second.usage
+        got = completion_logprob_ids(second.choices[0])
+    finally:
+        w.stop()
+    alone = generate(1, 1, ["--prompt", question, "--max-tokens", "12", "--ignore-eos"],
+                     ["kv_cache.prefix_caching=off", "kv_cache.policy=expected_attention:budget=64"] + chunked)
+    for step, (g, a) in enumerate(zip(got, alone)):
+        if g != a["token"]:
+            margin = a["top"][0][1] - a["top"][1][1]
+            assert margin < 1e-3, f"step {step}: token {g}, one process {a['token']} (margin {margin:.3g})"
+            break
+    assert len(got) == 12
 
 
 def test_concurrent_streams_and_a_batch_each_get_what_they_get_alone(world):
