@@ -25,44 +25,16 @@ from pathlib import Path
 
 import httpx
 
-from bench_support import free_port, machine, start_serve
+from bench_support import BINARY, ROOT, commit, free_port, machine, one_request, start_serve, token_ids
 
-ROOT = Path(__file__).resolve().parents[1]
-BINARY = ROOT / "build" / "strata"
 CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 POLICIES = {"full": None, "pyramidkv-128": {"policy": "pyramidkv", "budget": 128}}
-
-
-def token_ids(text_name: str) -> list[int]:
-    text = (ROOT / "tests" / "fixtures" / "texts" / text_name).read_text(encoding="utf-8")
-    done = subprocess.run([str(BINARY), "tokenize", "--model", str(MODEL)], input=json.dumps(text),
-                          capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
 
 
 def start_server(port: int, prefix_caching: str) -> tuple[subprocess.Popen, list[str]]:
     cmd = [str(BINARY), "serve", "--config", str(CONFIG), "--port", str(port),
            "--set", f"kv_cache.prefix_caching={prefix_caching}"]
     return start_serve(cmd, ROOT, port, 60), cmd
-
-
-async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
-    sent = time.perf_counter()
-    first = None
-    cached = None
-    async with client.stream("POST", url, json=body, timeout=600) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
-            if first is None and chunk.get("choices") and chunk["choices"][0].get("text"):
-                first = time.perf_counter()
-            if chunk.get("usage"):
-                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
-    return {"ttft_s": (first or time.perf_counter()) - sent, "end_s": time.perf_counter() - sent,
-            "cached_tokens": cached}
 
 
 async def workload(port: int, prefix: list[int], questions: list[list[int]], warm_question: list[int],
@@ -122,10 +94,8 @@ def main() -> int:
         ratios[f"{name}: wall off / on"] = off["wall_s"] / on["wall_s"]
     for k, v in ratios.items():
         print(f"{k:40s} {v:7.2f}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
     report = {"what": "prefix caching on against off: one warm-up request, then concurrent streaming requests of a "
-                      "shared document followed by each one's question", "commit": commit, "machine": machine(),
+                      "shared document followed by each one's question", "commit": commit(), "machine": machine(),
               "command": "bench/prefix_cache.py " + " ".join(sys.argv[1:]),
               "requests": args.requests, "prefix_tokens": args.prefix_tokens,
               "question_tokens": args.question_tokens, "max_tokens": args.max_tokens,
