@@ -329,6 +329,7 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
       Usage& usage = s.req->usage;
       usage.cached_prompt_tokens = std::max(usage.cached_prompt_tokens, s.n_cached);
       metrics_.add_prefix_cache_lookup(s.n_prompt, s.n_cached);
+      if (prefix_ && prefix_->blocks_of(id).compressed) metrics_.add_compressed_prefix_start();
     }
     if (prefix_) prefix_->start(plan, id, s.prefill_len);
   }
@@ -600,6 +601,7 @@ std::string Engine::render_kv_state_now() const {
       const PrefixCache::SequenceBlocks blocks = prefix_->blocks_of(id);
       s.prefix_blocks_shared = blocks.started_from;
       s.prefix_blocks_published = blocks.published;
+      s.prefix_compressed = blocks.compressed;
     }
     sequences.push_back(std::move(s));
   }

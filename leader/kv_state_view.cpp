@@ -89,6 +89,7 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
                     {"cached_tokens", s.cached_tokens},
                     {"prefix_blocks_shared", s.prefix_blocks_shared},
                     {"prefix_blocks_published", s.prefix_blocks_published},
+                    {"prefix_compressed", s.prefix_compressed},
                     {"layers", per_layer}});
   }
   const json state = {{"pp_stage", grid.stage()},     {"tp_rank", grid.tp_rank()},

@@ -87,6 +87,9 @@ ServerMetrics::ServerMetrics(int64_t max_model_len, std::span<const LayerMetric>
                                     "Prompt tokens looked up in the prefix cache.")),
       prefix_cache_hits_(counter(*registry_, "strata_prefix_cache_hits_total",
                                  "Prompt tokens whose KV came from the prefix cache.")),
+      prefix_cache_compressed_starts_(counter(*registry_, "strata_prefix_cache_compressed_starts_total",
+                                              "Requests that started from a shared compressed prefix: their "
+                                              "document was neither prefilled nor compressed again.")),
       prefix_cache_blocks_(gauge(*registry_, "strata_prefix_cache_blocks",
                                  "Cached prompt blocks (each one KV block in every layer of every stage).")),
       requests_(counter_family(*registry_, "strata_requests_total", "Requests finished, by finish reason.")),
@@ -237,6 +240,8 @@ void ServerMetrics::add_prefix_cache_lookup(int64_t n_prompt, int64_t n_cached) 
   prefix_cache_queries_.Increment(static_cast<double>(n_prompt));
   prefix_cache_hits_.Increment(static_cast<double>(n_cached));
 }
+
+void ServerMetrics::add_compressed_prefix_start() { prefix_cache_compressed_starts_.Increment(); }
 
 void ServerMetrics::set_prefix_cache_blocks(int64_t n_blocks) { prefix_cache_blocks_.Set(static_cast<double>(n_blocks)); }
 

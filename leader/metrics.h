@@ -59,6 +59,7 @@ class ServerMetrics {
   // Prefix caching: a sequence admitted with n_prompt tokens of which n_cached came from cached blocks; the
   // blocks cached now (each one KV block in every layer of every stage).
   void add_prefix_cache_lookup(int64_t n_prompt, int64_t n_cached);
+  void add_compressed_prefix_start();
   void set_prefix_cache_blocks(int64_t n_blocks);
   // strata_requests_total{finish_reason}: "stop", "length" or "abort" (the client went away), all three from the
   // start at 0.
@@ -118,6 +119,7 @@ class ServerMetrics {
   prometheus::Counter& preemptions_;
   prometheus::Counter& prefix_cache_queries_;
   prometheus::Counter& prefix_cache_hits_;
+  prometheus::Counter& prefix_cache_compressed_starts_;
   prometheus::Gauge& prefix_cache_blocks_;
   prometheus::Family<prometheus::Counter>& requests_;
 

@@ -139,7 +139,7 @@ PrefixCache::SequenceBlocks PrefixCache::blocks_of(SeqId seq) const {
   auto it = uses_.find(seq);
   if (it == uses_.end()) return {};
   const SequenceUse& use = it->second;
-  if (use.started_compressed) return {int(use.compressed.size()), 0};
+  if (use.started_compressed) return {int(use.compressed.size()), 0, true};
   return {use.reuse.copies ? 0 : use.n_started, use.next_block - use.n_started};
 }
 

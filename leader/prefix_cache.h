@@ -72,6 +72,7 @@ class PrefixCache {
   struct SequenceBlocks {
     int started_from = 0;
     int published = 0;
+    bool compressed = false;  // it started from a compressed prefix
   };
   SequenceBlocks blocks_of(SeqId seq) const;
 

@@ -73,6 +73,7 @@ struct Served {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<int> cached;
   int64_t fewest_free = 0;  // over the requests asked together
+  std::string metrics;
 };
 
 // The first question alone, then the others together; greedy, 12 tokens each (EOS ignored).
@@ -108,6 +109,7 @@ Served serve(const ServerConfig& config, bool prefix_caching) {
   }
   const int64_t cached_slots = rt->cache->n_cached_blocks() * rt->cache->n_layers();
   EXPECT_EQ(rt->pool->n_free() + cached_slots, rt->pool->n_total()) << "every block in the pool or the cache";
+  out.metrics = metrics.render();
   return out;
 }
 
@@ -123,6 +125,7 @@ TEST(CompressedPrefixEngine, QuestionsShareTheCompressedDocumentAndAnswerAsAlone
   // Three sequences that share 2 blocks a layer instead of holding 2 each (the cache's token blocks of the first
   // chunk stay too: 2 more).
   EXPECT_GT(on.fewest_free, off.fewest_free) << "the shared document takes less of the pool";
+  EXPECT_NE(on.metrics.find("strata_prefix_cache_compressed_starts_total 3"), std::string::npos) << on.metrics;
 }
 
 TEST(CompressedPrefixEngine, WhatIsNotSharedChangesNothing) {
