@@ -41,6 +41,7 @@ EXPECTED_TYPES = {
     "strata_preemptions": "counter",
     "strata_prefix_cache_queries": "counter",
     "strata_prefix_cache_hits": "counter",
+    "strata_prefix_cache_compressed_starts": "counter",
     "strata_prefix_cache_blocks": "gauge",
     "strata_request_queue_time_seconds": "histogram",
     "strata_time_to_first_token_seconds": "histogram",
