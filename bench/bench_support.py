@@ -66,6 +66,17 @@ def token_ids(text_name, binary=BINARY, model=MODEL):
     return json.loads(done.stdout)
 
 
+def document_and_questions(doc_tokens, question_tokens, n_questions):
+    """A long document (the first doc_tokens token ids of the_keepers_ledger.txt) and n_questions questions
+    (consecutive question_tokens slices of a_coastal_almanac.txt), for the shared-document workloads."""
+    document = token_ids("the_keepers_ledger.txt")[:doc_tokens]
+    pool = token_ids("a_coastal_almanac.txt")
+    questions = [pool[i * question_tokens:(i + 1) * question_tokens] for i in range(n_questions)]
+    if len(document) != doc_tokens or any(len(q) != question_tokens for q in questions):
+        raise ValueError("the texts are too short for that many tokens")
+    return document, questions
+
+
 async def one_request(client: httpx.AsyncClient, url, body, on_first_token=None):
     """Sends one streaming completion (body asks for stream and include_usage) and reads it to its end: time to
     first token and to the end (seconds from sending), usage's cached_tokens, the generated text, and the tokens

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from bench_support import BINARY, ROOT, commit, free_port, machine, one_request, start_serve, token_ids
+from bench_support import (BINARY, ROOT, commit, document_and_questions, free_port, machine, one_request,
+                           start_serve)
 
 CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 POLICIES = {"full": None, "pyramidkv-128": {"policy": "pyramidkv", "budget": 128}}
@@ -67,11 +68,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cpu-prefix-cache.json"))
     args = parser.parse_args()
 
-    prefix = token_ids("the_keepers_ledger.txt")[: args.prefix_tokens]
-    pool = token_ids("a_coastal_almanac.txt")
-    n = args.question_tokens
-    questions = [pool[i * n:(i + 1) * n] for i in range(args.requests + 1)]
-    assert len(prefix) == args.prefix_tokens and all(len(q) == n for q in questions), "texts too short"
+    prefix, questions = document_and_questions(args.prefix_tokens, args.question_tokens, args.requests + 1)
 
     runs = {}
     for name, kv in POLICIES.items():

@@ -2,7 +2,7 @@
 """A compressed document shared between requests ([shared-compressed]), over HTTP on `strata serve`:
 
   .venv/bin/python bench/shared_compressed.py [--requests 32] [--doc-tokens 1500] [--question-tokens 30]
-                                              [--max-tokens 32] [--chunk 128] [--budget 25%] [--memory-mib 3072]
+                                              [--max-tokens 32] [--chunk 64] [--budget 25%] [--memory-mib 3072]
                                               [--out bench/results/cpu-shared-compressed.json]
 
 The workload: many questions at once on one long document, each request asking for Expected Attention at --budget
@@ -43,7 +43,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench_support import BINARY, ROOT, commit, free_port, machine, one_request, start_serve, token_ids
+from bench_support import (BINARY, ROOT, commit, document_and_questions, free_port, machine, one_request,
+                           start_serve)
 
 CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -175,7 +176,9 @@ def main() -> int:
     parser.add_argument("--doc-tokens", type=int, default=1500)
     parser.add_argument("--question-tokens", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--chunk", type=int, default=128, help="kv_cache.prefill_chunk of the chunked runs")
+    parser.add_argument("--chunk", type=int, default=64,
+                        help="kv_cache.prefill_chunk of the chunked runs: the tail prefilled on top of the shared "
+                             "document is under a chunk plus the question")
     parser.add_argument("--budget", default="25%", help="the budget of both policies, as the API takes it")
     parser.add_argument("--memory-mib", type=int, default=3072,
                         help="the pool: enough that no run waits for memory (today's cache hit holds every "
@@ -184,14 +187,14 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cpu-shared-compressed.json"))
     args = parser.parse_args()
 
-    document = token_ids("the_keepers_ledger.txt")[: args.doc_tokens]
-    pool = token_ids("a_coastal_almanac.txt")
+    document, questions = document_and_questions(args.doc_tokens, args.question_tokens, args.requests + 1)
     n = args.question_tokens
-    questions = [pool[i * n:(i + 1) * n] for i in range(args.requests + 1)]
-    assert len(document) == args.doc_tokens and all(len(q) == n for q in questions), "texts too short"
     prompts = [document + q for q in questions[1:]]
     prompt_len = args.doc_tokens + n
     point = (prompt_len - 1) // args.chunk * args.chunk  # the prompt's last compression point, below its end
+    if point > args.doc_tokens:
+        print(f"warning: the last compression point {point} falls in the question: nothing can be shared",
+              file=sys.stderr)
     if args.budget.endswith("%") and (args.chunk * float(args.budget[:-1]) / 100) % args.block_size:
         print(f"warning: {args.budget} of a {args.chunk}-token chunk does not fill whole blocks of "
               f"{args.block_size}: the compressed document cannot be shared", file=sys.stderr)

@@ -83,27 +83,25 @@ struct ServedEngine {
 const std::vector<std::vector<int32_t>> kPrompts = {prompt_of(150, 1), prompt_of(97, 2), prompt_of(180, 3),
                                                     prompt_of(40, 4)};
 
-TEST(ChunkedPrefillEngine, BatchedRequestsGetWhatEachGetsAlone) {
-  const ServerConfig config = chunked_config(64, "h2o:budget=24,window=4", 32);
+// kPrompts batched, and cut into steps of 20 tokens (pieces other than the compression chunks, joining
+// mid-prefill), get what each gets alone.
+void expect_batched_as_alone(const ServerConfig& config) {
   ServedEngine run(config);
   std::vector<std::vector<int32_t>> alone;
   for (const auto& p : kPrompts) alone.push_back(run.generate({p}, 6)[0]);
   EXPECT_EQ(run.generate(kPrompts, 6), alone);
-  // A small step budget: prompts are cut into pieces other than the compression chunks, and join mid-prefill.
   ServedEngine small_steps(config, /*max_batch_tokens=*/20);
   EXPECT_EQ(small_steps.generate(kPrompts, 6), alone);
+}
+
+TEST(ChunkedPrefillEngine, BatchedRequestsGetWhatEachGetsAlone) {
+  expect_batched_as_alone(chunked_config(64, "h2o:budget=24,window=4", 32));
 }
 
 TEST(ChunkedPrefillEngine, ExpectedAttentionBatchedGetsWhatEachGetsAlone) {
   // A policy that reads the cache's keys and values at every compression point (through the pool's backend) and
   // the query moments the forward pass adds up chunk by chunk.
-  const ServerConfig config = chunked_config(64, "expected_attention:budget=40", 32);
-  ServedEngine run(config);
-  std::vector<std::vector<int32_t>> alone;
-  for (const auto& p : kPrompts) alone.push_back(run.generate({p}, 6)[0]);
-  EXPECT_EQ(run.generate(kPrompts, 6), alone);
-  ServedEngine small_steps(config, /*max_batch_tokens=*/20);
-  EXPECT_EQ(small_steps.generate(kPrompts, 6), alone);
+  expect_batched_as_alone(chunked_config(64, "expected_attention:budget=40", 32));
 }
 
 TEST(ChunkedPrefillEngine, PreemptionByRecomputeGivesTheSameOutput) {

@@ -6,10 +6,8 @@
 // cache gives every block back when evicted. Compressed prefixes that do not fill whole blocks, and quantized
 // pools, are not shared and change nothing.
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +16,7 @@
 #include "daemon/runtime.h"
 #include "leader/engine.h"
 #include "leader/metrics.h"
+#include "tests/leader/clock_document.h"
 #include "tests/leader/recording_sink.h"
 #include "tests/test_paths.h"
 
@@ -38,13 +37,6 @@ ServerConfig config_with(const std::string& policy, const std::string& dtype = "
   config.kv_cache.prefill_compression = "chunked";
   config.kv_cache.prefill_chunk = kChunk;
   return config;
-}
-
-std::string document() {
-  std::ifstream in(test::source_path("tests/fixtures/texts/how_clocks_keep_time.txt"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str().substr(0, 1200);
 }
 
 const std::vector<std::string> kQuestions = {" Question: what keeps a clock's time?",
@@ -88,7 +80,7 @@ Served serve(const ServerConfig& config, bool prefix_caching) {
     sinks.push_back(std::make_shared<PoolWatchingSink>(*rt->pool));
     GenerationRequest r;
     r.id = "question";
-    r.prompt_ids = rt->tokenizer->encode(document() + question, false);
+    r.prompt_ids = rt->tokenizer->encode(test::clock_document() + question, false);
     r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = 12;
     r.sampling.ignore_eos = true;

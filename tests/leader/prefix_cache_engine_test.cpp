@@ -4,9 +4,7 @@
 // report their cached prompt tokens; H2O and D2O (which read every prompt row) and PoD take no hits and keep their
 // outputs; when the requests are done every block is in the pool or the cache; a pool too small to keep the cache
 // evicts it instead of failing anyone; and sequences preempted and recomputed from cached blocks generate the same.
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +13,7 @@
 #include "daemon/runtime.h"
 #include "leader/engine.h"
 #include "leader/metrics.h"
+#include "tests/leader/clock_document.h"
 #include "tests/leader/recording_sink.h"
 #include "tests/test_paths.h"
 
@@ -31,13 +30,6 @@ ServerConfig config_with(const std::string& dtype, const std::string& policy, in
   config.kv_cache.memory_mib = memory_mib;
   config.kv_cache.policy = policy;
   return config;
-}
-
-std::string document() {
-  std::ifstream in(test::source_path("tests/fixtures/texts/how_clocks_keep_time.txt"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str().substr(0, 1200);
 }
 
 // The real model behind an engine, with the prefix cache on or off, serving greedy requests one after the other.
@@ -99,7 +91,8 @@ Outcome ask(const ServerConfig& config, bool prefix_caching) {
   for (const char* question : {" Question: what keeps a clock's time?", " Question: who built the first clock?",
                                " Question: why do pendulums swing?"}) {
     out.cached.push_back(0);
-    out.tokens.push_back(engine.generate(engine.encode(document() + question), 12, false, &out.cached.back()));
+    out.tokens.push_back(
+        engine.generate(engine.encode(test::clock_document() + question), 12, false, &out.cached.back()));
   }
   engine.expect_every_block_back();
   out.metrics = engine.metrics();
@@ -139,7 +132,7 @@ struct Turns {
 // Two turns, greedy, 80 tokens each: the second prompt is the first prompt, its answer and a follow-up.
 Turns two_turns(const ServerConfig& config, bool prefix_caching) {
   SequentialEngine engine(config, prefix_caching);
-  std::vector<int32_t> prompt = engine.encode(document().substr(0, 400));
+  std::vector<int32_t> prompt = engine.encode(test::clock_document().substr(0, 400));
   Turns turns;
   turns.n_first_prompt = int(prompt.size());
   for (int turn = 0; turn < 2; ++turn) {
@@ -210,7 +203,7 @@ TEST(PrefixCacheEngine, ACachedPrefixGivesWayWhenThePoolIsShort) {
     auto sink = std::make_shared<RecordingSink>();
     GenerationRequest r;
     r.id = "short";
-    r.prompt_ids = rt->tokenizer->encode(document().substr(size_t(i) * 100), false);
+    r.prompt_ids = rt->tokenizer->encode(test::clock_document().substr(size_t(i) * 100), false);
     r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = 8;
     r.sink = sink;
@@ -239,7 +232,8 @@ TEST(PrefixCacheEngine, PreemptedSequencesComeBackToTheSameOutput) {
       sinks.push_back(std::make_shared<RecordingSink>());
       GenerationRequest r;
       r.id = "crowd";
-      r.prompt_ids = rt->tokenizer->encode(document().substr(0, 600) + " Question " + std::to_string(i) + ":", false);
+      r.prompt_ids = rt->tokenizer->encode(
+          test::clock_document().substr(0, 600) + " Question " + std::to_string(i) + ":", false);
       r.sampling.temperature = 0.0f;
       r.sampling.max_tokens = 48;
       r.sampling.ignore_eos = true;
