@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "daemon/runtime.h"
 #include "leader/engine.h"
@@ -101,6 +102,8 @@ Served serve(const ServerConfig& config, bool prefix_caching) {
   }
   const int64_t cached_slots = rt->cache->n_cached_blocks() * rt->cache->n_layers();
   EXPECT_EQ(rt->pool->n_free() + cached_slots, rt->pool->n_total()) << "every block in the pool or the cache";
+  const nlohmann::json state = nlohmann::json::parse(engine.kv_state_json());
+  EXPECT_EQ(state.at("prefix_blocks_in_use"), 0) << "no use of a cached block outlives its request";
   out.metrics = metrics.render();
   return out;
 }
