@@ -99,11 +99,24 @@ CLAIMS = [
           lambda d: f"{gpu_tests_passed(d, load('gpu-h200-c11d038-tests-smollm2.json'))} `Cuda*` and NCCL tests pass"),
     Claim("bench/results/README.md", "gpu-h200-c11d038-bench-8b.json",
           lambda d: f"although it reads {kv_bytes_ratio(d, 16384):.1f}x fewer KV bytes"),
+    *(Claim("bench/results/README.md", "cpu-shared-compressed.json",
+            lambda d, part=part: shared_compressed(d, part)) for part in ("memory", "ttft", "answers")),
     Claim("README.md", "router-cpu.json", router_summary),
     Claim("bench/results/README.md", "router-cpu.json", router_summary),
     *(Claim("bench/results/README.md", "router-cpu.json", lambda d, run=run: router_row(d, run))
       for run in ("cache_aware", "round_robin", "one_replica")),
 ]
+
+
+def shared_compressed(d: dict, part: str) -> str:
+    memory, _, ttft_mean, ttft_median = list(d["ratios"].values())[:4]
+    equal = d["answers_equal"]
+    return {"memory": f"**Memory: {memory:.3f} of the per-request copies** (goal: at most 1/4)",
+            "ttft": f"**Time to first token: {ttft_mean:.2f}x today's cache hit on the mean, {ttft_median:.2f}x on "
+                    f"the median**",
+            "answers": f"**Answers: {equal['shared = alone']['tokens']} of {equal['of']} shared and "
+                       f"{equal['copies = alone']['tokens']} of {equal['of']} copies equal the question asked "
+                       f"alone**"}[part]
 
 
 def main() -> int:
