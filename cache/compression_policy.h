@@ -43,7 +43,7 @@ struct PolicyContext {
   // once moves the groups after it intact, and costs one staging block's worth of entries at most.
   int decode_eviction_batch = 1;
   RopeParams rope = {};  // the model's RoPE (Expected Attention rotates its query statistics to future positions)
-  bool chunked_prefill = false;  // kv_cache.prefill_compression is chunked
+  int prefill_chunk = 0;  // kv_cache.prefill_chunk when kv_cache.prefill_compression is chunked; 0: end
 };
 
 // The attention statistics a policy asks the forward pass for. Both are column sums: for every query head h and

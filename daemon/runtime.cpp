@@ -342,6 +342,7 @@ EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt) 
   const ModelConfig& mc = rt.weights.config;
   o.policy_context = PolicyContext{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name, nullptr};
   o.policy_context.collectives = &single_rank_collectives();
+  o.policy_context.prefill_chunk = o.compression.prefill_chunk;
   if (config.kv_cache.prefix_caching) {
     PrefixCacheSettings prefix;
     // The KV of a token depends on the model, its weights' format and the pool's (a quantized pool's prefill reads

@@ -28,7 +28,7 @@ PolicyContext ShardCompression::context(int global_layer) const {
                        &collectives,
                        cache.pool().quantized() ? kKvQuantGroup : 1,
                        RopeParams{c.rope_style, c.rope_theta, c.rope_scaling},
-                       config.chunked()};
+                       config.prefill_chunk};
 }
 
 void ShardCompression::check_fits(const PolicyTraits& traits, const std::string& policy_name) const {

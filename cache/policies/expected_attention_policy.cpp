@@ -96,7 +96,7 @@ class ExpectedAttentionPolicy final : public CompressionPolicy {
     return n;
   }
   std::optional<Selection> on_prefill_end(const LayerState& state) override {
-    if (context_.chunked_prefill) return std::nullopt;
+    if (context_.prefill_chunk > 0) return std::nullopt;
     return select(state);
   }
   // Chunked prefill: the same selection with the rows so far, future positions from the chunk's end.
@@ -104,7 +104,15 @@ class ExpectedAttentionPolicy final : public CompressionPolicy {
   std::optional<Selection> on_decode_step(const LayerState&) override { return std::nullopt; }
   // The largest budget of any point: the prompt's own (a fraction grows with the point).
   std::optional<int> prefill_budget(int prompt_len) const override { return budget_at(prompt_len); }
-  std::optional<int> entries_after_point(int point) const override { return std::min(point, budget_at(point)); }
+  // The chunked prefill from position 0 to `point`: each compression keeps min(held, budget) of the entries held,
+  // the previous point's and a chunk.
+  std::optional<int> entries_after_point(int point) const override {
+    const int chunk = context_.prefill_chunk;
+    if (chunk <= 0 || point <= 0 || point % chunk != 0) return std::nullopt;
+    int entries = 0;
+    for (int p = chunk; p <= point; p += chunk) entries = std::min(entries + chunk, budget_at(p));
+    return entries;
+  }
 
  private:
   std::optional<Selection> select(const LayerState& state) const {

@@ -175,7 +175,7 @@ Ids reference_kept(const std::vector<double>& scores, int sinks, int keep) {
 std::unique_ptr<CompressionPolicy> expected_attention(const std::string& params, int n_heads, int n_kv_heads,
                                                       bool chunked = false) {
   PolicyContext context = test::policy_context(n_heads, n_kv_heads);
-  context.chunked_prefill = chunked;
+  context.prefill_chunk = chunked ? 40 : 0;
   return make_expected_attention_policy(parse_policy_spec("expected_attention" + (params.empty() ? "" : ":" + params)),
                                         context);
 }
@@ -256,6 +256,19 @@ TEST(ExpectedAttentionPolicy, ChunkedPrefillLeavesThePromptsTailWhole) {
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(sel->kept, end->kept);
   EXPECT_FALSE(chunked->on_decode_step(test::at(150, 60, 1, {}, &keys)).has_value()) << "nothing while decoding";
+}
+
+TEST(ExpectedAttentionPolicy, EntriesAfterAChunkedPointFollowEveryCompressionBeforeIt) {
+  // Chunks of 40 (the helper's chunked context): each point keeps min(the previous point's entries + 40, budget).
+  EXPECT_EQ(expected_attention("budget=0.25", 2, 1, true)->entries_after_point(120), 30);
+  EXPECT_EQ(expected_attention("budget=32", 2, 1, true)->entries_after_point(80), 32);
+  // 90% grows faster than a chunk's worth is cut: 36, then min(76, 72), then min(112, 108).
+  EXPECT_EQ(expected_attention("budget=0.9", 2, 1, true)->entries_after_point(120), 108);
+  // 99% (a budget rounds up): every entry at 40 and at 80, then min(120, 119).
+  auto near_one = expected_attention("budget=0.99", 2, 1, true);
+  EXPECT_EQ(near_one->entries_after_point(120), 119);
+  EXPECT_FALSE(near_one->entries_after_point(100).has_value()) << "not a compression point";
+  EXPECT_FALSE(expected_attention("budget=32", 2, 1)->entries_after_point(120).has_value()) << "end mode";
 }
 
 TEST(ExpectedAttentionPolicy, BadParametersNameTheKey) {

@@ -109,18 +109,22 @@ Served serve(const ServerConfig& config, bool prefix_caching) {
 }
 
 TEST(CompressedPrefixEngine, QuestionsShareTheCompressedDocumentAndAnswerAsAlone) {
-  const ServerConfig config = config_with("expected_attention:budget=64");
-  const Served off = serve(config, false);
-  const Served on = serve(config, true);
-  EXPECT_EQ(on.tokens, off.tokens) << "each question gets what it gets alone";
-  // The prompts' last compression point: the document is longer than it, each prompt's tail is under a chunk.
-  const int point = 256;
-  EXPECT_EQ(on.cached, (std::vector<int>{0, point, point, point}));
-  EXPECT_EQ(off.cached, (std::vector<int>{0, 0, 0, 0}));
-  // Three sequences that share 2 blocks a layer instead of holding 2 each (the cache's token blocks of the first
-  // chunk stay too: 2 more).
-  EXPECT_GT(on.fewest_free, off.fewest_free) << "the shared document takes less of the pool";
-  EXPECT_NE(on.metrics.find("strata_prefix_cache_compressed_starts_total 3"), std::string::npos) << on.metrics;
+  // 64 entries a layer; and half the prefix at each point (32, 64, 96, then 128 at the last point).
+  for (const std::string policy : {"expected_attention:budget=64", "expected_attention:budget=50%"}) {
+    SCOPED_TRACE(policy);
+    const ServerConfig config = config_with(policy);
+    const Served off = serve(config, false);
+    const Served on = serve(config, true);
+    EXPECT_EQ(on.tokens, off.tokens) << "each question gets what it gets alone";
+    // The prompts' last compression point: the document is longer than it, each prompt's tail is under a chunk.
+    const int point = 256;
+    EXPECT_EQ(on.cached, (std::vector<int>{0, point, point, point}));
+    EXPECT_EQ(off.cached, (std::vector<int>{0, 0, 0, 0}));
+    // Three sequences that share the document's blocks instead of holding them each (the cache's token blocks
+    // of the first chunk stay too).
+    EXPECT_GT(on.fewest_free, off.fewest_free) << "the shared document takes less of the pool";
+    EXPECT_NE(on.metrics.find("strata_prefix_cache_compressed_starts_total 3"), std::string::npos) << on.metrics;
+  }
 }
 
 TEST(CompressedPrefixEngine, WhatIsNotSharedChangesNothing) {
