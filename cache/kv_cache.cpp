@@ -324,6 +324,10 @@ void KvCache::publish(SeqId seq, int index, uint64_t hash) {
     throw std::logic_error("kv cache: block " + std::to_string(index) + " of sequence " + std::to_string(seq) +
                            " no longer holds its prompt's entries as they were written");
   }
+  keep_cached(seq, index, hash);
+}
+
+void KvCache::keep_cached(SeqId seq, int index, uint64_t hash) {
   if (is_cached(hash)) throw std::logic_error("kv cache: a prefix block published twice");
   std::vector<int32_t> blocks;
   for (const LayerKv& kv : seqs_.at(seq)) {
@@ -346,14 +350,7 @@ void KvCache::publish_compressed(SeqId seq, int index, uint64_t hash) {
                              " is not a whole full-precision block of a compressed prefix");
     }
   }
-  if (is_cached(hash)) throw std::logic_error("kv cache: a prefix block published twice");
-  std::vector<int32_t> blocks;
-  for (const LayerKv& kv : it->second) {
-    const int32_t b = kv.block_table[size_t(index)];
-    pool_.share(b);
-    blocks.push_back(b);
-  }
-  prefix_blocks_.emplace(hash, std::move(blocks));
+  keep_cached(seq, index, hash);
 }
 
 void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, bool copy, int position) {

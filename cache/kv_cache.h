@@ -182,6 +182,8 @@ class KvCache {
   // Copy-on-write: the first n_blocks of the layer's table become blocks of its own (full-precision copies of
   // those that had other holders).
   void own_blocks(LayerKv& kv, size_t n_blocks);
+  // Block `index` of every layer of seq stays cached under `hash` (publish, publish_compressed).
+  void keep_cached(SeqId seq, int index, uint64_t hash);
 
   BlockPool& pool_;
   int layer_begin_;

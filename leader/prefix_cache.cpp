@@ -21,7 +21,7 @@ int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len
     use.chain = index_.chain(tokens.first(size_t(prefill_len)));
     use.reuse = prefix_reuse(compression_, policy, policy_context_, prefill_len);
     use.prefill_len = prefill_len;
-    plan_compressed(use, tokens, policy);
+    plan_compressed(use, policy);
   }
   const int point = use.reuse.compressed_point;
   if (use.started_compressed) return point;
@@ -45,8 +45,7 @@ int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len
   return use.n_started * block_size_;
 }
 
-void PrefixCache::plan_compressed(SequenceUse& use, std::span<const int32_t> tokens,
-                                  const std::optional<PolicySpec>& policy) {
+void PrefixCache::plan_compressed(SequenceUse& use, const std::optional<PolicySpec>& policy) {
   use.compressed.clear();
   const int point = use.reuse.compressed_point, entries = use.reuse.compressed_entries;
   if (!settings_.share_compressed || point == 0 || point % block_size_ != 0 || entries == 0 ||
@@ -58,8 +57,9 @@ void PrefixCache::plan_compressed(SequenceUse& use, std::span<const int32_t> tok
     use.policy += to_string(policy ? *policy : compression_.for_layer(l)) + ";";
     if (policy) break;  // a request's policy is every layer's
   }
-  const std::vector<uint64_t> prefix = index_.chain(tokens.first(size_t(point)));
-  use.compressed = compressed_block_chain(prefix.back(), use.policy, entries / block_size_);
+  // The chain of the prefill's tokens names their prefix up to the point by its block there.
+  use.compressed = compressed_block_chain(use.chain[size_t(point / block_size_ - 1)], use.policy,
+                                          entries / block_size_);
 }
 
 bool PrefixCache::copies(SeqId seq) const {

@@ -90,8 +90,8 @@ class PrefixCache {
     std::string policy;
     bool started_compressed = false;
   };
-  // The compressed prefix a prefill of prefill_len tokens of `tokens` may share or publish (use.compressed).
-  void plan_compressed(SequenceUse& use, std::span<const int32_t> tokens, const std::optional<PolicySpec>& policy);
+  // The compressed prefix the sequence's prefill (use.chain, use.reuse) may share or publish (use.compressed).
+  void plan_compressed(SequenceUse& use, const std::optional<PolicySpec>& policy);
   void publish_compressed(StepPlan& plan, SeqId seq, SequenceUse& use, std::span<const int32_t> tokens,
                           int chunk_end);
 
