@@ -164,26 +164,31 @@ void row_scores(const float* qv, const float* keys, int n, int hd, float scale, 
   }
 }
 
-// The keys of a sequence's full-precision blocks, transposed once per call for chunk_scores: for KV head h, block
-// b of the sequence, chunk c of the block, keys_t[(((h * n_blocks + b) * chunks + c) * hd + d) * kKeyChunk + j]
-// is key c * kKeyChunk + j of the block. Packed blocks are left out (their slots stay unset).
-struct TransposedKeys {
-  std::vector<float> data;
+// A sequence's blocks made ready once per call for its many query rows (kernels that read a block again for every
+// tile would dequantize it again too): the keys of its full-precision and quantized blocks transposed for
+// chunk_scores, keys[(((h * n_blocks + b) * chunks + c) * hd + d) * kKeyChunk + j] being key c * kKeyChunk + j of
+// block b for KV head h, and the values of its quantized blocks dequantized, values[((h * n_blocks + b) *
+// block_size + j) * hd + d]. Coded blocks are left out (their slots stay unset), and so are the values of
+// full-precision blocks (read where they are).
+struct PreparedKv {
+  std::vector<float> keys;
+  std::vector<float> values;
   int n_blocks = 0;
   int chunks = 0;  // per block
 
-  int64_t offset(int kv_head, int block, int c, int hd) const {
+  int64_t key_offset(int kv_head, int block, int c, int hd) const {
     return ((int64_t(kv_head) * n_blocks + block) * chunks + c) * hd * kKeyChunk;
+  }
+  int64_t value_offset(int kv_head, int block, int block_size, int hd) const {
+    return (int64_t(kv_head) * n_blocks + block) * block_size * hd;
   }
 };
 
 // Sequences with enough query rows to pay for the transposition; the others score keys row by row.
 bool worth_transposing(const AttentionSequence& s, int group) { return s.n_q * group >= 2 * kTileRows; }
 
-void transpose_block(const KvPoolView& pool, int32_t id, int kv_head, int n, float* out) {
-  const KvBlockLayout& L = pool.layout;
-  const int hd = L.head_dim;
-  const float* keys = pool.block_f32(id) + L.k_offset(kv_head, 0);
+// The first n keys of one KV head stored one after another, transposed in chunks of kKeyChunk.
+void transpose_keys(const float* keys, int n, int hd, float* out) {
   for (int c0 = 0; c0 < n; c0 += kKeyChunk, out += int64_t(hd) * kKeyChunk) {
     const int m = std::min(kKeyChunk, n - c0);
     for (int j = 0; j < kKeyChunk; ++j) {
@@ -191,6 +196,25 @@ void transpose_block(const KvPoolView& pool, int32_t id, int kv_head, int n, flo
       for (int d = 0; d < hd; ++d) out[int64_t(d) * kKeyChunk + j] = k[d];
     }
   }
+}
+
+// Block `block` of a sequence, KV head `kv_head`, made ready in `ready` (see PreparedKv); `scratch` holds a
+// quantized block's keys of one head on their way to being transposed.
+void prepare_block(const KvPoolView& pool, int32_t id, int kv_head, int block, int n, PreparedKv& ready,
+                   std::vector<float>& scratch) {
+  const KvBlockLayout& L = pool.layout;
+  const int hd = L.head_dim;
+  float* keys_t = ready.keys.data() + ready.key_offset(kv_head, block, 0, hd);
+  if (pool.is_coded(id)) return;
+  if (!pool.is_quantized(id)) {
+    transpose_keys(pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, keys_t);
+    return;
+  }
+  scratch.resize(size_t(L.block_size) * hd);
+  dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, scratch.data());
+  transpose_keys(scratch.data(), n, hd, keys_t);
+  dequantize_values(pool.block_quantized(id), kv_head, 0, n, L,
+                    ready.values.data() + ready.value_offset(kv_head, block, L.block_size, hd));
 }
 
 void prefetch_bytes(const void* at, int64_t n) {
@@ -243,9 +267,9 @@ void packed_block_scores(const float* const* q_rows, int vectors, const KvPoolVi
 }
 
 // o_t += sum_j p_t[j] * v_j for the tile's vectors over the first n_t entries of one block (n_t <= 0: none).
-// A quantized block is dequantized once for all the vectors.
+// A quantized block is dequantized once for all the vectors, unless `ready_values` holds it dequantized already.
 void block_values(const float* const* p, const int* n, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
-                  Workspace& ws, float* const* o) {
+                  const float* ready_values, Workspace& ws, float* const* o) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   if (pool.is_coded(id)) {
@@ -262,6 +286,8 @@ void block_values(const float* const* p, const int* n, int vectors, const KvPool
   const float* values = ws.dequantized.data();
   if (!pool.is_quantized(id)) {
     values = pool.block_f32(id) + L.v_offset(kv_head, 0);
+  } else if (ready_values) {
+    values = ready_values;
   } else if (const int n_max = *std::max_element(n, n + vectors); n_max > 0) {
     dequantize_values(pool.block_quantized(id), kv_head, 0, n_max, L, ws.dequantized.data());
   }
@@ -301,61 +327,61 @@ std::vector<QueryItem> query_items(std::span<const AttentionSequence> seqs, int 
   return items;
 }
 
-// The full-precision keys of every sequence worth transposing (worth_transposing), transposed block by block in
-// parallel; an empty TransposedKeys for the others.
-std::vector<TransposedKeys> transposed_keys(std::span<const AttentionSequence> seqs, const KvPoolView& pool,
-                                            int group) {
+// The blocks of every sequence with rows enough to pay for it (worth_transposing) made ready, block by block in
+// parallel; an empty PreparedKv for the others.
+std::vector<PreparedKv> prepared_kv(std::span<const AttentionSequence> seqs, const KvPoolView& pool, int group) {
   const KvBlockLayout& L = pool.layout;
-  std::vector<TransposedKeys> transposed(seqs.size());
-  struct TransposeTask {
+  std::vector<PreparedKv> prepared(seqs.size());
+  struct PrepareTask {
     int seq, kv_head, block;
   };
-  std::vector<TransposeTask> transpose_tasks;
+  std::vector<PrepareTask> tasks;
   for (int s = 0; s < int(seqs.size()); ++s) {
     if (!worth_transposing(seqs[s], group)) continue;
-    TransposedKeys& t = transposed[size_t(s)];
-    t.n_blocks = (seqs[s].n_ctx_before + seqs[s].n_q + L.block_size - 1) / L.block_size;
-    t.chunks = (L.block_size + kKeyChunk - 1) / kKeyChunk;
-    t.data.resize(size_t(L.n_kv_heads) * t.n_blocks * t.chunks * L.head_dim * kKeyChunk);
+    PreparedKv& ready = prepared[size_t(s)];
+    ready.n_blocks = (seqs[s].n_ctx_before + seqs[s].n_q + L.block_size - 1) / L.block_size;
+    ready.chunks = (L.block_size + kKeyChunk - 1) / kKeyChunk;
+    ready.keys.resize(size_t(L.n_kv_heads) * ready.n_blocks * ready.chunks * L.head_dim * kKeyChunk);
+    if (L.quant != KvQuant::none) ready.values.resize(size_t(L.n_kv_heads) * ready.n_blocks * L.block_size * L.head_dim);
     for (int h = 0; h < L.n_kv_heads; ++h) {
-      for (int b = 0; b < t.n_blocks; ++b) transpose_tasks.push_back({s, h, b});
+      for (int b = 0; b < ready.n_blocks; ++b) tasks.push_back({s, h, b});
     }
   }
-  parallel_for(int64_t(transpose_tasks.size()), 16, [&](int64_t begin, int64_t end) {
+  parallel_for(int64_t(tasks.size()), 16, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scratch;
     for (size_t i = size_t(begin); i < size_t(end); ++i) {
-      const TransposeTask& task = transpose_tasks[i];
+      const PrepareTask& task = tasks[i];
       const AttentionSequence& s = seqs[size_t(task.seq)];
-      const int32_t id = s.block_table[task.block];
-      if (pool.is_quantized(id) || pool.is_coded(id)) continue;
       const int n = std::min(L.block_size, s.n_ctx_before + s.n_q - task.block * L.block_size);
-      TransposedKeys& t = transposed[size_t(task.seq)];
-      transpose_block(pool, id, task.kv_head, n, t.data.data() + t.offset(task.kv_head, task.block, 0, L.head_dim));
+      prepare_block(pool, s.block_table[task.block], task.kv_head, task.block, n, prepared[size_t(task.seq)],
+                    scratch);
     }
   });
-  return transposed;
+  return prepared;
 }
 
 // The scores of a tile's query vectors (q_rows, `vectors` of them) against its first n_tile_keys keys, block by
 // block, each block in the fastest form it allows; row t of scores at t * n_tile_keys.
 void tile_scores(const float* const* q_rows, int vectors, const AttentionSequence& s, int n_tile_keys,
-                 const KvPoolView& pool, int kv_head, const TransposedKeys& keys_t, float scale, Workspace& ws,
+                 const KvPoolView& pool, int kv_head, const PreparedKv& ready, float scale, Workspace& ws,
                  float* scores) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   const int64_t stride = n_tile_keys;
   for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
-    const int32_t id = s.block_table[e0 / L.block_size];
+    const int block = e0 / L.block_size;
+    const int32_t id = s.block_table[block];
     const int n = std::min(L.block_size, n_tile_keys - e0);
-    if (e0 + L.block_size < n_tile_keys) {
-      prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/false);
-    }
-    if (pool.is_quantized(id) || pool.is_coded(id)) {
-      packed_block_scores(q_rows, vectors, pool, id, kv_head, n, scale, stride, ws, scores + e0);
-    } else if (keys_t.n_blocks > 0) {
+    if (ready.n_blocks > 0 && !pool.is_coded(id)) {
       for (int c0 = 0, c = 0; c0 < n; c0 += kKeyChunk, ++c) {
-        chunk_scores(q_rows, vectors, keys_t.data.data() + keys_t.offset(kv_head, e0 / L.block_size, c, hd), hd,
+        chunk_scores(q_rows, vectors, ready.keys.data() + ready.key_offset(kv_head, block, c, hd), hd,
                      std::min(kKeyChunk, n - c0), scale, stride, scores + e0 + c0);
       }
+      continue;
+    }
+    if (e0 + L.block_size < n_tile_keys) prefetch_block(pool, s.block_table[block + 1], kv_head, /*values=*/false);
+    if (pool.is_quantized(id) || pool.is_coded(id)) {
+      packed_block_scores(q_rows, vectors, pool, id, kv_head, n, scale, stride, ws, scores + e0);
     } else {
       for (int t = 0; t < vectors; ++t) {
         row_scores(q_rows[t], pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, scale, scores + t * stride + e0);
@@ -379,8 +405,8 @@ void vector_probabilities(const AttentionSequence& s, int row, int head, float* 
 // t % heads, probabilities at scores + t * stride): the weighted sums of the values each row sees, block by block
 // for these vectors together.
 void tile_outputs(const AttentionSequence& s, int r0, int first, int vectors, int heads, int head_begin, int kv_head,
-                  const KvPoolView& pool, const float* scores, int64_t stride, int64_t q_row, Workspace& ws,
-                  float* out) {
+                  const KvPoolView& pool, const PreparedKv& ready, const float* scores, int64_t stride,
+                  int64_t q_row, Workspace& ws, float* out) {
   const KvBlockLayout& L = pool.layout;
   const float* p[kTileRows];
   float* o[kTileRows];
@@ -394,15 +420,20 @@ void tile_outputs(const AttentionSequence& s, int r0, int first, int vectors, in
   }
   const int n_tile_keys = *std::max_element(n_keys, n_keys + vectors);
   for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
-    if (e0 + L.block_size < n_tile_keys) {
-      prefetch_block(pool, s.block_table[e0 / L.block_size + 1], kv_head, /*values=*/true);
+    const int block = e0 / L.block_size;
+    const int32_t id = s.block_table[block];
+    const float* ready_values = nullptr;
+    if (!ready.values.empty() && pool.is_quantized(id)) {
+      ready_values = ready.values.data() + ready.value_offset(kv_head, block, L.block_size, L.head_dim);
+    } else if (e0 + L.block_size < n_tile_keys) {
+      prefetch_block(pool, s.block_table[block + 1], kv_head, /*values=*/true);
     }
     const float* p_block[kTileRows];
     for (int t = 0; t < vectors; ++t) {
       p_block[t] = p[t] + e0;
       n_block[t] = std::min(L.block_size, n_keys[t] - e0);
     }
-    block_values(p_block, n_block, vectors, pool, s.block_table[e0 / L.block_size], kv_head, ws, o);
+    block_values(p_block, n_block, vectors, pool, id, kv_head, ready_values, ws, o);
   }
 }
 
@@ -418,7 +449,7 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
   const int group = n_heads / L.n_kv_heads;
   const int64_t q_row = int64_t(n_heads) * hd;
   const std::vector<QueryItem> items = query_items(seqs, n_heads, group);
-  const std::vector<TransposedKeys> transposed = transposed_keys(seqs, pool, group);
+  const std::vector<PreparedKv> prepared = prepared_kv(seqs, pool, group);
 
   // Items of a few query rows each (a decode step has one per head): small chunks, so that both cores get work.
   const int64_t grain = std::clamp<int64_t>(int64_t(items.size()) / (8 * compute_pool().size()), 1, 4);
@@ -443,7 +474,7 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
         for (int t = 0; t < vectors; ++t) {
           q_rows[t] = q + int64_t(s.q_begin + r0 + t / heads) * q_row + int64_t(item.head_begin + t % heads) * hd;
         }
-        tile_scores(q_rows, vectors, s, n_tile_keys, pool, kv_head, transposed[size_t(item.seq)], scale, ws,
+        tile_scores(q_rows, vectors, s, n_tile_keys, pool, kv_head, prepared[size_t(item.seq)], scale, ws,
                     ws.scores.data());
         // The vectors sum their values together, block by block, so that each block comes into the L1 cache once
         // for all of them (a quantized block is dequantized once; at f32, prefill over 4K entries is 1.25x faster
@@ -456,8 +487,8 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
           for (int t = t0; t < t0 + together; ++t) {
             vector_probabilities(s, r0 + t / heads, item.head_begin + t % heads, ws.scores.data() + t * stride);
           }
-          tile_outputs(s, r0, t0, together, heads, item.head_begin, kv_head, pool, ws.scores.data(), stride, q_row,
-                       ws, out);
+          tile_outputs(s, r0, t0, together, heads, item.head_begin, kv_head, pool, prepared[size_t(item.seq)],
+                       ws.scores.data(), stride, q_row, ws, out);
         }
       }
     }
