@@ -313,15 +313,19 @@ void softmax(float* s, int n) {
 }
 
 // The query items of a step: per sequence, a KV head's group of heads, in parts of at most kTileRows, and rows in
-// parts of as many as fit beside them (a sequence that takes column sums keeps its rows in one item).
+// parts of as many as fit beside them. The rows that add to column sums (from stats_row_begin: an observation
+// window, or every row) stay in one item, which adds them in row order; the rows before them are split like any.
 std::vector<QueryItem> query_items(std::span<const AttentionSequence> seqs, int n_heads, int group) {
   const int item_heads = std::min(group, kTileRows);
   std::vector<QueryItem> items;
   for (int s = 0; s < int(seqs.size()); ++s) {
+    const int n_q = seqs[s].n_q;
+    const int sums_from = seqs[s].column_sums ? std::clamp(seqs[s].stats_row_begin, 0, n_q) : n_q;
     for (int h0 = 0; h0 < n_heads; h0 += item_heads) {
       const int h1 = std::min(h0 + item_heads, (h0 / group + 1) * group);
-      const int step = seqs[s].column_sums ? seqs[s].n_q : std::max(1, kTileRows / (h1 - h0));
-      for (int i = 0; i < seqs[s].n_q; i += step) items.push_back({s, h0, h1, i, std::min(i + step, seqs[s].n_q)});
+      const int step = std::max(1, kTileRows / (h1 - h0));
+      for (int i = 0; i < sums_from; i += step) items.push_back({s, h0, h1, i, std::min(i + step, sums_from)});
+      if (sums_from < n_q) items.push_back({s, h0, h1, sums_from, n_q});
     }
   }
   return items;

@@ -181,7 +181,7 @@ TEST(CpuSiluMul, MatchesDoubleReference) {
 
 TEST(CpuSiluMul, ExtremeGatesStayFinite) {
   auto be = make_cpu_backend();
-  const std::vector<float> gate = {-1000.0f, -100.0f, -88.0f, 0.0f, 88.0f, 100.0f, 1000.0f};
+  const std::vector<float> gate = {-1000.0f, -100.0f, -88.0f, -0.0f, 0.0f, 88.0f, 100.0f, 1000.0f};
   const std::vector<float> up(gate.size(), 1.0f);
   Tensor tg = to_device(*be, gate, 1, int64_t(gate.size())), tu = to_device(*be, up, 1, int64_t(gate.size()));
   Tensor to = be->alloc(1, int64_t(gate.size()), DType::f32);
