@@ -3,13 +3,14 @@
 
   .venv/bin/python bench/shared_compressed.py [--requests 32] [--doc-tokens 1500] [--question-tokens 30]
                                               [--max-tokens 32] [--chunk 64] [--budget 25%] [--memory-mib 3072]
-                                              [--out bench/results/cpu-shared-compressed.json]
+                                              [--dtype f32] [--out bench/results/cpu-shared-compressed.json]
 
 The workload: many questions at once on one long document, each request asking for Expected Attention at --budget
 (`"kv_compression": {"policy": "expected_attention", "budget": "25%"}`). The document is the first --doc-tokens
 token ids of tests/fixtures/texts/the_keepers_ledger.txt, the questions consecutive --question-tokens slices of
 a_coastal_almanac.txt; each prompt is the document followed by its question (completions, token ids, temperature
-0, EOS ignored, --max-tokens tokens, streamed with usage and logprobs 0). Each run is a fresh server, one after
+0, EOS ignored, --max-tokens tokens, streamed with usage and logprobs 0), on a pool of --dtype (a quantized one
+with blocks of 32 tokens, a sealed group each). Each run is a fresh server, one after
 the other, sending one warm-up request (its own question) and then --requests questions at once:
   - `shared`: kv_cache.prefill_compression chunked (a compression every --chunk prompt tokens), prefix caching
     on: the warm-up publishes its compressed document at its prompt's last compression point (the last multiple
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import sys
 import time
@@ -68,7 +70,10 @@ def runs(budget: str) -> dict:
 
 def server_command(port: int, chunked: bool, caching: str, args) -> list[str]:
     sets = [f"kv_cache.prefix_caching={caching}", f"kv_cache.memory_mib={args.memory_mib}",
-            f"engine.max_running={max(64, args.requests + 1)}", "server.access_log=false"]
+            f"engine.max_running={max(64, args.requests + 1)}", "server.access_log=false",
+            f"kv_cache.dtype={args.dtype}"]
+    if args.dtype != "f32":
+        sets.append(f"kv_cache.block_size={args.block_size}")
     if chunked:
         sets += ["kv_cache.prefill_compression=chunked", f"kv_cache.prefill_chunk={args.chunk}"]
     cmd = [str(BINARY), "serve", "--config", str(CONFIG), "--port", str(port)]
@@ -190,9 +195,10 @@ def main() -> int:
     parser.add_argument("--memory-mib", type=int, default=3072,
                         help="the pool: enough that no run waits for memory (today's cache hit holds every "
                              "prompt whole until it is compressed: 32 x 1,530 tokens x 30 layers at f32 is 2.3 GiB)")
-    parser.add_argument("--block-size", type=int, default=16, help="kv_cache.block_size of the config (not set)")
+    parser.add_argument("--dtype", default="f32", choices=["f32", "int8", "int4", "int2"], help="kv_cache.dtype")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cpu-shared-compressed.json"))
     args = parser.parse_args()
+    args.block_size = 16 if args.dtype == "f32" else 32  # the config's, or a quantized pool's group
 
     document, questions = document_and_questions(args.doc_tokens, args.question_tokens, args.requests + 1)
     n = args.question_tokens
@@ -202,9 +208,11 @@ def main() -> int:
     if point > args.doc_tokens:
         print(f"warning: the last compression point {point} falls in the question: nothing can be shared",
               file=sys.stderr)
-    if args.budget.endswith("%") and (args.chunk * float(args.budget[:-1]) / 100) % args.block_size:
-        print(f"warning: {args.budget} of a {args.chunk}-token chunk does not fill whole blocks of "
-              f"{args.block_size}: the compressed document cannot be shared", file=sys.stderr)
+    # What every layer holds after the last point (Budget::resolve rounds a share up) must fill whole blocks.
+    kept = math.ceil(point * float(args.budget[:-1]) / 100) if args.budget.endswith("%") else int(args.budget)
+    if kept % args.block_size:
+        print(f"warning: {args.budget} of the {point} tokens before the last compression point is {kept} entries, "
+              f"not whole blocks of {args.block_size}: the compressed document cannot be shared", file=sys.stderr)
 
     report_runs = {}
     commands = {}
@@ -276,7 +284,8 @@ def main() -> int:
               "command": "bench/shared_compressed.py " + " ".join(sys.argv[1:]),
               "requests": args.requests, "doc_tokens": args.doc_tokens, "question_tokens": n,
               "max_tokens": args.max_tokens, "chunk": args.chunk, "budget": args.budget,
-              "memory_mib": args.memory_mib, "prompt_tokens": prompt_len, "last_compression_point": point,
+              "memory_mib": args.memory_mib, "kv_dtype": args.dtype, "block_size": args.block_size,
+              "prompt_tokens": prompt_len, "last_compression_point": point,
               "server_commands": commands, "ratios": ratios, "answers_equal": answers_equal,
               "runs": report_runs, "alone": alone}
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -48,14 +48,15 @@ int64_t KvCache::blocks_held(SeqId seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return 0;
   int64_t total = 0;
-  std::unordered_map<int32_t, int> per_slab;  // quantized blocks of seq in each slab
+  std::unordered_map<int32_t, int> per_slab;  // quantized blocks that seq alone holds, in each slab
   for (const LayerKv& l : it->second) {
     for (size_t i = size_t(l.n_quantized_blocks + l.n_coded_blocks); i < l.block_table.size(); ++i) {
       const int32_t b = l.block_table[i];
       total += !pod_is_paired(b) && pool_.holders(b) == 1 ? 1 : 0;  // a shared block stays for its other holders
     }
     for (int i = 0; i < l.n_quantized_blocks + l.n_coded_blocks; ++i) {
-      ++per_slab[pool_.slot_of(l.block_table[size_t(i)])];
+      const int32_t b = l.block_table[size_t(i)];
+      if (pool_.holders(b) == 1) ++per_slab[pool_.slot_of(b)];  // a shared one keeps its slab in use
     }
     if (l.codebook) {
       total += int64_t(l.codebook->pages.size());
@@ -343,11 +344,11 @@ void KvCache::publish_compressed(SeqId seq, int index, uint64_t hash) {
   if (it == seqs_.end()) throw std::logic_error("kv cache: publishing a compressed block of an unknown sequence");
   const int32_t n_entries = it->second.front().n_entries;
   for (const LayerKv& kv : it->second) {
-    const bool plain = kv.n_quantized_blocks == 0 && kv.n_coded_blocks == 0 && !kv.codebook && kv.n_paired == 0;
+    const bool plain = kv.n_coded_blocks == 0 && !kv.codebook && kv.n_paired == 0;
     if (!plain || kv.n_entries != n_entries || n_entries % block_size() != 0 || index < 0 ||
         int64_t(index + 1) * block_size() > n_entries) {
       throw std::logic_error("kv cache: block " + std::to_string(index) + " of sequence " + std::to_string(seq) +
-                             " is not a whole full-precision block of a compressed prefix");
+                             " is not a whole block of a compressed prefix");
     }
   }
   keep_cached(seq, index, hash);
@@ -365,11 +366,18 @@ void KvCache::start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, boo
   const int32_t n_appended = position > 0 ? position : n_entries;
   for (size_t l = 0; l < layers.size(); ++l) {
     LayerKv& kv = layers[l];
+    // A compressed prefix of a quantized pool: its sealed groups first, as in the layer it was published from.
+    const auto first_full = std::find_if(kv.block_table.begin(), kv.block_table.end(),
+                                         [&](int32_t b) { return !pool_.is_quantized(b); });
+    if (std::any_of(first_full, kv.block_table.end(), [&](int32_t b) { return pool_.is_quantized(b); })) {
+      throw std::logic_error("kv cache: a cached prefix with a sealed group after a full-precision block");
+    }
+    kv.n_quantized_blocks = int32_t(first_full - kv.block_table.begin());
     for (int32_t b : kv.block_table) pool_.share(b);
     if (copy) own_blocks(kv, kv.block_table.size());
     kv.n_entries = n_entries;
     kv.n_appended = n_appended;
-    account(int(l), {n_entries, int64_t(kv.block_table.size()), 0, blocks_for(n_appended, block_size())});
+    account(int(l), {n_entries, full_blocks(kv), kv.n_quantized_blocks, blocks_for(n_appended, block_size())});
   }
   seqs_.emplace(seq, std::move(layers));
   note_peak(seq);
@@ -413,13 +421,16 @@ void KvCache::fork(SeqId source, SeqId seq, int n_entries) {
 }
 
 // A block is copied by a compaction over the table {copy, original} that moves every entry of the second block
-// to the first. Only full-precision blocks are ever shared (published blocks are), so the copy is exact.
+// to the first. Shared blocks are full precision (published as written), so the copy is exact, or the sealed
+// groups of a compressed prefix, which no sequence that starts from it rewrites (its tail holds no compression
+// point, and query-agnostic policies do not compress while decoding).
 void KvCache::own_blocks(LayerKv& kv, size_t n_blocks) {
   std::vector<int32_t> entries(static_cast<size_t>(block_size()));
   for (size_t i = 0; i < entries.size(); ++i) entries[i] = int32_t(entries.size() + i);
   for (size_t i = 0; i < std::min(n_blocks, kv.block_table.size()); ++i) {
     const int32_t b = kv.block_table[i];
     if (pod_is_paired(b) || pool_.holders(b) <= 1) continue;
+    if (pool_.is_quantized(b)) throw std::logic_error("kv cache: a shared sealed group would be rewritten");
     const int32_t copy = pool_.allocate();
     const int32_t pair[2] = {copy, b};
     pool_.backend().kv_compact(pair, entries, pool_.view(), -1);

@@ -142,13 +142,15 @@ class KvCache {
   void publish(SeqId seq, int index, uint64_t hash);
   // A compressed prefix (a query-agnostic policy's entries right after a chunked compression point;
   // leader/prefix_cache.h): block `index` of every layer of seq, whose layers all hold the same number of entries
-  // in whole full-precision blocks, stays cached under `hash`. Throws std::logic_error when they do not.
+  // in whole blocks (full-precision ones, or a quantized pool's sealed groups), stays cached under `hash`. Throws
+  // std::logic_error when they do not.
   void publish_compressed(SeqId seq, int index, uint64_t hash);
   bool is_cached(uint64_t hash) const { return prefix_blocks_.count(hash) != 0; }
   int64_t n_cached_blocks() const { return int64_t(prefix_blocks_.size()); }  // per layer
   // A new sequence whose layers start with the cached blocks `hashes` (a chain, in order); with `copy`, with copies
   // of them that are its own (one new block per cached block and layer: check the pool first). `position`: the
   // prompt tokens they stand for, when they are a compressed prefix (fewer entries than tokens); 0: their own.
+  // Sealed groups among them stay shared as they are: such a sequence never rewrites them (own_blocks throws).
   void start_from_prefix(SeqId seq, std::span<const uint64_t> hashes, bool copy = false, int position = 0);
   // The cache lets go of these blocks; each returns to the pool once no sequence holds it.
   void evict(std::span<const uint64_t> hashes);

@@ -350,7 +350,6 @@ EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt) 
     prefix.salt = std::hash<std::string>{}(config.model.path + "|" + config.model.weight_dtype + "|" +
                                            config.kv_cache.dtype + "|" + config.engine.backend);
     prefix.publish_generated = config.kv_cache.dtype == "f32";
-    prefix.share_compressed = config.kv_cache.dtype == "f32";
     o.prefix_cache = std::move(prefix);
   }
   return o;

@@ -48,8 +48,7 @@ int PrefixCache::pin(SeqId seq, std::span<const int32_t> tokens, int prefill_len
 void PrefixCache::plan_compressed(SequenceUse& use, const std::optional<PolicySpec>& policy) {
   use.compressed.clear();
   const int point = use.reuse.compressed_point, entries = use.reuse.compressed_entries;
-  if (!settings_.share_compressed || point == 0 || point % block_size_ != 0 || entries == 0 ||
-      entries % block_size_ != 0) {
+  if (point == 0 || point % block_size_ != 0 || entries == 0 || entries % block_size_ != 0) {
     return;
   }
   use.policy.clear();

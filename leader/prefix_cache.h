@@ -13,7 +13,8 @@
 // under compressed_block_chain(the prefix's hash, its policies), when that fills whole blocks; a later sequence
 // whose prompt agrees up to its own last point finds them and shares them instead of prefilling and compressing
 // that prefix. Its tail (the rest of the prompt: a question after a document) holds no compression point, so
-// nothing ever writes into the shared blocks, and it gets what it gets alone.
+// nothing ever writes into the shared blocks, and it gets what it gets alone. On a quantized pool the shared
+// blocks are sealed groups: a chunked prefill seals at every compression point, before the blocks are published.
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -32,8 +33,6 @@ namespace strata {
 
 struct PrefixCacheSettings {
   uint64_t salt = 0;              // whatever besides the tokens changes the KV: the model, the weights' and KV's types
-  // Compressed prefixes are shared: false with a quantized pool, whose sealed blocks the index does not name.
-  bool share_compressed = true;
   // Generated tokens' blocks are published too: false with a quantized pool, where a decode step attends to the
   // quantized entries before it, so its KV is not what a prefill of the same tokens writes.
   bool publish_generated = true;

@@ -5,6 +5,7 @@
 // Entries hold small whole numbers that every group of 32 spans from 0 to 15 (keys per channel, values per entry),
 // so int4 represents them exactly (scale 1, min 0): sealing must give them back exactly, and a compaction that
 // rebuilds a key group must stay within half of its new scale (at most 1 here).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -340,6 +341,51 @@ TEST(QuantizedKvCache, BlocksHeldCountsOnlySlabsASequenceHoldsAlone) {
   EXPECT_EQ(f.cache.blocks_held(2), 1);
   f.cache.release(2);
   EXPECT_EQ(f.pool.n_free(), before + 1);
+}
+
+// [shared-compressed]: a compressed prefix of sealed groups stays cached after its sequence, and a new sequence
+// shares it as it is: it reads the same entries, holds no slot of its own for them (their slabs stay while the
+// cache holds them), appends after them at full precision, and every slot comes back once all let go.
+TEST(QuantizedKvCache, ACompressedPrefixOfSealedGroupsIsShared) {
+  Fixture f(KvQuant::int4, 20, 2);
+  const int64_t all_free = f.pool.n_free();
+  f.cache.append(1, 70);
+  for (int l = 0; l < 2; ++l) write_tags(f.cache, 1, l, 0);
+  std::vector<int32_t> kept;  // 64 of the 70 entries: two whole groups
+  for (int e = 0; e < 70; ++e) {
+    if (e != 4 && e != 32 && (e < 36 || e > 39)) kept.push_back(e);
+  }
+  for (int l = 0; l < 2; ++l) {
+    f.cache.retain(1, l, kept);
+    ASSERT_EQ(f.cache.seal(1, l), 2);
+  }
+  f.cache.publish_compressed(1, 0, 101);
+  f.cache.publish_compressed(1, 1, 102);
+  f.cache.release(1);
+  const std::vector<uint64_t> chain = {101, 102};
+  EXPECT_EQ(f.cache.n_cached_blocks(), 2);
+
+  f.cache.start_from_prefix(2, chain, /*copy=*/false, /*position=*/70);
+  for (int l = 0; l < 2; ++l) {
+    const LayerKv& kv = f.cache.layer(2, l);
+    EXPECT_EQ(kv.n_quantized_blocks, 2);
+    EXPECT_EQ(kv.n_entries, 64);
+    EXPECT_EQ(kv.n_appended, 70);
+    expect_tags(f, 2, l, kept, 1.0f);
+    EXPECT_EQ(f.cache.layer_usage(l).quantized_blocks, 2);
+    EXPECT_EQ(f.cache.layer_usage(l).blocks, 2);
+  }
+  EXPECT_EQ(f.cache.blocks_held(2), 0) << "the cache holds the slab too";
+  EXPECT_EQ(f.cache.blocks_to_append(2, 1), 2) << "a full-precision block per layer after the sealed groups";
+  f.cache.append(2, 1);
+  EXPECT_EQ(f.cache.layer(2, 0).n_entries, 65);
+  EXPECT_EQ(f.cache.blocks_held(2), 2);
+  EXPECT_THROW(f.cache.retain(2, 0, iota_n(40)), std::logic_error) << "a shared sealed group is never rewritten";
+
+  f.cache.release(2);
+  EXPECT_EQ(f.cache.layer_usage(0).quantized_blocks, 0);
+  f.cache.evict(chain);
+  EXPECT_EQ(f.pool.n_free(), all_free);
 }
 
 TEST(QuantizedKvCache, FullPrecisionPoolsNeverSeal) {
