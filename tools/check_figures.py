@@ -93,6 +93,10 @@ CLAIMS = [
           lambda d: f"decode {d['runs']['snapkv:int4']['max_decoding_at_once']} sequences at once against `full`'s "
                     f"{d['runs']['full:f32']['max_decoding_at_once']}, at "
                     f"{d['decode_ratio_to_full_f32']['snapkv:int4']:.2f}x"),
+    Claim("bench/results/README.md", "cpu-capacity-chunked-c2a041b.json",
+          lambda d: f"SnapKV on int4 decodes at {d['decode_ratio_to_full_f32']['snapkv:int4']:.2f}× `full`'s rate "
+                    f"({d['runs']['snapkv:int4']['decode_tokens_per_second']:.2f} against "
+                    f"{d['runs']['full:f32']['decode_tokens_per_second']:.2f} tok/s"),
     Claim("README.md", "gpu-h200-c11d038-tests.json",
           lambda d: f"{gpu_tests_passed(d, load('gpu-h200-c11d038-tests-smollm2.json'))} pass, one"),
     Claim("bench/results/README.md", "gpu-h200-c11d038-tests.json",
