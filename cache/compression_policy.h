@@ -93,9 +93,16 @@ struct LayerState {
   const LayerKeys* keys = nullptr;
   // The prompt rows' query moments asked for (PolicyNeeds::query_moments_from) up to this hook; nullptr when none.
   const QueryMoments* query_moments = nullptr;
+  // Chunked prefill: the prefill's last scoring_rows tokens run after each chunk that ends at a compression point
+  // before the prefill's end, at the positions that follow the chunk, for their attention only
+  // (CompressionPolicy::prefill_scoring_window). At such a point they are the layer's last scoring_rows entries,
+  // which the executor drops after the hook, whatever the policy keeps. 0: none.
+  int scoring_rows = 0;
 
   float sum(int head, int entry) const { return column_sums[int64_t(head) * sums_stride + entry]; }
   int point() const { return compression_point > 0 ? compression_point : prompt_len; }
+  // Whether the coming compression is a chunk's that the prefill's last tokens score (scoring_rows).
+  bool scored_by_prefill_tail() const { return scoring_rows > 0 && point() < prompt_len; }
 };
 
 // The entries a layer keeps, ascending. One list: every KV head keeps the same entries. n_kv_heads lists: each
@@ -161,6 +168,11 @@ class CompressionPolicy {
   // The most entries the layer keeps after a prefill compression of a prompt of prompt_len tokens (the
   // scheduler's footprint while the prompt is prefilled in chunks); nullopt when it keeps the whole prompt.
   virtual std::optional<int> prefill_budget(int /*prompt_len*/) const { return std::nullopt; }
+  // Chunked prefill (asked only then): the observation window w of a policy that scores by the last w queries of
+  // the prompt, which a chunk's compression point has not reached yet. The prefill's last w tokens then run after every chunk for
+  // their attention only (LayerState::scoring_rows), as FINCH appends the question after each chunk, so that a
+  // chunk is scored by the queries that score the whole prompt at its end. 0: the policy asks for none.
+  virtual int prefill_scoring_window(int /*prompt_len*/) const { return 0; }
   // A query-agnostic policy (Expected Attention), whose decision at a chunked compression point depends on the
   // tokens before it alone: the entries the layer holds right after the compression at `point` of a prefill that
   // started at position 0. The prefix cache shares such a compressed prefix between sequences whose prompts agree

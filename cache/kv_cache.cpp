@@ -169,6 +169,25 @@ void KvCache::append(SeqId seq, int n_new) {
   note_peak(seq);
 }
 
+void KvCache::drop_appended(SeqId seq, int global_layer, int n) {
+  LayerKv& kv = layer_mut(seq, global_layer);
+  if (n < 0 || n > full_entries(kv, block_size()) || n > kv.n_appended) {
+    throw std::logic_error("kv cache: dropping " + std::to_string(n) + " entries of " +
+                           std::to_string(full_entries(kv, block_size())) + " full-precision ones");
+  }
+  const int64_t uncompressed_dropped =
+      blocks_for(kv.n_appended, block_size()) - blocks_for(kv.n_appended - n, block_size());
+  kv.n_entries -= n;
+  kv.n_appended -= n;
+  int64_t freed = 0;
+  while (full_blocks(kv) > blocks_for(full_entries(kv, block_size()), block_size())) {
+    pool_.release(kv.block_table.back());
+    kv.block_table.pop_back();
+    ++freed;
+  }
+  account(global_layer - layer_begin_, {-n, -freed, 0, -uncompressed_dropped});
+}
+
 void KvCache::retain(SeqId seq, int global_layer, std::span<const int32_t> kept) {
   const std::vector<int32_t> one(kept.begin(), kept.end());
   retain(seq, global_layer, std::span<const std::vector<int32_t>>(&one, 1));

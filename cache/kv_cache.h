@@ -97,6 +97,10 @@ class KvCache {
   // Actions.
   // Reserves n_new entries at the end of every layer of seq (creating seq if new). Check can_append first.
   void append(SeqId seq, int n_new);
+  // Takes back the last n entries appended to one layer, which must be full precision (chunked prefill's scoring
+  // rows, LayerState::scoring_rows): the blocks past the rest return to the pool, and n_appended no longer counts
+  // them (they were never the sequence's).
+  void drop_appended(SeqId seq, int global_layer, int n);
   // Keeps only the entries `kept` (ascending indices into the layer's current entries) of one layer: moves them
   // to the front and returns the blocks no longer needed to the pool at once.
   void retain(SeqId seq, int global_layer, std::span<const int32_t> kept);

@@ -5,15 +5,40 @@
 
 namespace strata {
 
+int prefill_scoring_rows(const CompressionConfig& config, const std::optional<PolicySpec>& request,
+                         PolicyContext context, int prefill_len) {
+  if (!config.chunked()) return 0;
+  LayerState start;
+  start.prompt_len = prefill_len;
+  start.compression_point = config.compression_point(0, prefill_len);
+  int rows = 0;
+  for (int l = 0; l < context.n_layers_total; ++l) {
+    context.global_layer = l;
+    const std::unique_ptr<CompressionPolicy> policy = make_policy(request ? *request : config.for_layer(l), context);
+    const int window = policy->prefill_scoring_window(prefill_len);
+    const PolicyNeeds needs = policy->needs(start);
+    // Rows this layer sums or takes moments of for itself would take in the scoring rows too.
+    if (window == 0 && (needs.prefill_rows_from >= 0 || needs.query_moments_from >= 0)) return 0;
+    rows = std::max(rows, window);
+  }
+  return rows;
+}
+
 std::vector<int> prefill_peak_entries(const CompressionConfig& config, const std::optional<PolicySpec>& request,
                                       PolicyContext context, int prefill_len) {
   std::vector<int> peak(size_t(context.n_layers_total), prefill_len + 1);
   if (!config.chunked()) return peak;
+  const int scoring_rows = prefill_scoring_rows(config, request, context, prefill_len);
+  // The last compression point before the prefill's end, where a layer that keeps everything holds the most
+  // scoring rows past what it keeps.
+  const int last_point = (prefill_len - 1) / config.prefill_chunk * config.prefill_chunk;
+  const int whole = std::max(prefill_len + 1, last_point > 0 ? last_point + scoring_rows : 0);
   for (int l = 0; l < context.n_layers_total; ++l) {
     context.global_layer = l;
     const std::unique_ptr<CompressionPolicy> policy = make_policy(request ? *request : config.for_layer(l), context);
+    peak[size_t(l)] = whole;
     if (const std::optional<int> budget = policy->prefill_budget(prefill_len)) {
-      peak[size_t(l)] = std::min(prefill_len + 1, *budget + config.prefill_chunk);
+      peak[size_t(l)] = std::min(whole, *budget + config.prefill_chunk + scoring_rows);
     }
   }
   return peak;

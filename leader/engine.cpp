@@ -28,6 +28,7 @@ struct Engine::Sequence {
   int prefill_len = 0;          // tokens known at (re)admission: chunks before this are prefill
   std::vector<int> peak_entries;  // chunked prefill compression, waiting: per global layer, for a prefill of
   int peak_prefill_len = 0;       // this many tokens
+  int n_scoring = 0;              // and the scoring rows of its chunks (cache/prefill_footprint.h)
   int n_generated = 0;
   bool known_to_ranks = false;
   uint64_t seed = 0;
@@ -270,7 +271,7 @@ void Engine::step() {
   std::vector<SchedulerSequence> running;
   for (int64_t id : running_) {
     const Sequence& s = *seqs_.at(id);
-    running.push_back({id, int(s.tokens.size()), s.n_cached});
+    running.push_back({id, int(s.tokens.size()), s.n_cached, 0, {}, s.n_scoring});
   }
   const std::deque<SchedulerSequence> waiting = waiting_for_schedule();
   const Schedule schedule = schedule_step(running, waiting, to_release_, kv_for_schedule(), options_.limits);
@@ -342,6 +343,7 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
     w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
     w.sample = c.start + c.n == int(s.tokens.size());
     w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
+    append_scoring_rows(w, std::span(s.tokens).first(size_t(s.prefill_len)), c.n_scoring);
     if (w.sample) w.allowed = allowed_tokens(*seqs_.at(c.id));
     if (prefix_) prefix_->publish(plan, c.id, s.tokens, c.start + c.n, s.prefill_len);
     plan.work.push_back(std::move(w));
@@ -360,9 +362,11 @@ std::deque<SchedulerSequence> Engine::waiting_for_schedule() {
     }
     if (options_.compression.chunked() && s.peak_prefill_len != int(s.tokens.size())) {
       s.peak_entries = peak_entries(s.req->request.kv_policy, int(s.tokens.size()));
+      s.n_scoring = prefill_scoring_rows(options_.compression, s.req->request.kv_policy, options_.policy_context,
+                                         int(s.tokens.size()));
       s.peak_prefill_len = int(s.tokens.size());
     }
-    waiting.push_back({id, int(s.tokens.size()), s.n_cached, n_copied, s.peak_entries});
+    waiting.push_back({id, int(s.tokens.size()), s.n_cached, n_copied, s.peak_entries, s.n_scoring});
   }
   return waiting;
 }
@@ -383,7 +387,7 @@ void Engine::evict_for(StepPlan& plan, const Schedule& schedule) {
   int64_t n_evict = 0;
   for (int stage = 0; stage < kv.n_stages(); ++stage) {
     int64_t need = -kv.n_free(stage);
-    for (const ScheduledChunk& c : schedule.chunks) need += kv.blocks_to_append(stage, c.id, c.n);
+    for (const ScheduledChunk& c : schedule.chunks) need += kv.blocks_to_append(stage, c.id, c.n + c.n_scoring);
     for (const PrefixStart& s : plan.prefix_started) need += s.copy ? int64_t(s.blocks.size()) * kv.n_layers(stage) : 0;
     for (int64_t id : plan.finished) need -= kv.blocks_held(stage, id);
     for (int64_t id : plan.preempted) need -= kv.blocks_held(stage, id);

@@ -53,10 +53,10 @@ class StepBuilder {
     for (int st = 0; st < kv_.n_stages(); ++st) free_[size_t(st)] -= kv_.blocks_to_append(st, id, n);
   }
 
-  void add_chunk(const SchedulerSequence& s, int n) {
-    for (int st = 0; st < kv_.n_stages(); ++st) free_[size_t(st)] -= kv_.blocks_to_append(st, s.id, n);
-    budget_ -= n;
-    out_.chunks.push_back({s.id, s.n_cached, n});
+  void add_chunk(const SchedulerSequence& s, int n, int n_scoring) {
+    for (int st = 0; st < kv_.n_stages(); ++st) free_[size_t(st)] -= kv_.blocks_to_append(st, s.id, n + n_scoring);
+    budget_ -= n + n_scoring;
+    out_.chunks.push_back({s.id, s.n_cached, n, n_scoring});
   }
 
   // Takes the newest active sequence other than `keep` out of the batch and gives its blocks (and any chunk it
@@ -68,8 +68,9 @@ class StepBuilder {
       for (int st = 0; st < kv_.n_stages(); ++st) free_[size_t(st)] += kv_.blocks_held(st, victim.id);
       for (auto it = out_.chunks.begin(); it != out_.chunks.end();) {
         if (it->id == victim.id) {
-          for (int st = 0; st < kv_.n_stages(); ++st) free_[size_t(st)] += kv_.blocks_to_append(st, victim.id, it->n);
-          budget_ += it->n;
+          const int n = it->n + it->n_scoring;
+          for (int st = 0; st < kv_.n_stages(); ++st) free_[size_t(st)] += kv_.blocks_to_append(st, victim.id, n);
+          budget_ += n;
           it = out_.chunks.erase(it);
         } else {
           ++it;
@@ -104,6 +105,12 @@ int chunk_limit(const SchedulerSequence& s, const SchedulerLimits& limits) {
   return std::min(remaining, (s.n_cached / limits.prefill_chunk + 1) * limits.prefill_chunk - s.n_cached);
 }
 
+// The scoring rows a chunk of n tokens of s carries: where it ends at a compression point before the prefill's end.
+int scoring_rows(const SchedulerSequence& s, int n, const SchedulerLimits& limits) {
+  const int end = s.n_cached + n;
+  return limits.prefill_chunk > 0 && end % limits.prefill_chunk == 0 && end < s.n_tokens ? s.n_scoring : 0;
+}
+
 }  // namespace
 
 Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std::deque<SchedulerSequence>& waiting,
@@ -125,7 +132,7 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
     step.preempt_newest_other_than(-1);
   }
   for (const SchedulerSequence& s : std::vector<SchedulerSequence>(step.active())) {
-    if (is_decoding(s) && step.budget() > 0) step.add_chunk(s, 1);
+    if (is_decoding(s) && step.budget() > 0) step.add_chunk(s, 1, 0);
   }
 
   // 2. The next prompt chunk of running sequences that are still prefilling. When a chunk does not fit, the
@@ -140,8 +147,9 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
       continue;
     }
     const int n = std::min(chunk_limit(s, limits), step.budget());
-    while (!step.fits(s.id, n) && step.active().back().id != s.id) step.preempt_newest_other_than(s.id);
-    if (!step.fits(s.id, n)) {
+    const int n_scoring = scoring_rows(s, n, limits);
+    while (!step.fits(s.id, n + n_scoring) && step.active().back().id != s.id) step.preempt_newest_other_than(s.id);
+    if (!step.fits(s.id, n + n_scoring)) {
       if (step.active().size() == 1) {
         step.drop_unservable(s.id);  // alone with the whole pool and still too big
       } else {
@@ -149,7 +157,7 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
       }
       break;
     }
-    step.add_chunk(s, n);
+    step.add_chunk(s, n, n_scoring);
     ++i;
   }
 
@@ -176,7 +184,8 @@ Schedule schedule_step(const std::vector<SchedulerSequence>& running, const std:
     }
     step.out().admitted.push_back(s.id);
     step.take_blocks(s.id, s.n_copied);
-    step.add_chunk(s, std::min(chunk_limit(s, limits), step.budget()));
+    const int n = std::min(chunk_limit(s, limits), step.budget());
+    step.add_chunk(s, n, scoring_rows(s, n, limits));
     ++n_running;
   }
   return step.out();

@@ -36,12 +36,16 @@ struct SchedulerSequence {
   // A waiting sequence: the most entries each global layer holds while it is prefilled (cache/prefill_footprint.h),
   // copied blocks included. Empty: the whole remaining prompt.
   std::span<const int> peak_entries = {};
+  // Chunked prefill: the scoring rows that a chunk ending at a compression point before the prefill's end carries
+  // (PlannedWork::n_scoring): entries and tokens of the step besides the chunk's.
+  int n_scoring = 0;
 };
 
 struct ScheduledChunk {
   SeqId id = 0;
   int start = 0;  // first token index (= its position)
   int n = 0;
+  int n_scoring = 0;  // the scoring rows it carries (SchedulerSequence::n_scoring), or 0
 };
 
 struct Schedule {

@@ -133,6 +133,13 @@ std::vector<uint64_t> get_mask(Reader& r) {
 
 }  // namespace
 
+void append_scoring_rows(PlannedWork& work, std::span<const int32_t> prefill, int n) {
+  if (n <= 0) return;
+  const std::span<const int32_t> tail = prefill.last(size_t(n));
+  work.tokens.insert(work.tokens.end(), tail.begin(), tail.end());
+  work.n_scoring = n;
+}
+
 std::vector<uint8_t> serialize(const StepPlan& plan) {
   Writer w;
   w.put(kPlanMagic);
@@ -173,6 +180,7 @@ std::vector<uint8_t> serialize(const StepPlan& plan) {
     w.put<uint8_t>(p.sample);
     w.put(p.prefill_len);
     put_mask(w, p.allowed);
+    w.put(p.n_scoring);
   }
   return w.take();
 }
@@ -225,6 +233,12 @@ StepPlan deserialize_step_plan(const std::vector<uint8_t>& bytes) {
     p.sample = r.get<uint8_t>() != 0;
     p.prefill_len = r.get<int32_t>();
     p.allowed = get_mask(r);
+    p.n_scoring = r.get<int32_t>();
+    if (p.n_scoring < 0 || (p.n_scoring > 0 && (size_t(p.n_scoring) >= p.tokens.size() || p.sample))) {
+      throw std::runtime_error("step message: work for sequence " + std::to_string(p.seq) + " has " +
+                               std::to_string(p.n_scoring) + " scoring rows among " +
+                               std::to_string(p.tokens.size()) + " tokens");
+    }
     if (!p.sample && !p.allowed.empty()) {
       throw std::runtime_error("step message: work for sequence " + std::to_string(p.seq) +
                                " carries a mask but samples no token");

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cache/prefill_footprint.h"
+
 namespace strata {
 
 void OfflineExecutor::start_prefill_with_entries(SeqId seq, int prefill_len) {
@@ -23,6 +25,11 @@ void OfflineExecutor::fork_prefilled(SeqId source, SeqId seq) {
   StepExecutor::SequenceState& state = executor_.state_of(seq);
   executor_.cache_.fork(source, seq, sums->stride);
   state.compression.start_prefilled(sums->stride, *sums);
+}
+
+int OfflineExecutor::scoring_rows(const std::optional<PolicySpec>& policy, int prefill_len) const {
+  const ShardCompression& shard = executor_.shard_;
+  return prefill_scoring_rows(shard.config, policy, shard.context(shard.cache.layer_begin()), prefill_len);
 }
 
 }  // namespace strata

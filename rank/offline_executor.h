@@ -3,6 +3,7 @@
 // of it (keeping the logits rows on the host, sharing and forking a prompt's prefill, a prefill that starts from
 // entries written without a forward pass). A door of its own, so that StepExecutor's public surface is what the
 // rank uses.
+#include <optional>
 #include <vector>
 
 #include "rank/step_executor.h"
@@ -26,6 +27,10 @@ class OfflineExecutor {
   // a forward pass (synthetic keys and values). Starts its prefill of prefill_len entries, those included, as a
   // first prefill chunk at position 0 would; the chunks that follow them end it and run the policies' hooks.
   void start_prefill_with_entries(SeqId seq, int prefill_len);
+
+  // The scoring rows a chunk of a prefill of prefill_len tokens under `policy` (none: the configuration's) carries
+  // where it ends at a compression point before the prefill's end (PlannedWork::n_scoring).
+  int scoring_rows(const std::optional<PolicySpec>& policy, int prefill_len) const;
 
   // strata eval's shared prefill (eval/shared_prefill.h); every sequence named was added by an earlier plan.
   // share_prefill(source), before its prefill starts: it sums every prompt row's attention in every layer and

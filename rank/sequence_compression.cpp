@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cache/pooled_layer_keys.h"
+#include "cache/prefill_footprint.h"
 
 namespace strata {
 
@@ -88,6 +89,7 @@ void SequenceCompression::start_prefill(int prefill_len) {
   // bench's synthetic context).
   const int prefill_begin = cache.contains(seq_) ? cache.layer(seq_, cache.layer_begin()).n_appended : 0;
   next_compression_ = shard_.config.compression_point(prefill_begin, prefill_len);
+  scoring_rows_ = prefill_scoring_rows(shard_.config, request_policy_, shard_.context(cache.layer_begin()), prefill_len);
   ask_rows_again_ = false;
   prefill_stats_ = prefill_stats();
 }
@@ -137,6 +139,7 @@ std::unique_ptr<AttentionStats> SequenceCompression::prefill_stats() const {
     LayerState start;
     start.prompt_len = prefill_len_;
     start.compression_point = next_compression_;
+    start.scoring_rows = scoring_rows_;
     const PolicyNeeds needs = policy->needs(start);
     const int from = sums_every_prompt_row_ ? 0 : needs.prefill_rows_from;
     stats->rows_from.push_back(from);
@@ -145,10 +148,11 @@ std::unique_ptr<AttentionStats> SequenceCompression::prefill_stats() const {
   }
   stats->moments.resize(stats->moments_from.size());
   if (!any) return nullptr;
-  stats->stride = prefill_len_;
+  // The scoring rows' entries follow the chunk's, at most at the last point before the prefill's end.
+  stats->stride = prefill_len_ + scoring_rows_;
   const int n_heads = shard_.model.n_heads_local();
   for (int from : stats->rows_from) {
-    stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * size_t(prefill_len_) : 0, 0.0f);
+    stats->sums.emplace_back(from >= 0 ? size_t(n_heads) * size_t(stats->stride) : 0, 0.0f);
   }
   for (size_t local = 0; local < stats->moments_from.size(); ++local) {
     if (stats->moments_from[local] >= 0) stats->moments[local].emplace(n_heads, shard_.model.config().head_dim);
@@ -200,6 +204,7 @@ std::unique_ptr<AttentionStats> SequenceCompression::decode_stats(const PlannedW
 
 AttentionStats* SequenceCompression::stats_for(const PlannedWork& work) {
   if (work.prefill_len > 0) {
+    check_scoring_rows(work);
     if (ask_rows_again_) restart_prefill_rows(work.start_pos);
     return prefill_stats_.get();
   }
@@ -207,10 +212,25 @@ AttentionStats* SequenceCompression::stats_for(const PlannedWork& work) {
   return decode_stats_.get();
 }
 
+// The leader sends the scoring rows with exactly the work that reaches a compression point before the prefill's
+// end (the scheduler ends chunks there).
+void SequenceCompression::check_scoring_rows(const PlannedWork& work) const {
+  const int work_end = work.start_pos + int(work.tokens.size()) - work.n_scoring;
+  const bool at_point = shard_.config.chunked() && work_end >= next_compression_ && work_end < work.prefill_len;
+  const int expected = at_point ? scoring_rows_ : 0;
+  if (work.n_scoring != expected || (expected > 0 && work_end != next_compression_)) {
+    throw std::logic_error("step plan: work for sequence " + std::to_string(seq_) + " ending at " +
+                           std::to_string(work_end) + " has " + std::to_string(work.n_scoring) +
+                           " scoring rows; the compression point " + std::to_string(next_compression_) + " takes " +
+                           std::to_string(scoring_rows_));
+  }
+}
+
 LayerState SequenceCompression::layer_state(int global_layer, const AttentionStats* stats, int n_generated) const {
   LayerState s;
   s.prompt_len = prefill_len_;
   s.compression_point = next_compression_;
+  s.scoring_rows = scoring_rows_;
   s.n_entries = shard_.cache.layer(seq_, global_layer).n_entries;
   s.n_generated = n_generated;
   const size_t local = size_t(shard_.local(global_layer));
@@ -233,8 +253,9 @@ void SequenceCompression::after_step(const PlannedWork& work) {
 
 SequenceCompression::StepEnd SequenceCompression::step_end(const PlannedWork& work) const {
   StepEnd end;
-  const int work_end = work.start_pos + int(work.tokens.size());
+  const int work_end = work.start_pos + int(work.tokens.size()) - work.n_scoring;
   end.work_end = work_end;
+  end.n_scoring = work.n_scoring;
   end.decode = work.prefill_len == 0;
   end.prefill_end = work.prefill_len > 0 && work_end == work.prefill_len;
   // The scheduler ends chunks at the compression points; a chunk that passed one is compressed at its end.
@@ -246,7 +267,7 @@ SequenceCompression::StepEnd SequenceCompression::step_end(const PlannedWork& wo
 
 void SequenceCompression::run_hooks(const StepEnd& end) {
   if (policies_.empty()) return;
-  if (end.chunk_point) return compress_chunk(end.work_end);
+  if (end.chunk_point) return compress_chunk(end.work_end, end.n_scoring);
   if (!end.prefill_end && !end.decode) return;
   KvCache& cache = shard_.cache;
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
@@ -266,7 +287,8 @@ void SequenceCompression::run_hooks(const StepEnd& end) {
 
 // Chunked prefill: every local layer's policy compresses what the layer holds at the compression point; the prompt
 // rows' sums follow the entries kept, so that rows a policy keeps asking for accumulate over the same entries.
-void SequenceCompression::compress_chunk(int point) {
+// The scoring rows' entries (the layer's last n_scoring) go first, whatever the policy keeps.
+void SequenceCompression::compress_chunk(int point, int n_scoring) {
   KvCache& cache = shard_.cache;
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     const size_t local = size_t(shard_.local(l));
@@ -274,11 +296,23 @@ void SequenceCompression::compress_chunk(int point) {
     const PooledLayerKeys keys(cache, seq_, l);
     s.keys = &keys;
     const std::optional<Selection> keep = policies_[local]->on_prefill_chunk(s);
+    if (n_scoring > 0) drop_scoring_rows(local, l, s.n_entries, n_scoring);
     if (keep) keep_prefill_sums(local, *keep);
-    apply(l, s.n_entries, keep);
+    apply(l, s.n_entries - n_scoring, keep);
   }
   next_compression_ = shard_.config.compression_point(point, prefill_len_);
   ask_rows_again_ = true;
+}
+
+// The scoring rows' entries leave the layer, and their columns the sums (the next chunk's entries take them).
+void SequenceCompression::drop_scoring_rows(size_t local, int global_layer, int n_entries, int n_scoring) {
+  shard_.cache.drop_appended(seq_, global_layer, n_scoring);
+  if (!prefill_stats_ || prefill_stats_->rows_from[local] < 0) return;
+  const int stride = prefill_stats_->stride;
+  for (int h = 0; h < shard_.model.n_heads_local(); ++h) {
+    float* sums_h = prefill_stats_->sums[local].data() + int64_t(h) * stride;
+    std::fill(sums_h + n_entries - n_scoring, sums_h + n_entries, 0.0f);
+  }
 }
 
 // The sums of the entries kept, renumbered as KvCache::retain renumbers them (one list for every KV head, or one
@@ -310,6 +344,7 @@ void SequenceCompression::restart_prefill_rows(int chunk_begin) {
     s.prompt_len = prefill_len_;
     s.n_entries = cache.layer(seq_, l).n_entries;
     s.compression_point = next_compression_;
+    s.scoring_rows = scoring_rows_;
     int from = policies_[local]->needs(s).prefill_rows_from;
     int& rows_from = prefill_stats_->rows_from[local];
     if (from == rows_from) continue;

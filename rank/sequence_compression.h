@@ -92,11 +92,14 @@ class SequenceCompression {
     bool chunk_point = false;  // chunked prefill: a compression point that is not the prompt's end
     bool decode = false;       // a decode step
     int n_generated = 0;       // tokens generated (at a decode step)
-    int work_end = 0;          // the position after the work's last token
+    int work_end = 0;          // the position after the work's last token (its scoring rows not counted)
+    int n_scoring = 0;         // the work's scoring rows (PlannedWork::n_scoring)
   };
   StepEnd step_end(const PlannedWork& work) const;
   void run_hooks(const StepEnd& end);
-  void compress_chunk(int point);
+  void check_scoring_rows(const PlannedWork& work) const;
+  void compress_chunk(int point, int n_scoring);
+  void drop_scoring_rows(size_t local, int global_layer, int n_entries, int n_scoring);
   void keep_prefill_sums(size_t local, const Selection& keep);
   void restart_prefill_rows(int chunk_begin);
   void cross_layer_step();
@@ -113,6 +116,8 @@ class SequenceCompression {
   // whether the policies are asked again which prefill rows they want (after a chunked compression).
   int next_compression_ = 0;
   bool ask_rows_again_ = false;
+  int scoring_rows_ = 0;  // of every work that reaches a compression point before the prefill's end
+                          // (cache/prefill_footprint.h, prefill_scoring_rows)
   std::vector<std::unique_ptr<CompressionPolicy>> policies_;  // per local layer, built when a prefill starts
   std::vector<std::vector<Observation>> counted_;             // per local layer: what its policy reported when
                                                               // last counted (count_observations)

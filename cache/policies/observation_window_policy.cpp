@@ -30,15 +30,26 @@ ObservationWindowPolicy::ObservationWindowPolicy(std::string name, int window, W
 
 PolicyNeeds ObservationWindowPolicy::needs(const LayerState& state) const {
   PolicyNeeds needs;
-  if (state.n_generated == 0 && keep_(state.prompt_len)) needs.prefill_rows_from = state.point() - window_;
+  if (state.n_generated == 0 && keep_(state.prompt_len)) {
+    // The scoring rows follow the chunk from its compression point on: the window is their last w.
+    const int window_end = state.scored_by_prefill_tail() ? state.point() + state.scoring_rows : state.point();
+    needs.prefill_rows_from = window_end - window_;
+  }
   return needs;
 }
 
+// The entries before the scoring rows are scored; the chunk's own last w stay, as the window stays at the end.
 std::optional<Selection> ObservationWindowPolicy::on_prefill_chunk(const LayerState& state) {
   const std::optional<int> k = keep_(state.prompt_len);
-  if (!k || state.n_entries - window_ <= *k) return std::nullopt;
+  LayerState held = state;
+  if (state.scored_by_prefill_tail()) held.n_entries -= state.scoring_rows;
+  if (!k || held.n_entries - window_ <= *k) return std::nullopt;
   if (!state.column_sums) throw std::logic_error(name_ + ": on_prefill_chunk without the column sums it asked for");
-  return select_top_plus_window(state, context_.n_heads, context_.n_kv_heads, window_, *k, scoring_);
+  return select_top_plus_window(held, context_.n_heads, context_.n_kv_heads, window_, *k, scoring_);
+}
+
+int ObservationWindowPolicy::prefill_scoring_window(int prompt_len) const {
+  return keep_(prompt_len) ? window_ : 0;
 }
 
 std::optional<int> ObservationWindowPolicy::prefill_budget(int prompt_len) const {

@@ -4,11 +4,14 @@
 // is evicted while decoding (spec 1.2). SnapKV and PyramidKV differ only in k per layer, given as a rule.
 //
 // Chunked prefill (kv_cache.prefill_compression chunked) runs the same selection after every prefill chunk, with
-// the chunk's last w queries as the observation window and k from the whole prompt's length: the layer keeps k + w
-// entries and grows by one chunk before the next selection. This is InfiniPot's continual context distillation
-// (Kim et al., EMNLP 2024: compress each time a chunk fills the cache, scoring by the attention of queries at the
-// chunk's end) without its catalyst prompt, whose added question tokens we do not append. A window longer than a
-// chunk is summed from the chunk's rows only (docs/compression.md).
+// k from the whole prompt's length: the layer keeps k + w entries (the chunk's last w as its window) and grows by
+// one chunk before the next selection. The observation window that scores a chunk is the prompt's own last w
+// tokens, run after the chunk for their attention only (LayerState::scoring_rows): FINCH's prompt-guided chunked
+// selection (Corallo & Papotti, TACL 2024: each chunk is scored by the attention of the question appended after
+// it), with the prompt's end standing for the question. The chunk's own last queries, as InfiniPot's continual
+// context distillation scores without its catalyst prompt (Kim et al., EMNLP 2024), cannot see a question that
+// comes after them (docs/eval/chunked). A window longer than a chunk is summed from the chunk's rows only
+// (docs/compression.md).
 #include <functional>
 #include <optional>
 #include <string>
@@ -46,9 +49,10 @@ class ObservationWindowPolicy final : public CompressionPolicy {
     t.compresses_prefill_chunks = true;
     return t;
   }
-  // Chunked prefill: the same selection with the chunk's last w queries as the observation window.
+  // Chunked prefill: the same selection, scored by the prompt's last w queries run after the chunk.
   std::optional<Selection> on_prefill_chunk(const LayerState& state) override;
   std::optional<int> prefill_budget(int prompt_len) const override;
+  int prefill_scoring_window(int prompt_len) const override;
 
  private:
   std::string name_;

@@ -487,6 +487,11 @@ int bench_command(int argc, char** argv) {
     const BenchSetup setup{*rt, o.n_prompt, o.n_gen, request_policy, weight_bytes_per_step(rt->weights, *rt->backend),
                            o.copy_gbs, rng};
     if (!o.contexts.empty()) {
+      // Its prompts start after synthetic entries and are cut by the step's token budget, not at the points
+      // where a chunked prefill compresses.
+      if (config.kv_cache.prefill_compression == "chunked") {
+        throw std::invalid_argument("--context measures kv_cache.prefill_compression end, not chunked");
+      }
       SeqId next_seq = 1;
       for (int n_context : o.contexts) {
         for (int batch : o.batches) {

@@ -99,6 +99,52 @@ TEST(ChunkedPrefill, SnapKvTakesTheChunksLastQueriesAsItsWindow) {
   EXPECT_FALSE(p->on_prefill_chunk(test::at(100, 5, 0, {})).has_value());
 }
 
+// FINCH's form: the prompt's last w tokens run after the chunk (the scoring rows, here 2 or 4 of them), and the
+// last w of those are the window whose sums score the entries before them.
+TEST(ChunkedPrefill, SnapKvScoresAChunkByThePromptsLastQueriesRunAfterIt) {
+  auto p = policy("snapkv:budget=5,window=2,kernel=1");
+  EXPECT_EQ(p->prefill_scoring_window(100), 2);
+  EXPECT_EQ(p->prefill_scoring_window(4), 0) << "a prompt within the budget is never cut";
+  LayerState at_point = test::start(100);
+  at_point.compression_point = 16;
+  at_point.scoring_rows = 2;
+  EXPECT_EQ(p->needs(at_point).prefill_rows_from, 16) << "the scoring rows start at the point";
+  at_point.scoring_rows = 4;
+  EXPECT_EQ(p->needs(at_point).prefill_rows_from, 18) << "the last 2 of 4 (another layer's window is 4)";
+  LayerState at_end = test::start(100);
+  at_end.scoring_rows = 2;
+  EXPECT_EQ(p->needs(at_end).prefill_rows_from, 98) << "the prompt's end has its own last rows";
+  // 10 entries held and the 2 scoring rows' entries (their own columns weigh nothing): the top 3 of the 8 scored
+  // (1, 5, 7), then the chunk's last 2.
+  const std::vector<float> sums = {0, 6, 0, 0, 0, 5, 0, 4, 100, 100, 1000, 1000};
+  LayerState state = test::at(100, 12, 0, sums);
+  state.compression_point = 16;
+  state.scoring_rows = 2;
+  const std::optional<Selection> keep = p->on_prefill_chunk(state);
+  ASSERT_TRUE(keep.has_value());
+  EXPECT_EQ(keep->kept[0], (Ids{1, 5, 7, 8, 9}));
+  state.n_entries = 7;
+  EXPECT_FALSE(p->on_prefill_chunk(state).has_value()) << "5 held besides the scoring rows: within the budget";
+}
+
+// The scoring rows are the longest window any layer asks for, and none where a layer sums other prompt rows (H2O's
+// every row, Expected Attention's moments) that they would join, or the prompt is never cut.
+TEST(ChunkedPrefill, ScoringRowsAreTheLongestWindowUnlessALayerSumsOtherRows) {
+  const PolicyContext context = test::policy_context(1, 1, 0, 3);
+  CompressionConfig c = chunked("snapkv:budget=32,window=8", 64);
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000), 8);
+  c.overrides = parse_layer_overrides("0=full;2=pyramidkv:budget=48,window=16");
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000), 16);
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 20), 0) << "no layer cuts a prompt of 20";
+  c.overrides = parse_layer_overrides("0=h2o:budget=32");
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000), 0);
+  EXPECT_EQ(prefill_scoring_rows(c, parse_policy_spec("streaming:budget=10"), context, 1000), 0);
+  EXPECT_EQ(prefill_scoring_rows(c, parse_policy_spec("expected_attention:budget=32"), context, 1000), 0);
+  c.overrides.clear();
+  c.prefill_chunk = 0;
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000), 0) << "end mode";
+}
+
 TEST(ChunkedPrefill, PyramidKvBoundsEachLayerByItsOwnBudget) {
   const int n_layers = 4, prompt = 1000;
   const std::vector<int> k = *pyramid_budgets_official(n_layers, prompt, 64, 8, 20);
@@ -107,12 +153,15 @@ TEST(ChunkedPrefill, PyramidKvBoundsEachLayerByItsOwnBudget) {
   }
 }
 
-TEST(ChunkedPrefill, PeakEntriesAreTheBudgetPlusAChunkInEveryBoundedLayer) {
+TEST(ChunkedPrefill, PeakEntriesAreTheBudgetPlusAChunkAndTheScoringRowsInEveryBoundedLayer) {
   PolicyContext context = test::policy_context(1, 1, 0, 3);
   CompressionConfig c = chunked("snapkv:budget=32,window=8", 64);
   c.overrides = parse_layer_overrides("0=full");
-  EXPECT_EQ(prefill_peak_entries(c, std::nullopt, context, 1000), (std::vector<int>{1001, 96, 96}));
+  // The bounded layers: 32 kept, a chunk of 64 and the 8 scoring rows.
+  EXPECT_EQ(prefill_peak_entries(c, std::nullopt, context, 1000), (std::vector<int>{1001, 104, 104}));
   EXPECT_EQ(prefill_peak_entries(c, std::nullopt, context, 50), (std::vector<int>{51, 51, 51}));
+  EXPECT_EQ(prefill_peak_entries(c, std::nullopt, context, 961), (std::vector<int>{968, 104, 104}))
+      << "the whole prompt's layer holds 960 and the scoring rows at the last point";
   EXPECT_EQ(prefill_peak_entries(c, parse_policy_spec("streaming:budget=10"), context, 1000),
             (std::vector<int>{74, 74, 74}))
       << "a request's policy replaces every layer's";

@@ -149,6 +149,34 @@ TEST(KvCache, RetainCompactsAndFreesTrailingBlocksAtOnce) {
   EXPECT_EQ(other.blocks, 5);
 }
 
+// Chunked prefill's scoring rows: the last entries appended leave the layer as if never appended; the blocks past
+// the rest go back, the entries before them keep their data.
+TEST(KvCache, DropAppendedTakesBackTheLastEntries) {
+  Fixture f(40, 0, 2);
+  f.cache.append(1, 6);
+  f.cache.append(1, 5);  // 11 entries: 3 blocks per layer
+  for (int l = 0; l < 2; ++l) write_tags(f.cache, 1, l);
+  const int64_t free_before = f.pool.n_free();
+  const LayerUsage before = f.cache.layer_usage(0);
+
+  f.cache.drop_appended(1, 0, 5);
+
+  const LayerKv& kv = f.cache.layer(1, 0);
+  EXPECT_EQ(kv.n_entries, 6);
+  EXPECT_EQ(kv.n_appended, 6);
+  EXPECT_EQ(kv.block_table.size(), 2u);
+  EXPECT_EQ(f.pool.n_free(), free_before + 1);
+  expect_tags(f.cache, 1, 0, iota_n(6));
+  expect_tags(f.cache, 1, 1, iota_n(11));  // the other layer keeps its own
+  const LayerUsage after = f.cache.layer_usage(0);
+  EXPECT_EQ(after.entries, before.entries - 5);
+  EXPECT_EQ(after.blocks, before.blocks - 1);
+  EXPECT_EQ(after.uncompressed_bytes, 2 * layout().block_bytes()) << "`full` would not hold them either";
+  EXPECT_THROW(f.cache.drop_appended(1, 0, 7), std::logic_error) << "more than the layer holds";
+  f.cache.drop_appended(1, 0, 6);
+  EXPECT_EQ(f.cache.layer(1, 0).block_table.size(), 0u);
+}
+
 // The peak is what the sequence held at its most, over all layers: a retain lowers what it holds, not its peak,
 // and a later append counts from what it holds.
 TEST(KvCache, PeakBytesIsTheMostASequenceHeld) {

@@ -98,6 +98,11 @@ TEST(ChunkedPrefillEngine, BatchedRequestsGetWhatEachGetsAlone) {
   expect_batched_as_alone(chunked_config(64, "h2o:budget=24,window=4", 32));
 }
 
+TEST(ChunkedPrefillEngine, SnapKvBatchedGetsWhatEachGetsAlone) {
+  // Every chunk that ends before its prompt's end carries the prompt's last 4 tokens as scoring rows.
+  expect_batched_as_alone(chunked_config(64, "snapkv:budget=24,window=4", 32));
+}
+
 TEST(ChunkedPrefillEngine, ExpectedAttentionBatchedGetsWhatEachGetsAlone) {
   // A policy that reads the cache's keys and values at every compression point (through the pool's backend) and
   // the query moments the forward pass adds up chunk by chunk.

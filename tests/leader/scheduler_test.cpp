@@ -595,5 +595,34 @@ TEST(Scheduler, ChunkedPrefillAdmitsByThePeakAndCutsChunksAtCompressionPoints) {
   }
 }
 
+// The chunk that ends at a compression point before the prompt's end carries the scoring rows: its blocks and the
+// step's token budget count them; the chunk that ends the prompt carries none.
+TEST(Scheduler, AChunkEndingAtACompressionPointCarriesTheScoringRows) {
+  Bed bed(40, /*n_layers=*/2);  // 40 blocks of 4: 80 entries a layer
+  SchedulerLimits l = limits(16, 100);
+  l.prefill_chunk = 8;
+  SchedulerSequence s = bed.running(1, 30, 16);
+  s.n_scoring = 4;
+  const Schedule at_point = schedule_step({s}, {}, kNone, bed.kv(), l);
+  ASSERT_EQ(at_point.chunks.size(), 1u);
+  EXPECT_EQ(at_point.chunks[0].n, 8);
+  EXPECT_EQ(at_point.chunks[0].n_scoring, 4);
+  s = bed.running(2, 30, 24);
+  s.n_scoring = 4;
+  const Schedule last = schedule_step({s}, {}, kNone, bed.kv(), l);
+  ASSERT_EQ(last.chunks.size(), 1u);
+  EXPECT_EQ(last.chunks[0].n, 6);
+  EXPECT_EQ(last.chunks[0].n_scoring, 0) << "the prompt's end is scored by its own last rows";
+  // 16 entries held (4 blocks a layer, 8 in all) and 32 free: 8 + 4 entries take 3 blocks a layer. With 5 blocks
+  // left the chunk does not fit, though its 8 tokens alone would (2 blocks a layer).
+  Bed tight(13, /*n_layers=*/2);
+  s = tight.running(1, 30, 16);
+  s.n_scoring = 4;
+  EXPECT_EQ(tight.kv().n_free(0), 5);
+  const Schedule stalled = schedule_step({s}, {}, kNone, tight.kv(), l);
+  EXPECT_TRUE(stalled.chunks.empty());
+  EXPECT_EQ(stalled.unservable, (Ids{1})) << "alone in the pool and still too big";
+}
+
 }  // namespace
 }  // namespace strata

@@ -54,6 +54,7 @@ StepPlan full_plan() {
   w1.tokens = {1, 2, 3, -1, std::numeric_limits<int32_t>::max()};
   w1.sample = false;
   w1.prefill_len = 300;
+  w1.n_scoring = 2;
   PlannedWork w2;
   w2.seq = 9;
   w2.start_pos = 4096;
@@ -111,6 +112,7 @@ void expect_plan_eq(const StepPlan& a, const StepPlan& b) {
     EXPECT_EQ(a.work[i].sample, b.work[i].sample);
     EXPECT_EQ(a.work[i].prefill_len, b.work[i].prefill_len);
     EXPECT_EQ(a.work[i].allowed, b.work[i].allowed);
+    EXPECT_EQ(a.work[i].n_scoring, b.work[i].n_scoring);
   }
 }
 
@@ -245,6 +247,22 @@ TEST(StepPlan, RepeatedPolicyParameterIsRejected) {
     ADD_FAILURE() << "a repeated policy parameter was accepted";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("'budget' repeated"), std::string::npos) << e.what();
+  }
+}
+
+// Scoring rows follow a chunk's own tokens and sample nothing: more than the work has but one, or on work that
+// samples, is the leader's error.
+TEST(StepPlan, ScoringRowsBeyondTheChunkOrOnSampledWorkAreRejected) {
+  for (const auto& [n_scoring, sample] : {std::pair{5, false}, std::pair{-1, false}, std::pair{2, true}}) {
+    StepPlan plan = full_plan();
+    plan.work[0].n_scoring = n_scoring;
+    plan.work[0].sample = sample;
+    try {
+      deserialize_step_plan(serialize(plan));
+      ADD_FAILURE() << n_scoring << " scoring rows of 5 tokens were accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("scoring rows among 5 tokens"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -1,8 +1,9 @@
 // Chunked prefill compression on the real SmolLM2, through the step executor with hand-made plans: a long prompt
 // is compressed after every chunk, so that no layer ever holds more than its budget plus one chunk; where the
 // scheduler cuts the prompt does not change what is kept (the compression points are positions); a chunk that
-// passes a point is compressed at its end; a quantized pool seals groups before the prompt ends; and a policy
-// without a chunked form is refused naming the key.
+// passes a point is compressed at its end; a quantized pool seals groups before the prompt ends; SnapKV scores a
+// chunk by the prompt's last tokens run after it, as a plain forward pass of the chunk and those tokens scores it;
+// and a policy without a chunked form is refused naming the key.
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -12,6 +13,9 @@
 #include <gtest/gtest.h>
 
 #include "cache/kv_cache.h"
+#include "cache/policies/selection.h"
+#include "cache/pooled_layer_keys.h"
+#include "cache/prefill_footprint.h"
 #include "rank/step_executor.h"
 #include "tests/model/smollm2_model.h"
 
@@ -35,7 +39,18 @@ struct Bed {
   Bed(const std::string& policy, BlockPool* quantized_pool = nullptr)
       : m(test::smollm2(WeightDtype::automatic)),
         cache(quantized_pool ? *quantized_pool : *m.pool, 0, m.model->config().n_layers),
-        executor(*m.model, cache, CompressionConfig{parse_policy_spec(policy), {}, kChunk}, "SmolLM2-135M-Instruct") {}
+        config{parse_policy_spec(policy), {}, kChunk},
+        executor(*m.model, cache, config, "SmolLM2-135M-Instruct") {}
+
+  // The scoring rows of a prompt of n tokens, as the leader counts them.
+  int scoring_rows(int n) const {
+    const ModelConfig& c = m.model->config();
+    PolicyContext context;
+    context.n_layers_total = c.n_layers;
+    context.n_heads = c.n_heads;
+    context.n_kv_heads = c.n_kv_heads;
+    return prefill_scoring_rows(config, std::nullopt, context, n);
+  }
 
   // Prefills `prompt` in pieces of the given sizes (cycled), then decodes; after every step, `check` sees the
   // cache and the position reached. Returns the sampled tokens.
@@ -55,6 +70,7 @@ struct Bed {
       p.step = ++step;
       const std::vector<int32_t> piece(prompt.begin() + start, prompt.begin() + start + len);
       p.work.push_back(PlannedWork{1, start, piece, start + len == n, n});
+      if ((start + len) % kChunk == 0 && start + len < n) append_scoring_rows(p.work.back(), prompt, scoring_rows(n));
       const StepResult r = executor.execute(p);
       start += len;
       check(start);
@@ -81,6 +97,7 @@ struct Bed {
 
   test::SmolLm2& m;
   KvCache cache;
+  CompressionConfig config;
   StepExecutor executor;
   uint64_t step = 0;
 };
@@ -141,6 +158,65 @@ TEST(ChunkedPrefill, AQuantizedPoolSealsGroupsBeforeThePromptEnds) {
     if (reached < 300 && bed.cache.layer(1, 0).n_quantized_blocks > 0) sealed_early = true;
   });
   EXPECT_TRUE(sealed_early);
+}
+
+// One number per entry of every KV head of a layer: its key dotted with a fixed vector (Backend::kv_key_forms).
+std::vector<std::vector<float>> key_prints(const KvCache& cache, SeqId seq, int layer, int n_kv_heads, int head_dim) {
+  const int n = cache.layer(seq, layer).n_entries;
+  std::vector<float> direction(static_cast<size_t>(head_dim));
+  std::vector<float> quadratic(static_cast<size_t>(head_dim) * static_cast<size_t>(head_dim), 0.0f);
+  for (int i = 0; i < head_dim; ++i) direction[size_t(i)] = float((i * 7) % 13) - 6.0f;
+  std::vector<std::vector<float>> prints;
+  for (int h = 0; h < n_kv_heads; ++h) {
+    std::vector<float> forms(static_cast<size_t>(n)), norms(static_cast<size_t>(n));
+    PooledLayerKeys(cache, seq, layer).key_forms(h, direction, quadratic, forms, norms);
+    prints.push_back(std::move(forms));
+  }
+  return prints;
+}
+
+// At the first compression point the layer holds the chunk's 32 entries and the prompt's last 8 tokens run after
+// it (positions 32-39). A plain forward pass of those 40 tokens, summing the last 8 rows' attention, gives the
+// scores; SnapKV's selection over the chunk's entries by them is what the sequence keeps, in every layer and KV
+// head (the same rows, so the same bits).
+TEST(ChunkedPrefill, SnapKvScoresAChunkByThePromptsLastTokens) {
+  Bed bed("snapkv:budget=16,window=8,kernel=1");
+  const std::vector<int32_t> prompt = long_prompt();
+  ASSERT_EQ(bed.scoring_rows(int(prompt.size())), 8);
+  const ModelConfig& c = bed.m.model->config();
+  std::vector<std::vector<std::vector<float>>> kept;  // [layer][KV head][entry]
+  bed.run(prompt, {kChunk}, 1, [&](int reached) {
+    if (reached != kChunk) return;
+    for (int l = 0; l < c.n_layers; ++l) kept.push_back(key_prints(bed.cache, 1, l, c.n_kv_heads, c.head_dim));
+  });
+  ASSERT_EQ(int(kept.size()), c.n_layers);
+
+  std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + kChunk);
+  tokens.insert(tokens.end(), prompt.end() - 8, prompt.end());
+  KvCache reference(*bed.m.pool, 0, c.n_layers);
+  AttentionStats stats;
+  stats.stride = int(tokens.size());
+  for (int l = 0; l < c.n_layers; ++l) {
+    stats.rows_from.push_back(kChunk);
+    stats.sums.emplace_back(size_t(c.n_heads) * tokens.size(), 0.0f);
+  }
+  const BatchSequence b{9, tokens, 0, LogitsMode::none, &stats};
+  std::vector<float> logits;
+  bed.m.model->forward(std::span(&b, 1), reference, logits);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerState chunk;
+    chunk.n_entries = kChunk;
+    chunk.column_sums = stats.sums[size_t(l)].data();
+    chunk.sums_stride = stats.stride;
+    const Selection selection = select_top_plus_window(chunk, c.n_heads, c.n_kv_heads, 8, 8, WindowScoring{});
+    const std::vector<std::vector<float>> all = key_prints(reference, 9, l, c.n_kv_heads, c.head_dim);
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      std::vector<float> expected;
+      for (int32_t e : selection.kept[size_t(h)]) expected.push_back(all[size_t(h)][size_t(e)]);
+      EXPECT_EQ(kept[size_t(l)][size_t(h)], expected) << "layer " << l << ", KV head " << h;
+    }
+  }
+  reference.release(9);
 }
 
 TEST(ChunkedPrefill, APolicyWithoutAChunkedFormIsRefusedNamingTheKey) {
