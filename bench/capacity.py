@@ -12,7 +12,7 @@ ignored), and polls /metrics every half second, as an operator's Prometheus woul
 the pool's free blocks and the running and waiting sequences. Per run it reports:
   - the most sequences decoding at once (a request decodes from its first token to its last), and what the
     arithmetic allows: the pool's blocks over one sequence's peak as the scheduler counts it (each layer's budget
-    plus a chunk, in full-precision blocks; the whole prompt for `full`);
+    plus a chunk and the scoring rows, in full-precision blocks; the whole prompt for `full`);
   - the pool's peak use, aggregate decode tokens/s (every generated token over the time from the first first
     token to the last token), total time and mean time to first token.
 Raw results (with the /metrics timelines), the machine and the commands go to --out; --png draws, per run, every
@@ -65,7 +65,10 @@ def peak_blocks(policy: str, budget: int, prompt: int, chunk: int, block_size: i
         kept = pyramid_budgets(N_LAYERS, prompt, budget)
     else:
         kept = [budget] * N_LAYERS
-    entries = [prompt + 1 if k is None else min(prompt + 1, k + chunk) for k in kept]
+    # SnapKV and PyramidKV score each chunk by the prompt's last `window` tokens run after it (their defaults).
+    scoring = {"snapkv": 32, "pyramidkv": 8}.get(policy, 0)
+    whole = max(prompt + 1, (prompt - 1) // chunk * chunk + scoring)
+    entries = [whole if k is None else min(whole, k + chunk + scoring) for k in kept]
     return sum(-(-e // block_size) for e in entries)
 
 

@@ -169,9 +169,9 @@ class CompressionPolicy {
   // scheduler's footprint while the prompt is prefilled in chunks); nullopt when it keeps the whole prompt.
   virtual std::optional<int> prefill_budget(int /*prompt_len*/) const { return std::nullopt; }
   // Chunked prefill (asked only then): the observation window w of a policy that scores by the last w queries of
-  // the prompt, which a chunk's compression point has not reached yet. The prefill's last w tokens then run after every chunk for
-  // their attention only (LayerState::scoring_rows), as FINCH appends the question after each chunk, so that a
-  // chunk is scored by the queries that score the whole prompt at its end. 0: the policy asks for none.
+  // the prompt, which a chunk's compression point has not reached yet. The prefill's last w tokens then run after
+  // every chunk for their attention only (LayerState::scoring_rows), as FINCH appends the question after each
+  // chunk, so that a chunk is scored by the queries that score the whole prompt at its end. 0: it asks for none.
   virtual int prefill_scoring_window(int /*prompt_len*/) const { return 0; }
   // A query-agnostic policy (Expected Attention), whose decision at a chunked compression point depends on the
   // tokens before it alone: the entries the layer holds right after the compression at `point` of a prefill that

@@ -89,7 +89,8 @@ void SequenceCompression::start_prefill(int prefill_len) {
   // bench's synthetic context).
   const int prefill_begin = cache.contains(seq_) ? cache.layer(seq_, cache.layer_begin()).n_appended : 0;
   next_compression_ = shard_.config.compression_point(prefill_begin, prefill_len);
-  scoring_rows_ = prefill_scoring_rows(shard_.config, request_policy_, shard_.context(cache.layer_begin()), prefill_len);
+  scoring_rows_ =
+      prefill_scoring_rows(shard_.config, request_policy_, shard_.context(cache.layer_begin()), prefill_len);
   ask_rows_again_ = false;
   prefill_stats_ = prefill_stats();
 }

@@ -23,7 +23,7 @@ RESULTS = ROOT / "bench" / "results"
 @dataclass
 class Claim:
     document: str
-    source: str  # a file under bench/results/
+    source: str  # a file under bench/results/ (or a path from there)
     text: Callable[[dict], str]
 
 
@@ -65,6 +65,15 @@ def router_row(d: dict, run: str) -> str:
             f"{r['ttft_p90_s']:.2f} s | {r['wall_s']:.0f} s |")
 
 
+def chunked_retrieval(d: dict) -> str:
+    """SnapKV's and PyramidKV's retrieval under chunked prefill, as a share of `full`'s (strata eval)."""
+    cases = {c["label"]: c for c in d["cases"]}
+    solved = {label: sum(r["correct"] for r in c["retrieval"]) for label, c in cases.items()}
+    shares = sorted({round(100 * solved[label] / solved["full"]) for label in ("snapkv@50%", "pyramidkv@50%")})
+    span = "-".join(str(s) for s in shares)
+    return f"at 50% budgets they keep {span}% of `full`'s retrieval"
+
+
 def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
@@ -97,6 +106,7 @@ CLAIMS = [
           lambda d: f"SnapKV on int4 decodes at {d['decode_ratio_to_full_f32']['snapkv:int4']:.2f}× `full`'s rate "
                     f"({d['runs']['snapkv:int4']['decode_tokens_per_second']:.2f} against "
                     f"{d['runs']['full:f32']['decode_tokens_per_second']:.2f} tok/s"),
+    Claim("README.md", "../../docs/eval/chunked/chunked.json", chunked_retrieval),
     Claim("README.md", "gpu-h200-c11d038-tests.json",
           lambda d: f"{gpu_tests_passed(d, load('gpu-h200-c11d038-tests-smollm2.json'))} pass, one"),
     Claim("bench/results/README.md", "gpu-h200-c11d038-tests.json",
