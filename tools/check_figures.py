@@ -107,6 +107,16 @@ CLAIMS = [
                     f"({d['runs']['snapkv:int4']['decode_tokens_per_second']:.2f} against "
                     f"{d['runs']['full:f32']['decode_tokens_per_second']:.2f} tok/s"),
     Claim("README.md", "../../docs/eval/chunked/chunked.json", chunked_retrieval),
+    Claim("bench/results/README.md", "cpu-capacity-chunked-6a13b68.json",
+          lambda d: f"PyramidKV on int4 decodes at {d['decode_ratio_to_full_f32']['pyramidkv:int4']:.2f}× `full`'s "
+                    f"rate ({d['runs']['pyramidkv:int4']['decode_tokens_per_second']:.2f} against "
+                    f"{d['runs']['full:f32']['decode_tokens_per_second']:.2f} tok/s; "
+                    f"{d['runs']['pyramidkv:int4']['total_seconds']:,.0f} s against "
+                    f"{d['runs']['full:f32']['total_seconds']:,.0f} s) and SnapKV at "
+                    f"{d['decode_ratio_to_full_f32']['snapkv:int4']:.2f}× "
+                    f"({d['runs']['snapkv:int4']['decode_tokens_per_second']:.2f} tok/s, "
+                    f"{d['runs']['snapkv:int4']['total_seconds']:,.0f} s), "
+                    f"{d['runs']['snapkv:int4']['max_decoding_at_once']} decoding at once"),
     Claim("README.md", "gpu-h200-c11d038-tests.json",
           lambda d: f"{gpu_tests_passed(d, load('gpu-h200-c11d038-tests-smollm2.json'))} pass, one"),
     Claim("bench/results/README.md", "gpu-h200-c11d038-tests.json",
