@@ -3,6 +3,7 @@
 //   policy:          "pyramidkv:budget=128"
 //   layer_overrides: "0-1=full;28-29=snapkv:budget=256"
 // A request that names its own policy (the API's kv_compression field) replaces all of it for its sequences.
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,14 @@ struct LayerOverride {
   PolicySpec policy;
 };
 
+// KVzip's request to reconstruct a chunk, in the served model's token ids (daemon/runtime.cpp makes them with its
+// tokenizer and chat template): the instruction, which the chunk's first tokens follow, and the end of the user's
+// turn with the opening of the assistant's, which the chunk follows (cache/scoring_tokens.h).
+struct ReconstructionPrompt {
+  std::vector<int32_t> instruction;
+  std::vector<int32_t> answer_start;
+};
+
 struct CompressionConfig {
   PolicySpec policy;
   std::vector<LayerOverride> overrides;  // the last matching one wins
@@ -24,6 +33,7 @@ struct CompressionConfig {
   // kv_cache.prefill_chunk N) also compresses after every N prompt positions, so that a layer never holds more
   // than its budget plus N entries while the prompt is prefilled (docs/compression.md, chunked prefill).
   int prefill_chunk = 0;
+  ReconstructionPrompt reconstruction;
 
   const PolicySpec& for_layer(int global_layer) const;
   bool chunked() const { return prefill_chunk > 0; }

@@ -20,6 +20,7 @@
 #include "cache/policy_collectives.h"
 #include "cache/policy_spec.h"
 #include "cache/query_moments.h"
+#include "kernels/column_maxima.h"
 #include "kernels/kv_merge.h"
 #include "kernels/pod_attention.h"
 #include "kernels/rope_params.h"
@@ -59,6 +60,9 @@ struct PolicyNeeds {
   // prefill chunks, until the prompt's end (Expected Attention: every row after the sinks). -1: none. Asked once,
   // when the prefill starts.
   int query_moments_from = -1;
+  // The prefill rows asked for give KVzip's column maxima instead of sums (kernels/column_maxima.h); asked again,
+  // like the rows, after each chunked compression. nullopt: sums.
+  std::optional<ColumnMaxima> prefill_row_maxima;
 };
 
 // The layer's keys as a policy may see them: through questions the backend answers where the cache lives, never
@@ -77,6 +81,18 @@ class LayerKeys {
                          std::span<float> forms, std::span<float> value_norms) const = 0;
 };
 
+// Chunked prefill's scoring rows: tokens run after a chunk that ends at a compression point before the prefill's
+// end, at the positions that follow it, for their attention only (LayerState::scoring_rows). A policy asks for
+// the prompt's tail (SnapKV, PyramidKV: its last `count` tokens, the queries that score the whole prompt at its
+// end) or for the chunk's reconstruction (KVzip: the model asked to repeat the chunk and fed it again; the rows'
+// count comes from the configuration, cache/scoring_tokens.h).
+enum class ScoringSource { none, prompt_tail, chunk_reconstruction };
+
+struct ScoringRows {
+  ScoringSource source = ScoringSource::none;
+  int count = 0;
+};
+
 // One (sequence, layer) at a hook.
 struct LayerState {
   int prompt_len = 0;
@@ -93,10 +109,10 @@ struct LayerState {
   const LayerKeys* keys = nullptr;
   // The prompt rows' query moments asked for (PolicyNeeds::query_moments_from) up to this hook; nullptr when none.
   const QueryMoments* query_moments = nullptr;
-  // Chunked prefill: the prefill's last scoring_rows tokens run after each chunk that ends at a compression point
-  // before the prefill's end, at the positions that follow the chunk, for their attention only
-  // (CompressionPolicy::prefill_scoring_window). At such a point they are the layer's last scoring_rows entries,
-  // which the executor drops after the hook, whatever the policy keeps. 0: none.
+  // Chunked prefill: the scoring rows run after each chunk that ends at a compression point before the prefill's
+  // end, at the positions that follow the chunk, for their attention only (ScoringRows,
+  // CompressionPolicy::prefill_scoring). At such a point they are the layer's last scoring_rows entries, which the
+  // executor drops after the hook, whatever the policy keeps. 0: none.
   int scoring_rows = 0;
 
   float sum(int head, int entry) const { return column_sums[int64_t(head) * sums_stride + entry]; }
@@ -144,6 +160,12 @@ struct PolicyTraits {
   // sums, positions, query moments and key forms (which read sealed groups too), never the cache's full-precision
   // entries, so a quantized pool seals groups as the prompt is prefilled.
   bool compresses_prefill_chunks = false;
+  // Its decisions read KVzip's column maxima (PolicyNeeds::prefill_row_maxima), which only some backends compute
+  // (Backend::has_column_maxima): refused elsewhere with an error naming the policy.
+  bool reads_column_maxima = false;
+  // It compresses only at chunked compression points (kv_cache.prefill_compression: chunked), scored by rows run
+  // after the chunk: refused in end mode with an error naming the key.
+  bool needs_chunked_prefill = false;
   // Its decisions read the keys and values through LayerKeys::key_forms (Backend::kv_key_forms), which only some
   // backends have (Backend::has_kv_key_forms): refused elsewhere with an error naming the policy.
   bool reads_key_forms = false;
@@ -168,11 +190,11 @@ class CompressionPolicy {
   // The most entries the layer keeps after a prefill compression of a prompt of prompt_len tokens (the
   // scheduler's footprint while the prompt is prefilled in chunks); nullopt when it keeps the whole prompt.
   virtual std::optional<int> prefill_budget(int /*prompt_len*/) const { return std::nullopt; }
-  // Chunked prefill (asked only then): the observation window w of a policy that scores by the last w queries of
-  // the prompt, which a chunk's compression point has not reached yet. The prefill's last w tokens then run after
-  // every chunk for their attention only (LayerState::scoring_rows), as FINCH appends the question after each
-  // chunk, so that a chunk is scored by the queries that score the whole prompt at its end. 0: it asks for none.
-  virtual int prefill_scoring_window(int /*prompt_len*/) const { return 0; }
+  // Chunked prefill (asked only then): the scoring rows the policy asks for (ScoringRows). A policy that scores by
+  // the last w queries of the prompt, which a chunk's compression point has not reached yet, asks for the prompt's
+  // tail of w tokens, as FINCH appends the question after each chunk, so that a chunk is scored by the queries that
+  // score the whole prompt at its end; KVzip for the chunk's reconstruction. None by default.
+  virtual ScoringRows prefill_scoring(int /*prompt_len*/) const { return {}; }
   // A query-agnostic policy (Expected Attention), whose decision at a chunked compression point depends on the
   // tokens before it alone: the entries the layer holds right after the compression at `point` of a prefill that
   // started at position 0. The prefix cache shares such a compressed prefix between sequences whose prompts agree

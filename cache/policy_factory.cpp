@@ -32,6 +32,7 @@ const std::map<std::string, PolicyRow>& policies() {
       {"spindlekv", {make_spindlekv_policy}},
       {"pod", {make_pod_policy}},
       {"expected_attention", {make_expected_attention_policy}},
+      {"kvzip", {make_kvzip_policy}},
   };
   return table;
 }

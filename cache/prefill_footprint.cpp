@@ -2,33 +2,55 @@
 
 #include <algorithm>
 #include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "cache/scoring_tokens.h"
 
 namespace strata {
 
-int prefill_scoring_rows(const CompressionConfig& config, const std::optional<PolicySpec>& request,
-                         PolicyContext context, int prefill_len) {
-  if (!config.chunked()) return 0;
+ScoringRows prefill_scoring_rows(const CompressionConfig& config, const std::optional<PolicySpec>& request,
+                                 PolicyContext context, int prefill_len) {
+  if (!config.chunked()) return {};
   LayerState start;
   start.prompt_len = prefill_len;
   start.compression_point = config.compression_point(0, prefill_len);
-  int rows = 0;
+  int tail = 0;
+  bool sums_itself = false;
+  std::string reconstructs, other;  // a layer of each kind, for the error
   for (int l = 0; l < context.n_layers_total; ++l) {
     context.global_layer = l;
     const std::unique_ptr<CompressionPolicy> policy = make_policy(request ? *request : config.for_layer(l), context);
-    const int window = policy->prefill_scoring_window(prefill_len);
+    const ScoringRows asked = policy->prefill_scoring(prefill_len);
     const PolicyNeeds needs = policy->needs(start);
+    const std::string layer = std::string(policy->name()) + " (layer " + std::to_string(l) + ")";
+    if (asked.source == ScoringSource::chunk_reconstruction) {
+      reconstructs = layer;
+      continue;
+    }
+    if (!policy->traits().keeps_every_entry) other = layer;
+    if (asked.source == ScoringSource::prompt_tail) tail = std::max(tail, asked.count);
     // Rows this layer sums or takes moments of for itself would take in the scoring rows too.
-    if (window == 0 && (needs.prefill_rows_from >= 0 || needs.query_moments_from >= 0)) return 0;
-    rows = std::max(rows, window);
+    if (asked.source == ScoringSource::none && (needs.prefill_rows_from >= 0 || needs.query_moments_from >= 0)) {
+      sums_itself = true;
+    }
   }
-  return rows;
+  if (!reconstructs.empty()) {
+    if (!other.empty()) {
+      throw std::invalid_argument("policy " + reconstructs + " scores chunks by their reconstruction, which " + other +
+                                  " would read too: run it in every layer that compresses, full in the others");
+    }
+    return {ScoringSource::chunk_reconstruction, reconstruction_rows(config.reconstruction, config.prefill_chunk)};
+  }
+  if (sums_itself || tail == 0) return {};
+  return {ScoringSource::prompt_tail, tail};
 }
 
 std::vector<int> prefill_peak_entries(const CompressionConfig& config, const std::optional<PolicySpec>& request,
                                       PolicyContext context, int prefill_len) {
   std::vector<int> peak(size_t(context.n_layers_total), prefill_len + 1);
   if (!config.chunked()) return peak;
-  const int scoring_rows = prefill_scoring_rows(config, request, context, prefill_len);
+  const int scoring_rows = prefill_scoring_rows(config, request, context, prefill_len).count;
   // The last compression point before the prefill's end, where a layer that keeps everything holds the most
   // scoring rows past what it keeps.
   const int last_point = (prefill_len - 1) / config.prefill_chunk * config.prefill_chunk;

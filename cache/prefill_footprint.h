@@ -15,14 +15,17 @@
 
 namespace strata {
 
-// Chunked prefill: how many of the prefill's last tokens run after each chunk that ends at a compression point
-// before the prefill's end, for their attention only (LayerState::scoring_rows): the longest observation window
-// the sequence's layers ask for (CompressionPolicy::prefill_scoring_window). 0 when none asks, or when another
-// layer sums prompt rows or their query moments for itself (H2O, Expected Attention), whose sums the scoring rows
-// would join: the observation-window layers then score by the chunk's own last rows. The leader, which sends the
-// tokens, and every rank, which drops their entries, compute the same number.
-int prefill_scoring_rows(const CompressionConfig& config, const std::optional<PolicySpec>& request,
-                         PolicyContext context, int prefill_len);
+// Chunked prefill: the scoring rows a chunk that ends at a compression point before the prefill's end carries
+// (ScoringRows, LayerState::scoring_rows), from what the sequence's layers ask for
+// (CompressionPolicy::prefill_scoring):
+//   - a chunk's reconstruction when a layer asks for it (KVzip), cache/scoring_tokens.h's count; every other
+//     layer then keeps every entry (`full`), or std::invalid_argument names the layer that does not;
+//   - else the prompt's tail, as long as the longest observation window; none when another layer sums prompt rows
+//     or their query moments for itself (H2O, Expected Attention), whose sums the rows would join: the
+//     observation-window layers then score by the chunk's own last rows.
+// The leader, which sends the tokens, and every rank, which drops their entries, compute the same rows.
+ScoringRows prefill_scoring_rows(const CompressionConfig& config, const std::optional<PolicySpec>& request,
+                                 PolicyContext context, int prefill_len);
 
 // Per global layer, for a prefill of prefill_len tokens. context: any layer's (its global_layer is replaced);
 // request: the request's policy, or the configuration's.

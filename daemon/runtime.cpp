@@ -7,7 +7,9 @@
 #include "kernels/cpu/quantized_dot.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "cache/prefill_footprint.h"
 #include "model/model_loader.h"
+#include "model/reconstruction_prompt.h"
 #include "parallel/comm_policy_collectives.h"
 #ifdef STRATA_HAVE_NCCL
 #include "parallel/nccl_comm.h"
@@ -208,26 +210,38 @@ void make_kv_cache(const ServerConfig& config, RankRuntime& rt) {
   rt.cache = std::make_unique<KvCache>(*rt.pool, sh.layer_begin, sh.layer_end);
 }
 
-// kv_cache.prefill_compression chunked: every layer's configured policy has a chunked form.
-void check_chunked_prefill(const ServerConfig& config, const RankRuntime& rt) {
-  const CompressionConfig compression = compression_config(config);
-  if (!compression.chunked()) return;
+// kv_cache.prefill_compression: with chunked, every layer's configured policy has a chunked form and the layers agree
+// on their scoring rows; with end, none needs chunked prefill (KVzip).
+void check_prefill_compression(const ServerConfig& config, const RankRuntime& rt) {
+  const CompressionConfig compression = compression_config(config, rt);
   const ModelConfig& mc = rt.weights.config;
   for (int l = 0; l < mc.n_layers; ++l) {
     const PolicySpec& spec = compression.for_layer(l);
     const PolicyContext context{l, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
-    if (!make_policy(spec, context)->traits().compresses_prefill_chunks) {
+    const PolicyTraits traits = make_policy(spec, context)->traits();
+    if (!compression.chunked() && traits.needs_chunked_prefill) {
+      throw ConfigError(config.file + ": kv_cache.prefill_compression: end, but policy " + spec.name + " (layer " +
+                        std::to_string(l) + ") compresses prefill chunks only; use chunked (docs/compression.md)");
+    }
+    if (compression.chunked() && !traits.compresses_prefill_chunks) {
       throw ConfigError(config.file + ": kv_cache.prefill_compression: chunked, but policy " + spec.name +
                         " (layer " + std::to_string(l) + ") has no chunked form; use end, or one of full, streaming, "
-                        "h2o, snapkv, pyramidkv (docs/compression.md)");
+                        "h2o, snapkv, pyramidkv, expected_attention, kvzip (docs/compression.md)");
     }
+  }
+  if (!compression.chunked()) return;
+  try {
+    const PolicyContext context{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
+    prefill_scoring_rows(compression, std::nullopt, context, mc.max_context);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(config.file + ": kv_cache.layer_overrides: " + e.what());
   }
 }
 
 // The step executor with kv_cache's compression policy (and POD's layer blocks), and the collectives and step
 // exchange of a distributed rank.
 void make_executor(const ServerConfig& config, const RankWorld* world, RankRuntime& rt) {
-  CompressionConfig compression = compression_config(config);
+  CompressionConfig compression = compression_config(config, rt);
   if (world && world->distributed()) {
     rt.collectives = std::make_unique<CommPolicyCollectives>(world->tp(), world->pp(), rt.weights.config.n_layers);
     rt.exchange = std::make_unique<StepExchange>(*world->world());
@@ -246,7 +260,7 @@ void make_executor(const ServerConfig& config, const RankWorld* world, RankRunti
       throw ConfigError(where + e.what());
     }
   }
-  check_chunked_prefill(config, rt);
+  check_prefill_compression(config, rt);
   if (config.kv_cache.policy.rfind("pod", 0) == 0 && config.kv_cache.pod_blocks.empty()) {
     throw ConfigError(config.file + ": kv_cache.pod_blocks: policy pod needs the layer blocks of strata calibrate");
   }
@@ -325,8 +339,9 @@ Tokenizer stand_in_tokenizer(const ModelConfig& config) {
   return Tokenizer(std::move(data));
 }
 
-CompressionConfig compression_config(const ServerConfig& config) {
+CompressionConfig compression_config(const ServerConfig& config, const RankRuntime& rt) {
   CompressionConfig compression;
+  if (rt.tokenizer && rt.chat_template) compression.reconstruction = reconstruction_prompt(*rt.tokenizer, *rt.chat_template);
   compression.policy = parse_policy_spec(config.kv_cache.policy);
   compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
   if (config.kv_cache.prefill_compression == "chunked") compression.prefill_chunk = config.kv_cache.prefill_chunk;
@@ -338,7 +353,7 @@ EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt) 
   o.limits.max_running = config.engine.max_running;
   o.limits.max_batch_tokens = config.engine.max_batch_tokens;
   o.max_waiting = config.engine.max_waiting;
-  o.compression = compression_config(config);
+  o.compression = compression_config(config, rt);
   const ModelConfig& mc = rt.weights.config;
   o.policy_context = PolicyContext{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name, nullptr};
   o.policy_context.collectives = &single_rank_collectives();

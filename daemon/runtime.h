@@ -40,8 +40,10 @@ Tokenizer stand_in_tokenizer(const ModelConfig& config);
 // no memory (int8 in CUDA's bf16 blocks).
 KvBlockLayout kv_pool_layout(const ServerConfig& config, KvBlockLayout full_precision);
 
-// The server's compression policies (kv_cache.policy, kv_cache.layer_overrides).
-CompressionConfig compression_config(const ServerConfig& config);
+// The server's compression policies (kv_cache.policy, kv_cache.layer_overrides, kv_cache.prefill_compression), and
+// KVzip's reconstruction prompt in rt's tokens (none for a model without a tokenizer: a preset's chunk is repeated
+// without the request).
+CompressionConfig compression_config(const ServerConfig& config, const RankRuntime& rt);
 // The engine's settings from the configuration; rt: the leader's runtime (the model's shape, for prefix caching).
 EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt);
 

@@ -16,7 +16,7 @@ struct EvalRunner::Active {
   std::vector<int32_t> known;  // prompt, then every token fed after it
   int pos = 0;                 // tokens of `known` already in the cache
   bool done = false;
-  int n_scoring = 0;           // the scoring rows of its prompt's chunks (PlannedWork::n_scoring)
+  ScoringRows scoring;         // the scoring rows of its prompt's chunks (PlannedWork::n_scoring)
 };
 
 // The sequence that prefilled a prompt shared by several jobs, and what its last row gives.
@@ -161,7 +161,7 @@ void EvalRunner::run_batch(std::span<EvalJob* const> batch, const SharedPrompt* 
     Active a{job, next_seq_++, job->prompt, 0, false};
     std::optional<PolicySpec> policy;
     if (!job->policy.empty()) policy = parse_policy_spec(job->policy);
-    a.n_scoring = executor_.scoring_rows(policy, int(job->prompt.size()));
+    a.scoring = executor_.scoring_rows(policy, int(job->prompt.size()));
     plan.added.push_back(PlannedSequence{a.seq, greedy_sampling(), 0, std::move(policy), int32_t(job->prompt.size())});
     active.push_back(std::move(a));
   }
@@ -186,7 +186,7 @@ void EvalRunner::run_batch(std::span<EvalJob* const> batch, const SharedPrompt* 
         w.prefill_len = prompt_len;
         w.sample = end == prompt_len;
         // Chunks end at the compression points (eval_command sets prefill_chunk to kv_cache.prefill_chunk).
-        if (!w.sample) append_scoring_rows(w, a.job->prompt, a.n_scoring);
+        if (!w.sample) append_scoring_rows(w, executor_.scoring_tokens(a.scoring, a.job->prompt, end));
       } else {
         w.tokens = {a.known[size_t(a.pos)]};
         w.sample = true;

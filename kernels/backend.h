@@ -8,10 +8,12 @@
 // Shapes in the comments: T = tokens in the step, D = d_model, H = query heads, Hkv = KV heads, Dh = head dim.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/column_maxima.h"
 #include "kernels/kv_block_layout.h"
 #include "kernels/kv_codebook.h"
 #include "kernels/kv_merge.h"
@@ -35,6 +37,9 @@ struct AttentionSequence {
   float* column_sums = nullptr;
   int sums_stride = 0;
   int stats_row_begin = 0;
+  // KVzip's statistic instead of the sum (only where Backend::has_column_maxima): column_sums keeps, for every
+  // entry in [0, sinks) and [from, n), the largest of the rows' probabilities renormalized over those entries.
+  std::optional<ColumnMaxima> column_maxima;
 };
 
 class Backend {
@@ -120,6 +125,8 @@ class Backend {
   // and value_norms[e] = |v_e|. Quantized blocks are dequantized as they are read. Host outputs: m + 1 numbers per
   // entry, never the keys. Only where has_kv_key_forms(); the default throws std::logic_error.
   virtual bool has_kv_key_forms() const { return false; }
+  // Whether paged_attention takes AttentionSequence::column_maxima (KVzip's scores; the CPU's only, so far).
+  virtual bool has_column_maxima() const { return false; }
   virtual void kv_key_forms(std::span<const int32_t> /*block_table*/, int /*head*/, std::span<const float> /*linear*/,
                             std::span<const float> /*quadratic*/, const KvPoolView& /*pool*/,
                             std::span<float> /*forms*/, std::span<float> /*value_norms*/) {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "cache/prefill_footprint.h"
+#include "cache/scoring_tokens.h"
 #include "kernels/token_mask_layout.h"
 #include "leader/stop_matcher.h"
 
@@ -28,7 +29,7 @@ struct Engine::Sequence {
   int prefill_len = 0;          // tokens known at (re)admission: chunks before this are prefill
   std::vector<int> peak_entries;  // chunked prefill compression, waiting: per global layer, for a prefill of
   int peak_prefill_len = 0;       // this many tokens
-  int n_scoring = 0;              // and the scoring rows of its chunks (cache/prefill_footprint.h)
+  ScoringRows scoring;            // and the scoring rows of its chunks (cache/prefill_footprint.h)
   int n_generated = 0;
   bool known_to_ranks = false;
   uint64_t seed = 0;
@@ -271,7 +272,7 @@ void Engine::step() {
   std::vector<SchedulerSequence> running;
   for (int64_t id : running_) {
     const Sequence& s = *seqs_.at(id);
-    running.push_back({id, int(s.tokens.size()), s.n_cached, 0, {}, s.n_scoring});
+    running.push_back({id, int(s.tokens.size()), s.n_cached, 0, {}, s.scoring.count});
   }
   const std::deque<SchedulerSequence> waiting = waiting_for_schedule();
   const Schedule schedule = schedule_step(running, waiting, to_release_, kv_for_schedule(), options_.limits);
@@ -343,7 +344,10 @@ StepPlan Engine::plan_step(const Schedule& schedule) {
     w.tokens.assign(s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.n);
     w.sample = c.start + c.n == int(s.tokens.size());
     w.prefill_len = c.start < s.prefill_len ? s.prefill_len : 0;
-    append_scoring_rows(w, std::span(s.tokens).first(size_t(s.prefill_len)), c.n_scoring);
+    if (c.n_scoring > 0) {
+      const std::span<const int32_t> prefill = std::span(s.tokens).first(size_t(s.prefill_len));
+      append_scoring_rows(w, scoring_tokens(s.scoring, options_.compression, prefill, c.start + c.n));
+    }
     if (w.sample) w.allowed = allowed_tokens(*seqs_.at(c.id));
     if (prefix_) prefix_->publish(plan, c.id, s.tokens, c.start + c.n, s.prefill_len);
     plan.work.push_back(std::move(w));
@@ -362,11 +366,11 @@ std::deque<SchedulerSequence> Engine::waiting_for_schedule() {
     }
     if (options_.compression.chunked() && s.peak_prefill_len != int(s.tokens.size())) {
       s.peak_entries = peak_entries(s.req->request.kv_policy, int(s.tokens.size()));
-      s.n_scoring = prefill_scoring_rows(options_.compression, s.req->request.kv_policy, options_.policy_context,
+      s.scoring = prefill_scoring_rows(options_.compression, s.req->request.kv_policy, options_.policy_context,
                                          int(s.tokens.size()));
       s.peak_prefill_len = int(s.tokens.size());
     }
-    waiting.push_back({id, int(s.tokens.size()), s.n_cached, n_copied, s.peak_entries, s.n_scoring});
+    waiting.push_back({id, int(s.tokens.size()), s.n_cached, n_copied, s.peak_entries, s.scoring.count});
   }
   return waiting;
 }

@@ -149,6 +149,7 @@ void attention_sequences(std::span<const BatchSequence> batch, const KvCache& ca
       seqs[i].column_sums = st->sums[size_t(l)].data();
       seqs[i].sums_stride = st->stride;
       seqs[i].stats_row_begin = std::max(0, st->rows_from[size_t(l)] - batch[i].start_pos);
+      if (size_t(l) < st->maxima.size()) seqs[i].column_maxima = st->maxima[size_t(l)];
     }
     row += n_q;
   }

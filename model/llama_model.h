@@ -41,6 +41,8 @@ struct AttentionStats {
   int stride = 0;                         // entries per head row: at least the entries at the hook
   std::vector<int> rows_from;             // per local layer; -1: this layer wants none
   std::vector<std::vector<float>> sums;   // per local layer: [n_heads_local][stride]
+  // Per local layer, or empty: the rows give KVzip's column maxima instead of sums (PolicyNeeds::prefill_row_maxima).
+  std::vector<std::optional<ColumnMaxima>> maxima;
   // Per local layer, or empty: the queries before RoPE of the rows at positions >= moments_from[l] are added to
   // moments[l] (PolicyNeeds::query_moments_from; -1 and nullopt: none).
   std::vector<int> moments_from;

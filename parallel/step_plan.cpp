@@ -133,11 +133,9 @@ std::vector<uint64_t> get_mask(Reader& r) {
 
 }  // namespace
 
-void append_scoring_rows(PlannedWork& work, std::span<const int32_t> prefill, int n) {
-  if (n <= 0) return;
-  const std::span<const int32_t> tail = prefill.last(size_t(n));
-  work.tokens.insert(work.tokens.end(), tail.begin(), tail.end());
-  work.n_scoring = n;
+void append_scoring_rows(PlannedWork& work, std::span<const int32_t> rows) {
+  work.tokens.insert(work.tokens.end(), rows.begin(), rows.end());
+  work.n_scoring = int32_t(rows.size());
 }
 
 std::vector<uint8_t> serialize(const StepPlan& plan) {

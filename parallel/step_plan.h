@@ -34,15 +34,15 @@ struct PlannedWork {
   // mask_words(vocab) words), only where sample is set. "= {}" lets the brace initialisers that stop before it
   // compile without -Wmissing-field-initializers.
   std::vector<uint64_t> allowed = {};
-  // Chunked prefill: the last n_scoring of tokens are not the chunk's but the prefill's last ones, run after a
-  // chunk that ends at a compression point before the prefill's end, at the positions that follow it, for their
-  // attention only (cache/prefill_footprint.h, prefill_scoring_rows); the ranks drop their entries after the
-  // compression.
+  // Chunked prefill: the last n_scoring of tokens are not the chunk's but its scoring rows (the prefill's last
+  // tokens, or the chunk's reconstruction: cache/scoring_tokens.h), run after a chunk that ends at a compression
+  // point before the prefill's end, at the positions that follow it, for their attention only; the ranks drop
+  // their entries after the compression.
   int32_t n_scoring = 0;
 };
 
-// Appends the prefill's last n tokens to a chunk's work as its scoring rows (PlannedWork::n_scoring).
-void append_scoring_rows(PlannedWork& work, std::span<const int32_t> prefill, int n);
+// Appends a chunk's scoring rows to its work (PlannedWork::n_scoring).
+void append_scoring_rows(PlannedWork& work, std::span<const int32_t> rows);
 
 // Prefix caching (leader/prefix_index.h): a cached block is named by its hash, and every rank of a stage holds
 // it as one KV block per local layer (cache/kv_cache.h).

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cache/prefill_footprint.h"
+#include "cache/scoring_tokens.h"
 
 namespace strata {
 
@@ -27,9 +28,14 @@ void OfflineExecutor::fork_prefilled(SeqId source, SeqId seq) {
   state.compression.start_prefilled(sums->stride, *sums);
 }
 
-int OfflineExecutor::scoring_rows(const std::optional<PolicySpec>& policy, int prefill_len) const {
+ScoringRows OfflineExecutor::scoring_rows(const std::optional<PolicySpec>& policy, int prefill_len) const {
   const ShardCompression& shard = executor_.shard_;
   return prefill_scoring_rows(shard.config, policy, shard.context(shard.cache.layer_begin()), prefill_len);
+}
+
+std::vector<int32_t> OfflineExecutor::scoring_tokens(const ScoringRows& rows, std::span<const int32_t> prefill,
+                                                     int point) const {
+  return strata::scoring_tokens(rows, executor_.shard_.config, prefill, point);
 }
 
 }  // namespace strata

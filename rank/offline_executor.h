@@ -3,7 +3,9 @@
 // of it (keeping the logits rows on the host, sharing and forking a prompt's prefill, a prefill that starts from
 // entries written without a forward pass). A door of its own, so that StepExecutor's public surface is what the
 // rank uses.
+#include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "rank/step_executor.h"
@@ -30,7 +32,9 @@ class OfflineExecutor {
 
   // The scoring rows a chunk of a prefill of prefill_len tokens under `policy` (none: the configuration's) carries
   // where it ends at a compression point before the prefill's end (PlannedWork::n_scoring).
-  int scoring_rows(const std::optional<PolicySpec>& policy, int prefill_len) const;
+  ScoringRows scoring_rows(const std::optional<PolicySpec>& policy, int prefill_len) const;
+  // Their tokens at the compression point `point` of `prefill` (cache/scoring_tokens.h).
+  std::vector<int32_t> scoring_tokens(const ScoringRows& rows, std::span<const int32_t> prefill, int point) const;
 
   // strata eval's shared prefill (eval/shared_prefill.h); every sequence named was added by an earlier plan.
   // share_prefill(source), before its prefill starts: it sums every prompt row's attention in every layer and

@@ -43,6 +43,15 @@ void ShardCompression::check_fits(const PolicyTraits& traits, const std::string&
     throw std::invalid_argument("policy " + policy_name + ": reads the cache's keys with kv_key_forms, which the " +
                                 cache.pool().backend().name() + " backend does not have yet (docs/compression.md)");
   }
+  if (traits.reads_column_maxima && !cache.pool().backend().has_column_maxima()) {
+    throw std::invalid_argument("policy " + policy_name + ": reads KVzip's column maxima, which the " +
+                                cache.pool().backend().name() + " backend's attention does not compute yet " +
+                                "(docs/compression.md)");
+  }
+  if (traits.needs_chunked_prefill && !config.chunked()) {
+    throw std::invalid_argument("policy " + policy_name + ": scores each prefill chunk by its reconstruction, so it " +
+                                "needs kv_cache.prefill_compression: chunked (docs/compression.md)");
+  }
   if (config.chunked() && !traits.compresses_prefill_chunks) {
     throw std::invalid_argument("policy " + policy_name + ": has no chunked prefill form, and " +
                                 "kv_cache.prefill_compression is chunked (docs/compression.md)");
@@ -90,7 +99,7 @@ void SequenceCompression::start_prefill(int prefill_len) {
   const int prefill_begin = cache.contains(seq_) ? cache.layer(seq_, cache.layer_begin()).n_appended : 0;
   next_compression_ = shard_.config.compression_point(prefill_begin, prefill_len);
   scoring_rows_ =
-      prefill_scoring_rows(shard_.config, request_policy_, shard_.context(cache.layer_begin()), prefill_len);
+      prefill_scoring_rows(shard_.config, request_policy_, shard_.context(cache.layer_begin()), prefill_len).count;
   ask_rows_again_ = false;
   prefill_stats_ = prefill_stats();
 }
@@ -144,6 +153,7 @@ std::unique_ptr<AttentionStats> SequenceCompression::prefill_stats() const {
     const PolicyNeeds needs = policy->needs(start);
     const int from = sums_every_prompt_row_ ? 0 : needs.prefill_rows_from;
     stats->rows_from.push_back(from);
+    stats->maxima.push_back(needs.prefill_row_maxima);
     stats->moments_from.push_back(needs.query_moments_from);
     any = any || from >= 0 || needs.query_moments_from >= 0;
   }
@@ -346,9 +356,12 @@ void SequenceCompression::restart_prefill_rows(int chunk_begin) {
     s.n_entries = cache.layer(seq_, l).n_entries;
     s.compression_point = next_compression_;
     s.scoring_rows = scoring_rows_;
-    int from = policies_[local]->needs(s).prefill_rows_from;
+    const PolicyNeeds needs = policies_[local]->needs(s);
+    int from = needs.prefill_rows_from;
     int& rows_from = prefill_stats_->rows_from[local];
-    if (from == rows_from) continue;
+    // Maxima start again at every point, over the entries the policy names now.
+    prefill_stats_->maxima[local] = needs.prefill_row_maxima;
+    if (from == rows_from && !needs.prefill_row_maxima) continue;
     if (from >= 0) from = std::max(from, chunk_begin);
     rows_from = from;
     prefill_stats_->sums[local].assign(from >= 0 ? size_t(shard_.model.n_heads_local()) * prefill_stats_->stride : 0,

@@ -1,5 +1,5 @@
-"""Writes tests/fixtures/selections/<prompt>.json: the entries SnapKV, PyramidKV, StreamingLLM and Expected Attention
-keep, computed independently of Strata (format: that folder's README.md).
+"""Writes tests/fixtures/selections/<prompt>.json: the entries SnapKV, PyramidKV, StreamingLLM, Expected Attention and
+KVzip keep, computed independently of Strata (format: that folder's README.md).
 
 The attention probabilities come from Hugging Face transformers loading models/SmolLM2-135M-Instruct.Q4_1.gguf
 (dequantized to fp32, eager attention, output_attentions=True): one forward pass over the prompt gives, for every
@@ -24,10 +24,23 @@ RoPE and the values. Per layer, in float64, with m = n - sinks rows and entries 
     the same tie rule, the sinks [0, sinks) kept in front.
 Self-checks run on every prompt: z recomputed entry by entry in numpy, Rbar against the model's own
 apply_rotary_pos_emb, and the cached keys against k_proj's output rotated at their positions.
+
+KVzip (Kim et al., 2025, "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction"; NVIDIA kvpress's
+KVzipPress) takes a second forward pass, over the prompt (n ids) followed by R scoring ids at positions n, n + 1, ...:
+instruction + prompt[:h] + answer_start + prompt, where instruction is the reference tokenizer's ids of
+KVZIP_INSTRUCTION (below), h = min(8, n), and answer_start the ids of what the GGUF's own chat template (rendered with
+jinja2) puts after the user's content with add_generation_prompt (SmolLM2: "<|im_end|>\\n<|im_start|>assistant\\n",
+special tokens as single ids). Forward hooks on every layer's self_attn take the attention probabilities P (eager,
+fp32; no output_attentions, so that one layer's [9, n + R, n + R] is held at a time) and reduce them at once:
+  - score of entry e in [0, n) for query head h: the MAX of P[h][r][e] over all scoring rows r in [n, n + R);
+  - per KV head g: the MAX over its 3 query heads; the top C - sinks of entries [sinks, n) with the same tie rule,
+    the sinks [0, sinks) kept in front.
+Self-check on every prompt (layers 0 and 29): a sample of scoring rows of P recomputed in float64 from q_proj's and
+k_proj's outputs rotated with the model's own RoPE, and the scores recomputed with numpy from that layer's full P.
 Nothing here imports or runs Strata code; the prompts are tokenized with tools/reference_tokenizer.py.
 
-Needs the reference stack (tools/requirements-reference.txt: torch, transformers, accelerate, gguf, tokenizers).
-CI never runs this; rerun it by hand when a prompt or a configuration changes and commit the output:
+Needs the reference stack (tools/requirements-reference.txt: torch, transformers, accelerate, gguf, tokenizers,
+jinja2). CI never runs this; rerun it by hand when a prompt or a configuration changes and commit the output:
 
     nice -n 10 python tools/make_reference_selections.py
 """
@@ -39,6 +52,8 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import gguf
+import jinja2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -63,6 +78,11 @@ N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_DIM = 30, 9, 3, 64
 # tell a near-tie at the cut from a real disagreement.
 BAND_REL = 1e-3
 BAND_MAX = 64
+# KVzip's reconstruction prompt (kvpress's KVzipPress, for a chunk after the first) and how many of the context's first
+# ids follow it ("starting with" them).
+KVZIP_INSTRUCTION = "\n\nRepeat the part of the previous context exactly, starting with"
+KVZIP_HEAD = 8
+KVZIP_CHECK_ROWS = 6  # scoring rows per checked layer recomputed in float64
 
 
 def configs():
@@ -83,6 +103,9 @@ def configs():
         # use_vnorm on (epsilon = 0).
         out.append((f"expected_attention:budget={c},sinks=4,future=512,covariance=true,vnorm=true",
                     dict(method="expected_attention", budget=c, sinks=4, future=512, covariance=True, vnorm=True)))
+    for c in BUDGETS:
+        # KVzip as kvpress's KVzipPress (n_sink = 4), one scoring pass over instruction + head + answer_start + prompt.
+        out.append((f"kvzip:budget={c},sinks=4", dict(method="kvzip", budget=c, sinks=4)))
     return out
 
 
@@ -263,6 +286,94 @@ def check_expected_attention(rotary_emb, queries, keys, values, k_proj_out, n, s
     assert np.allclose(ref, scores.numpy(), rtol=1e-12, atol=0), "scores differ from numpy's"
 
 
+def answer_start_text(model_path):
+    """What the GGUF's own chat template puts after a user message's content when rendered with
+    add_generation_prompt: the end of the user turn and the opening of the assistant turn."""
+    template = gguf.GGUFReader(str(model_path)).fields["tokenizer.chat_template"].contents()
+    marker = "@@KVZIP-USER-CONTENT@@"
+    rendered = jinja2.Environment().from_string(template).render(
+        messages=[{"role": "user", "content": marker}], add_generation_prompt=True)
+    assert rendered.count(marker) == 1, rendered
+    return rendered.split(marker)[1]
+
+
+def kvzip_scoring_ids(tokenizer, ids, answer_start):
+    """(scoring ids, instruction ids, answer_start ids): instruction + ids[:h] + answer_start + ids, h = min(8, n).
+    Special-token strings (the chat template's) are parsed into their single ids."""
+    instruction = tokenizer.encode(KVZIP_INSTRUCTION, add_special_tokens=False).ids
+    answer = tokenizer.encode(answer_start, add_special_tokens=False).ids
+    return instruction + ids[:min(KVZIP_HEAD, len(ids))] + answer + ids, instruction, answer
+
+
+def kvzip_scores(model, ids, scoring_ids, check_layers):
+    """One forward pass over ids + scoring_ids (no cache, no output_attentions). Returns (scores: per layer
+    [n_kv_heads, n] float64, the MAX over the scoring rows [n, n + R) and then over each KV head's query heads of
+    P[head][row][entry] for the entries [0, n); checked: per layer in check_layers, the full P [heads, N, N] (fp32)
+    and q_proj's and k_proj's outputs [N, ...] (fp32), for check_kvzip)."""
+    n = len(ids)
+    group = N_HEADS // N_KV_HEADS
+    scores = [None] * N_LAYERS
+    checked = {layer: {} for layer in check_layers}
+    hooks = []
+
+    def reduce(layer, output):
+        probs = output[1].detach()[0]  # [heads, N, N], eager attention's softmax in fp32
+        per_head = probs[:, n:, :n].amax(dim=1)  # [heads, n]: max over the scoring rows
+        scores[layer] = per_head.view(N_KV_HEADS, group, n).amax(dim=1).to(torch.float64)  # max over the group
+        if layer in checked:
+            checked[layer]["P"] = probs.clone()
+
+    for layer in range(N_LAYERS):
+        attn = model.model.layers[layer].self_attn
+        hooks.append(attn.register_forward_hook(lambda _m, _i, o, layer=layer: reduce(layer, o)))
+        if layer in checked:
+            for kind, proj in (("q", attn.q_proj), ("k", attn.k_proj)):
+                hooks.append(proj.register_forward_hook(
+                    lambda _m, _i, o, kind=kind, layer=layer: checked[layer].__setitem__(kind, o.detach()[0].clone())))
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids + scoring_ids]), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert all(s is not None and tuple(s.shape) == (N_KV_HEADS, n) for s in scores)
+    return scores, checked
+
+
+def check_kvzip(rotary_emb, layer_scores, checked, n, rows):
+    """Self-checks of one layer's KVzip arithmetic, a second way each: the scoring rows `rows` of P recomputed in
+    float64 (softmax over the keys [0, row] of q.k / sqrt(d), q and k from q_proj's and k_proj's outputs rotated with
+    transformers' apply_rotary_pos_emb at their positions, cos/sin from the model's rotary embedding) against the
+    probabilities the scores came from; and the scores recomputed with numpy from the layer's full P. Returns the
+    largest absolute and relative (over probabilities above 1e-6) differences of the recomputed rows."""
+    probs = checked["P"]  # [heads, N, N] fp32
+    total = probs.shape[-1]
+    d = HEAD_DIM
+    cos, sin = rotary_emb(torch.zeros(1, dtype=torch.float32), torch.arange(total)[None])
+    cos, sin = cos.to(torch.float64), sin.to(torch.float64)  # [1, N, d]
+    q = checked["q"].to(torch.float64).view(1, total, N_HEADS, d).transpose(1, 2)  # [1, heads, N, d]
+    k = checked["k"].to(torch.float64).view(1, total, N_KV_HEADS, d).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    q, k = q[0].numpy(), k[0].numpy()
+    p = probs.to(torch.float64).numpy()
+    worst_abs = worst_rel = 0.0
+    for h in range(N_HEADS):
+        kh = k[h // (N_HEADS // N_KV_HEADS)]
+        for r in rows:
+            logits = kh[:r + 1] @ q[h, r] / np.sqrt(d)
+            ref = np.exp(logits - logits.max())
+            ref /= ref.sum()
+            assert np.all(p[h, r, r + 1:] == 0), (h, r, "attends past its position")
+            diff = np.abs(ref - p[h, r, :r + 1])
+            worst_abs = max(worst_abs, float(diff.max()))
+            big = ref > 1e-6
+            worst_rel = max(worst_rel, float((diff[big] / ref[big]).max()))
+            assert np.allclose(p[h, r, :r + 1], ref, rtol=1e-4, atol=1e-7), (h, r, float(diff.max()))
+    ref = p[:, n:, :n].max(axis=1).reshape(N_KV_HEADS, N_HEADS // N_KV_HEADS, n).max(axis=1)
+    assert np.array_equal(ref, layer_scores.numpy()), "scores differ from numpy's"
+    return worst_abs, worst_rel
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -286,6 +397,7 @@ def main():
     versions["python"] = sys.version.split()[0]
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     model_info = {"file": model_path.name, "sha256": sha256(model_path)}
+    answer_start = answer_start_text(model_path)
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -317,6 +429,21 @@ def main():
         for layer in (0, N_LAYERS - 1):
             check_expected_attention(rotary, queries[layer], keys[layer], values[layer], captured["k"][layer], n, 4,
                                      512)
+        # KVzip: a second forward pass, the prompt followed by its scoring ids.
+        scoring_ids, instruction_ids, answer_start_ids = kvzip_scoring_ids(tokenizer, ids, answer_start)
+        kv_check_layers = (0, N_LAYERS - 1)
+        kv_scores, kv_checked = kvzip_scores(model, ids, scoring_ids, kv_check_layers)
+        r_len = len(scoring_ids)
+        print(f"{name}: KVzip scoring ids: R = {r_len} (instruction {instruction_ids}, the first {min(KVZIP_HEAD, n)} "
+              f"prompt ids, answer_start {answer_start_ids} = {answer_start!r}, the {n} prompt ids)")
+        # The first row of each piece (instruction, head, answer_start, repeated prompt), one in the middle, the last.
+        kv_rows = sorted({n, n + len(instruction_ids), n + len(instruction_ids) + min(KVZIP_HEAD, n),
+                          n + (r_len - n), n + r_len - n // 2, n + r_len - 1})[:KVZIP_CHECK_ROWS]
+        for layer in kv_check_layers:
+            worst_abs, worst_rel = check_kvzip(rotary, kv_scores[layer], kv_checked[layer], n, kv_rows)
+            print(f"{name}: KVzip self-check, layer {layer}, rows {kv_rows}: float64 P within {worst_abs:.3g} "
+                  f"absolute, {worst_rel:.3g} relative (P > 1e-6)")
+        del kv_checked
         sums = {}
         rbars = {}
         policies = []
@@ -339,6 +466,15 @@ def main():
                                                    sinks, p["covariance"], p["vnorm"])
                     layers.append([select(scores[g].numpy(), keep, n, 0, sinks) for g in range(N_KV_HEADS)])
                 entry["layers"] = layers
+                policies.append(entry)
+                continue
+            if p["method"] == "kvzip":
+                sinks, keep = p["sinks"], p["budget"] - p["sinks"]
+                assert n > p["budget"] and 0 <= keep < n - sinks, (spec, n)
+                entry.update(sinks=sinks, scoring_ids=scoring_ids, instruction_ids=instruction_ids,
+                             answer_start_ids=answer_start_ids, keep_per_layer=[keep] * N_LAYERS)
+                entry["layers"] = [[select(kv_scores[layer][g, sinks:].numpy(), keep, n, 0, sinks)
+                                    for g in range(N_KV_HEADS)] for layer in range(N_LAYERS)]
                 policies.append(entry)
                 continue
             w = p["window"]

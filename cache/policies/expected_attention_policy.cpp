@@ -107,11 +107,7 @@ class ExpectedAttentionPolicy final : public CompressionPolicy {
   // The chunked prefill from position 0 to `point`: each compression keeps min(held, budget) of the entries held,
   // the previous point's and a chunk.
   std::optional<int> entries_after_point(int point) const override {
-    const int chunk = context_.prefill_chunk;
-    if (chunk <= 0 || point <= 0 || point % chunk != 0) return std::nullopt;
-    int entries = 0;
-    for (int p = chunk; p <= point; p += chunk) entries = std::min(entries + chunk, budget_at(p));
-    return entries;
+    return entries_after_chunked_points(point, context_.prefill_chunk, [this](int p) { return budget_at(p); });
   }
 
  private:

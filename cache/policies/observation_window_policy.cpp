@@ -48,8 +48,9 @@ std::optional<Selection> ObservationWindowPolicy::on_prefill_chunk(const LayerSt
   return select_top_plus_window(held, context_.n_heads, context_.n_kv_heads, window_, *k, scoring_);
 }
 
-int ObservationWindowPolicy::prefill_scoring_window(int prompt_len) const {
-  return keep_(prompt_len) ? window_ : 0;
+ScoringRows ObservationWindowPolicy::prefill_scoring(int prompt_len) const {
+  if (!keep_(prompt_len)) return {};
+  return {ScoringSource::prompt_tail, window_};
 }
 
 std::optional<int> ObservationWindowPolicy::prefill_budget(int prompt_len) const {

@@ -52,7 +52,7 @@ class ObservationWindowPolicy final : public CompressionPolicy {
   // Chunked prefill: the same selection, scored by the prompt's last w queries run after the chunk.
   std::optional<Selection> on_prefill_chunk(const LayerState& state) override;
   std::optional<int> prefill_budget(int prompt_len) const override;
-  int prefill_scoring_window(int prompt_len) const override;
+  ScoringRows prefill_scoring(int prompt_len) const override;
 
  private:
   std::string name_;

@@ -22,5 +22,6 @@ std::unique_ptr<CompressionPolicy> make_spindlekv_policy(const PolicySpec& spec,
 std::unique_ptr<CompressionPolicy> make_pod_policy(const PolicySpec& spec, const PolicyContext& context);
 std::unique_ptr<CompressionPolicy> make_expected_attention_policy(const PolicySpec& spec,
                                                                   const PolicyContext& context);
+std::unique_ptr<CompressionPolicy> make_kvzip_policy(const PolicySpec& spec, const PolicyContext& context);
 
 }  // namespace strata

@@ -146,4 +146,11 @@ std::optional<std::vector<int>> pyramid_budgets_exact(int n_layers, int prompt_l
   return k;
 }
 
+std::optional<int> entries_after_chunked_points(int point, int chunk, const std::function<int(int)>& budget_at) {
+  if (chunk <= 0 || point <= 0 || point % chunk != 0) return std::nullopt;
+  int entries = 0;
+  for (int p = chunk; p <= point; p += chunk) entries = std::min(entries + chunk, budget_at(p));
+  return entries;
+}
+
 }  // namespace strata

@@ -3,6 +3,7 @@
 // scores to KV heads, 1-D pooling along the key axis, a deterministic top-k, the observation-window selection
 // built from them, and PyramidKV's per-layer budgets. Pure functions: no state, no I/O.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -35,6 +36,12 @@ std::vector<float> pool1d(std::span<const float> scores, int kernel, Pooling poo
 // max-pool plateaus). NaN ranks below every number, so a bad score can never crowd out a real one.
 // Requires 0 <= k <= scores.size().
 std::vector<int32_t> top_k(std::span<const float> scores, int k);
+
+// A query-agnostic policy's entries right after the chunked compression at `point` of a prefill from position 0
+// (CompressionPolicy::entries_after_point): each compression point p, a multiple of chunk, keeps
+// min(held + chunk, budget_at(p)) of the previous point's entries and a chunk. nullopt unless point is a positive
+// multiple of chunk.
+std::optional<int> entries_after_chunked_points(int point, int chunk, const std::function<int(int)>& budget_at);
 
 // How a layer scores its prompt keys from the observation-window column sums.
 struct WindowScoring {

@@ -173,6 +173,7 @@ class CpuBackend final : public Backend {
     cpu::kv_merge(block_table, merges, pool, head);
   }
   bool has_kv_key_forms() const override { return true; }
+  bool has_column_maxima() const override { return true; }
   void kv_key_forms(std::span<const int32_t> block_table, int head, std::span<const float> linear,
                     std::span<const float> quadratic, const KvPoolView& pool, std::span<float> forms,
                     std::span<float> value_norms) override {

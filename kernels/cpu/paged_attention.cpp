@@ -394,15 +394,28 @@ void tile_scores(const float* const* q_rows, int vectors, const AttentionSequenc
   }
 }
 
+// KVzip's statistic of one row: its probabilities p over n_keys renormalized over [0, sinks) and [from, n_keys),
+// each kept in maxima where larger.
+void add_renormalized_maxima(const ColumnMaxima& range, const float* p, int n_keys, float* maxima) {
+  const int sinks = std::min(range.sinks, n_keys), from = std::clamp(range.from, sinks, n_keys);
+  double mass = 0.0;
+  for (int e = 0; e < sinks; ++e) mass += p[e];
+  for (int e = from; e < n_keys; ++e) mass += p[e];
+  if (mass <= 0.0) return;
+  const float inv_mass = float(1.0 / mass);
+  for (int e = 0; e < sinks; ++e) maxima[e] = std::max(maxima[e], p[e] * inv_mass);
+  for (int e = from; e < n_keys; ++e) maxima[e] = std::max(maxima[e], p[e] * inv_mass);
+}
+
 // Query vector t of the tile (row, head), whose scores are at p: its softmax over the keys its row sees, added to
-// the head's column sums.
+// the head's column sums (or its maxima).
 void vector_probabilities(const AttentionSequence& s, int row, int head, float* p) {
   const int n_keys = s.n_ctx_before + row + 1;
   softmax(p, n_keys);
   float* sums = s.column_sums ? s.column_sums + int64_t(head) * s.sums_stride : nullptr;
-  if (sums && row >= s.stats_row_begin) {
-    for (int e = 0; e < n_keys; ++e) sums[e] += p[e];
-  }
+  if (!sums || row < s.stats_row_begin) return;
+  if (s.column_maxima) return add_renormalized_maxima(*s.column_maxima, p, n_keys, sums);
+  for (int e = 0; e < n_keys; ++e) sums[e] += p[e];
 }
 
 // The outputs of vectors [first, first + vectors) of the tile (vector t: row r0 + t / heads, head head_begin +

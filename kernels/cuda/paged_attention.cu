@@ -568,6 +568,7 @@ AttentionWork attention_work(const CudaContext& ctx, std::span<const AttentionSe
     } else {
       for (int r = 0; r < s.n_q; r += kTileRows) w.prefill_tiles.push_back(TileItem{int32_t(i), r});
     }
+    require(!s.column_maxima, "paged_attention: no column maxima on CUDA (Backend::has_column_maxima)");
     if (s.column_sums != nullptr && s.stats_row_begin < s.n_q) {
       require(s.sums_stride >= n_keys, "paged_attention: column_sums stride " + std::to_string(s.sums_stride) +
                                            " is below the sequence's " + std::to_string(n_keys) + " entries");

@@ -103,8 +103,8 @@ TEST(ChunkedPrefill, SnapKvTakesTheChunksLastQueriesAsItsWindow) {
 // last w of those are the window whose sums score the entries before them.
 TEST(ChunkedPrefill, SnapKvScoresAChunkByThePromptsLastQueriesRunAfterIt) {
   auto p = policy("snapkv:budget=5,window=2,kernel=1");
-  EXPECT_EQ(p->prefill_scoring_window(100), 2);
-  EXPECT_EQ(p->prefill_scoring_window(4), 0) << "a prompt within the budget is never cut";
+  EXPECT_EQ(p->prefill_scoring(100).count, 2);
+  EXPECT_EQ(p->prefill_scoring(4).count, 0) << "a prompt within the budget is never cut";
   LayerState at_point = test::start(100);
   at_point.compression_point = 16;
   at_point.scoring_rows = 2;
@@ -132,17 +132,17 @@ TEST(ChunkedPrefill, SnapKvScoresAChunkByThePromptsLastQueriesRunAfterIt) {
 TEST(ChunkedPrefill, ScoringRowsAreTheLongestWindowUnlessALayerSumsOtherRows) {
   const PolicyContext context = test::policy_context(1, 1, 0, 3);
   CompressionConfig c = chunked("snapkv:budget=32,window=8", 64);
-  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000), 8);
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000).count, 8);
   c.overrides = parse_layer_overrides("0=full;2=pyramidkv:budget=48,window=16");
-  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000), 16);
-  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 20), 0) << "no layer cuts a prompt of 20";
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000).count, 16);
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 20).count, 0) << "no layer cuts a prompt of 20";
   c.overrides = parse_layer_overrides("0=h2o:budget=32");
-  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000), 0);
-  EXPECT_EQ(prefill_scoring_rows(c, parse_policy_spec("streaming:budget=10"), context, 1000), 0);
-  EXPECT_EQ(prefill_scoring_rows(c, parse_policy_spec("expected_attention:budget=32"), context, 1000), 0);
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000).count, 0);
+  EXPECT_EQ(prefill_scoring_rows(c, parse_policy_spec("streaming:budget=10"), context, 1000).count, 0);
+  EXPECT_EQ(prefill_scoring_rows(c, parse_policy_spec("expected_attention:budget=32"), context, 1000).count, 0);
   c.overrides.clear();
   c.prefill_chunk = 0;
-  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000), 0) << "end mode";
+  EXPECT_EQ(prefill_scoring_rows(c, std::nullopt, context, 1000).count, 0) << "end mode";
 }
 
 TEST(ChunkedPrefill, PyramidKvBoundsEachLayerByItsOwnBudget) {

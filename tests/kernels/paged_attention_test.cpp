@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -119,8 +120,10 @@ struct RandomPool {
   }
 };
 
+// maxima: every sequence with statistics asks for KVzip's column maxima over these entries instead of sums.
 void expect_matches_reference(const KvBlockLayout& layout, int n_heads, const std::vector<SeqSpec>& specs,
-                              const RopeParams& rope, uint32_t seed, const std::string& what) {
+                              const RopeParams& rope, uint32_t seed, const std::string& what,
+                              std::optional<ColumnMaxima> maxima = std::nullopt) {
   std::mt19937 rng(seed);
   const RandomPool pool(layout, specs, rope, rng);
   std::vector<AttentionSequence> seqs;
@@ -134,6 +137,7 @@ void expect_matches_reference(const KvBlockLayout& layout, int n_heads, const st
       sums[s].assign(size_t(n_heads * a.sums_stride), 0.25f);  // sums are added to what is there
       a.column_sums = sums[s].data();
       a.stats_row_begin = specs[s].stats_from;
+      a.column_maxima = maxima;
     }
     seqs.push_back(a);
   }
@@ -154,7 +158,8 @@ void expect_matches_reference(const KvBlockLayout& layout, int n_heads, const st
     if (specs[s].stats_from < 0) continue;
     const double rows_tolerance = 1e-6 * std::max(1, specs[s].n_q - specs[s].stats_from);
     for (size_t c = 0; c < sums[s].size(); ++c) {
-      const double cell = 0.25 + want.column_sums[s][c];
+      // Sums add to what is there; a maximum replaces it where larger.
+      const double cell = maxima ? std::max(0.25, want.column_sums[s][c]) : 0.25 + want.column_sums[s][c];
       ASSERT_NEAR(sums[s][c], cell, rows_tolerance + 1e-4 * cell) << what << ": sequence " << s << " cell " << c;
     }
   }
@@ -169,6 +174,17 @@ TEST(CpuPagedAttention, FullPrecisionBlocksMatchTheDoubleReference) {
   expect_matches_reference(KvBlockLayout{3, 64, 16}, 9, kFullPrecision, none, 1, "GQA 9/3, head_dim 64");
   expect_matches_reference(KvBlockLayout{4, 32, 5}, 4, kFullPrecision, none, 2, "MHA 4/4, blocks of 5");
   expect_matches_reference(KvBlockLayout{1, 80, 16}, 6, kFullPrecision, none, 3, "MQA 6/1, head_dim 80");
+}
+
+// KVzip's statistic: the rows' probabilities renormalized over the sinks and the entries from 30 on (a chunk and the
+// rows after it), the largest of each; the entries between keep what they held.
+TEST(CpuPagedAttention, ColumnMaximaMatchTheDoubleReference) {
+  const std::vector<SeqSpec> specs = {{40, 0, 0, 10}, {23, 37, 0, 0}, {1, 70, 0, 0}, {12, 90, 0, 4}};
+  expect_matches_reference(KvBlockLayout{3, 64, 16}, 9, specs, RopeParams{}, 7, "maxima, GQA 9/3", ColumnMaxima{4, 30});
+  expect_matches_reference(KvBlockLayout{2, 32, 5}, 2, specs, RopeParams{}, 8, "maxima, no sinks", ColumnMaxima{0, 0});
+  const std::vector<SeqSpec> quantized = {{30, 70, 2, 5}, {6, 32, 1, 0}};
+  const KvBlockLayout int4{2, 64, kKvQuantGroup, DType::f32, KvQuant::int4};
+  expect_matches_reference(int4, 8, quantized, RopeParams{}, 9, "maxima, int4 groups", ColumnMaxima{4, 40});
 }
 
 TEST(CpuPagedAttention, QuantizedBlocksMatchTheDoubleReference) {

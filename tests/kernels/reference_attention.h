@@ -90,9 +90,21 @@ inline std::vector<double> reference_entry(const KvPoolView& pool, std::span<con
   return std::vector<double>(x, x + L.head_dim);
 }
 
+// KVzip's statistic of one row's probabilities p: renormalized over [0, sinks) and [from, n), the largest kept.
+inline void add_maxima(const ColumnMaxima& range, const std::vector<double>& p, double* maxima) {
+  const int n = int(p.size());
+  auto in_range = [&](int e) { return e < range.sinks || e >= range.from; };
+  double mass = 0.0;
+  for (int e = 0; e < n; ++e) mass += in_range(e) ? p[size_t(e)] : 0.0;
+  for (int e = 0; e < n; ++e) {
+    if (in_range(e)) maxima[e] = std::max(maxima[e], p[size_t(e)] / mass);
+  }
+}
+
 struct ReferenceAttention {
   std::vector<double> out;  // [T, H * Dh]
-  // Per sequence, [H][sums_stride]: what the op adds to its column_sums (empty for a sequence without them).
+  // Per sequence, [H][sums_stride]: what the op adds to its column_sums (empty for a sequence without them), or
+  // with column_maxima the largest renormalized probability of each entry (0 for entries outside them).
   std::vector<std::vector<double>> column_sums;
 };
 
@@ -119,11 +131,14 @@ inline ReferenceAttention reference_paged_attention(std::span<const float> q, st
         double sum = 0.0;
         for (double& x : p) sum += (x = std::exp(x - max_score));
         double* o = r.out.data() + int64_t(seq.q_begin + i) * q_row + int64_t(h) * hd;
+        for (double& x : p) x /= sum;
+        if (seq.column_sums && seq.column_maxima && i >= seq.stats_row_begin) {
+          add_maxima(*seq.column_maxima, p, r.column_sums[s].data() + size_t(h) * size_t(seq.sums_stride));
+        }
         for (int e = 0; e < n_keys; ++e) {
-          p[size_t(e)] /= sum;
           const std::vector<double> v = reference_entry(pool, seq.block_table, h / group, e, false);
           for (int d = 0; d < hd; ++d) o[d] += p[size_t(e)] * v[size_t(d)];
-          if (seq.column_sums && i >= seq.stats_row_begin) {
+          if (seq.column_sums && !seq.column_maxima && i >= seq.stats_row_begin) {
             r.column_sums[s][size_t(h) * size_t(seq.sums_stride) + size_t(e)] += p[size_t(e)];
           }
         }

@@ -7,6 +7,11 @@
 // Expected Attention: our forward pass adds each layer's queries before RoPE from position `sinks` on to its
 // QueryMoments, and the policy reads them and the keys and values in the pool at on_prefill_end.
 //
+// KVzip (Kim et al., 2025; kvpress's KVzipPress): the prompt is one chunk, its reconstruction (the fixture's
+// scoring ids, which our own reconstruction prompt must equal) runs after it as the chunk's scoring rows, our
+// attention keeps each entry's largest probability over those rows (kernels/column_maxima.h), and each layer's
+// policy selects at on_prefill_chunk, as at the first compression point of a chunked prefill.
+//
 // Here our own forward pass computes the column sums the way the step executor asks for them (rows from n - w in
 // every layer, stride n; one chunked prefill serves both windows, 8 and 32), and each layer's policy, built
 // with make_*_policy from the fixture's spec, selects at on_prefill_end. Every (policy, layer, KV head) must keep
@@ -40,8 +45,11 @@
 #include "cache/pooled_layer_keys.h"
 #include "kernels/backend.h"
 #include "model/gguf_file.h"
+#include "model/chat_template.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
+#include "model/reconstruction_prompt.h"
+#include "model/tokenizer.h"
 #include "tests/model/smollm2_model.h"
 #include "tests/test_paths.h"
 
@@ -150,6 +158,7 @@ std::unique_ptr<CompressionPolicy> make(const PolicySpec& spec, const PolicyCont
   if (spec.name == "pyramidkv") return make_pyramidkv_policy(spec, context);
   if (spec.name == "streaming") return make_streaming_policy(spec, context);
   if (spec.name == "expected_attention") return make_expected_attention_policy(spec, context);
+  if (spec.name == "kvzip") return make_kvzip_policy(spec, context);
   throw std::runtime_error("no reference for policy " + spec.name);
 }
 
@@ -249,6 +258,91 @@ void check_expected_attention(const nlohmann::json& entry, const PolicySpec& spe
   }
 }
 
+// KVzip: the prompt, then its scoring rows with every layer's column maxima over the sinks and the prompt (nothing
+// held before it), as the step executor asks for them at the first compression point.
+struct KvzipRun {
+  std::unique_ptr<KvCache> cache;
+  AttentionStats stats;
+};
+KvzipRun kvzip_run(const std::vector<int32_t>& ids, const std::vector<int32_t>& scoring, int sinks) {
+  const ModelConfig& c = test::smollm2().model->config();
+  const int n = int(ids.size());
+  KvzipRun run{std::make_unique<KvCache>(*test::smollm2().pool, 0, c.n_layers), {}};
+  run.stats.stride = n + int(scoring.size());
+  run.stats.rows_from.assign(size_t(c.n_layers), n);
+  run.stats.sums.assign(size_t(c.n_layers), std::vector<float>(size_t(c.n_heads) * size_t(run.stats.stride), 0.0f));
+  run.stats.maxima.assign(size_t(c.n_layers), ColumnMaxima{sinks, 0});
+  std::vector<float> logits;
+  const BatchSequence prompt{1, ids, 0, LogitsMode::none, nullptr};
+  test::smollm2().model->forward({&prompt, 1}, *run.cache, logits);
+  const BatchSequence rows{1, scoring, n, LogitsMode::none, &run.stats};
+  test::smollm2().model->forward({&rows, 1}, *run.cache, logits);
+  return run;
+}
+
+// Each layer's policy at the compression point n, with the scoring rows' entries after the prompt's; every KV head
+// keeps the sinks and the reference's top entries, our scores (the max over the group's heads) beside its band.
+void check_kvzip(const nlohmann::json& entry, const PolicySpec& spec, const KvzipRun& run, const std::string& text,
+                 Counts& counts, int& disagreements) {
+  const ModelConfig& c = test::smollm2().model->config();
+  const int n_rows = int(entry.at("scoring_ids").size());
+  const int n = run.stats.stride - n_rows;
+  const int sinks = entry.at("sinks").get<int>(), group = c.n_heads / c.n_kv_heads;
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const std::string where = text + " layer " + std::to_string(layer);
+    PolicyContext context{layer, c.n_layers, c.n_heads, c.n_kv_heads, "SmolLM2"};
+    context.prefill_chunk = n;
+    std::unique_ptr<CompressionPolicy> policy = make(spec, context);
+    LayerState state;
+    state.prompt_len = 2 * n;  // the point is not the prompt's end
+    state.compression_point = n;
+    const PolicyNeeds needs = policy->needs(state);
+    ASSERT_EQ(needs.prefill_rows_from, n) << where;
+    ASSERT_TRUE(needs.prefill_row_maxima && needs.prefill_row_maxima->sinks == sinks) << where;
+    state.n_entries = n + n_rows;
+    state.scoring_rows = n_rows;
+    state.column_sums = run.stats.sums[size_t(layer)].data();
+    state.sums_stride = run.stats.stride;
+    const std::optional<Selection> selection = policy->on_prefill_chunk(state);
+    ASSERT_TRUE(selection.has_value()) << where << ": kept the whole prompt";
+    ASSERT_EQ(selection->kept.size(), size_t(c.n_kv_heads)) << where;
+    const int keep = entry.at("keep_per_layer").at(size_t(layer)).get<int>();
+    for (int g = 0; g < c.n_kv_heads; ++g) {
+      const std::string head = where + " KV head " + std::to_string(g);
+      EXPECT_EQ(selection->kept[size_t(g)].size(), size_t(keep + sinks)) << head << ": budget";
+      std::vector<float> scores(size_t(n), 0.0f);
+      for (int h = g * group; h < (g + 1) * group; ++h) {
+        for (int e = 0; e < n; ++e) scores[size_t(e)] = std::max(scores[size_t(e)], state.sum(h, e));
+      }
+      if (!compare_head(selection->kept[size_t(g)], entry.at("layers").at(size_t(layer)).at(size_t(g)), scores, head,
+                        counts)) {
+        ++disagreements;
+      }
+    }
+  }
+}
+
+// The reconstruction prompt Strata makes from the GGUF's tokenizer and chat template is the reference's, which
+// rendered the template with jinja2.
+TEST(KvzipReconstructionPrompt, IsTheReferencesTokens) {
+  const std::string path = test::source_path("tests/fixtures/selections/ledger_300.json");
+  std::ifstream file(path);
+  ASSERT_TRUE(file) << "missing fixture " << path;
+  const nlohmann::json fixture = nlohmann::json::parse(file);
+  const GgufFile& gguf = *test::smollm2().gguf;
+  const ReconstructionPrompt prompt =
+      reconstruction_prompt(Tokenizer::from_gguf(gguf),
+                            ChatTemplate::detect(gguf.get_string("tokenizer.chat_template").value_or("")));
+  int checked = 0;
+  for (const nlohmann::json& entry : fixture.at("policies")) {
+    if (entry.at("method") != "kvzip") continue;
+    EXPECT_EQ(prompt.instruction, entry.at("instruction_ids").get<std::vector<int32_t>>());
+    EXPECT_EQ(prompt.answer_start, entry.at("answer_start_ids").get<std::vector<int32_t>>());
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersAttention) {
   const std::string path = test::source_path("tests/fixtures/selections/" + GetParam() + ".json");
   std::ifstream file(path);
@@ -276,8 +370,15 @@ TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersA
       moments.emplace(entry.at("sinks").get<int>(), moments_run(ids, entry.at("sinks").get<int>()));
     }
   }
+  std::map<int, KvzipRun> kvzip;  // by sinks
+  for (const nlohmann::json& entry : fixture.at("policies")) {
+    if (entry.at("method") == "kvzip" && !kvzip.count(entry.at("sinks").get<int>())) {
+      const std::vector<int32_t> scoring = entry.at("scoring_ids").get<std::vector<int32_t>>();
+      kvzip.emplace(entry.at("sinks").get<int>(), kvzip_run(ids, scoring, entry.at("sinks").get<int>()));
+    }
+  }
   Counts counts;
-  int disagreements = 0, n_scored = 0, n_expected = 0;
+  int disagreements = 0, n_scored = 0, n_expected = 0, n_kvzip = 0;
   for (const nlohmann::json& entry : fixture.at("policies")) {
     const std::string text = entry.at("spec").get<std::string>();
     const PolicySpec spec = parse_policy_spec(text);
@@ -288,6 +389,11 @@ TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersA
     if (expected_attention) {
       ++n_expected;
       check_expected_attention(entry, spec, moments.at(entry.at("sinks").get<int>()), text, counts, disagreements);
+      continue;
+    }
+    if (entry.at("method") == "kvzip") {
+      ++n_kvzip;
+      check_kvzip(entry, spec, kvzip.at(entry.at("sinks").get<int>()), text, counts, disagreements);
       continue;
     }
     for (int layer = 0; layer < c.n_layers; ++layer) {
@@ -328,8 +434,9 @@ TEST_P(SelectionReferenceTest, KeptEntriesMatchTheSpecsArithmeticOnTransformersA
   std::cout << "[ selection ] " << GetParam() << " (" << n << " tokens): " << counts.compared
             << " selections compared (" << n_scored << " SnapKV/PyramidKV configurations x " << c.n_layers
             << " layers x " << c.n_kv_heads << " KV heads + " << n_expected << " Expected Attention x "
-            << c.n_layers << " x " << c.n_kv_heads << " + "
-            << int(fixture.at("policies").size()) - n_scored - n_expected << " StreamingLLM x " << c.n_layers
+            << c.n_layers << " x " << c.n_kv_heads << " + " << n_kvzip << " KVzip x " << c.n_layers << " x "
+            << c.n_kv_heads << " + " << int(fixture.at("policies").size()) - n_scored - n_expected - n_kvzip
+            << " StreamingLLM x " << c.n_layers
             << " layers), "
             << counts.exact << " exact, " << counts.near_ties << " near-ties (relative margin <= " << kNearTie
             << "), " << disagreements << " disagreements; largest relative pooled-score difference at the cuts "

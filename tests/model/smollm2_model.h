@@ -1,7 +1,8 @@
 #pragma once
 // The real SmolLM2-135M model on the CPU backend, loaded once per test process and weight dtype and shared by the
-// suites that run it (the reference logits and the reference selections), with a KV pool of 3,000 blocks of 16
-// tokens. The suites that compare with fp32 references use WeightDtype::f32; the quantized weights (the default
+// suites that run it (the reference logits and the reference selections), with a KV pool of 6,400 blocks of 16
+// tokens (KVzip's reference holds a 1,000-token prompt and its 1,027 scoring rows beside another 1,000-token
+// prompt). The suites that compare with fp32 references use WeightDtype::f32; the quantized weights (the default
 // everywhere else) have their own checks (tests/model/llama_quantized_reference_test.cpp).
 #include <memory>
 
@@ -28,7 +29,7 @@ inline SmolLm2 load_smollm2(WeightDtype dtype, ActivationDtype activations = Act
   s.weights = std::make_unique<ModelWeights>(load_gguf_weights(s.gguf, ShardSpec{}, dtype));
   s.backend = make_cpu_backend(activations);
   s.model = std::make_unique<LlamaModel>(*s.backend, *s.weights);
-  s.pool = std::make_unique<BlockPool>(*s.backend, s.model->kv_layout(16), 3000);
+  s.pool = std::make_unique<BlockPool>(*s.backend, s.model->kv_layout(16), 6400);
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include "cache/policies/selection.h"
 #include "cache/pooled_layer_keys.h"
 #include "cache/prefill_footprint.h"
+#include "cache/scoring_tokens.h"
 #include "rank/step_executor.h"
 #include "tests/model/smollm2_model.h"
 
@@ -43,7 +44,7 @@ struct Bed {
         executor(*m.model, cache, config, "SmolLM2-135M-Instruct") {}
 
   // The scoring rows of a prompt of n tokens, as the leader counts them.
-  int scoring_rows(int n) const {
+  ScoringRows scoring_rows(int n) const {
     const ModelConfig& c = m.model->config();
     PolicyContext context;
     context.n_layers_total = c.n_layers;
@@ -70,7 +71,9 @@ struct Bed {
       p.step = ++step;
       const std::vector<int32_t> piece(prompt.begin() + start, prompt.begin() + start + len);
       p.work.push_back(PlannedWork{1, start, piece, start + len == n, n});
-      if ((start + len) % kChunk == 0 && start + len < n) append_scoring_rows(p.work.back(), prompt, scoring_rows(n));
+      if ((start + len) % kChunk == 0 && start + len < n) {
+        append_scoring_rows(p.work.back(), scoring_tokens(scoring_rows(n), config, prompt, start + len));
+      }
       const StepResult r = executor.execute(p);
       start += len;
       check(start);
@@ -182,7 +185,7 @@ std::vector<std::vector<float>> key_prints(const KvCache& cache, SeqId seq, int 
 TEST(ChunkedPrefill, SnapKvScoresAChunkByThePromptsLastTokens) {
   Bed bed("snapkv:budget=16,window=8,kernel=1");
   const std::vector<int32_t> prompt = long_prompt();
-  ASSERT_EQ(bed.scoring_rows(int(prompt.size())), 8);
+  ASSERT_EQ(bed.scoring_rows(int(prompt.size())).count, 8);
   const ModelConfig& c = bed.m.model->config();
   std::vector<std::vector<std::vector<float>>> kept;  // [layer][KV head][entry]
   bed.run(prompt, {kChunk}, 1, [&](int reached) {
