@@ -161,8 +161,12 @@ def test_bad_policies_and_parameters_name_the_field(server, model_name):
                       ({"policy": "snapkv", "bogus": 1}, "kv_compression.bogus"),
                       ({"policy": "snapkv", "budget": {"a": 1}}, "kv_compression.budget"),
                       ({"policy": "expected_attention", "future": 0}, "kv_compression.future"),
-                      ({"policy": "expected_attention", "budget": 4}, "kv_compression.budget")):
+                      ({"policy": "expected_attention", "budget": 4}, "kv_compression.budget"),
+                      ({"policy": "kvzip", "budget": 4}, "kv_compression.budget")):
         error = error_of(post(kv), 400)
         assert error["param"] == param, (kv, error)
+    # KVzip scores each prefill chunk by its reconstruction: this server compresses at the prompt's end.
+    error = error_of(post({"policy": "kvzip"}), 400)
+    assert error["param"] == "kv_compression.policy" and "kv_cache.prefill_compression: chunked" in error["message"]
     assert post({"policy": "snapkv", "budget": "20%"}).status_code == 200
     assert json.loads(post({"policy": "full"}).text)["choices"]

@@ -8,7 +8,7 @@ process produces.
 - A dummy-weight model (preset tiny-gqa: 8 heads, 4 KV heads) with TP=2 and TP=4.
 - With snapkv, pyramidkv, simlayerkv, d2o and expected_attention, every layer holds the same number of tokens at every step as in the
   single process (SimLayerKV's lazy test and D2O's statistics reduce over the TP group, D2O's allocation gathers
-  every stage's layers); so do snapkv, h2o and expected_attention compressing after every prefill chunk (chunked
+  every stage's layers); so do snapkv, h2o, expected_attention and kvzip compressing after every prefill chunk (chunked
   prefill).
 - Degrees that do not fit the model or the world are start-up errors that say so.
 """
@@ -97,9 +97,10 @@ def test_compressed_layers_hold_what_one_process_holds(name):
 
 # kv_cache.prefill_compression chunked: the policies compress after every 64 prompt tokens on every rank of the
 # world, at the same positions, over the TP-reduced statistics of their own heads.
-# Expected Attention leaves the prompt's tail after its last compression point whole (at most one chunk).
+# Expected Attention and KVzip leave the prompt's tail after its last compression point whole (at most one chunk);
+# KVzip's scoring rows (each chunk's reconstruction) run through every stage.
 CHUNKED = {"snapkv": ("snapkv:budget=48,window=8", 48), "h2o": ("h2o:budget=48", 48),
-           "expected_attention": ("expected_attention:budget=48", 48 + 64)}
+           "expected_attention": ("expected_attention:budget=48", 48 + 64), "kvzip": ("kvzip:budget=48", 48 + 64)}
 
 
 @pytest.mark.parametrize("name", sorted(CHUNKED))

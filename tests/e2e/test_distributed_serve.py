@@ -140,10 +140,12 @@ def test_a_cached_prefix_in_a_world_answers_what_one_process_answers_without_it(
     assert got, "no tokens"
 
 
-def test_a_shared_compressed_document_in_a_world_answers_what_one_process_answers():
-    """[shared-compressed]: under Expected Attention with chunked prefill, a document's second question starts from
-    the compressed blocks its first one published on every rank of TP=3 x PP=2 (its cached tokens are its prompt's
-    last compression point), and is answered with the tokens one process without the cache generates."""
+@pytest.mark.parametrize("policy", ["expected_attention", "kvzip"])
+def test_a_shared_compressed_document_in_a_world_answers_what_one_process_answers(policy):
+    """[shared-compressed]: under a query-agnostic policy (Expected Attention, KVzip) with chunked prefill, a
+    document's second question starts from the compressed blocks its first one published on every rank of TP=3 x
+    PP=2 (its cached tokens are its prompt's last compression point), and is answered with the tokens one process
+    without the cache generates."""
     chunked = ["kv_cache.prefill_compression=chunked", "kv_cache.prefill_chunk=64"]
     text = (ROOT / "tests" / "fixtures" / "texts" / "how_clocks_keep_time.txt").read_text(encoding="utf-8")
     document = text[:900]
@@ -152,7 +154,7 @@ def test_a_shared_compressed_document_in_a_world_answers_what_one_process_answer
     try:
         client = openai.OpenAI(base_url=f"{w.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
         model = client.models.list().data[0].id
-        extra = {"kv_compression": {"policy": "expected_attention", "budget": 64}, "ignore_eos": True}
+        extra = {"kv_compression": {"policy": policy, "budget": 64}, "ignore_eos": True}
         first = client.completions.create(model=model, prompt=document + "\nQuestion: what is a clock?\nAnswer:",
                                           max_tokens=4, temperature=0, extra_body=extra)
         assert first.usage.prompt_tokens_details.cached_tokens == 0
@@ -164,7 +166,7 @@ def test_a_shared_compressed_document_in_a_world_answers_what_one_process_answer
     finally:
         w.stop()
     alone = generate(1, 1, ["--prompt", question, "--max-tokens", "12", "--ignore-eos"],
-                     ["kv_cache.prefix_caching=off", "kv_cache.policy=expected_attention:budget=64"] + chunked)
+                     ["kv_cache.prefix_caching=off", f"kv_cache.policy={policy}:budget=64"] + chunked)
     for step, (g, a) in enumerate(zip(got, alone)):
         if g != a["token"]:
             margin = a["top"][0][1] - a["top"][1][1]

@@ -5,6 +5,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -109,6 +110,12 @@ TEST(ChunkedPrefillEngine, ExpectedAttentionBatchedGetsWhatEachGetsAlone) {
   expect_batched_as_alone(chunked_config(64, "expected_attention:budget=40", 32));
 }
 
+TEST(ChunkedPrefillEngine, KvzipBatchedGetsWhatEachGetsAlone) {
+  // Every chunk that ends before its prompt's end carries its own reconstruction as scoring rows, whose attention
+  // maxima score it.
+  expect_batched_as_alone(chunked_config(64, "kvzip:budget=40", 32));
+}
+
 TEST(ChunkedPrefillEngine, PreemptionByRecomputeGivesTheSameOutput) {
   // The engine test's scenario (tests/leader/engine_test.cpp) in chunked mode: a 4 MiB pool, too small for two
   // whole sequences, so the newest running ones are preempted and recomputed.
@@ -125,9 +132,13 @@ TEST(ChunkedPrefillEngine, PreemptionByRecomputeGivesTheSameOutput) {
 TEST(ChunkedPrefillEngine, APromptFourTimesThePoolIsServedUnderEachBoundedPolicy) {
   // 8 MiB: 341 blocks of 16 tokens, 11 a layer: 176 tokens a layer. The prompt has 720.
   const std::vector<int32_t> prompt = prompt_of(720, 9);
-  for (const std::string policy : {"streaming:budget=32", "h2o:budget=32", "snapkv:budget=32,window=8",
-                                   "pyramidkv:budget=32", "expected_attention:budget=32"}) {
-    ServedEngine run(chunked_config(8, policy, 64));
+  // KVzip's scoring rows repeat the chunk (and 27 tokens of request): budget + 2 chunks + 27 must fit, so its
+  // chunks are of 32.
+  const std::vector<std::pair<std::string, int>> runs = {
+      {"streaming:budget=32", 64},          {"h2o:budget=32", 64},   {"snapkv:budget=32,window=8", 64},
+      {"pyramidkv:budget=32", 64},          {"kvzip:budget=32", 32}, {"expected_attention:budget=32", 64}};
+  for (const auto& [policy, chunk] : runs) {
+    ServedEngine run(chunked_config(8, policy, chunk));
     ASSERT_LT(run.rt->pool->n_total() / 30 * 16 * 4, int64_t(prompt.size()) + 64) << "the pool is that small";
     EXPECT_EQ(run.generate({prompt}, 4)[0].size(), 4u) << policy;
   }
