@@ -3,9 +3,11 @@
 
   .venv/bin/python bench/shared_compressed.py [--requests 32] [--doc-tokens 1500] [--question-tokens 30]
                                               [--max-tokens 32] [--chunk 64] [--budget 25%] [--memory-mib 3072]
-                                              [--dtype f32] [--out bench/results/cpu-shared-compressed.json]
+                                              [--dtype f32] [--policy expected_attention]
+                                              [--out bench/results/cpu-shared-compressed.json]
 
-The workload: many questions at once on one long document, each request asking for Expected Attention at --budget
+The workload: many questions at once on one long document, each request asking for a query-agnostic policy
+(--policy: Expected Attention or KVzip) at --budget
 (`"kv_compression": {"policy": "expected_attention", "budget": "25%"}`). The document is the first --doc-tokens
 token ids of tests/fixtures/texts/the_keepers_ledger.txt, the questions consecutive --question-tokens slices of
 a_coastal_almanac.txt; each prompt is the document followed by its question (completions, token ids, temperature
@@ -61,10 +63,10 @@ def kv_sequences(run: dict) -> list[dict]:
     return (run["kv_state_while_decoding"] or {}).get("state", {}).get("sequences", [])
 
 
-def runs(budget: str) -> dict:
+def runs(policy: str, budget: str) -> dict:
     """name: (the request's kv_compression, chunked prefill compression, prefix caching)."""
-    ea = {"policy": "expected_attention", "budget": budget}
-    return {"shared": (ea, True, "on"), "copies": (ea, True, "off"),
+    agnostic = {"policy": policy, "budget": budget}
+    return {"shared": (agnostic, True, "on"), "copies": (agnostic, True, "off"),
             "today's cache hit": ({"policy": "snapkv", "budget": budget}, False, "on")}
 
 
@@ -196,6 +198,8 @@ def main() -> int:
                         help="the pool: enough that no run waits for memory (today's cache hit holds every "
                              "prompt whole until it is compressed: 32 x 1,530 tokens x 30 layers at f32 is 2.3 GiB)")
     parser.add_argument("--dtype", default="f32", choices=["f32", "int8", "int4", "int2"], help="kv_cache.dtype")
+    parser.add_argument("--policy", default="expected_attention", choices=["expected_attention", "kvzip"],
+                        help="the query-agnostic policy of the shared and copies runs")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cpu-shared-compressed.json"))
     args = parser.parse_args()
     args.block_size = 16 if args.dtype == "f32" else 32  # the config's, or a quantized pool's group
@@ -216,7 +220,7 @@ def main() -> int:
 
     report_runs = {}
     commands = {}
-    for name, (kv, chunked, caching) in runs(args.budget).items():
+    for name, (kv, chunked, caching) in runs(args.policy, args.budget).items():
         port = free_port()
         cmd = server_command(port, chunked, caching, args)
         started = time.perf_counter()
@@ -237,7 +241,7 @@ def main() -> int:
               f"{result['counters_after'].get('strata_preemptions_total', 0):.0f} "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
 
-    kv, chunked, caching = runs(args.budget)["copies"]
+    kv, chunked, caching = runs(args.policy, args.budget)["copies"]
     port = free_port()
     cmd = server_command(port, chunked, caching, args)
     started = time.perf_counter()
@@ -276,14 +280,14 @@ def main() -> int:
         e = answers_equal[k]
         print(f"answers {k}: {e['tokens']} of {args.requests} (tokens), {e['text']} (text)"
               + (f", differ: {e['differ']}" if e["differ"] else ""))
-    report = {"what": "a compressed document shared between concurrent requests: Expected Attention with chunked "
+    report = {"what": f"a compressed document shared between concurrent requests: {args.policy} with chunked "
                       "prefill compression and prefix caching on (shared) against off (copies), against SnapKV's "
                       "cache hit with the prompt compressed whole (today's cache hit); answers against each "
                       "question alone",
               "commit": commit(), "machine": machine(),
               "command": "bench/shared_compressed.py " + " ".join(sys.argv[1:]),
               "requests": args.requests, "doc_tokens": args.doc_tokens, "question_tokens": n,
-              "max_tokens": args.max_tokens, "chunk": args.chunk, "budget": args.budget,
+              "max_tokens": args.max_tokens, "chunk": args.chunk, "policy": args.policy, "budget": args.budget,
               "memory_mib": args.memory_mib, "kv_dtype": args.dtype, "block_size": args.block_size,
               "prompt_tokens": prompt_len, "last_compression_point": point,
               "server_commands": commands, "ratios": ratios, "answers_equal": answers_equal,

@@ -223,6 +223,26 @@ bool compare_head(const std::vector<int32_t>& ours, const nlohmann::json& ref, c
   return false;
 }
 
+// One layer's selection of a policy that keeps its sinks and, per KV head, the reference's entry's keep_per_layer
+// more: each KV head against the reference, our scores (scores_of, where given) beside its band.
+void compare_kv_heads(const std::optional<Selection>& selection, const nlohmann::json& entry, int layer, int sinks,
+                      const std::string& where, const std::function<std::vector<float>(int)>& scores_of,
+                      Counts& counts, int& disagreements) {
+  ASSERT_TRUE(selection.has_value()) << where << ": kept the whole prompt";
+  const int n_kv_heads = test::smollm2().model->config().n_kv_heads;
+  ASSERT_EQ(selection->kept.size(), size_t(n_kv_heads)) << where;
+  const int keep = entry.at("keep_per_layer").at(size_t(layer)).get<int>();
+  for (int g = 0; g < n_kv_heads; ++g) {
+    const std::string head = where + " KV head " + std::to_string(g);
+    EXPECT_EQ(selection->kept[size_t(g)].size(), size_t(keep + sinks)) << head << ": budget";
+    const std::vector<float> scores = scores_of ? scores_of(g) : std::vector<float>{};
+    if (!compare_head(selection->kept[size_t(g)], entry.at("layers").at(size_t(layer)).at(size_t(g)), scores, head,
+                      counts)) {
+      ++disagreements;
+    }
+  }
+}
+
 // Expected Attention: each layer's policy, at the prompt's end, reads the run's query moments and, through the
 // pool, its keys and values; every KV head keeps the sinks and the reference's top entries.
 template <typename Run>
@@ -243,18 +263,7 @@ void check_expected_attention(const nlohmann::json& entry, const PolicySpec& spe
     const PooledLayerKeys keys(*run.cache, 1, layer);
     state.keys = &keys;
     state.query_moments = &*run.stats.moments[size_t(layer)];
-    const std::optional<Selection> selection = policy->on_prefill_end(state);
-    ASSERT_TRUE(selection.has_value()) << where << ": kept the whole prompt";
-    ASSERT_EQ(selection->kept.size(), size_t(c.n_kv_heads)) << where;
-    const int keep = entry.at("keep_per_layer").at(size_t(layer)).get<int>();
-    for (int g = 0; g < c.n_kv_heads; ++g) {
-      const std::string head = where + " KV head " + std::to_string(g);
-      EXPECT_EQ(selection->kept[size_t(g)].size(), size_t(keep + sinks)) << head << ": budget";
-      if (!compare_head(selection->kept[size_t(g)], entry.at("layers").at(size_t(layer)).at(size_t(g)), {}, head,
-                        counts)) {
-        ++disagreements;
-      }
-    }
+    compare_kv_heads(policy->on_prefill_end(state), entry, layer, sinks, where, nullptr, counts, disagreements);
   }
 }
 
@@ -303,22 +312,14 @@ void check_kvzip(const nlohmann::json& entry, const PolicySpec& spec, const Kvzi
     state.scoring_rows = n_rows;
     state.column_sums = run.stats.sums[size_t(layer)].data();
     state.sums_stride = run.stats.stride;
-    const std::optional<Selection> selection = policy->on_prefill_chunk(state);
-    ASSERT_TRUE(selection.has_value()) << where << ": kept the whole prompt";
-    ASSERT_EQ(selection->kept.size(), size_t(c.n_kv_heads)) << where;
-    const int keep = entry.at("keep_per_layer").at(size_t(layer)).get<int>();
-    for (int g = 0; g < c.n_kv_heads; ++g) {
-      const std::string head = where + " KV head " + std::to_string(g);
-      EXPECT_EQ(selection->kept[size_t(g)].size(), size_t(keep + sinks)) << head << ": budget";
-      std::vector<float> scores(size_t(n), 0.0f);
+    auto scores = [&](int g) {  // the max over the KV head's query heads
+      std::vector<float> max(size_t(n), 0.0f);
       for (int h = g * group; h < (g + 1) * group; ++h) {
-        for (int e = 0; e < n; ++e) scores[size_t(e)] = std::max(scores[size_t(e)], state.sum(h, e));
+        for (int e = 0; e < n; ++e) max[size_t(e)] = std::max(max[size_t(e)], state.sum(h, e));
       }
-      if (!compare_head(selection->kept[size_t(g)], entry.at("layers").at(size_t(layer)).at(size_t(g)), scores, head,
-                        counts)) {
-        ++disagreements;
-      }
-    }
+      return max;
+    };
+    compare_kv_heads(policy->on_prefill_chunk(state), entry, layer, sinks, where, scores, counts, disagreements);
   }
 }
 
