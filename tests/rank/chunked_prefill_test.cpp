@@ -37,10 +37,10 @@ std::vector<int32_t> long_prompt() {
 }
 
 struct Bed {
-  Bed(const std::string& policy, BlockPool* quantized_pool = nullptr)
+  Bed(const std::string& policy, BlockPool* quantized_pool = nullptr, const std::string& overrides = "")
       : m(test::smollm2(WeightDtype::automatic)),
         cache(quantized_pool ? *quantized_pool : *m.pool, 0, m.model->config().n_layers),
-        config{parse_policy_spec(policy), {}, kChunk},
+        config{parse_policy_spec(policy), parse_layer_overrides(overrides), kChunk},
         executor(*m.model, cache, config, "SmolLM2-135M-Instruct") {}
 
   // The scoring rows of a prompt of n tokens, as the leader counts them.
@@ -129,6 +129,23 @@ TEST(ChunkedPrefill, NoLayerHoldsMoreThanItsBudgetPlusAChunk) {
 
 // The ranks compress at positions, not at the scheduler's chunks: pieces of 32, of 16 and of 8 + 24 give the same
 // tokens (greedy) and keep the same entries.
+// SnapKV's layers score each chunk by the prompt's last tokens, run after it; a StreamingLLM layer beside them
+// (overrides) keeps the sinks and the chunk's own last entries, never those scoring rows, which leave every layer.
+TEST(ChunkedPrefill, ALayerThatAsksForNoScoringRowsCutsWithoutThem) {
+  Bed bed("snapkv:budget=40,window=8", nullptr, "0-9=streaming:budget=40,sinks=4");
+  const std::vector<int32_t> prompt = long_prompt();
+  ASSERT_EQ(bed.scoring_rows(int(prompt.size())).count, 8);
+  const std::vector<int32_t> tokens = bed.run(prompt, {kChunk}, 2, [&](int reached) {
+    if (reached % kChunk != 0 || reached == int(prompt.size())) return;
+    for (int l = 0; l < bed.cache.n_layers(); ++l) {
+      const LayerKv& layer = bed.cache.layer(1, l);
+      EXPECT_EQ(layer.n_entries, std::min(40, reached)) << "layer " << l << " at " << reached;
+      EXPECT_EQ(layer.n_appended, reached) << "layer " << l << ": the scoring rows are gone";
+    }
+  });
+  EXPECT_EQ(tokens.size(), 2u);
+}
+
 TEST(ChunkedPrefill, WhereTheSchedulerCutsThePromptChangesNothing) {
   for (const std::string policy : {"h2o:budget=40", "snapkv:budget=40,window=8"}) {
     std::vector<std::vector<int32_t>> outputs;
