@@ -4,10 +4,10 @@
 #include <filesystem>
 #include <iostream>
 
+#include "cache/prefill_footprint.h"
 #include "kernels/cpu/quantized_dot.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "cache/prefill_footprint.h"
 #include "model/model_loader.h"
 #include "model/reconstruction_prompt.h"
 #include "parallel/comm_policy_collectives.h"
@@ -341,7 +341,9 @@ Tokenizer stand_in_tokenizer(const ModelConfig& config) {
 
 CompressionConfig compression_config(const ServerConfig& config, const RankRuntime& rt) {
   CompressionConfig compression;
-  if (rt.tokenizer && rt.chat_template) compression.reconstruction = reconstruction_prompt(*rt.tokenizer, *rt.chat_template);
+  if (rt.tokenizer && rt.chat_template) {
+    compression.reconstruction = reconstruction_prompt(*rt.tokenizer, *rt.chat_template);
+  }
   compression.policy = parse_policy_spec(config.kv_cache.policy);
   compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
   if (config.kv_cache.prefill_compression == "chunked") compression.prefill_chunk = config.kv_cache.prefill_chunk;

@@ -367,7 +367,7 @@ std::deque<SchedulerSequence> Engine::waiting_for_schedule() {
     if (options_.compression.chunked() && s.peak_prefill_len != int(s.tokens.size())) {
       s.peak_entries = peak_entries(s.req->request.kv_policy, int(s.tokens.size()));
       s.scoring = prefill_scoring_rows(options_.compression, s.req->request.kv_policy, options_.policy_context,
-                                         int(s.tokens.size()));
+                                       int(s.tokens.size()));
       s.peak_prefill_len = int(s.tokens.size());
     }
     waiting.push_back({id, int(s.tokens.size()), s.n_cached, n_copied, s.peak_entries, s.scoring.count});

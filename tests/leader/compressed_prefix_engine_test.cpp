@@ -119,7 +119,8 @@ Served serve(const ServerConfig& config, bool prefix_caching, bool together = tr
 
 TEST(CompressedPrefixEngine, QuestionsShareTheCompressedDocumentAndAnswerAsAlone) {
   // 64 entries a layer; and half the prefix at each point (32, 64, 96, then 128 at the last point).
-  for (const std::string policy : {"expected_attention:budget=64", "expected_attention:budget=50%", "kvzip:budget=64"}) {
+  for (const std::string policy :
+       {"expected_attention:budget=64", "expected_attention:budget=50%", "kvzip:budget=64"}) {
     SCOPED_TRACE(policy);
     const ServerConfig config = config_with(policy);
     const Served off = serve(config, false);
