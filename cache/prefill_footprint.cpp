@@ -17,28 +17,31 @@ ScoringRows prefill_scoring_rows(const CompressionConfig& config, const std::opt
   start.compression_point = config.compression_point(0, prefill_len);
   int tail = 0;
   bool sums_itself = false;
-  std::string reconstructs, other;  // a layer of each kind, for the error
+  int reconstructs = -1, other = -1;  // a layer of each kind, for the error
   for (int l = 0; l < context.n_layers_total; ++l) {
     context.global_layer = l;
     const std::unique_ptr<CompressionPolicy> policy = make_policy(request ? *request : config.for_layer(l), context);
     const ScoringRows asked = policy->prefill_scoring(prefill_len);
     const PolicyNeeds needs = policy->needs(start);
-    const std::string layer = std::string(policy->name()) + " (layer " + std::to_string(l) + ")";
     if (asked.source == ScoringSource::chunk_reconstruction) {
-      reconstructs = layer;
+      reconstructs = l;
       continue;
     }
-    if (!policy->traits().keeps_every_entry) other = layer;
+    if (!policy->traits().keeps_every_entry) other = l;
     if (asked.source == ScoringSource::prompt_tail) tail = std::max(tail, asked.count);
     // Rows this layer sums or takes moments of for itself would take in the scoring rows too.
     if (asked.source == ScoringSource::none && (needs.prefill_rows_from >= 0 || needs.query_moments_from >= 0)) {
       sums_itself = true;
     }
   }
-  if (!reconstructs.empty()) {
-    if (!other.empty()) {
-      throw std::invalid_argument("policy " + reconstructs + " scores chunks by their reconstruction, which " + other +
-                                  " would read too: run it in every layer that compresses, full in the others");
+  if (reconstructs >= 0) {
+    if (other >= 0) {
+      auto layer = [&](int l) {
+        return (request ? *request : config.for_layer(l)).name + " (layer " + std::to_string(l) + ")";
+      };
+      throw std::invalid_argument("policy " + layer(reconstructs) + " scores chunks by their reconstruction, which " +
+                                  layer(other) + " would read too: run it in every layer that compresses, full in " +
+                                  "the others");
     }
     return {ScoringSource::chunk_reconstruction, reconstruction_rows(config.reconstruction, config.prefill_chunk)};
   }
