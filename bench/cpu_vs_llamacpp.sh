@@ -11,6 +11,8 @@
 #        batch-8 decode:             llama-batched-bench   against  strata bench --batch 8
 #        HTTP, 1 and 8 concurrent streaming /v1/completions: llama-server against strata serve
 #          (the same client, bench/http_load.py);
+#      and, first, this machine's read bandwidth (build/bench/read_bandwidth), against which the report sets the
+#      weight bytes a batch-1 decode step reads;
 #   3. writes every command line, every raw number and the ratios Strata / llama.cpp to --out (JSON) and prints a
 #      table.
 #
@@ -32,6 +34,7 @@ HTTP_ROUNDS=3
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 CONFIG=configs/smollm2-cpu.yaml
 STRATA=build/strata
+READ_BANDWIDTH=build/bench/read_bandwidth
 LCP_DIR=build-llamacpp
 OUT=bench/results/cpu-vs-llamacpp.json
 LLAMA_PORT=18431
@@ -174,6 +177,7 @@ command -v curl >/dev/null || die "curl is needed (apt-get install curl)"
 strata_ok() { [ -x "$STRATA" ] && "$STRATA" bench --help >/dev/null 2>&1; }
 for _ in $(seq 60); do strata_ok && break; log "waiting for a working $STRATA"; sleep 5; done
 strata_ok || die "$STRATA is missing or broken"
+[ -x "$READ_BANDWIDTH" ] || die "no $READ_BANDWIDTH (ninja -C build read_bandwidth)"
 
 MACHINE_JSON=$WORK/machine.json
 "$PYTHON" - "$MACHINE_JSON" <<'EOF'
@@ -229,6 +233,11 @@ LS=$LCP_BIN/llama-server
 CTX_PER_SLOT=$(((PROMPT_TOKENS + GEN_TOKENS + 8 + 255) / 256 * 256))  # llama.cpp pads a slot's context to 256
 LS_CTX=$((BATCH * CTX_PER_SLOT))
 LBB_CTX=$((BATCH * (PROMPT_TOKENS + GEN_TOKENS) > 2048 ? BATCH * (PROMPT_TOKENS + GEN_TOKENS) : 2048))
+
+# The yardstick of a batch-1 decode step, which reads every weight once: this machine's read bandwidth on as many
+# threads (the report divides the weight bytes a step reads by it).
+record bandwidth machine "$WORK/read-bandwidth.log" read-bandwidth-json:"$WORK/read-bandwidth.json" \
+  "$READ_BANDWIDTH" --threads "$THREADS" --out "$WORK/read-bandwidth.json"
 
 # Not measured: how llama.cpp loads this GGUF (tensor types, which weights it repacks for its faster kernels).
 record probe llama.cpp "$WORK/llama-load-probe.json" llama-load-probe \

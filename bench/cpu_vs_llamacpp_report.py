@@ -61,6 +61,27 @@ def sha256(path: str) -> str | None:
         return None
 
 
+def weight_bytes(model: str) -> int:
+    """The bytes of the GGUF's tensors: what a batch-1 decode step of SmolLM2 reads, every weight once (its output
+    head is the token embedding; the embedding lookup's one row is not counted twice)."""
+    import gguf  # tools/requirements.txt
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(model).tensors)
+
+
+def weight_reads_of_bandwidth(model: str, bandwidth: dict | None, decode: dict) -> dict:
+    """Weight bytes read per second by each engine's batch-1 decode (after the prompt), against the read
+    bandwidth build/bench/read_bandwidth measured on the same threads."""
+    gb_per_s = bandwidth and bandwidth.get("read_gb_per_s")
+    step_bytes = weight_bytes(model)
+    out = {"weight_bytes_per_step": step_bytes, "read_gb_per_s": gb_per_s,
+           "what": "tok/s x the GGUF's tensor bytes / the measured read bandwidth (batch-1 decode after the prompt)"}
+    for engine in ("llama.cpp", "strata"):
+        rate = decode.get(engine)
+        out[engine] = rate * step_bytes / 1e9 / gb_per_s if rate and gb_per_s else None
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", required=True)
@@ -120,6 +141,9 @@ def main() -> int:
             with open(fmt.split(":", 1)[1]) as f:
                 data = json.load(f)
             raw["strata_bench_batch1" if kind == "batch1" else "strata_bench_batched"].append(data)
+        elif fmt.startswith("read-bandwidth-json:"):
+            with open(fmt.split(":", 1)[1]) as f:
+                raw["read_bandwidth"] = json.load(f)
         elif fmt.startswith("http-load-json:"):
             with open(fmt.split(":", 1)[1]) as f:
                 data = json.load(f)
@@ -202,6 +226,8 @@ def main() -> int:
     for v in summary.values():
         if "strata" in v:
             v["ratio_strata_over_llamacpp"] = ratio(v["strata"], v["llama.cpp"])
+    summary["batch1_decode_weight_reads_of_bandwidth"] = weight_reads_of_bandwidth(
+        a.model, raw.get("read_bandwidth"), summary["batch1_decode_after_prompt_tokens_per_second"])
 
     ratios = {
         "batch1_decode": summary["batch1_decode_tokens_per_second"]["ratio_strata_over_llamacpp"],
@@ -321,6 +347,9 @@ def main() -> int:
         r = v["ratio_strata_over_llamacpp"]
         print(f"{label:<36} {fmt(v['llama.cpp'], unit):>12} {fmt(v['strata'], unit):>12} "
               f"{'-' if r is None else f'{r:.2f}x':>17}")
+    reads = summary["batch1_decode_weight_reads_of_bandwidth"]
+    print(f"{'batch-1 weight reads / bandwidth':<36} {fmt(reads['llama.cpp'] and 100 * reads['llama.cpp']):>11}% "
+          f"{fmt(reads['strata'] and 100 * reads['strata']):>11}%   (read bandwidth {fmt(reads['read_gb_per_s'])} GB/s)")
     agree = summary["http_greedy_text_agreement"]
     print(f"HTTP greedy completions identical on both servers: {agree['identical_completions']} of {agree['requests']}")
     for w in warnings:
