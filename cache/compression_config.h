@@ -33,7 +33,7 @@ struct CompressionConfig {
   // kv_cache.prefill_chunk N) also compresses after every N prompt positions, so that a layer never holds more
   // than its budget plus N entries while the prompt is prefilled (docs/compression.md, chunked prefill).
   int prefill_chunk = 0;
-  ReconstructionPrompt reconstruction;
+  ReconstructionPrompt reconstruction{};
 
   const PolicySpec& for_layer(int global_layer) const;
   bool chunked() const { return prefill_chunk > 0; }

@@ -16,7 +16,7 @@ struct EvalRunner::Active {
   std::vector<int32_t> known;  // prompt, then every token fed after it
   int pos = 0;                 // tokens of `known` already in the cache
   bool done = false;
-  ScoringRows scoring;         // the scoring rows of its prompt's chunks (PlannedWork::n_scoring)
+  ScoringRows scoring{};       // the scoring rows of its prompt's chunks (PlannedWork::n_scoring)
 };
 
 // The sequence that prefilled a prompt shared by several jobs, and what its last row gives.

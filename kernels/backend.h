@@ -39,7 +39,7 @@ struct AttentionSequence {
   int stats_row_begin = 0;
   // KVzip's statistic instead of the sum (only where Backend::has_column_maxima): column_sums keeps, for every
   // entry in [0, sinks) and [from, n), the largest of the rows' probabilities renormalized over those entries.
-  std::optional<ColumnMaxima> column_maxima;
+  std::optional<ColumnMaxima> column_maxima{};
 };
 
 class Backend {

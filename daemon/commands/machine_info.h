@@ -6,8 +6,8 @@
 
 namespace strata {
 
-// {"cpu": "<model name>", "hardware_threads": N, "cpu_kernels": "avx512" | "avx2" | "baseline"}: the level the
-// quantized CPU kernels run at (kernels/cpu/quantized_dot.h), which decides their speed as much as the model name
+// {"cpu": "<model name>", "hardware_threads": N, "cpu_kernels": "avx512_vnni" | "avx512" | "avx2" | "baseline"}:
+// the level the quantized CPU kernels run at (kernels/cpu/quantized_dot.h), which decides their speed as much as the model name
 nlohmann::json machine_json();
 // "strata <command> <args...>", quoted so that a POSIX shell runs it as typed.
 std::string command_text(const std::string& command, int argc, char** argv);

@@ -29,11 +29,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   DType kv_dtype() const override { return DType::f32; }
   int64_t uploaded_weight_bytes(const WeightMatrix& w) const override {
-    if (w.format == WeightFormat::q4_0 || w.format == WeightFormat::q4_1) {
-      return w.rows * cpu::pair_groups(w.cols) * cpu::kU4PairBytes;
-    }
-    if (w.format == WeightFormat::q8_0) return w.rows * cpu::pair_groups(w.cols) * cpu::kU8PairBytes;
-    return w.bytes();
+    return cpu::packed_weight_bytes(w, pair_packing());
   }
 
   Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
@@ -64,7 +60,7 @@ class CpuBackend final : public Backend {
     if (rows == nullptr) {
       Uploaded& u = uploaded_.emplace_back();
       u.source = w;
-      u.packed = std::make_unique<cpu::OwnedPackedWeight>(cpu::pack_weight(w));
+      u.packed = std::make_unique<cpu::OwnedPackedWeight>(cpu::pack_weight(w, pair_packing()));
       rows = &u.packed->view;
     }
     return Tensor{const_cast<cpu::PackedWeight*>(rows), DType::packed, w.rows, w.cols};
@@ -222,6 +218,9 @@ class CpuBackend final : public Backend {
       const int64_t offset = first - begin, row_bytes = source.row_bytes();
       if (first < begin || offset % row_bytes != 0 || offset / row_bytes + w.rows > source.rows) return nullptr;
       if (offset == 0 && w.rows == source.rows) return &packed->view;
+      // a range of 16-row tiles must start and end at a tile's edge (else it is packed on its own)
+      const int64_t tile = cpu::is_rows16(packed->view.layout) ? cpu::kTileRows16 : 1;
+      if ((offset / row_bytes) % tile != 0 || w.rows % tile != 0) return nullptr;
       cpu::PackedWeight rows = packed->view;
       rows.data += offset / row_bytes * rows.row_bytes;
       rows.rows = w.rows;
@@ -230,6 +229,14 @@ class CpuBackend final : public Backend {
   };
 
   static const cpu::PackedWeight& packed(const Tensor& t) { return *static_cast<const cpu::PackedWeight*>(t.data); }
+
+  // int8 activations on an AVX-512 VNNI machine read the 32-value formats as 16-row tiles
+  // (kernels/cpu/quantized_dot_avx512_vnni.cpp); everything else as pairs.
+  cpu::PairPacking pair_packing() const {
+    return activations_ == ActivationDtype::int8 && cpu::best_cpu_isa() == cpu::CpuIsa::avx512_vnni
+               ? cpu::PairPacking::rows16
+               : cpu::PairPacking::pairs;
+  }
 
   const ActivationDtype activations_;
   std::unordered_set<void*> owned_;

@@ -82,6 +82,29 @@ void pack_pair_row(WeightFormat format, const uint8_t* src, int64_t cols, bool f
   }
 }
 
+// Rows [16t, 16t + 16) of a 32-value format into one 16-row tile (u4 or u8).
+void pack_rows16_tile(const WeightMatrix& w, int64_t t, bool four_bit, uint8_t* dst) {
+  const WeightFormatInfo& info = weight_format_info(w.format);
+  const int64_t block_bytes = four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
+  for (int64_t b = 0; b < w.cols / 32; ++b, dst += block_bytes) {
+    for (int lane = 0; lane < kTileRows16; ++lane) {
+      const UnsignedBlock u = unsigned_block(w.format, w.row(kTileRows16 * t + lane) + b * info.block_bytes);
+      store_u16(dst + 2 * lane, u.d);
+      store_u16(dst + 32 + 2 * lane, u.m);
+      for (int v = 0; v < 32; ++v) {
+        const int c = v / 4, k = v % 4;
+        if (!four_bit) {
+          dst[64 + 64 * c + 4 * lane + k] = u.u[v];
+        } else if (c < 4) {
+          dst[64 + 64 * c + 4 * lane + k] |= u.u[v];
+        } else {
+          dst[64 + 64 * (c - 4) + 4 * lane + k] |= uint8_t(u.u[v] << 4);
+        }
+      }
+    }
+  }
+}
+
 void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float* out) {
   const int64_t group_bytes = four_bit ? kU4PairBytes : kU8PairBytes;
   for (int64_t g = 0; g < pair_groups(cols); ++g, src += group_bytes) {
@@ -96,42 +119,97 @@ void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float*
   }
 }
 
+// Row i of a 16-row tile layout as fp32.
+void dequantize_rows16_row(const PackedWeight& w, int64_t i, float* out) {
+  const bool four_bit = w.layout == PackedLayout::u4_rows16;
+  const int64_t block_bytes = four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
+  const uint8_t* tile = w.data + i / kTileRows16 * kTileRows16 * w.row_bytes;
+  for (int64_t b = 0; b < w.cols / 32; ++b) {
+    uint8_t u[32];
+    uint16_t d, m;
+    rows16_block_values(tile + b * block_bytes, int(i % kTileRows16), four_bit, u, d, m);
+    for (int v = 0; v < 32; ++v) out[32 * b + v] = fp16_to_fp32(d) * float(u[v]) + fp16_to_fp32(m);
+  }
+}
+
+struct PackedShape {
+  PackedLayout layout;
+  int64_t row_bytes;
+};
+
+// The layout pack_weight gives w, and its bytes per row.
+PackedShape packed_shape(const WeightMatrix& w, PairPacking packing) {
+  switch (w.format) {
+    case WeightFormat::f32: return {PackedLayout::f32, w.row_bytes()};
+    case WeightFormat::q4_k: return {PackedLayout::q4_k, w.row_bytes()};
+    case WeightFormat::q6_k: return {PackedLayout::q6_k, w.row_bytes()};
+    case WeightFormat::q4_0:
+    case WeightFormat::q4_1:
+    case WeightFormat::q8_0: break;
+  }
+  const bool four_bit = w.format != WeightFormat::q8_0;
+  if (packing == PairPacking::rows16 && w.rows % kTileRows16 == 0) {
+    return {four_bit ? PackedLayout::u4_rows16 : PackedLayout::u8_rows16,
+            w.cols / 32 * (four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes) / kTileRows16};
+  }
+  return {four_bit ? PackedLayout::u4_pairs : PackedLayout::u8_pairs,
+          pair_groups(w.cols) * (four_bit ? kU4PairBytes : kU8PairBytes)};
+}
+
 }  // namespace
 
 int64_t pair_groups(int64_t cols) { return (cols / 32 + 1) / 2; }
 
-OwnedPackedWeight pack_weight(const WeightMatrix& w) {
+bool is_rows16(PackedLayout layout) { return layout == PackedLayout::u4_rows16 || layout == PackedLayout::u8_rows16; }
+
+void rows16_block_values(const uint8_t* block, int lane, bool four_bit, uint8_t* u, uint16_t& d, uint16_t& m) {
+  d = load_u16(block + 2 * lane);
+  m = load_u16(block + 32 + 2 * lane);
+  for (int v = 0; v < 32; ++v) {
+    const int c = v / 4, k = v % 4;
+    if (!four_bit) {
+      u[v] = block[64 + 64 * c + 4 * lane + k];
+    } else {
+      u[v] = uint8_t(c < 4 ? block[64 + 64 * c + 4 * lane + k] & 0xF : block[64 + 64 * (c - 4) + 4 * lane + k] >> 4);
+    }
+  }
+}
+
+OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing) {
   OwnedPackedWeight out;
   PackedWeight& p = out.view;
   p.rows = w.rows;
   p.cols = w.cols;
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  switch (w.format) {
-    case WeightFormat::f32: p.layout = PackedLayout::f32; break;
-    case WeightFormat::q4_k: p.layout = PackedLayout::q4_k; break;
-    case WeightFormat::q6_k: p.layout = PackedLayout::q6_k; break;
-    case WeightFormat::q4_0:
-    case WeightFormat::q4_1: p.layout = PackedLayout::u4_pairs; break;
-    case WeightFormat::q8_0: p.layout = PackedLayout::u8_pairs; break;
+  const PackedShape shape = packed_shape(w, packing);
+  p.layout = shape.layout;
+  p.row_bytes = shape.row_bytes;
+  const bool four_bit = p.layout == PackedLayout::u4_pairs || p.layout == PackedLayout::u4_rows16;
+  if (is_rows16(p.layout)) {
+    out.storage = std::make_unique<uint8_t[]>(size_t(p.rows * p.row_bytes));  // zeroed: u4 tiles are or-ed in
+    for (int64_t t = 0; t < w.rows / kTileRows16; ++t) {
+      pack_rows16_tile(w, t, four_bit, out.storage.get() + t * kTileRows16 * p.row_bytes);
+    }
+  } else if (p.layout == PackedLayout::u4_pairs || p.layout == PackedLayout::u8_pairs) {
+    // 64 bytes of slack: the kernels may load a full vector from a row's last group.
+    out.storage = std::make_unique_for_overwrite<uint8_t[]>(size_t(p.rows * p.row_bytes + 64));
+    std::memset(out.storage.get() + p.rows * p.row_bytes, 0, 64);
+    for (int64_t r = 0; r < w.rows; ++r) {
+      pack_pair_row(w.format, w.row(r), w.cols, four_bit, out.storage.get() + r * p.row_bytes);
+    }
   }
-  if (p.layout != PackedLayout::u4_pairs && p.layout != PackedLayout::u8_pairs) {
-    p.row_bytes = w.row_bytes();
-    p.data = src;
-    return out;
-  }
-  const bool four_bit = p.layout == PackedLayout::u4_pairs;
-  p.row_bytes = pair_groups(w.cols) * (four_bit ? kU4PairBytes : kU8PairBytes);
-  // 64 bytes of slack: the kernels may load a full vector from a row's last group.
-  out.storage = std::make_unique_for_overwrite<uint8_t[]>(size_t(p.rows * p.row_bytes + 64));
-  std::memset(out.storage.get() + p.rows * p.row_bytes, 0, 64);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    pack_pair_row(w.format, w.row(r), w.cols, four_bit, out.storage.get() + r * p.row_bytes);
-  }
-  p.data = out.storage.get();
+  p.data = out.storage ? out.storage.get() : static_cast<const uint8_t*>(w.data);
   return out;
 }
 
+int64_t packed_weight_bytes(const WeightMatrix& w, PairPacking packing) {
+  return w.rows * packed_shape(w, packing).row_bytes;
+}
+
 void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, float* out) {
+  if (is_rows16(w.layout)) {
+    for (int64_t r = 0; r < n_rows; ++r) dequantize_rows16_row(w, row_begin + r, out + r * w.cols);
+    return;
+  }
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint8_t* src = w.data + (row_begin + r) * w.row_bytes;
     float* y = out + r * w.cols;
@@ -139,6 +217,8 @@ void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, f
       case PackedLayout::f32: std::memcpy(y, src, size_t(w.cols) * sizeof(float)); break;
       case PackedLayout::u4_pairs: dequantize_pair_row(src, w.cols, true, y); break;
       case PackedLayout::u8_pairs: dequantize_pair_row(src, w.cols, false, y); break;
+      case PackedLayout::u4_rows16:
+      case PackedLayout::u8_rows16: break;  // above
       case PackedLayout::q4_k: dequantize_weight_row(WeightFormat::q4_k, src, y, w.cols); break;
       case PackedLayout::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, y, w.cols); break;
     }

@@ -7,6 +7,14 @@
 //                 or 4 gives the 64 values in order. Q4_0's m is -8d, exact in f16. 40 bytes per 64 values.
 //   q8_0       -> u8_pairs: repacked. Groups of 64 values: f16 d0, d1, m0 = -128 d0, m1 = -128 d1, then u = q + 128
 //                 as 64 bytes (72 bytes per 64 values).
+//   q4_0, q4_1 -> u4_rows16, q8_0 -> u8_rows16: instead of the pairs, where pack_weight is asked for row tiles (int8
+//                 activations on an AVX-512 VNNI machine) and the rows are a multiple of 16: tiles of 16 rows, and
+//                 in a tile, per block of 32 values, the 16 rows' f16 d (32 bytes), their f16 m (32 bytes), then
+//                 the values 4 at a time across the rows: byte 4 * row + k of 64-byte vector c holds value 4c + k
+//                 of that row (u8: c < 8; u4: c < 4, value 16 + 4c + k in the high nibble). One vpdpbusd then
+//                 multiplies 4 values of 16 rows with 4 activation bytes broadcast, each lane summing its own row
+//                 (kernels/cpu/quantized_dot_avx512_vnni.cpp). 20 (u4) or 36 (u8) bytes per row and block, as the
+//                 pairs.
 //   q4_k       -> q4_k: the file's blocks as they are. Each 32 bytes of nibbles are already a u4 group of 64
 //                 (sub-blocks 2c, 2c + 1); d = d_super * scale, m = -dmin * min per sub-block of 32.
 //   q6_k       -> q6_k: the file's blocks as they are; y = d_super * scale * (u - 32) per sub-block of 16.
@@ -20,20 +28,26 @@
 
 namespace strata::cpu {
 
-enum class PackedLayout : uint8_t { f32, u4_pairs, u8_pairs, q4_k, q6_k };
+enum class PackedLayout : uint8_t { f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, q4_k, q6_k };
 
 // A plain view: the kernels' translation units compiled for other instruction sets see no inline code here.
 struct PackedWeight {
   PackedLayout layout = PackedLayout::f32;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t row_bytes = 0;       // distance between two rows in `data`
+  int64_t row_bytes = 0;       // distance between two rows in `data` (rows16: a sixteenth of a tile's)
   const uint8_t* data = nullptr;
 };
 
 // Bytes of one header + payload group of the pair layouts.
 constexpr int64_t kU4PairBytes = 8 + 32;
 constexpr int64_t kU8PairBytes = 8 + 64;
+// Bytes of one block of 32 values of a 16-row tile: 16 d and 16 m, then the values.
+constexpr int64_t kTileRows16 = 16;
+constexpr int64_t kU4Rows16BlockBytes = 64 + 256;
+constexpr int64_t kU8Rows16BlockBytes = 64 + 512;
+
+bool is_rows16(PackedLayout layout);
 
 // A packed matrix with the memory its repacked layouts need (none for the layouts used in place).
 struct OwnedPackedWeight {
@@ -41,14 +55,25 @@ struct OwnedPackedWeight {
   std::unique_ptr<uint8_t[]> storage;
 };
 
-// Packs `w` (whose memory must outlive the result for the in-place layouts). std::invalid_argument for a Q4_0 or
-// Q8_0 scale whose offset (-8d, -128d) overflows f16.
-OwnedPackedWeight pack_weight(const WeightMatrix& w);
+// Which layout the 32-value formats take: pairs for the fp32 kernels, 16-row tiles for the int8 VNNI kernel.
+enum class PairPacking : uint8_t { pairs, rows16 };
+
+// Packs `w` (whose memory must outlive the result for the in-place layouts); with PairPacking::rows16 a 32-value
+// format whose rows are a multiple of 16 takes the 16-row tiles. std::invalid_argument for a Q4_0 or Q8_0 scale
+// whose offset (-8d, -128d) overflows f16.
+OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing = PairPacking::pairs);
+
+// The bytes of w's values as pack_weight(w, packing) holds them (the file's bytes for the layouts used in place).
+int64_t packed_weight_bytes(const WeightMatrix& w, PairPacking packing);
 
 // Groups of 64 values per row of the pair layouts (the 32-value blocks, rounded up to an even count).
 int64_t pair_groups(int64_t cols);
 
 // Rows [row_begin, row_begin + n_rows) of `w` as fp32, into out [n_rows, cols].
 void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, float* out);
+
+// The 32 unsigned values of row `lane` (< 16) in one block of a 16-row tile (`block` at its d's), and its f16 d
+// and m.
+void rows16_block_values(const uint8_t* block, int lane, bool four_bit, uint8_t* u, uint16_t& d, uint16_t& m);
 
 }  // namespace strata::cpu

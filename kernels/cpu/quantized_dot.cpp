@@ -9,6 +9,7 @@ bool cpu_supports(CpuIsa isa) {
     case CpuIsa::baseline: return true;
     case CpuIsa::avx2: return __builtin_cpu_supports("x86-64-v3");
     case CpuIsa::avx512: return __builtin_cpu_supports("x86-64-v4");  // AVX-512 F, BW, DQ, VL besides v3
+    case CpuIsa::avx512_vnni: return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni");
   }
   return false;
 #else
@@ -17,9 +18,10 @@ bool cpu_supports(CpuIsa isa) {
 }
 
 CpuIsa best_cpu_isa() {
-  static const CpuIsa best = cpu_supports(CpuIsa::avx512) ? CpuIsa::avx512
-                             : cpu_supports(CpuIsa::avx2)   ? CpuIsa::avx2
-                                                            : CpuIsa::baseline;
+  static const CpuIsa best = cpu_supports(CpuIsa::avx512_vnni) ? CpuIsa::avx512_vnni
+                             : cpu_supports(CpuIsa::avx512)    ? CpuIsa::avx512
+                             : cpu_supports(CpuIsa::avx2)      ? CpuIsa::avx2
+                                                               : CpuIsa::baseline;
   return best;
 }
 
@@ -28,6 +30,7 @@ std::string_view cpu_isa_name(CpuIsa isa) {
     case CpuIsa::baseline: return "baseline";
     case CpuIsa::avx2: return "avx2";
     case CpuIsa::avx512: return "avx512";
+    case CpuIsa::avx512_vnni: return "avx512_vnni";
   }
   return "unknown";
 }
@@ -37,7 +40,8 @@ QuantizedDotFn quantized_dot(CpuIsa isa) {
     case CpuIsa::baseline: return quantized_dot_baseline;
 #if STRATA_QUANTIZED_DOT_X86
     case CpuIsa::avx2: return quantized_dot_avx2;
-    case CpuIsa::avx512: return quantized_dot_avx512;
+    case CpuIsa::avx512:
+    case CpuIsa::avx512_vnni: return quantized_dot_avx512;  // VNNI multiplies integers: the fp32 kernels are AVX-512's
 #endif
     default: return nullptr;
   }
@@ -49,6 +53,7 @@ QuantizedDotInt8Fn quantized_dot_int8(CpuIsa isa) {
 #if STRATA_QUANTIZED_DOT_X86
     case CpuIsa::avx2:
     case CpuIsa::avx512: return quantized_dot_int8_avx2;
+    case CpuIsa::avx512_vnni: return quantized_dot_int8_avx512_vnni;
 #endif
     default: return nullptr;
   }

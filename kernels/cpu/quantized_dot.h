@@ -3,6 +3,9 @@
 // against fp32 activation rows, the weights dequantized in registers as they are read. One implementation per
 // x86-64 level, all in one binary; the best the machine has is used, and the tests run every one the machine can
 // (tests/kernels/quantized_matmul_test.cpp):
+//   avx512_vnni  avx512's fp32 kernels, and an int8 kernel of its own that multiplies 64 weight codes with 64
+//             activation bytes in one vpdpbusd (kernels/cpu/quantized_dot_avx512_vnni.cpp): Intel from Cascade
+//             Lake, AMD from Zen 4;
 //   avx512    hand-written (kernels/cpu/quantized_dot_avx512.cpp);
 //   avx2      hand-written, the same scheme at 256 bits (kernels/cpu/quantized_dot_avx2.cpp): x86-64-v3, for
 //             the machines without AVX-512 (the portable C++ compiled for x86-64-v3, used before, decoded
@@ -29,7 +32,7 @@
 
 namespace strata::cpu {
 
-enum class CpuIsa : uint8_t { baseline, avx2, avx512 };
+enum class CpuIsa : uint8_t { baseline, avx2, avx512, avx512_vnni };
 
 // out[a * out_stride + i] = dot(weight row i, x row a) for weight rows i in [row_begin, row_end) and the n_x rows
 // of x (w.cols floats each). The weight's layout is any but f32.
@@ -61,9 +64,11 @@ struct Int8Activations;  // kernels/cpu/int8_activations.h
 // none: quantized_matmul multiplies them with the rounded values in fp32. out[a * out_stride + i].
 using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end,
                                     const Int8Activations& x, float* out, int64_t out_stride);
-// The int8 kernel of `isa` (which the machine must support); an AVX-512 machine runs the AVX2 one.
+// The int8 kernel of `isa` (which the machine must support); an AVX-512 machine without VNNI runs the AVX2 one.
 QuantizedDotInt8Fn quantized_dot_int8(CpuIsa isa);
 #if STRATA_QUANTIZED_DOT_X86
+void quantized_dot_int8_avx512_vnni(const PackedWeight& w, int64_t row_begin, int64_t row_end,
+                                    const Int8Activations& x, float* out, int64_t out_stride);
 void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x,
                              float* out, int64_t out_stride);
 #endif

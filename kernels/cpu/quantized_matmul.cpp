@@ -1,6 +1,7 @@
 #include "kernels/cpu/quantized_matmul.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -10,10 +11,12 @@ namespace strata::cpu {
 namespace {
 
 // Weight rows per chunk: several chunks per thread, so that a thread the scheduler has paused leaves its share to
-// the others, but chunks of at least 16 rows, so that claiming one costs little beside its work.
-int64_t rows_per_chunk(int64_t rows) {
+// the others, but chunks of at least 16 rows, so that claiming one costs little beside its work; whole tiles of
+// a 16-row tile layout.
+int64_t rows_per_chunk(const PackedWeight& w) {
   const int64_t chunks = int64_t(compute_pool().size()) * 8;
-  return std::max<int64_t>(16, (rows + chunks - 1) / chunks);
+  const int64_t rows = std::max<int64_t>(16, (w.rows + chunks - 1) / chunks);
+  return is_rows16(w.layout) ? (rows + kTileRows16 - 1) / kTileRows16 * kTileRows16 : rows;
 }
 
 // Weight rows per fp32 tile: 64 rows of a 4,096-wide matrix are 1 MiB, within a core's L2.
@@ -35,11 +38,15 @@ const RoundedActivations& round_to_int8(const float* x, int64_t n_rows, int64_t 
   return buffers;
 }
 
-// The rows [begin, end) of w against x as the fused kernels take them: the int8 one for a pair layout when x is
-// rounded (`rounded` not null), else the fp32 one on x (the rounded values when rounded).
+// The rows [begin, end) of w against x as the fused kernels take them: the int8 one for a pair or 16-row tile
+// layout when x is rounded (`rounded` not null), else the fp32 one on x (the rounded values when rounded). The
+// tiles have their kernel on avx512_vnni, the level that packs them (CpuBackend), and the baseline one, its
+// reference, elsewhere.
 void fused_rows(const PackedWeight& w, int64_t begin, int64_t end, const float* x, int64_t n_rows,
                 const Int8Activations* rounded, float* out, CpuIsa isa) {
-  if (rounded != nullptr && pair_layout(w)) {
+  if (rounded != nullptr && is_rows16(w.layout)) {
+    quantized_dot_int8(isa == CpuIsa::avx512_vnni ? isa : CpuIsa::baseline)(w, begin, end, *rounded, out, w.rows);
+  } else if (rounded != nullptr && pair_layout(w)) {
     quantized_dot_int8(isa)(w, begin, end, *rounded, out, w.rows);
   } else {
     quantized_dot(isa)(w, begin, end, x, n_rows, out, w.rows);
@@ -68,15 +75,16 @@ void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, flo
 
 void quantized_matmul_fused(const float* x, int64_t n_rows, const PackedWeight& w, float* out, CpuIsa isa) {
   if (n_rows == 0) return;
+  if (is_rows16(w.layout)) throw std::logic_error("quantized_matmul_fused: 16-row tiles take int8 activations only");
   const QuantizedDotFn dot = quantized_dot(isa);
-  parallel_for(w.rows, rows_per_chunk(w.rows),
+  parallel_for(w.rows, rows_per_chunk(w),
                [&](int64_t begin, int64_t end) { dot(w, begin, end, x, n_rows, out, w.rows); });
 }
 
 void quantized_matmul_int8(const Int8Activations& x, const float* x_hat, const PackedWeight& w, float* out,
                            CpuIsa isa) {
   if (x.rows == 0) return;
-  parallel_for(w.rows, rows_per_chunk(w.rows), [&](int64_t begin, int64_t end) {
+  parallel_for(w.rows, rows_per_chunk(w), [&](int64_t begin, int64_t end) {
     fused_rows(w, begin, end, x_hat, x.rows, &x, out, isa);
   });
 }
@@ -101,7 +109,7 @@ void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<con
   };
   std::vector<Chunk> chunks;
   for (size_t i = 0; i < w.size(); ++i) {
-    const int64_t step = rows_per_chunk(w[i]->rows);
+    const int64_t step = rows_per_chunk(*w[i]);
     for (int64_t b = 0; b < w[i]->rows; b += step) chunks.push_back({i, b, std::min(w[i]->rows, b + step)});
   }
   parallel_for(int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {

@@ -25,7 +25,8 @@ def version_lines():
 
 def expected_cpu_kernels():
     """The level kernels/cpu/quantized_dot.cpp should pick, read from the kernel's own flags: x86-64-v4 needs
-    AVX-512 F, BW, DQ and VL; x86-64-v3 AVX2, FMA, F16C, BMI1/2, MOVBE and LZCNT (abm in /proc/cpuinfo)."""
+    AVX-512 F, BW, DQ and VL; x86-64-v3 AVX2, FMA, F16C, BMI1/2, MOVBE and LZCNT (abm in /proc/cpuinfo); the
+    avx512_vnni level v4 and AVX-512 VNNI."""
     flags = set()
     for line in open("/proc/cpuinfo"):
         if line.startswith("flags"):
@@ -33,7 +34,7 @@ def expected_cpu_kernels():
             break
     v3 = {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"} <= flags
     if v3 and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        return "avx512"
+        return "avx512_vnni" if "avx512_vnni" in flags else "avx512"
     return "avx2" if v3 else "baseline"
 
 

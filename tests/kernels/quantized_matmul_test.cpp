@@ -80,6 +80,12 @@ const Case kCases[] = {
     {WeightFormat::q4_k, 35, 512}, {WeightFormat::q6_k, 35, 512},
 };
 
+// Rows a multiple of 16, for the 16-row tiles of the int8 VNNI kernel: an odd block count, a second tile.
+const Case kRows16Cases[] = {
+    {WeightFormat::q8_0, 48, 96}, {WeightFormat::q4_0, 32, 576}, {WeightFormat::q4_1, 16, 96},
+    {WeightFormat::q4_1, 64, 1536}, {WeightFormat::q8_0, 32, 1536},
+};
+
 std::string name(const Case& c) {
   return std::string(weight_format_info(c.format).name) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols);
 }
@@ -100,9 +106,21 @@ TEST(PackedWeight, DequantizesToTheFormatsOwnValues) {
   }
 }
 
+// The levels whose int8 kernels multiply 16-row tiles: the VNNI one, and the baseline one, its reference, which
+// every other level hands them to (quantized_matmul.cpp).
+std::vector<CpuIsa> rows16_levels_here() {
+  std::vector<CpuIsa> levels = {CpuIsa::baseline};
+  if (cpu::cpu_supports(CpuIsa::avx512_vnni) && cpu::quantized_dot(CpuIsa::avx512_vnni) != nullptr) {
+    levels.push_back(CpuIsa::avx512_vnni);
+  } else {
+    std::cout << "[ skipped ] avx512_vnni: not on this machine" << std::endl;
+  }
+  return levels;
+}
+
 std::vector<CpuIsa> levels_here() {
   std::vector<CpuIsa> levels;
-  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512}) {
+  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_vnni}) {
     if (cpu::cpu_supports(isa) && cpu::quantized_dot(isa) != nullptr) {
       levels.push_back(isa);
     } else {
@@ -190,7 +208,7 @@ TEST(QuantizedMatmul, Int8KernelsOfEveryLevelMatchTheReferenceOnTheRoundedValues
       const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 23);
       const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
       const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
-      for (int64_t n_x : {1, 2, 3, 4, 5, 8, 13}) {  // every row tile, and a second tile
+      for (int64_t n_x : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {  // every row tile of every level, and a second tile
         const std::vector<float> x = random_activations(n_x, c.cols, 24);
         cpu::Int8Activations rounded;
         std::vector<float> x_hat(x.size());
@@ -203,6 +221,82 @@ TEST(QuantizedMatmul, Int8KernelsOfEveryLevelMatchTheReferenceOnTheRoundedValues
       }
     }
   }
+}
+
+TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
+  for (const Case& c : kRows16Cases) {
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 12);
+    const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+    const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
+    ASSERT_TRUE(cpu::is_rows16(packed.view.layout)) << name(c);
+    // 20 (u4) or 36 (u8) bytes per row and block of 32, as a pair group's half
+    EXPECT_EQ(packed.view.row_bytes, c.cols / 32 * (c.format == WeightFormat::q8_0 ? 36 : 20)) << name(c);
+    std::vector<float> got(size_t(c.rows * c.cols)), want(size_t(c.cols));
+    cpu::dequantize_rows(packed.view, 0, c.rows, got.data());
+    for (int64_t i = 0; i < c.rows; ++i) {
+      dequantize_weight_row(c.format, w.row(i), want.data(), c.cols);
+      for (int64_t j = 0; j < c.cols; ++j) {
+        ASSERT_EQ(got[size_t(i * c.cols + j)], want[size_t(j)]) << name(c) << " at " << i << ", " << j;
+      }
+    }
+  }
+  // Rows that are not a multiple of 16 stay in pairs.
+  const std::vector<uint8_t> blocks = random_blocks(WeightFormat::q4_1, 40, 96, 13);
+  EXPECT_EQ(cpu::pack_weight(WeightMatrix{blocks.data(), WeightFormat::q4_1, 40, 96}, cpu::PairPacking::rows16)
+                .view.layout,
+            cpu::PackedLayout::u4_pairs);
+}
+
+TEST(QuantizedMatmul, Int8KernelsOnRows16TilesMatchTheReferenceOnTheRoundedValues) {
+  for (CpuIsa isa : rows16_levels_here()) {
+    for (const Case& c : kRows16Cases) {
+      const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 25);
+      const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+      const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
+      for (int64_t n_x : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {
+        const std::vector<float> x = random_activations(n_x, c.cols, 26);
+        cpu::Int8Activations rounded;
+        std::vector<float> x_hat(x.size());
+        cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
+        std::vector<float> out(size_t(n_x * c.rows), NAN);
+        cpu::quantized_matmul_int8(rounded, x_hat.data(), packed.view, out.data(), isa);
+        expect_near_reference(out, reference(w, x_hat, n_x),
+                              name(c) + " rows16 int8 on " + std::string(cpu::cpu_isa_name(isa)) + ", rows of x " +
+                                  std::to_string(n_x));
+      }
+    }
+  }
+}
+
+// Every path through quantized_matmul (the int8 kernel for few rows, the fp32 tiles for many) and every thread
+// count give the 16-row tiles the numbers of the reference; they never reach the fp32 fused kernels.
+TEST(QuantizedMatmul, Rows16TilesTakeEveryPathAndThreadCount) {
+  const int saved = cpu::compute_pool().size();
+  for (const Case& c : kRows16Cases) {
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 45);
+    const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+    const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
+    for (int64_t n_x : {int64_t(2), cpu::kDequantizedTileMinRows + 3}) {
+      const std::vector<float> x = random_activations(n_x, c.cols, 46);
+      cpu::Int8Activations rounded;
+      std::vector<float> x_hat(x.size());
+      cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
+      std::vector<float> first;
+      for (int threads : {1, 2, 3, 5}) {
+        cpu::set_compute_threads(threads);
+        std::vector<float> out(size_t(n_x * c.rows), NAN);
+        cpu::quantized_matmul(x.data(), n_x, packed.view, out.data(), ActivationDtype::int8);
+        expect_near_reference(out, reference(w, x_hat, n_x), name(c) + " rows16, rows of x " + std::to_string(n_x));
+        if (first.empty()) first = out;
+        EXPECT_EQ(out, first) << name(c) << ", " << threads << " threads";
+      }
+    }
+    std::vector<float> out(size_t(c.rows));
+    const std::vector<float> x = random_activations(1, c.cols, 47);
+    EXPECT_THROW(cpu::quantized_matmul_fused(x.data(), 1, packed.view, out.data(), cpu::best_cpu_isa()),
+                 std::logic_error);
+  }
+  cpu::set_compute_threads(saved);
 }
 
 // Through quantized_matmul both paths (the int8 kernels for few rows, fp32 tiles for many) multiply the same
@@ -283,6 +377,57 @@ TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
   be->copy_to_host(part, p_out.data());
   for (int a = 0; a < 2; ++a) {
     for (int i = 0; i < 16; ++i) EXPECT_EQ(p_out[size_t(a * 16 + i)], w_out[size_t(a * c.rows + 16 + i)]);
+  }
+}
+
+// With int8 activations an AVX-512 VNNI machine holds the 32-value formats as 16-row tiles: a range of whole tiles
+// (a vocabulary-parallel slice) shares the upload, one that cuts a tile is packed on its own; both multiply and
+// embed as the whole matrix does.
+TEST(CpuBackendWeights, Int8ActivationsOnVnniHoldRows16Tiles) {
+  if (cpu::best_cpu_isa() != CpuIsa::avx512_vnni) GTEST_SKIP() << "not an AVX-512 VNNI machine";
+  std::unique_ptr<Backend> be = make_cpu_backend(ActivationDtype::int8);
+  const Case c{WeightFormat::q4_1, 64, 96};
+  const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 63);
+  const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+  const Tensor table = be->upload_weight(w);
+  EXPECT_TRUE(cpu::is_rows16(static_cast<const cpu::PackedWeight*>(table.data)->layout));
+  EXPECT_EQ(be->uploaded_weight_bytes(w), c.rows * 3 * 20);  // 20 bytes per row and block; no pair to pad
+
+  const std::vector<int32_t> ids = {17, 0, 63};
+  Tensor embedded = be->alloc(3, c.cols, DType::f32);
+  be->embedding(ids, table, embedded);
+  std::vector<float> got(size_t(3 * c.cols)), want(size_t(c.cols));
+  be->copy_to_host(embedded, got.data());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    dequantize_weight_row(c.format, w.row(ids[t]), want.data(), c.cols);
+    for (int64_t j = 0; j < c.cols; ++j) ASSERT_EQ(got[t * size_t(c.cols) + size_t(j)], want[size_t(j)]);
+  }
+
+  const std::vector<float> x = random_activations(2, c.cols, 64);
+  Tensor tx = be->alloc(2, c.cols, DType::f32), whole = be->alloc(2, c.rows, DType::f32);
+  be->copy_from_host(x.data(), tx);
+  be->matmul(tx, table, whole);
+  std::vector<float> w_out(size_t(2 * c.rows));
+  be->copy_to_host(whole, w_out.data());
+  const auto* whole_rows = static_cast<const cpu::PackedWeight*>(table.data);
+  for (int64_t first_row : {16, 8}) {  // whole tiles 1 and 2; half of tile 0 and half of tile 1
+    const WeightMatrix rows{w.row(first_row), c.format, 32, c.cols};
+    const Tensor slice = be->upload_weight(rows);
+    const auto* slice_rows = static_cast<const cpu::PackedWeight*>(slice.data);
+    EXPECT_TRUE(cpu::is_rows16(slice_rows->layout));
+    const bool shared = slice_rows->data == whole_rows->data + first_row * whole_rows->row_bytes;
+    EXPECT_EQ(shared, first_row % 16 == 0) << "rows from " << first_row;
+    Tensor part = be->alloc(2, 32, DType::f32);
+    be->matmul(tx, slice, part);
+    std::vector<float> p_out(64);
+    be->copy_to_host(part, p_out.data());
+    for (int a = 0; a < 2; ++a) {
+      for (int i = 0; i < 32; ++i) {
+        EXPECT_NEAR(p_out[size_t(a * 32 + i)], w_out[size_t(a * c.rows + first_row + i)],
+                    1e-5f * std::fabs(w_out[size_t(a * c.rows + first_row + i)]) + 1e-6f)
+            << "rows from " << first_row;
+      }
+    }
   }
 }
 

@@ -1,0 +1,177 @@
+// The int8 kernel (engine.activation_dtype: int8, kernels/cpu/int8_activations.h) for x86-64 with AVX-512 VNNI
+// (Intel from Cascade Lake, AMD from Zen 4). Everything after the includes is compiled for that level by the pragma
+// below, as in the other levels' files.
+//
+// A pair group's 64 codes (kernels/cpu/packed_weight.h) are one zmm of bytes, in the order of the activation row's
+// 64 values: for u4 the 32 payload bytes, then the same bytes shifted by 4, masked to their low nibble; for u8 the
+// 64 bytes as they are. One vpdpbusd multiplies them with an activation row's 64 int8 values (unsigned x signed,
+// 4 adjacent products summed into each 32-bit lane): lanes 0-7 hold block 0's sums, lanes 8-15 block 1's. Unlike
+// vpmaddubsw (the AVX2 kernel), it sums in 32 bits without saturating, so Q8_0's codes u = q + 128 are multiplied as
+// they are. Per row the sums are converted and scaled by [d_w0 d0 x 8, d_w1 d1 x 8] in one multiply-add, and the
+// offsets m_w0 s0 + m_w1 s1 added as on AVX2: the dot product with the rounded values d * q, up to the order of the
+// sums (the result the other levels give).
+#include "kernels/cpu/int8_activations.h"
+#include "kernels/cpu/quantized_dot.h"
+
+#if STRATA_QUANTIZED_DOT_X86
+#include <immintrin.h>
+
+#include <cstring>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")
+// GCC 12 takes the self-initialised _mm512_undefined_* inside its own intrinsics for uninitialised reads.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace strata::cpu {
+namespace {
+
+// Activation rows per pass over a weight row: 8 rows' sums and offsets take 16 of the 32 registers.
+constexpr int kMaxRows = 8;
+// How far ahead of the group being multiplied the loop asks for the weights, as the fp32 kernels do.
+constexpr int64_t kPrefetchBytes = 1024;
+
+template <bool FourBit>
+inline __m512i group_codes(const uint8_t* payload) {
+  if (FourBit) {  // byte j: value j in the low nibble, value 32 + j in the high one
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload));
+    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1),
+                            _mm512_set1_epi8(0x0F));
+  }
+  return _mm512_loadu_si512(payload);
+}
+
+// One group's codes against every row of the tile: acc[r] += (codes . q_r per lane) * [d_w0 d0 x 8, d_w1 d1 x 8],
+// offsets[r] += [., ., m_w0 s0, m_w1 s1].
+template <int R, bool FourBit>
+inline void group_into(const uint8_t* group, const Int8Activations& x, int64_t a0, int64_t g, __m512 (&acc)[R],
+                       __m128 (&offsets)[R]) {
+  // Lanes 0-7 take lane 0 of a group's 4 factors (block 0's), lanes 8-15 lane 1.
+  const __m512i block_of_lane = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
+  const __m128 factors = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
+  const __m512i codes = group_codes<FourBit>(group + 8);
+  for (int r = 0; r < R; ++r) {
+    // [d_w0 d0, d_w1 d1, m_w0 s0, m_w1 s1]; a lone last block has d1 = s1 = 0 and zero values.
+    const __m128 scaled = _mm_mul_ps(factors, _mm_loadu_ps(x.row_scales(a0 + r) + 4 * g));
+    offsets[r] = _mm_add_ps(offsets[r], scaled);
+    const __m512i q = _mm512_loadu_si512(x.row_values(a0 + r) + 64 * g);
+    const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, q);
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
+                             _mm512_permutexvar_ps(block_of_lane, _mm512_castps128_ps512(scaled)), acc[r]);
+  }
+}
+
+template <int R, bool FourBit>
+void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x, int64_t a0,
+               float* out, int64_t out_stride) {
+  constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
+  for (int64_t i = row_begin; i < row_end; ++i) {
+    const uint8_t* row = w.data + i * w.row_bytes;
+    // Two sets of sums, for even and odd groups: a lone row's multiply-adds need not wait for the last one.
+    __m512 acc[2][R];
+    __m128 offsets[2][R];
+    for (int c = 0; c < 2; ++c) {
+      for (int r = 0; r < R; ++r) {
+        acc[c][r] = _mm512_setzero_ps();
+        offsets[c][r] = _mm_setzero_ps();
+      }
+    }
+    int64_t g = 0;
+    for (; g + 1 < x.groups; g += 2) {
+      group_into<R, FourBit>(row + g * kGroupBytes, x, a0, g, acc[0], offsets[0]);
+      group_into<R, FourBit>(row + (g + 1) * kGroupBytes, x, a0, g + 1, acc[1], offsets[1]);
+    }
+    if (g < x.groups) group_into<R, FourBit>(row + g * kGroupBytes, x, a0, g, acc[0], offsets[0]);
+    for (int r = 0; r < R; ++r) {
+      float lanes[4];
+      _mm_storeu_ps(lanes, _mm_add_ps(offsets[0][r], offsets[1][r]));
+      out[r * out_stride + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r], acc[1][r])) + lanes[2] + lanes[3];
+    }
+  }
+}
+
+// The 16-row tiles (kernels/cpu/packed_weight.h): per block of 32 values, 8 vectors of codes, each 4 values of
+// the 16 rows, multiplied with 4 bytes of an activation row broadcast; lane j sums weight row j. So one block of
+// 16 rows costs an activation row 8 vpdpbusd, a conversion and two multiply-adds, where the pair groups cost it
+// 16 times as many values' worth of work per row (the weight side, 4 or 8 loads and 8 masks, is shared by the
+// tile's activation rows). acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r, 16 weight rows at a time.
+template <int R, bool FourBit>
+void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x, int64_t a0,
+                  float* out, int64_t out_stride) {
+  constexpr int64_t kBlockBytes = FourBit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
+  const int64_t blocks = w.cols / 32;
+  for (int64_t t = row_begin / kTileRows16; t < row_end / kTileRows16; ++t) {
+    const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
+    __m512 acc[R], offsets[R];
+    for (int r = 0; r < R; ++r) acc[r] = offsets[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = tile + b * kBlockBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+      const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+      __m512i codes[8];
+      if (FourBit) {
+        const __m512i nibble = _mm512_set1_epi8(0x0F);
+        for (int c = 0; c < 4; ++c) {
+          const __m512i v = _mm512_loadu_si512(block + 64 + 64 * c);
+          codes[c] = _mm512_and_si512(v, nibble);
+          codes[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        }
+      } else {
+        for (int c = 0; c < 8; ++c) codes[c] = _mm512_loadu_si512(block + 64 + 64 * c);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = x.row_values(a0 + r) + 32 * b;
+        const float* scales = x.row_scales(a0 + r) + 4 * (b / 2);  // d0, d1, s0, s1 of the block's pair
+        // Two chains of sums, so that one vpdpbusd need not wait for the last.
+        __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int c = 0; c < 8; ++c) {
+          int32_t four;
+          std::memcpy(&four, q + 4 * c, 4);
+          dots[c % 2] = _mm512_dpbusd_epi32(dots[c % 2], codes[c], _mm512_set1_epi32(four));
+        }
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(dots[0], dots[1]));
+        acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(scales[b % 2])), acc[r]);
+        offsets[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(scales[2 + b % 2]), offsets[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm512_storeu_ps(out + r * out_stride + t * kTileRows16, _mm512_add_ps(acc[r], offsets[r]));
+    }
+  }
+}
+
+template <int R>
+void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x,
+               int64_t a0, float* out, int64_t out_stride) {
+  if constexpr (R > 1) {
+    if (rows < R) return vnni_tile<R - 1>(rows, w, row_begin, row_end, x, a0, out, out_stride);
+  }
+  switch (w.layout) {
+    case PackedLayout::u4_pairs: return vnni_rows<R, true>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::u8_pairs: return vnni_rows<R, false>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::u4_rows16: return rows16_tiles<R, true>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::u8_rows16: return rows16_tiles<R, false>(w, row_begin, row_end, x, a0, out, out_stride);
+    default: return;  // quantized_matmul sends only these layouts to the int8 kernels
+  }
+}
+
+}  // namespace
+
+void quantized_dot_int8_avx512_vnni(const PackedWeight& w, int64_t row_begin, int64_t row_end,
+                                    const Int8Activations& x, float* out, int64_t out_stride) {
+  for (int64_t a = 0; a < x.rows; a += kMaxRows) {
+    const int64_t rows = x.rows - a < kMaxRows ? x.rows - a : kMaxRows;
+    vnni_tile<kMaxRows>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
+  }
+}
+
+}  // namespace strata::cpu
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#endif
