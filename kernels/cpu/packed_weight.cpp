@@ -1,5 +1,6 @@
 #include "kernels/cpu/packed_weight.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -119,16 +120,29 @@ void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float*
   }
 }
 
-// Row i of a 16-row tile layout as fp32.
-void dequantize_rows16_row(const PackedWeight& w, int64_t i, float* out) {
+// Rows [first, first + n) of one 16-row tile of w (first + n <= 16) as fp32, into out [n][cols]: block by block,
+// each 4-byte run of the codes holding 4 values of one row (the prefill tiles dequantize whole tiles).
+void dequantize_rows16(const PackedWeight& w, int64_t tile, int first, int n, float* out) {
   const bool four_bit = w.layout == PackedLayout::u4_rows16;
   const int64_t block_bytes = four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
-  const uint8_t* tile = w.data + i / kTileRows16 * kTileRows16 * w.row_bytes;
-  for (int64_t b = 0; b < w.cols / 32; ++b) {
-    uint8_t u[32];
-    uint16_t d, m;
-    rows16_block_values(tile + b * block_bytes, int(i % kTileRows16), four_bit, u, d, m);
-    for (int v = 0; v < 32; ++v) out[32 * b + v] = fp16_to_fp32(d) * float(u[v]) + fp16_to_fp32(m);
+  const uint8_t* block = w.data + tile * kTileRows16 * w.row_bytes;
+  for (int64_t b = 0; b < w.cols / 32; ++b, block += block_bytes) {
+    for (int r = 0; r < n; ++r) {
+      const int lane = first + r;
+      const float d = fp16_to_fp32(load_u16(block + 2 * lane)), m = fp16_to_fp32(load_u16(block + 32 + 2 * lane));
+      float* y = out + r * w.cols + 32 * b;
+      for (int c = 0; c < (four_bit ? 4 : 8); ++c) {
+        const uint8_t* codes = block + 64 + 64 * c + 4 * lane;
+        for (int k = 0; k < 4; ++k) {
+          if (four_bit) {
+            y[4 * c + k] = d * float(codes[k] & 0xF) + m;
+            y[16 + 4 * c + k] = d * float(codes[k] >> 4) + m;
+          } else {
+            y[4 * c + k] = d * float(codes[k]) + m;
+          }
+        }
+      }
+    }
   }
 }
 
@@ -207,7 +221,12 @@ int64_t packed_weight_bytes(const WeightMatrix& w, PairPacking packing) {
 
 void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, float* out) {
   if (is_rows16(w.layout)) {
-    for (int64_t r = 0; r < n_rows; ++r) dequantize_rows16_row(w, row_begin + r, out + r * w.cols);
+    for (int64_t i = row_begin; i < row_begin + n_rows;) {  // the rows in each tile they touch
+      const int first = int(i % kTileRows16);
+      const int n = int(std::min<int64_t>(kTileRows16 - first, row_begin + n_rows - i));
+      dequantize_rows16(w, i / kTileRows16, first, n, out + (i - row_begin) * w.cols);
+      i += n;
+    }
     return;
   }
   for (int64_t r = 0; r < n_rows; ++r) {
