@@ -4,9 +4,12 @@
 // kDequantizedTileMinRows (docs/decisions.md).
 //
 //   build/bench/quantized_matmul_paths [--reps 30] [--out bench/results/cpu-quantized-matmul-paths.json]
+//   build/bench/quantized_matmul_paths --int8 [--reps 30] [--out FILE]
 //
 // Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
-// from memory as in a real step; on the compute pool's threads (every core).
+// from memory as in a real step; on the compute pool's threads (every core). With --int8 it times instead the
+// int8 kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the VNNI
+// kernel on the 16-row tiles where the machine has AVX-512 VNNI, at 1 to 16 rows of x.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -61,14 +64,58 @@ double median_seconds(int reps, const std::function<void()>& run) {
   return t[t.size() / 2];
 }
 
+// The int8 kernels at 1 to 16 rows of x: every level on the pairs, the VNNI level on the 16-row tiles.
+nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
+  constexpr int kMatrices = 16;
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<cpu::OwnedPackedWeight> pairs, tiles;
+  for (int m = 0; m < kMatrices; ++m) {
+    blocks.push_back(random_blocks(s, rng));
+    const WeightMatrix w{blocks.back().data(), s.format, s.rows, s.cols};
+    pairs.push_back(cpu::pack_weight(w));
+    tiles.push_back(cpu::pack_weight(w, cpu::PairPacking::rows16));
+  }
+  struct Variant {
+    std::string name;
+    cpu::CpuIsa isa;
+    const std::vector<cpu::OwnedPackedWeight>* weights;
+  };
+  std::vector<Variant> variants;
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::avx2, cpu::CpuIsa::avx512_vnni}) {
+    if (cpu::cpu_supports(isa)) variants.push_back({std::string(cpu::cpu_isa_name(isa)) + " pairs", isa, &pairs});
+  }
+  if (cpu::cpu_supports(cpu::CpuIsa::avx512_vnni)) variants.push_back({"avx512_vnni rows16", cpu::CpuIsa::avx512_vnni, &tiles});
+  nlohmann::json results = nlohmann::json::array();
+  for (int64_t rows : {1, 2, 4, 8, 16}) {
+    std::vector<float> x(size_t(rows * s.cols)), x_hat(x.size()), out(size_t(rows * s.rows));
+    for (float& v : x) v = std::normal_distribution<float>()(rng);
+    cpu::Int8Activations rounded;
+    cpu::round_activations(x.data(), rows, s.cols, rounded, x_hat.data());
+    for (const Variant& v : variants) {
+      const double seconds = median_seconds(reps, [&] {
+        for (const cpu::OwnedPackedWeight& p : *v.weights) {
+          cpu::quantized_matmul_int8(rounded, x_hat.data(), p.view, out.data(), v.isa);
+        }
+      }) / kMatrices;
+      results.push_back({{"matrix", s.name}, {"rows_of_x", rows}, {"kernel", v.name}, {"us", seconds * 1e6},
+                         {"weight_gb_per_s", double(s.rows * (*v.weights)[0].view.row_bytes) / seconds / 1e9}});
+      std::cout << s.name << ", " << rows << " rows, " << v.name << ": " << seconds * 1e6 << " us\n";
+    }
+  }
+  return results;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 30;
   std::string out_path = "bench/results/cpu-quantized-matmul-paths.json";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--reps") reps = std::stoi(argv[i + 1]);
-    else if (std::string(argv[i]) == "--out") out_path = argv[i + 1];
+  bool int8 = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--int8") int8 = true;
+    else if (flag == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+    else if (flag == "--out" && i + 1 < argc) out_path = argv[++i];
   }
   const Shape shapes[] = {{"ffn_up q4_1", WeightFormat::q4_1, 1536, 576},
                           {"ffn_down q4_1", WeightFormat::q4_1, 576, 1536},
@@ -77,6 +124,10 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   nlohmann::json results = nlohmann::json::array();
   for (const Shape& s : shapes) {
+    if (int8) {
+      for (nlohmann::json& r : time_int8_kernels(s, rng, reps)) results.push_back(std::move(r));
+      continue;
+    }
     std::vector<std::vector<uint8_t>> blocks;
     std::vector<cpu::OwnedPackedWeight> packed;
     for (int m = 0; m < kMatrices; ++m) {
