@@ -1,15 +1,19 @@
 // The int8 kernel (engine.activation_dtype: int8, kernels/cpu/int8_activations.h) for x86-64 with AVX-512 VNNI
-// (Intel from Cascade Lake, AMD from Zen 4). Everything after the includes is compiled for that level by the pragma
-// below, as in the other levels' files.
+// (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats (kernels/cpu/packed_weight.h).
+// Everything after the includes is compiled for that level by the pragma below, as in the other levels' files.
 //
-// A pair group's 64 codes (kernels/cpu/packed_weight.h) are one zmm of bytes, in the order of the activation row's
-// 64 values: for u4 the 32 payload bytes, then the same bytes shifted by 4, masked to their low nibble; for u8 the
-// 64 bytes as they are. One vpdpbusd multiplies them with an activation row's 64 int8 values (unsigned x signed,
-// 4 adjacent products summed into each 32-bit lane): lanes 0-7 hold block 0's sums, lanes 8-15 block 1's. Unlike
-// vpmaddubsw (the AVX2 kernel), it sums in 32 bits without saturating, so Q8_0's codes u = q + 128 are multiplied as
-// they are. Per row the sums are converted and scaled by [d_w0 d0 x 8, d_w1 d1 x 8] in one multiply-add, and the
-// offsets m_w0 s0 + m_w1 s1 added as on AVX2: the dot product with the rounded values d * q, up to the order of the
-// sums (the result the other levels give).
+// 16-row tiles, which the CPU backend packs for this level: see rows16_tiles below.
+//
+// Pair groups (a matrix whose rows are not a multiple of 16): a group's 64 codes are one zmm of bytes, in the order
+// of the activation row's 64 values: for u4 the 32 payload bytes, then the same bytes shifted by 4, masked to their
+// low nibble; for u8 the 64 bytes as they are. One vpdpbusd multiplies them with an activation row's 64 int8 values
+// (unsigned x signed, 4 adjacent products summed into each 32-bit lane): lanes 0-7 hold block 0's sums, lanes 8-15
+// block 1's. Unlike vpmaddubsw (the AVX2 kernel), it sums in 32 bits without saturating, so Q8_0's codes
+// u = q + 128 are multiplied as they are. Per row the sums are converted and scaled by [d_w0 d0 x 8, d_w1 d1 x 8]
+// in one multiply-add, and the offsets m_w0 s0 + m_w1 s1 added as on AVX2.
+//
+// Either way the result is the dot product with the rounded values d * q, up to the order of the sums (the result
+// the other levels give).
 #include "kernels/cpu/int8_activations.h"
 #include "kernels/cpu/quantized_dot.h"
 
