@@ -74,6 +74,42 @@ def chunked_retrieval(d: dict) -> str:
     return f"at 50% budgets they keep {span}% of `full`'s retrieval"
 
 
+def llamacpp_rows(d: dict) -> str:
+    """The table rows of bench/results/README.md for one bench/cpu_vs_llamacpp.sh run (tok/s, Strata / llama.cpp)."""
+    s = d["summary"]
+    rows = [("batch-1 decode (tg64, from an empty cache)", "batch1_decode_tokens_per_second"),
+            ("batch-1 decode after 128 tokens (like for like)", "batch1_decode_after_prompt_tokens_per_second"),
+            ("batch-8 decode", "batch8_decode_tokens_per_second"),
+            ("prefill of 128 tokens", "prefill_tokens_per_second"),
+            ("HTTP, 8 concurrent streams", "http_8_streams_tokens_per_second"),
+            ("HTTP, one stream", "http_1_stream_tokens_per_second")]
+    return " ".join(f"| {label} | {s[key]['llama.cpp']:.1f} | {s[key]['strata']:.1f} | "
+                    f"{s[key]['ratio_strata_over_llamacpp']:.2f}x |" for label, key in rows)
+
+
+def weight_reads(d: dict) -> str:
+    """Weight bytes a batch-1 decode step reads per second, as a share of the measured read bandwidth."""
+    r = d["summary"]["batch1_decode_weight_reads_of_bandwidth"]
+    return (f"{100 * r['strata']:.0f}% of the {r['read_gb_per_s']:.1f} GB/s it measured (llama.cpp "
+            f"{100 * r['llama.cpp']:.0f}%)")
+
+
+def int8_before_after(d: dict) -> str:
+    """bench/engine_before_after.sh: decode after / before at batch 1 and 8."""
+    m = d["median"]
+    return (f"batch-1 decode {m['decode batch 1: after / before']:.2f}x, batch-8 "
+            f"{m['decode batch 8: after / before']:.2f}x")
+
+
+def decode_profile(d: dict, activations: str) -> str:
+    """bench/decode_profile.py: the weight products' share of a decode step and how near the bandwidth they read."""
+    g = d["groups_percent"]
+    return (f"with {activations} activations the weight products take {g['weight products']:.0f}% of the samples "
+            f"and stream the weights at {d['weight_products_stream_share_of_read_bandwidth']:.2f} of the read "
+            f"bandwidth while they run; attention {g['attention']:.0f}%, the compute pool's waits "
+            f"{g['compute pool waits']:.0f}%")
+
+
 def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
@@ -85,13 +121,27 @@ def decode_span(d: dict) -> str:
 
 
 CLAIMS = [
-    Claim("README.md", "cpu-vs-llamacpp.json",
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni.json",
           lambda d: f"decodes {decode_span(d)} as fast as llama.cpp on the same file on an AVX-512 EPYC"),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
+          lambda d: f"{decode_span(d)} with int8 activations"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json", lambda d: f"{decode_span(d)} on an AVX2-only one"),
-    Claim("README.md", "cpu-vs-llamacpp.json",
-          lambda d: f"on an AVX-512 EPYC: batch-1 decode {batch1_span(d)}x, batch-8 {ratios(d)['batch8_decode']:.2f}x, "
-                    f"prefill {ratios(d)['prefill_128']:.2f}x, HTTP {ratios(d)['http_1_stream']:.2f}x and "
-                    f"{ratios(d)['http_8_streams']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni.json",
+          lambda d: f"on an AVX-512 VNNI EPYC: batch-1 decode {batch1_span(d)}x, batch-8 "
+                    f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x, HTTP "
+                    f"{ratios(d)['http_1_stream']:.2f}x and {ratios(d)['http_8_streams']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
+          lambda d: f"with `engine.activation_dtype: int8` (VNNI on 16-row tiles) {batch1_span(d)}x, "
+                    f"{ratios(d)['batch8_decode']:.2f}x and {ratios(d)['prefill_128']:.2f}x"),
+    *(Claim("bench/results/README.md", source, lambda d: llamacpp_rows(d))
+      for source in ("cpu-vs-llamacpp-epyc-avx512vnni.json", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json")),
+    *(Claim("bench/results/README.md", source, lambda d: weight_reads(d))
+      for source in ("cpu-vs-llamacpp-epyc-avx512vnni.json", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json")),
+    Claim("bench/results/README.md", "cpu-int8-vnni-before-after.json", int8_before_after),
+    Claim("bench/results/README.md", "cpu-int8-decode-profile-epyc-avx512vnni.json",
+          lambda d: decode_profile(d, "int8")),
+    Claim("bench/results/README.md", "cpu-f32-decode-profile-epyc-avx512vnni.json",
+          lambda d: decode_profile(d, "f32")),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json",
           lambda d: f"on an AVX2-only EPYC: batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),

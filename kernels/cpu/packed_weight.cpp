@@ -83,7 +83,18 @@ void pack_pair_row(WeightFormat format, const uint8_t* src, int64_t cols, bool f
   }
 }
 
-// Rows [16t, 16t + 16) of a 32-value format into one 16-row tile (u4 or u8).
+// Where value v (< 32) of row `lane` sits in a block of a 16-row tile: its byte, and its shift (4 for a u4 value
+// in the high nibble). Values 4c .. 4c + 3 of the 16 rows make the 64-byte vector c, 4 bytes a row.
+struct Rows16Place {
+  int byte, shift;
+};
+Rows16Place rows16_place(int v, int lane, bool four_bit) {
+  const int c = v / 4, k = v % 4;
+  if (!four_bit) return {64 + 64 * c + 4 * lane + k, 0};
+  return {64 + 64 * (c % 4) + 4 * lane + k, c < 4 ? 0 : 4};
+}
+
+// Rows [16t, 16t + 16) of a 32-value format into one 16-row tile (u4 or u8), whose bytes are zero.
 void pack_rows16_tile(const WeightMatrix& w, int64_t t, bool four_bit, uint8_t* dst) {
   const WeightFormatInfo& info = weight_format_info(w.format);
   const int64_t block_bytes = four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
@@ -93,14 +104,8 @@ void pack_rows16_tile(const WeightMatrix& w, int64_t t, bool four_bit, uint8_t* 
       store_u16(dst + 2 * lane, u.d);
       store_u16(dst + 32 + 2 * lane, u.m);
       for (int v = 0; v < 32; ++v) {
-        const int c = v / 4, k = v % 4;
-        if (!four_bit) {
-          dst[64 + 64 * c + 4 * lane + k] = u.u[v];
-        } else if (c < 4) {
-          dst[64 + 64 * c + 4 * lane + k] |= u.u[v];
-        } else {
-          dst[64 + 64 * (c - 4) + 4 * lane + k] |= uint8_t(u.u[v] << 4);
-        }
+        const Rows16Place at = rows16_place(v, lane, four_bit);
+        dst[at.byte] |= uint8_t(u.u[v] << at.shift);
       }
     }
   }
@@ -120,28 +125,18 @@ void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float*
   }
 }
 
-// Rows [first, first + n) of one 16-row tile of w (first + n <= 16) as fp32, into out [n][cols]: block by block,
-// each 4-byte run of the codes holding 4 values of one row (the prefill tiles dequantize whole tiles).
+// Rows [first, first + n) of one 16-row tile of w (first + n <= 16) as fp32, into out [n][cols].
 void dequantize_rows16(const PackedWeight& w, int64_t tile, int first, int n, float* out) {
   const bool four_bit = w.layout == PackedLayout::u4_rows16;
   const int64_t block_bytes = four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
   const uint8_t* block = w.data + tile * kTileRows16 * w.row_bytes;
   for (int64_t b = 0; b < w.cols / 32; ++b, block += block_bytes) {
     for (int r = 0; r < n; ++r) {
-      const int lane = first + r;
-      const float d = fp16_to_fp32(load_u16(block + 2 * lane)), m = fp16_to_fp32(load_u16(block + 32 + 2 * lane));
+      uint8_t u[32];
+      uint16_t d, m;
+      rows16_block_values(block, first + r, four_bit, u, d, m);
       float* y = out + r * w.cols + 32 * b;
-      for (int c = 0; c < (four_bit ? 4 : 8); ++c) {
-        const uint8_t* codes = block + 64 + 64 * c + 4 * lane;
-        for (int k = 0; k < 4; ++k) {
-          if (four_bit) {
-            y[4 * c + k] = d * float(codes[k] & 0xF) + m;
-            y[16 + 4 * c + k] = d * float(codes[k] >> 4) + m;
-          } else {
-            y[4 * c + k] = d * float(codes[k]) + m;
-          }
-        }
-      }
+      for (int v = 0; v < 32; ++v) y[v] = fp16_to_fp32(d) * float(u[v]) + fp16_to_fp32(m);
     }
   }
 }
@@ -180,12 +175,8 @@ void rows16_block_values(const uint8_t* block, int lane, bool four_bit, uint8_t*
   d = load_u16(block + 2 * lane);
   m = load_u16(block + 32 + 2 * lane);
   for (int v = 0; v < 32; ++v) {
-    const int c = v / 4, k = v % 4;
-    if (!four_bit) {
-      u[v] = block[64 + 64 * c + 4 * lane + k];
-    } else {
-      u[v] = uint8_t(c < 4 ? block[64 + 64 * c + 4 * lane + k] & 0xF : block[64 + 64 * (c - 4) + 4 * lane + k] >> 4);
-    }
+    const Rows16Place at = rows16_place(v, lane, four_bit);
+    u[v] = uint8_t(block[at.byte] >> at.shift & (four_bit ? 0xF : 0xFF));
   }
 }
 

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -90,19 +92,25 @@ std::string name(const Case& c) {
   return std::string(weight_format_info(c.format).name) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols);
 }
 
+// Every row of `packed` (made from w) dequantizes to the format's own values.
+void expect_dequantizes_to_format_values(const cpu::PackedWeight& packed, const WeightMatrix& w,
+                                         const std::string& what) {
+  std::vector<float> got(size_t(w.rows * w.cols)), want(size_t(w.cols));
+  cpu::dequantize_rows(packed, 0, w.rows, got.data());
+  for (int64_t i = 0; i < w.rows; ++i) {
+    dequantize_weight_row(w.format, w.row(i), want.data(), w.cols);
+    for (int64_t j = 0; j < w.cols; ++j) {
+      ASSERT_EQ(got[size_t(i * w.cols + j)], want[size_t(j)]) << what << " at " << i << ", " << j;
+    }
+  }
+}
+
 TEST(PackedWeight, DequantizesToTheFormatsOwnValues) {
   for (const Case& c : kCases) {
     const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 11);
     const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
     const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
-    std::vector<float> got(size_t(c.rows * c.cols)), want(size_t(c.cols));
-    cpu::dequantize_rows(packed.view, 0, c.rows, got.data());
-    for (int64_t i = 0; i < c.rows; ++i) {
-      dequantize_weight_row(c.format, w.row(i), want.data(), c.cols);
-      for (int64_t j = 0; j < c.cols; ++j) {
-        ASSERT_EQ(got[size_t(i * c.cols + j)], want[size_t(j)]) << name(c) << " at " << i << ", " << j;
-      }
-    }
+    expect_dequantizes_to_format_values(packed.view, w, name(c));
   }
 }
 
@@ -202,25 +210,30 @@ TEST(Int8Activations, RoundPerBlockOf32AsDefined) {
   EXPECT_FLOAT_EQ(x_hat[96 + 33], 127 * d_row1);
 }
 
-TEST(QuantizedMatmul, Int8KernelsOfEveryLevelMatchTheReferenceOnTheRoundedValues) {
-  for (CpuIsa isa : levels_here()) {
-    for (const Case& c : kCases) {
-      const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 23);
-      const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
-      const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
-      for (int64_t n_x : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {  // every row tile of every level, and a second tile
-        const std::vector<float> x = random_activations(n_x, c.cols, 24);
-        cpu::Int8Activations rounded;
-        std::vector<float> x_hat(x.size());
-        cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
-        std::vector<float> out(size_t(n_x * c.rows), NAN);
-        cpu::quantized_matmul_int8(rounded, x_hat.data(), packed.view, out.data(), isa);
-        expect_near_reference(out, reference(w, x_hat, n_x),
-                              name(c) + " int8 on " + std::string(cpu::cpu_isa_name(isa)) + ", rows of x " +
-                                  std::to_string(n_x));
-      }
+// The int8 kernel of `isa` against the reference on the rounded values, for every case packed as `packing`, at
+// every row tile of every level and a second tile.
+void expect_int8_kernel_near_reference(CpuIsa isa, std::span<const Case> cases, cpu::PairPacking packing,
+                                       uint32_t seed) {
+  for (const Case& c : cases) {
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, seed);
+    const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+    const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, packing);
+    for (int64_t n_x : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {
+      const std::vector<float> x = random_activations(n_x, c.cols, seed + 1);
+      cpu::Int8Activations rounded;
+      std::vector<float> x_hat(x.size());
+      cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
+      std::vector<float> out(size_t(n_x * c.rows), NAN);
+      cpu::quantized_matmul_int8(rounded, x_hat.data(), packed.view, out.data(), isa);
+      expect_near_reference(out, reference(w, x_hat, n_x),
+                            name(c) + (packing == cpu::PairPacking::rows16 ? " rows16" : " pairs") + " int8 on " +
+                                std::string(cpu::cpu_isa_name(isa)) + ", rows of x " + std::to_string(n_x));
     }
   }
+}
+
+TEST(QuantizedMatmul, Int8KernelsOfEveryLevelMatchTheReferenceOnTheRoundedValues) {
+  for (CpuIsa isa : levels_here()) expect_int8_kernel_near_reference(isa, kCases, cpu::PairPacking::pairs, 23);
 }
 
 TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
@@ -231,14 +244,7 @@ TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
     ASSERT_TRUE(cpu::is_rows16(packed.view.layout)) << name(c);
     // 20 (u4) or 36 (u8) bytes per row and block of 32, as a pair group's half
     EXPECT_EQ(packed.view.row_bytes, c.cols / 32 * (c.format == WeightFormat::q8_0 ? 36 : 20)) << name(c);
-    std::vector<float> got(size_t(c.rows * c.cols)), want(size_t(c.cols));
-    cpu::dequantize_rows(packed.view, 0, c.rows, got.data());
-    for (int64_t i = 0; i < c.rows; ++i) {
-      dequantize_weight_row(c.format, w.row(i), want.data(), c.cols);
-      for (int64_t j = 0; j < c.cols; ++j) {
-        ASSERT_EQ(got[size_t(i * c.cols + j)], want[size_t(j)]) << name(c) << " at " << i << ", " << j;
-      }
-    }
+    expect_dequantizes_to_format_values(packed.view, w, name(c));
   }
   // Rows that are not a multiple of 16 stay in pairs.
   const std::vector<uint8_t> blocks = random_blocks(WeightFormat::q4_1, 40, 96, 13);
@@ -249,22 +255,7 @@ TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
 
 TEST(QuantizedMatmul, Int8KernelsOnRows16TilesMatchTheReferenceOnTheRoundedValues) {
   for (CpuIsa isa : rows16_levels_here()) {
-    for (const Case& c : kRows16Cases) {
-      const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 25);
-      const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
-      const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
-      for (int64_t n_x : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {
-        const std::vector<float> x = random_activations(n_x, c.cols, 26);
-        cpu::Int8Activations rounded;
-        std::vector<float> x_hat(x.size());
-        cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
-        std::vector<float> out(size_t(n_x * c.rows), NAN);
-        cpu::quantized_matmul_int8(rounded, x_hat.data(), packed.view, out.data(), isa);
-        expect_near_reference(out, reference(w, x_hat, n_x),
-                              name(c) + " rows16 int8 on " + std::string(cpu::cpu_isa_name(isa)) + ", rows of x " +
-                                  std::to_string(n_x));
-      }
-    }
+    expect_int8_kernel_near_reference(isa, kRows16Cases, cpu::PairPacking::rows16, 25);
   }
 }
 
@@ -341,6 +332,20 @@ TEST(QuantizedMatmul, ThreadCountsGiveTheSameNumbers) {
   cpu::set_compute_threads(saved);
 }
 
+// The backend's embedding of rows `ids` of an uploaded `table` (made from w) gives the format's own values.
+void expect_embedding_of_format_values(Backend& be, const Tensor& table, const WeightMatrix& w,
+                                       const std::vector<int32_t>& ids) {
+  Tensor embedded = be.alloc(int64_t(ids.size()), w.cols, DType::f32);
+  be.embedding(ids, table, embedded);
+  std::vector<float> got(ids.size() * size_t(w.cols)), want(size_t(w.cols));
+  be.copy_to_host(embedded, got.data());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    dequantize_weight_row(w.format, w.row(ids[t]), want.data(), w.cols);
+    for (int64_t j = 0; j < w.cols; ++j) ASSERT_EQ(got[t * size_t(w.cols) + size_t(j)], want[size_t(j)]) << ids[t];
+  }
+  be.free(embedded);
+}
+
 TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
   std::unique_ptr<Backend> be = make_cpu_backend();
   const Case c{WeightFormat::q4_1, 48, 96};
@@ -356,15 +361,7 @@ TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
   const Tensor slice = be->upload_weight(rows);
   EXPECT_NE(slice.data, table.data);
 
-  const std::vector<int32_t> ids = {17, 0, 47};
-  Tensor embedded = be->alloc(3, c.cols, DType::f32);
-  be->embedding(ids, table, embedded);
-  std::vector<float> got(size_t(3 * c.cols)), want(size_t(c.cols));
-  be->copy_to_host(embedded, got.data());
-  for (size_t t = 0; t < ids.size(); ++t) {
-    dequantize_weight_row(c.format, w.row(ids[t]), want.data(), c.cols);
-    for (int64_t j = 0; j < c.cols; ++j) ASSERT_EQ(got[t * size_t(c.cols) + size_t(j)], want[size_t(j)]);
-  }
+  expect_embedding_of_format_values(*be, table, w, {17, 0, 47});
 
   // The slice's rows are rows 16..31 of the whole: the same outputs as those columns of the whole product.
   const std::vector<float> x = random_activations(2, c.cols, 62);
@@ -393,15 +390,7 @@ TEST(CpuBackendWeights, Int8ActivationsOnVnniHoldRows16Tiles) {
   EXPECT_TRUE(cpu::is_rows16(static_cast<const cpu::PackedWeight*>(table.data)->layout));
   EXPECT_EQ(be->uploaded_weight_bytes(w), c.rows * 3 * 20);  // 20 bytes per row and block; no pair to pad
 
-  const std::vector<int32_t> ids = {17, 0, 63};
-  Tensor embedded = be->alloc(3, c.cols, DType::f32);
-  be->embedding(ids, table, embedded);
-  std::vector<float> got(size_t(3 * c.cols)), want(size_t(c.cols));
-  be->copy_to_host(embedded, got.data());
-  for (size_t t = 0; t < ids.size(); ++t) {
-    dequantize_weight_row(c.format, w.row(ids[t]), want.data(), c.cols);
-    for (int64_t j = 0; j < c.cols; ++j) ASSERT_EQ(got[t * size_t(c.cols) + size_t(j)], want[size_t(j)]);
-  }
+  expect_embedding_of_format_values(*be, table, w, {17, 0, 63});
 
   const std::vector<float> x = random_activations(2, c.cols, 64);
   Tensor tx = be->alloc(2, c.cols, DType::f32), whole = be->alloc(2, c.rows, DType::f32);

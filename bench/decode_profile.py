@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Where a CPU decode step's time goes: `perf record` on `strata bench` past its start-up, grouped by what the
+functions do (the weight products, attention, the compute pool's waits, the rest), so that the weight bytes a
+step reads can be set against the time the weight products take ([cpu-xeon]: the share of the read bandwidth).
+
+  .venv/bin/python bench/decode_profile.py [--set engine.activation_dtype=int8] [--prompt-tokens 16]
+      [--gen-tokens 320] [--read-gbs 33.0] [--out bench/results/FILE.json]
+
+Needs `perf` (Debian package linux-perf). --read-gbs (build/bench/read_bandwidth's figure) adds the rate at which
+the weight products stream the weights while they run, as a share of it: weight bytes per step / (their share of
+the samples x seconds per step). Run it on an idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_support import BINARY, ROOT, commit, machine  # noqa: E402
+
+# Which group a symbol belongs to, by the first pattern it matches.
+GROUPS = [
+    ("weight products", r"rows16_tiles|vnni_rows|int8_rows|pair_row|q4_k_row|q6_k_row|quantized_dot|sgemm|"
+                        r"weight_row|portable_dot"),
+    ("attention", r"row_scores|rows_values|chunk_scores|softmax|paged_attention|tile_scores|block_scores"),
+    ("compute pool waits", r"ThreadPool::(worker_loop|run|work_on)|sched_yield|futex|__schedule"),
+    ("int8 rounding", r"round_row|round_activations|round_to_int8"),
+]
+
+
+def grouped(shares: dict[str, float]) -> dict[str, float]:
+    out = {name: 0.0 for name, _ in GROUPS} | {"other": 0.0}
+    for symbol, share in shares.items():
+        group = next((name for name, pattern in GROUPS if re.search(pattern, symbol)), "other")
+        out[group] += share
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="configs/smollm2-cpu.yaml")
+    ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--prompt-tokens", type=int, default=16)
+    ap.add_argument("--gen-tokens", type=int, default=320)
+    ap.add_argument("--skip-ms", type=int, default=0, help="start sampling this late (default: the measured start-up)")
+    ap.add_argument("--read-gbs", type=float, default=None)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    bench = [str(BINARY), "bench", "--config", a.config, "--batch", "1", "--prompt-tokens", str(a.prompt_tokens),
+             "--gen-tokens", "2", *[x for s in a.sets for x in ("--set", s)]]
+    skip_ms = a.skip_ms
+    if skip_ms == 0:  # start-up and a short prefill, timed once: sampling starts after them
+        start = time.time()
+        subprocess.run(bench, cwd=ROOT, check=True, capture_output=True)
+        skip_ms = int((time.time() - start) * 1000)
+    bench[bench.index("--gen-tokens") + 1] = str(a.gen_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "bench.json"
+        data = Path(tmp) / "perf.data"
+        record = ["perf", "record", "-D", str(skip_ms), "-o", str(data), *bench, "--out", str(result)]
+        subprocess.run(record, cwd=ROOT, check=True, capture_output=True)
+        report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "--stdio"],
+                                cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        run = json.loads(result.read_text())["results"][0]
+    shares = {}
+    for line in report.splitlines():
+        m = re.match(r"\s*([0-9.]+)%\s+\[[.k]\]\s+(.*?)(\s{2,}|$)", line)
+        if m:
+            shares[m.group(2)] = shares.get(m.group(2), 0.0) + float(m.group(1))
+    groups = grouped(shares)
+    out = {"what": "perf samples of strata bench's batch-1 decode, grouped (bench/decode_profile.py)",
+           "command": " ".join(sys.argv), "perf_command": " ".join(record[:5]) + " strata bench ...",
+           "bench_command": " ".join(bench), "commit": commit(), "machine": machine(),
+           "sampling_starts_after_ms": skip_ms, "decode_tokens_per_second": run["decode_tokens_per_second"],
+           "weight_bytes_per_step": run["bandwidth"]["weight_bytes_per_step"], "groups_percent": groups,
+           "top_symbols_percent": dict(sorted(shares.items(), key=lambda kv: -kv[1])[:20])}
+    if a.read_gbs:
+        # Every thread works on the same product at a time, so the products' share of the samples is their share
+        # of a step's wall time too.
+        busy = groups["weight products"] / 100 / run["decode_tokens_per_second"]
+        out["read_gb_per_s"] = a.read_gbs
+        out["weight_products_stream_share_of_read_bandwidth"] = round(
+            run["bandwidth"]["weight_bytes_per_step"] / busy / 1e9 / a.read_gbs, 3)
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: out[k] for k in ("decode_tokens_per_second", "groups_percent")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
