@@ -64,9 +64,18 @@ TEST(ParamReader, DefaultsRangesAndUnknownKeys) {
   } catch (const PolicyError& e) {
     EXPECT_EQ(e.param(), "a");  // nobody read it
   }
-  for (const std::string text : {"p:e=0%", "p:e=101%", "p:e=-3", "p:e=abc", "p:e=2.5"}) {
+  for (const std::string text : {"p:e=0%", "p:e=101%", "p:e=-3", "p:e=abc", "p:e=2.5", "p:e=128.0", "p:e=1e3"}) {
     ParamReader rb(parse_policy_spec(text));
     EXPECT_THROW(rb.get_budget("e", {}), PolicyError) << text;
+  }
+  // '1.0' is neither a count nor a fraction below 1; the error says how to ask for the whole prompt.
+  ParamReader one(parse_policy_spec("p:e=1.0"));
+  try {
+    one.get_budget("e", {});
+    ADD_FAILURE();
+  } catch (const PolicyError& e) {
+    EXPECT_EQ(e.param(), "e");
+    EXPECT_NE(std::string(e.what()).find("the whole prompt is 100%"), std::string::npos) << e.what();
   }
 }
 
