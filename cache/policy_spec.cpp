@@ -121,7 +121,8 @@ Budget ParamReader::get_budget(const std::string& key, Budget fallback) {
     b.fraction = x / 100.0;
   } else if (parse_number(*v, x) && x > 0 && x < 1) {
     b.fraction = x;
-  } else if (std::all_of(v->begin(), v->end(), [](unsigned char c) { return std::isdigit(c) != 0; }) && parse_number(*v, x) && x >= 1 && x <= 1e7) {
+  } else if (std::all_of(v->begin(), v->end(), [](unsigned char c) { return std::isdigit(c) != 0; }) &&
+             parse_number(*v, x) && x >= 1 && x <= 1e7) {
     b.tokens = int(x);  // digits only: '1.0' is not read as one token where 100% was meant
   } else {
     fail(key, "expected a token count (a whole number >= 1, e.g. 128) or a fraction of the prompt ('20%' or 0.2), "
