@@ -3,9 +3,9 @@
 // against fp32 activation rows, the weights dequantized in registers as they are read. One implementation per
 // x86-64 level, all in one binary; the best the machine has is used, and the tests run every one the machine can
 // (tests/kernels/quantized_matmul_test.cpp):
-//   avx512_vnni  avx512's fp32 kernels, and an int8 kernel of its own that multiplies 64 weight codes with 64
-//             activation bytes in one vpdpbusd (kernels/cpu/quantized_dot_avx512_vnni.cpp): Intel from Cascade
-//             Lake, AMD from Zen 4;
+//   avx512_vnni  avx512's fp32 kernels, and an int8 kernel of its own (kernels/cpu/quantized_dot_avx512_vnni.cpp)
+//             on the 16-row tiles the CPU backend packs for it, 4 values of 16 rows per vpdpbusd: Intel from
+//             Cascade Lake, AMD from Zen 4;
 //   avx512    hand-written (kernels/cpu/quantized_dot_avx512.cpp);
 //   avx2      hand-written, the same scheme at 256 bits (kernels/cpu/quantized_dot_avx2.cpp): x86-64-v3, for
 //             the machines without AVX-512 (the portable C++ compiled for x86-64-v3, used before, decoded
@@ -60,8 +60,10 @@ void quantized_dot_baseline(const PackedWeight& w, int64_t row_begin, int64_t ro
 struct Int8Activations;  // kernels/cpu/int8_activations.h
 
 // The int8 kernels, for engine.activation_dtype: int8: rows [row_begin, row_end) of a pair-layout weight (u4_pairs,
-// u8_pairs: Q4_0, Q4_1, Q8_0) against every row of x, rounded to int8 per block of 32. The k-quant layouts have
-// none: quantized_matmul multiplies them with the rounded values in fp32. out[a * out_stride + i].
+// u8_pairs: Q4_0, Q4_1, Q8_0) against every row of x, rounded to int8 per block of 32. The 16-row tiles (u4_rows16,
+// u8_rows16; row_begin and row_end multiples of 16) have the avx512_vnni kernel and the baseline one, its reference.
+// The k-quant layouts have none: quantized_matmul multiplies them with the rounded values in fp32.
+// out[a * out_stride + i].
 using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end,
                                     const Int8Activations& x, float* out, int64_t out_stride);
 // The int8 kernel of `isa` (which the machine must support); an AVX-512 machine without VNNI runs the AVX2 one.

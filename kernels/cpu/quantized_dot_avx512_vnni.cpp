@@ -98,10 +98,10 @@ void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
 }
 
 // The 16-row tiles (kernels/cpu/packed_weight.h): per block of 32 values, 8 vectors of codes, each 4 values of
-// the 16 rows, multiplied with 4 bytes of an activation row broadcast; lane j sums weight row j. So one block of
-// 16 rows costs an activation row 8 vpdpbusd, a conversion and two multiply-adds, where the pair groups cost it
-// 16 times as many values' worth of work per row (the weight side, 4 or 8 loads and 8 masks, is shared by the
-// tile's activation rows). acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r, 16 weight rows at a time.
+// the 16 rows, multiplied with 4 bytes of an activation row broadcast; lane j sums weight row j. So 512 products
+// (a block of 16 rows) cost an activation row 8 vpdpbusd, a conversion, a multiply and two multiply-adds, where
+// the pair groups cost it 7 instructions for every 64; the weight side (4 or 8 loads, 8 masks for u4) is shared by
+// the tile's activation rows. acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r, 16 weight rows at a time.
 template <int R, bool FourBit>
 void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x, int64_t a0,
                   float* out, int64_t out_stride) {

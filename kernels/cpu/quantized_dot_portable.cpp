@@ -181,13 +181,11 @@ void quantized_dot_int8_baseline(const PackedWeight& w, int64_t row_begin, int64
   for (int64_t i = row_begin; i < row_end; ++i) {
     const uint8_t* row = w.data + i * w.row_bytes;
     for (int64_t a = 0; a < x.rows; ++a) {
-      if (is_rows16(w.layout)) {
-        out[a * out_stride + i] = rows16_row_dot(w, i, x.row_values(a), x.row_scales(a));
-        continue;
-      }
-      out[a * out_stride + i] = w.layout == PackedLayout::u4_pairs
-                                    ? row_dot<true>(row, x.row_values(a), x.row_scales(a), x.groups)
-                                    : row_dot<false>(row, x.row_values(a), x.row_scales(a), x.groups);
+      const int8_t* q = x.row_values(a);
+      const float* scales = x.row_scales(a);
+      out[a * out_stride + i] = is_rows16(w.layout)                   ? rows16_row_dot(w, i, q, scales)
+                                : w.layout == PackedLayout::u4_pairs ? row_dot<true>(row, q, scales, x.groups)
+                                                                      : row_dot<false>(row, q, scales, x.groups);
     }
   }
 }
