@@ -1,14 +1,16 @@
-// The CPU backend: fp32 activations, memory from the heap, weights in fp32 where the loader put them or in their
-// quantized blocks (kernels/cpu/packed_weight.h).
+// The CPU backend: fp32 activations, memory in mappings of its own (huge pages where large:
+// kernels/cpu/host_memory.h), weights in fp32 where the loader put them or in their quantized blocks
+// (kernels/cpu/packed_weight.h), repacked ones side by side in an arena.
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/kv_codebook_ops.h"
 #include "kernels/cpu/kv_key_forms.h"
 #include "kernels/cpu/kv_merge_ops.h"
@@ -33,21 +35,15 @@ class CpuBackend final : public Backend {
   }
 
   Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
-    const size_t bytes = size_t(rows * cols * dtype_bytes(dtype));
-    // 64-byte alignment: whole cache lines for BLAS and the vectorised loops.
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, bytes);
-    owned_.insert(p);
+    // Zeroed and page-aligned (whole cache lines for BLAS and the vectorised loops), with 64 bytes of slack.
+    cpu::HostMapping memory(size_t(rows * cols * dtype_bytes(dtype)) + 64);
+    void* p = memory.data();
+    owned_.emplace(p, std::move(memory));
     return Tensor{p, dtype, rows, cols};
   }
 
   void free(Tensor& t) override {
-    auto it = owned_.find(t.data);
-    if (it != owned_.end()) {
-      std::free(t.data);
-      owned_.erase(it);
-    }
+    owned_.erase(t.data);
     t = Tensor{};
   }
 
@@ -60,7 +56,7 @@ class CpuBackend final : public Backend {
     if (rows == nullptr) {
       Uploaded& u = uploaded_.emplace_back();
       u.source = w;
-      u.packed = std::make_unique<cpu::OwnedPackedWeight>(cpu::pack_weight(w, pair_packing()));
+      u.packed = std::make_unique<cpu::OwnedPackedWeight>(cpu::pack_weight(w, pair_packing(), &weights_));
       rows = &u.packed->view;
     }
     return Tensor{const_cast<cpu::PackedWeight*>(rows), DType::packed, w.rows, w.cols};
@@ -198,10 +194,6 @@ class CpuBackend final : public Backend {
     cpu::kv_pair_values(first, second, pool);
   }
 
-  ~CpuBackend() override {
-    for (void* p : owned_) std::free(p);
-  }
-
  private:
   // A packed upload and the host matrix it came from; views of row ranges of it (a vocabulary-parallel slice of a
   // tied head) are made on demand and kept with it.
@@ -239,7 +231,8 @@ class CpuBackend final : public Backend {
   }
 
   const ActivationDtype activations_;
-  std::unordered_set<void*> owned_;
+  std::unordered_map<void*, cpu::HostMapping> owned_;  // alloc'd tensors, by their data
+  cpu::HostArena weights_;                             // the repacked weights' values
   std::vector<Uploaded> uploaded_;
 };
 

@@ -180,7 +180,18 @@ void rows16_block_values(const uint8_t* block, int lane, bool four_bit, uint8_t*
   }
 }
 
-OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing) {
+namespace {
+
+// Zeroed bytes for a matrix's packed values: from the arena when there is one, else owned by `out`.
+uint8_t* packed_storage(size_t bytes, HostArena* arena, OwnedPackedWeight& out) {
+  if (arena) return arena->allocate(bytes);
+  out.storage = std::make_unique<uint8_t[]>(bytes);
+  return out.storage.get();
+}
+
+}  // namespace
+
+OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing, HostArena* arena) {
   OwnedPackedWeight out;
   PackedWeight& p = out.view;
   p.rows = w.rows;
@@ -188,21 +199,20 @@ OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing) {
   const PackedShape shape = packed_shape(w, packing);
   p.layout = shape.layout;
   p.row_bytes = shape.row_bytes;
+  p.data = static_cast<const uint8_t*>(w.data);
   const bool four_bit = p.layout == PackedLayout::u4_pairs || p.layout == PackedLayout::u4_rows16;
   if (is_rows16(p.layout)) {
-    out.storage = std::make_unique<uint8_t[]>(size_t(p.rows * p.row_bytes));  // zeroed: u4 tiles are or-ed in
+    uint8_t* tiles = packed_storage(size_t(p.rows * p.row_bytes), arena, out);  // zeroed: u4 tiles are or-ed in
     for (int64_t t = 0; t < w.rows / kTileRows16; ++t) {
-      pack_rows16_tile(w, t, four_bit, out.storage.get() + t * kTileRows16 * p.row_bytes);
+      pack_rows16_tile(w, t, four_bit, tiles + t * kTileRows16 * p.row_bytes);
     }
+    p.data = tiles;
   } else if (p.layout == PackedLayout::u4_pairs || p.layout == PackedLayout::u8_pairs) {
-    // 64 bytes of slack: the kernels may load a full vector from a row's last group.
-    out.storage = std::make_unique_for_overwrite<uint8_t[]>(size_t(p.rows * p.row_bytes + 64));
-    std::memset(out.storage.get() + p.rows * p.row_bytes, 0, 64);
-    for (int64_t r = 0; r < w.rows; ++r) {
-      pack_pair_row(w.format, w.row(r), w.cols, four_bit, out.storage.get() + r * p.row_bytes);
-    }
+    // 64 bytes of slack (zeroed): the kernels may load a full vector from a row's last group.
+    uint8_t* pairs = packed_storage(size_t(p.rows * p.row_bytes + 64), arena, out);
+    for (int64_t r = 0; r < w.rows; ++r) pack_pair_row(w.format, w.row(r), w.cols, four_bit, pairs + r * p.row_bytes);
+    p.data = pairs;
   }
-  p.data = out.storage ? out.storage.get() : static_cast<const uint8_t*>(w.data);
   return out;
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/cpu/host_memory.h"
 #include "kernels/weight_format.h"
 
 namespace strata::cpu {
@@ -49,7 +50,8 @@ constexpr int64_t kU8Rows16BlockBytes = 64 + 512;
 
 bool is_rows16(PackedLayout layout);
 
-// A packed matrix with the memory its repacked layouts need (none for the layouts used in place).
+// A packed matrix with the memory its repacked layouts need (none for the layouts used in place, or when an
+// arena holds it).
 struct OwnedPackedWeight {
   PackedWeight view;
   std::unique_ptr<uint8_t[]> storage;
@@ -60,8 +62,10 @@ enum class PairPacking : uint8_t { pairs, rows16 };
 
 // Packs `w` (whose memory must outlive the result for the in-place layouts); with PairPacking::rows16 a 32-value
 // format whose rows are a multiple of 16 takes the 16-row tiles. std::invalid_argument for a Q4_0 or Q8_0 scale
-// whose offset (-8d, -128d) overflows f16.
-OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing = PairPacking::pairs);
+// whose offset (-8d, -128d) overflows f16. With an arena, repacked values go there (the backend's, in huge pages:
+// kernels/cpu/host_memory.h) and live as long as it does.
+OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing = PairPacking::pairs,
+                              HostArena* arena = nullptr);
 
 // The bytes of w's values as pack_weight(w, packing) holds them (the file's bytes for the layouts used in place).
 int64_t packed_weight_bytes(const WeightMatrix& w, PairPacking packing);

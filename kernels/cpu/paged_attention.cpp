@@ -7,11 +7,17 @@
 // a block at a time into a buffer that stays in the L1 cache, for all the query heads of that KV head; then they
 // take the full-precision path.
 // Coded blocks (SpindleKV) are reconstructed as they are read: K = RoPE(m * C[r], position), V = m * C[r].
+//
+// A decode row is also cut along its keys (flash-decoding, split_row): each span's items give partial sums and
+// the row's output is their rescaled sum. A lone decode row then gives the threads several items per KV head
+// rather than one (bench/decode_attention.cpp; docs/decisions.md, [cpu-xeon]).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,6 +71,11 @@ struct QueryItem {
   int head_begin, head_end;
   int row_begin;  // query indices inside the sequence's rows
   int row_end;
+  // A span of a decode row's keys (split_row): the item sums [key_begin, key_end) into partial sums at
+  // partials[partial], which combine_spans makes into the row's output. partial < 0: the item sees every key its
+  // rows see and writes its outputs itself.
+  int key_begin = 0, key_end = 0;
+  int64_t partial = -1;
 };
 
 constexpr int kTileRows = 8;   // query vectors (rows x heads) scored together against each key chunk
@@ -140,27 +151,54 @@ void rows_values(const float* p, const float* v, int n, int hd, float* o) {
   }
 }
 
+// Eight floats as one value: a ymm register on AVX2 and AVX-512, two xmm on the baseline (GCC's vector extension,
+// so that each STRATA_SIMD_CLONES clone compiles it for its own level); Floats8 reads them at any address.
+using Lanes8 = float __attribute__((vector_size(32)));
+using Floats8 = float __attribute__((vector_size(32), aligned(4), may_alias));
+using LaneIndex8 = int __attribute__((vector_size(32)));
+
+// out[j] = scale * (the sum of the 8 lanes of a[j]). Three rounds halve the lanes each vector keeps and double the
+// vectors each one holds (a transposition folded into the additions); the last shuffle puts them in order. Inlined
+// into its callers, so it is compiled for their level.
+[[gnu::always_inline]] inline void lane_sums(const Lanes8 (&a)[8], float scale, float* out) {
+  Lanes8 half[4], quarter[2];
+  for (int i = 0; i < 4; ++i) {  // [a_2i: 4 sums, a_2i+1: 4 sums]
+    half[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], LaneIndex8{0, 1, 2, 3, 8, 9, 10, 11}) +
+              __builtin_shuffle(a[2 * i], a[2 * i + 1], LaneIndex8{4, 5, 6, 7, 12, 13, 14, 15});
+  }
+  for (int i = 0; i < 2; ++i) {  // 2 sums each of a_4i, a_4i+2, a_4i+1, a_4i+3
+    quarter[i] = __builtin_shuffle(half[2 * i], half[2 * i + 1], LaneIndex8{0, 1, 8, 9, 4, 5, 12, 13}) +
+                 __builtin_shuffle(half[2 * i], half[2 * i + 1], LaneIndex8{2, 3, 10, 11, 6, 7, 14, 15});
+  }
+  // a_0, a_4, a_2, a_6, a_1, a_5, a_3, a_7
+  const Lanes8 sums = __builtin_shuffle(quarter[0], quarter[1], LaneIndex8{0, 8, 2, 10, 4, 12, 6, 14}) +
+                      __builtin_shuffle(quarter[0], quarter[1], LaneIndex8{1, 9, 3, 11, 5, 13, 7, 15});
+  *reinterpret_cast<Floats8*>(out) = __builtin_shuffle(sums, LaneIndex8{0, 4, 2, 6, 1, 5, 3, 7}) * scale;
+}
+
 // scores[j] = scale * q . k_j for n keys stored one after another (a row that scores few keys: no transposition).
-// With head_dim a multiple of 16, each dot product keeps 16 partial sums, added pairwise at the end: one vector
-// register and a short tree, where a single running sum would wait on every add in turn.
+// With head_dim a multiple of 8, eight keys at a time: each key's products summed into 8 lanes, its own chain, then
+// the eight keys' lanes summed together (lane_sums), so no key waits on another's additions.
 STRATA_SIMD_CLONES
 void row_scores(const float* qv, const float* keys, int n, int hd, float scale, float* scores) {
-  constexpr int kLanes = 16;
-  if (hd % kLanes != 0) {
+  constexpr int kKeys = 8;
+  if (hd % 8 != 0) {
     for (int j = 0; j < n; ++j) scores[j] = dot(qv, keys + int64_t(j) * hd, hd) * scale;
     return;
   }
-  for (int j = 0; j < n; ++j) {
-    const float* k = keys + int64_t(j) * hd;
-    float part[kLanes];
-    for (int l = 0; l < kLanes; ++l) part[l] = qv[l] * k[l];
-    for (int d0 = kLanes; d0 < hd; d0 += kLanes) {
-      for (int l = 0; l < kLanes; ++l) part[l] += qv[d0 + l] * k[d0 + l];
+  for (int j0 = 0; j0 < n; j0 += kKeys) {
+    const int m = std::min(kKeys, n - j0);
+    const float* k[kKeys];
+    for (int j = 0; j < kKeys; ++j) k[j] = keys + int64_t(j0 + std::min(j, m - 1)) * hd;  // past m: a copy, dropped
+    Lanes8 acc[kKeys] = {};
+    for (int d = 0; d < hd; d += 8) {
+      const Lanes8 q = *reinterpret_cast<const Floats8*>(qv + d);
+#pragma GCC unroll 8
+      for (int j = 0; j < kKeys; ++j) acc[j] += q * *reinterpret_cast<const Floats8*>(k[j] + d);
     }
-    for (int width = kLanes / 2; width >= 1; width /= 2) {
-      for (int l = 0; l < width; ++l) part[l] += part[l + width];
-    }
-    scores[j] = part[0] * scale;
+    float s[kKeys];
+    lane_sums(acc, scale, s);
+    for (int j = 0; j < m; ++j) scores[j0 + j] = s[j];
   }
 }
 
@@ -296,33 +334,71 @@ void block_values(const float* const* p, const int* n, int vectors, const KvPool
   }
 }
 
-// Turns one row's scores into probabilities in place.
+// Replaces n > 0 scores s by exp(s - max) in place; returns the max, and their sum in *sum.
 STRATA_SIMD_CLONES
-void softmax(float* s, int n) {
+float exp_shifted(float* s, int n, float* sum) {
   float max_score = s[0];
 #pragma omp simd reduction(max : max_score)
   for (int e = 0; e < n; ++e) max_score = s[e] > max_score ? s[e] : max_score;
-  float sum = 0.0f;
+  float total = 0.0f;
 #pragma omp simd
   for (int e = 0; e < n; ++e) s[e] = exp_nonpositive(s[e] - max_score);
-#pragma omp simd reduction(+ : sum)
-  for (int e = 0; e < n; ++e) sum += s[e];
+#pragma omp simd reduction(+ : total)
+  for (int e = 0; e < n; ++e) total += s[e];
+  *sum = total;
+  return max_score;
+}
+
+// Turns one row's scores into probabilities in place.
+STRATA_SIMD_CLONES
+void softmax(float* s, int n) {
+  float sum;
+  exp_shifted(s, n, &sum);
   const float inv_sum = 1.0f / sum;
 #pragma omp simd
   for (int e = 0; e < n; ++e) s[e] *= inv_sum;
 }
 
+constexpr int kMinSpanKeys = 32;  // a span's fixed costs (its items, its partial sums) stay small beside its keys
+constexpr int kMaxSpans = 8;      // per decode row and head group: items enough for the threads
+
+// Keys per span of a decode row that sees n_keys keys: whole blocks, at least kMinSpanKeys, at most kMaxSpans
+// spans. It depends on the row alone, so a row is cut the same way, and gets the same bits, in any batch.
+int span_keys(int n_keys, int block_size) {
+  const int n_blocks = (n_keys + block_size - 1) / block_size;
+  return block_size * std::max((kMinSpanKeys + block_size - 1) / block_size, (n_blocks + kMaxSpans - 1) / kMaxSpans);
+}
+
+// A row split along its keys (flash-decoding): a decode row that sees more keys than a span, without column
+// statistics (they need the whole row's probabilities). Unsplit, a lone decode row makes one item per KV head,
+// fewer than the threads or not a multiple of them (SmolLM2: 3 for 2 threads, one waiting while the other does two).
+bool split_row(const AttentionSequence& s, int block_size) {
+  return s.n_q == 1 && s.column_sums == nullptr && s.n_ctx_before + 1 > span_keys(s.n_ctx_before + 1, block_size);
+}
+
 // The query items of a step: per sequence, a KV head's group of heads, in parts of at most kTileRows, and rows in
 // parts of as many as fit beside them. The rows that add to column sums (from stats_row_begin: an observation
 // window, or every row) stay in one item, which adds them in row order; the rows before them are split like any.
-std::vector<QueryItem> query_items(std::span<const AttentionSequence> seqs, int n_heads, int group) {
+// A split row (split_row) has an item per span instead, numbered in partial_floats, which ends as the count of
+// the partial sums' floats.
+std::vector<QueryItem> query_items(std::span<const AttentionSequence> seqs, int n_heads, int group,
+                                   const KvBlockLayout& layout, int64_t& partial_floats) {
   const int item_heads = std::min(group, kTileRows);
   std::vector<QueryItem> items;
+  partial_floats = 0;
   for (int s = 0; s < int(seqs.size()); ++s) {
     const int n_q = seqs[s].n_q;
     const int sums_from = seqs[s].column_sums ? std::clamp(seqs[s].stats_row_begin, 0, n_q) : n_q;
     for (int h0 = 0; h0 < n_heads; h0 += item_heads) {
       const int h1 = std::min(h0 + item_heads, (h0 / group + 1) * group);
+      if (split_row(seqs[s], layout.block_size)) {
+        const int n_keys = seqs[s].n_ctx_before + 1, span = span_keys(n_keys, layout.block_size);
+        for (int k0 = 0; k0 < n_keys; k0 += span) {
+          items.push_back({s, h0, h1, 0, 1, k0, std::min(k0 + span, n_keys), partial_floats});
+          partial_floats += int64_t(h1 - h0) * (layout.head_dim + 2);
+        }
+        continue;
+      }
       const int step = std::max(1, kTileRows / (h1 - h0));
       for (int i = 0; i < sums_from; i += step) items.push_back({s, h0, h1, i, std::min(i + step, sums_from)});
       if (sums_from < n_q) items.push_back({s, h0, h1, sums_from, n_q});
@@ -364,31 +440,33 @@ std::vector<PreparedKv> prepared_kv(std::span<const AttentionSequence> seqs, con
   return prepared;
 }
 
-// The scores of a tile's query vectors (q_rows, `vectors` of them) against its first n_tile_keys keys, block by
-// block, each block in the fastest form it allows; row t of scores at t * n_tile_keys.
-void tile_scores(const float* const* q_rows, int vectors, const AttentionSequence& s, int n_tile_keys,
+// The scores of a tile's query vectors (q_rows, `vectors` of them) against the keys [key_begin, key_end)
+// (key_begin at a block's start), block by block, each block in the fastest form it allows; vector t's score of
+// key e at scores[t * (key_end - key_begin) + e - key_begin].
+void tile_scores(const float* const* q_rows, int vectors, const AttentionSequence& s, int key_begin, int key_end,
                  const KvPoolView& pool, int kv_head, const PreparedKv& ready, float scale, Workspace& ws,
                  float* scores) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
-  const int64_t stride = n_tile_keys;
-  for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
+  const int64_t stride = key_end - key_begin;
+  for (int e0 = key_begin; e0 < key_end; e0 += L.block_size) {
     const int block = e0 / L.block_size;
     const int32_t id = s.block_table[block];
-    const int n = std::min(L.block_size, n_tile_keys - e0);
+    const int n = std::min(L.block_size, key_end - e0);
+    float* block_scores = scores + (e0 - key_begin);
     if (ready.n_blocks > 0 && !pool.is_coded(id)) {
       for (int c0 = 0, c = 0; c0 < n; c0 += kKeyChunk, ++c) {
         chunk_scores(q_rows, vectors, ready.keys.data() + ready.key_offset(kv_head, block, c, hd), hd,
-                     std::min(kKeyChunk, n - c0), scale, stride, scores + e0 + c0);
+                     std::min(kKeyChunk, n - c0), scale, stride, block_scores + c0);
       }
       continue;
     }
-    if (e0 + L.block_size < n_tile_keys) prefetch_block(pool, s.block_table[block + 1], kv_head, /*values=*/false);
+    if (e0 + L.block_size < key_end) prefetch_block(pool, s.block_table[block + 1], kv_head, /*values=*/false);
     if (pool.is_quantized(id) || pool.is_coded(id)) {
-      packed_block_scores(q_rows, vectors, pool, id, kv_head, n, scale, stride, ws, scores + e0);
+      packed_block_scores(q_rows, vectors, pool, id, kv_head, n, scale, stride, ws, block_scores);
     } else {
       for (int t = 0; t < vectors; ++t) {
-        row_scores(q_rows[t], pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, scale, scores + t * stride + e0);
+        row_scores(q_rows[t], pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, scale, block_scores + t * stride);
       }
     }
   }
@@ -418,39 +496,90 @@ void vector_probabilities(const AttentionSequence& s, int row, int head, float* 
   for (int e = 0; e < n_keys; ++e) sums[e] += p[e];
 }
 
-// The outputs of vectors [first, first + vectors) of the tile (vector t: row r0 + t / heads, head head_begin +
-// t % heads, probabilities at scores + t * stride): the weighted sums of the values each row sees, block by block
-// for these vectors together.
-void tile_outputs(const AttentionSequence& s, int r0, int first, int vectors, int heads, int head_begin, int kv_head,
-                  const KvPoolView& pool, const PreparedKv& ready, const float* scores, int64_t stride,
-                  int64_t q_row, Workspace& ws, float* out) {
+// o_t = sum_e p_t[e - key_begin] v_e over the keys [key_begin, key_end[t]) of each of the vectors (key_begin at a
+// block's start; key_end[t] <= key_begin: none), block by block for all of them together.
+void sum_values(const AttentionSequence& s, int key_begin, const float* const* p, const int* key_end, int vectors,
+                int kv_head, const KvPoolView& pool, const PreparedKv& ready, Workspace& ws, float* const* o) {
   const KvBlockLayout& L = pool.layout;
-  const float* p[kTileRows];
-  float* o[kTileRows];
-  int n_keys[kTileRows], n_block[kTileRows];
-  for (int i = 0; i < vectors; ++i) {
-    const int t = first + i, row = r0 + t / heads;
-    p[i] = scores + t * stride;
-    n_keys[i] = s.n_ctx_before + row + 1;
-    o[i] = out + int64_t(s.q_begin + row) * q_row + int64_t(head_begin + t % heads) * L.head_dim;
-    std::fill(o[i], o[i] + L.head_dim, 0.0f);
-  }
-  const int n_tile_keys = *std::max_element(n_keys, n_keys + vectors);
-  for (int e0 = 0; e0 < n_tile_keys; e0 += L.block_size) {
+  for (int t = 0; t < vectors; ++t) std::fill(o[t], o[t] + L.head_dim, 0.0f);
+  const int last = *std::max_element(key_end, key_end + vectors);
+  for (int e0 = key_begin; e0 < last; e0 += L.block_size) {
     const int block = e0 / L.block_size;
     const int32_t id = s.block_table[block];
     const float* ready_values = nullptr;
     if (!ready.values.empty() && pool.is_quantized(id)) {
       ready_values = ready.values.data() + ready.value_offset(kv_head, block, L.block_size, L.head_dim);
-    } else if (e0 + L.block_size < n_tile_keys) {
+    } else if (e0 + L.block_size < last) {
       prefetch_block(pool, s.block_table[block + 1], kv_head, /*values=*/true);
     }
     const float* p_block[kTileRows];
+    int n_block[kTileRows];
     for (int t = 0; t < vectors; ++t) {
-      p_block[t] = p[t] + e0;
-      n_block[t] = std::min(L.block_size, n_keys[t] - e0);
+      p_block[t] = p[t] + (e0 - key_begin);
+      n_block[t] = std::min(L.block_size, key_end[t] - e0);
     }
     block_values(p_block, n_block, vectors, pool, id, kv_head, ready_values, ws, o);
+  }
+}
+
+// The outputs of vectors [first, first + vectors) of the tile (vector t: row r0 + t / heads, head head_begin +
+// t % heads, probabilities at scores + t * stride): the weighted sums of the values each row sees.
+void tile_outputs(const AttentionSequence& s, int r0, int first, int vectors, int heads, int head_begin, int kv_head,
+                  const KvPoolView& pool, const PreparedKv& ready, const float* scores, int64_t stride,
+                  int64_t q_row, Workspace& ws, float* out) {
+  const float* p[kTileRows];
+  float* o[kTileRows];
+  int n_keys[kTileRows];
+  for (int i = 0; i < vectors; ++i) {
+    const int t = first + i, row = r0 + t / heads;
+    p[i] = scores + t * stride;
+    n_keys[i] = s.n_ctx_before + row + 1;
+    o[i] = out + int64_t(s.q_begin + row) * q_row + int64_t(head_begin + t % heads) * pool.layout.head_dim;
+  }
+  sum_values(s, 0, p, n_keys, vectors, kv_head, pool, ready, ws, o);
+}
+
+// The partial sums of a span item (a decode row's heads over the keys [key_begin, key_end)), per head t at
+// partial + t * (head_dim + 2): o = sum_e exp(s_e - m) v_e, then m = max_e s_e, then l = sum_e exp(s_e - m).
+void span_partials(const QueryItem& item, const AttentionSequence& s, const float* q, int64_t q_row, int kv_head,
+                   const KvPoolView& pool, const PreparedKv& ready, float scale, Workspace& ws, float* partial) {
+  const int hd = pool.layout.head_dim, vectors = item.head_end - item.head_begin;
+  const int n = item.key_end - item.key_begin;
+  if (ws.scores.size() < size_t(vectors * n)) ws.scores.resize(size_t(vectors * n));
+  const float* q_rows[kTileRows];
+  const float* p[kTileRows];
+  float* o[kTileRows];
+  int key_end[kTileRows];
+  for (int t = 0; t < vectors; ++t) {
+    q_rows[t] = q + int64_t(s.q_begin) * q_row + int64_t(item.head_begin + t) * hd;
+    p[t] = ws.scores.data() + int64_t(t) * n;
+    o[t] = partial + int64_t(t) * (hd + 2);
+    key_end[t] = item.key_end;
+  }
+  tile_scores(q_rows, vectors, s, item.key_begin, item.key_end, pool, kv_head, ready, scale, ws, ws.scores.data());
+  for (int t = 0; t < vectors; ++t) o[t][hd] = exp_shifted(ws.scores.data() + int64_t(t) * n, n, &o[t][hd + 1]);
+  sum_values(s, item.key_begin, p, key_end, vectors, kv_head, pool, ready, ws, o);
+}
+
+// The outputs of a split row's head group from its span items (`spans`, in key order): per head, the spans' sums
+// rescaled to their largest max M, out = sum_i e^(m_i - M) o_i / sum_i e^(m_i - M) l_i.
+void combine_spans(std::span<const QueryItem> spans, const AttentionSequence& s, const float* partials, int hd,
+                   int64_t q_row, float* out) {
+  const int64_t part = hd + 2;
+  for (int t = 0; t < spans.front().head_end - spans.front().head_begin; ++t) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (const QueryItem& span : spans) m = std::max(m, partials[span.partial + t * part + hd]);
+    float* o = out + int64_t(s.q_begin) * q_row + int64_t(spans.front().head_begin + t) * hd;
+    std::fill(o, o + hd, 0.0f);
+    float l = 0.0f;
+    for (const QueryItem& span : spans) {
+      const float* partial = partials + span.partial + t * part;
+      const float w = std::exp(partial[hd] - m);
+      l += w * partial[hd + 1];
+      for (int d = 0; d < hd; ++d) o[d] += w * partial[d];
+    }
+    const float inv_l = 1.0f / l;
+    for (int d = 0; d < hd; ++d) o[d] *= inv_l;
   }
 }
 
@@ -458,17 +587,21 @@ void tile_outputs(const AttentionSequence& s, int r0, int first, int vectors, in
 
 // Work is split into tiles of up to kTileRows query vectors (rows x heads of one KV head). A tile's scores are
 // computed block by block against every key its last row sees (keys a row cannot see are scored and ignored); then
-// each vector takes its softmax, adds its head's column sums, and sums its values.
+// each vector takes its softmax, adds its head's column sums, and sums its values. A split decode row's items
+// each do the same over their span, and the spans are combined at the end.
 void paged_attention(const float* q, std::span<const AttentionSequence> seqs, const KvPoolView& pool, int n_heads,
                      float scale, float* out) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   const int group = n_heads / L.n_kv_heads;
   const int64_t q_row = int64_t(n_heads) * hd;
-  const std::vector<QueryItem> items = query_items(seqs, n_heads, group);
+  int64_t partial_floats = 0;
+  const std::vector<QueryItem> items = query_items(seqs, n_heads, group, L, partial_floats);
   const std::vector<PreparedKv> prepared = prepared_kv(seqs, pool, group);
+  std::vector<float> partials(static_cast<size_t>(partial_floats));
 
-  // Items of a few query rows each (a decode step has one per head): small chunks, so that both cores get work.
+  // Items of a few query rows each (a decode row has one per span and head group): small chunks, so that every
+  // core gets work.
   const int64_t grain = std::clamp<int64_t>(int64_t(items.size()) / (8 * compute_pool().size()), 1, 4);
   parallel_for(int64_t(items.size()), grain, [&](int64_t begin, int64_t end) {
     thread_local Workspace ws;  // the pool's threads live on: their buffers are kept between calls
@@ -479,6 +612,11 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
       const AttentionSequence& s = seqs[item.seq];
       const int heads = item.head_end - item.head_begin;
       const int kv_head = item.head_begin / group;
+      if (item.partial >= 0) {
+        span_partials(item, s, q, q_row, kv_head, pool, prepared[size_t(item.seq)], scale, ws,
+                      partials.data() + item.partial);
+        continue;
+      }
       const int tile_rows = std::max(1, kTileRows / heads);
       for (int r0 = item.row_begin; r0 < item.row_end; r0 += tile_rows) {
         // The tile's query vectors, row by row, each row's heads in order: vector t is row r0 + t / heads, head
@@ -491,7 +629,7 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
         for (int t = 0; t < vectors; ++t) {
           q_rows[t] = q + int64_t(s.q_begin + r0 + t / heads) * q_row + int64_t(item.head_begin + t % heads) * hd;
         }
-        tile_scores(q_rows, vectors, s, n_tile_keys, pool, kv_head, prepared[size_t(item.seq)], scale, ws,
+        tile_scores(q_rows, vectors, s, 0, n_tile_keys, pool, kv_head, prepared[size_t(item.seq)], scale, ws,
                     ws.scores.data());
         // The vectors sum their values together, block by block, so that each block comes into the L1 cache once
         // for all of them (a quantized block is dequantized once; at f32, prefill over 4K entries is 1.25x faster
@@ -508,6 +646,21 @@ void paged_attention(const float* q, std::span<const AttentionSequence> seqs, co
                        ws.scores.data(), stride, q_row, ws, out);
         }
       }
+    }
+  });
+
+  // The split rows' spans, which follow one another in items: a run per row and head group.
+  std::vector<std::span<const QueryItem>> runs;
+  for (size_t i = 0, j = 0; i < items.size(); i = j) {
+    for (j = i + 1; j < items.size() && items[i].partial >= 0 && items[j].partial >= 0 &&
+                    items[j].seq == items[i].seq && items[j].head_begin == items[i].head_begin;) {
+      ++j;
+    }
+    if (items[i].partial >= 0) runs.push_back(std::span<const QueryItem>(items).subspan(i, j - i));
+  }
+  parallel_for(int64_t(runs.size()), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      combine_spans(runs[size_t(r)], seqs[size_t(runs[size_t(r)].front().seq)], partials.data(), hd, q_row, out);
     }
   });
 }

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -165,9 +167,10 @@ void expect_matches_reference(const KvBlockLayout& layout, int n_heads, const st
   }
 }
 
-// Decode steps short and long, prefill chunks from the start and after earlier entries; column sums on a decode
-// and on a chunk.
-const std::vector<SeqSpec> kFullPrecision = {{1, 0, 0, 0}, {1, 150}, {40, 0, 0, 10}, {23, 37}, {1, 70, 0, 0}};
+// Decode steps short and long (split along their keys into spans from 32 keys, at most 8 spans from 256 on),
+// prefill chunks from the start and after earlier entries; column sums on a decode and on a chunk.
+const std::vector<SeqSpec> kFullPrecision = {{1, 0, 0, 0}, {1, 150}, {40, 0, 0, 10}, {23, 37}, {1, 70, 0, 0}, {1, 40},
+                                             {1, 1000}};
 
 TEST(CpuPagedAttention, FullPrecisionBlocksMatchTheDoubleReference) {
   const RopeParams none{};
@@ -185,6 +188,41 @@ TEST(CpuPagedAttention, ColumnMaximaMatchTheDoubleReference) {
   const std::vector<SeqSpec> quantized = {{30, 70, 2, 5}, {6, 32, 1, 0}};
   const KvBlockLayout int4{2, 64, kKvQuantGroup, DType::f32, KvQuant::int4};
   expect_matches_reference(int4, 8, quantized, RopeParams{}, 9, "maxima, int4 groups", ColumnMaxima{4, 40});
+}
+
+// A decode row split along its keys is cut by its own length alone: it gets the same bits alone as beside other
+// decode rows and a prefill chunk (the engine's "batched = alone" rests on it).
+TEST(CpuPagedAttention, SplitDecodeRowsGetTheSameBitsInAnyBatch) {
+  const KvBlockLayout layout{3, 64, 16};
+  const int n_heads = 9;
+  const int64_t width = int64_t(n_heads) * layout.head_dim;
+  const std::vector<SeqSpec> specs = {{1, 500}, {20, 30}, {1, 90}, {1, 2000}};
+  std::mt19937 rng(11);
+  const RandomPool pool(layout, specs, RopeParams{}, rng);
+  std::vector<AttentionSequence> batch;
+  int rows = 0;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    batch.push_back(AttentionSequence{rows, specs[s].n_q, specs[s].n_ctx_before, pool.tables[s]});
+    rows += specs[s].n_q;
+  }
+  std::vector<float> q(size_t(rows * width)), together(q.size());
+  std::uniform_real_distribution<float> uniform(-1.5f, 1.5f);
+  for (float& x : q) x = uniform(rng);
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const float scale = 0.125f;
+  Tensor together_out{together.data(), DType::f32, rows, width};
+  cpu->paged_attention(Tensor{q.data(), DType::f32, rows, width}, batch, pool.view, n_heads, scale, together_out);
+  for (size_t s = 0; s < specs.size(); ++s) {
+    if (specs[s].n_q != 1) continue;
+    AttentionSequence alone = batch[s];
+    alone.q_begin = 0;
+    std::vector<float> out(static_cast<size_t>(width));
+    Tensor alone_out{out.data(), DType::f32, 1, width};
+    cpu->paged_attention(Tensor{q.data() + batch[s].q_begin * width, DType::f32, 1, width}, {&alone, 1}, pool.view,
+                         n_heads, scale, alone_out);
+    EXPECT_EQ(0, std::memcmp(out.data(), together.data() + batch[s].q_begin * width, sizeof(float) * size_t(width)))
+        << "decode row of sequence " << s << " after " << specs[s].n_ctx_before << " entries";
+  }
 }
 
 TEST(CpuPagedAttention, QuantizedBlocksMatchTheDoubleReference) {

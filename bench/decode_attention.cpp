@@ -1,0 +1,146 @@
+// The CPU backend's paged attention (kernels/cpu/paged_attention.cpp) on decode steps: one query row per sequence
+// over its whole cache, at SmolLM2-135M's and Llama-3-8B's head shapes, batches of 1 and 8, contexts of 256 to 4,096
+// entries in full-precision blocks of 16 scattered over the pool.
+//
+//   build/bench/decode_attention [--reps 20] [--out FILE]
+//
+// A step's attention reads each layer's cache once, so each timing runs the op once per layer over as many
+// layers as the model has (fewer where they would pass 512 MiB), each with its own blocks, and divides: the entries
+// come from memory as in a real step. The result is the median of --reps such passes, on the compute pool's threads
+// (every core), with the rate at which it reads the cache.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <span>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/build_commit.h"
+#include "daemon/commands/machine_info.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/host_memory.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/kv_block_layout.h"
+
+namespace {
+
+using namespace strata;
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  const char* name;
+  int n_heads, n_kv_heads, head_dim, layers;
+};
+
+constexpr int kBlockSize = 16;
+constexpr int64_t kMaxPoolBytes = int64_t(512) << 20;
+
+struct Case {
+  const Shape& shape;
+  int batch, context;
+};
+
+// The op's time per layer (seconds, median of reps passes over the layers) for one case.
+double time_case(const Case& c, int reps, std::mt19937& rng) {
+  const KvBlockLayout layout{c.shape.n_kv_heads, c.shape.head_dim, kBlockSize};
+  const int blocks_per_seq = (c.context + kBlockSize - 1) / kBlockSize;
+  const int64_t layer_bytes = int64_t(c.batch) * blocks_per_seq * layout.elements_per_block() * int64_t(sizeof(float));
+  const int layers = int(std::clamp<int64_t>(kMaxPoolBytes / layer_bytes, 1, c.shape.layers));
+  const int32_t n_blocks = layers * c.batch * blocks_per_seq;
+
+  // The pool in memory as the CPU backend maps it (huge pages where granted).
+  const size_t n_floats = size_t(n_blocks) * size_t(layout.elements_per_block());
+  const cpu::HostMapping mapping(n_floats * sizeof(float));
+  const std::span<float> memory(reinterpret_cast<float*>(mapping.data()), n_floats);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : memory) x = normal(rng);
+  const KvPoolView pool{memory.data(), layout, n_blocks, {}};
+  std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+
+  // Per layer, the batch's sequences: each decodes its entry `context - 1` after context - 1 earlier ones.
+  std::vector<std::vector<AttentionSequence>> steps(static_cast<size_t>(layers));
+  for (int l = 0; l < layers; ++l) {
+    for (int s = 0; s < c.batch; ++s) {
+      const size_t first = size_t((l * c.batch + s) * blocks_per_seq);
+      const std::span<const int32_t> table(ids.data() + first, size_t(blocks_per_seq));
+      steps[size_t(l)].push_back(AttentionSequence{s, 1, c.context - 1, table});
+    }
+  }
+  const int64_t width = int64_t(c.shape.n_heads) * c.shape.head_dim;
+  std::vector<float> q(size_t(c.batch * width)), out(q.size());
+  for (float& x : q) x = normal(rng);
+  const float scale = 1.0f / std::sqrt(float(c.shape.head_dim));
+
+  auto pass = [&] {
+    for (const std::vector<AttentionSequence>& step : steps) {
+      cpu::paged_attention(q.data(), step, pool, c.shape.n_heads, scale, out.data());
+    }
+  };
+  pass();  // warm-up
+  std::vector<double> seconds;
+  for (int i = 0; i < reps; ++i) {
+    const Clock::time_point start = Clock::now();
+    pass();
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count() / layers);
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + reps / 2, seconds.end());
+  return seconds[size_t(reps / 2)];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  std::string out_path;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--reps") reps = std::stoi(argv[i + 1]);
+    else if (flag == "--out") out_path = argv[i + 1];
+    else {
+      std::cerr << "decode_attention: unknown flag " << flag << "\n";
+      return 2;
+    }
+  }
+  if (reps < 1) {
+    std::cerr << "decode_attention: --reps must be positive\n";
+    return 2;
+  }
+  const Shape shapes[] = {{"smollm2-135m", 9, 3, 64, 30}, {"llama-3-8b", 32, 8, 128, 32}};
+  std::mt19937 rng(1);
+  nlohmann::json results = nlohmann::json::array();
+  for (const Shape& shape : shapes) {
+    for (int batch : {1, 8}) {
+      for (int context : {256, 1024, 4096}) {
+        const Case c{shape, batch, context};
+        const double seconds = time_case(c, reps, rng);
+        const double kv_bytes = 2.0 * batch * context * shape.n_kv_heads * shape.head_dim * sizeof(float);
+        results.push_back({{"shape", shape.name}, {"batch", batch}, {"context", context}, {"us", seconds * 1e6},
+                           {"kv_gb_per_s", kv_bytes / seconds / 1e9}});
+        std::cout << shape.name << ", batch " << batch << ", context " << context << ": " << seconds * 1e6
+                  << " us, " << kv_bytes / seconds / 1e9 << " GB/s of cache\n";
+      }
+    }
+  }
+  if (out_path.empty()) return 0;
+  std::string command = "build/bench/decode_attention";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  const nlohmann::json report = {{"what", "CPU paged attention on decode steps, per layer (bench/decode_attention.cpp)"},
+                                 {"command", command},
+                                 {"commit", build_commit()},
+                                 {"machine", machine_json()},
+                                 {"threads", cpu::compute_pool().size()},
+                                 {"kv_dtype", "f32"},
+                                 {"block_size", kBlockSize},
+                                 {"results", results}};
+  std::ofstream(out_path) << report.dump(1) << "\n";
+  std::cout << "wrote " << out_path << "\n";
+}
