@@ -359,8 +359,10 @@ void softmax(float* s, int n) {
   for (int e = 0; e < n; ++e) s[e] *= inv_sum;
 }
 
-constexpr int kMinSpanKeys = 32;  // a span's fixed costs (its items, its partial sums) stay small beside its keys
-constexpr int kMaxSpans = 8;      // per decode row and head group: items enough for the threads
+// A span's fixed costs (its item, its partial sums, their combination) stay small beside its keys: with spans of
+// 32 keys, batches of short rows became slower than unsplit (bench/decode_attention.cpp, batch 8 at 256 keys).
+constexpr int kMinSpanKeys = 128;
+constexpr int kMaxSpans = 8;  // per decode row and head group: items enough for the threads
 
 // Keys per span of a decode row that sees n_keys keys: whole blocks, at least kMinSpanKeys, at most kMaxSpans
 // spans. It depends on the row alone, so a row is cut the same way, and gets the same bits, in any batch.

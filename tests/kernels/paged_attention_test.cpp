@@ -167,7 +167,7 @@ void expect_matches_reference(const KvBlockLayout& layout, int n_heads, const st
   }
 }
 
-// Decode steps short and long (split along their keys into spans from 32 keys, at most 8 spans from 256 on),
+// Decode steps short and long (split along their keys past 128: spans of 128 keys, at most 8 spans),
 // prefill chunks from the start and after earlier entries; column sums on a decode and on a chunk.
 const std::vector<SeqSpec> kFullPrecision = {{1, 0, 0, 0}, {1, 150}, {40, 0, 0, 10}, {23, 37}, {1, 70, 0, 0}, {1, 40},
                                              {1, 1000}};
@@ -227,7 +227,7 @@ TEST(CpuPagedAttention, SplitDecodeRowsGetTheSameBitsInAnyBatch) {
 
 TEST(CpuPagedAttention, QuantizedBlocksMatchTheDoubleReference) {
   // Groups of 32 before each sequence's new rows, then full-precision blocks.
-  const std::vector<SeqSpec> specs = {{1, 100, 3, 0}, {1, 64, 2}, {30, 70, 2, 5}, {6, 32, 1}};
+  const std::vector<SeqSpec> specs = {{1, 100, 3, 0}, {1, 64, 2}, {30, 70, 2, 5}, {6, 32, 1}, {1, 300, 3}};
   for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
     const KvBlockLayout layout{2, 64, kKvQuantGroup, DType::f32, quant};
     expect_matches_reference(layout, 8, specs, RopeParams{}, 4, kv_quant_name(quant));
