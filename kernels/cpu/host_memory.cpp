@@ -32,6 +32,12 @@ HostMapping::HostMapping(size_t bytes) {
     if (first + mapped > data_ + size_) ::munmap(data_ + size_, size_t(first + mapped - (data_ + size_)));
     ::madvise(data_, size_, MADV_HUGEPAGE);  // advice: refused (THP "never", old kernels) it changes nothing
   }
+  // Every page faulted in now, after the advice (so in huge pages): a pool larger than the machine can hold fails
+  // at start-up rather than mid-request, and no step waits on page faults. MADV_POPULATE_WRITE (Linux 5.14) does it
+  // in one call; older kernels refuse it, and a write to each page does it there.
+  if (::madvise(data_, size_, MADV_POPULATE_WRITE) != 0) {
+    for (size_t at = 0; at < size_; at += kPage) data_[at] = 0;
+  }
 }
 
 HostMapping::~HostMapping() {

@@ -12,7 +12,8 @@
 namespace strata::cpu {
 
 // One anonymous mapping of at least `bytes`: zeroed, page-aligned, 2 MiB-aligned and in huge pages where it is
-// 2 MiB or more. Unmapped on destruction; std::bad_alloc when the system refuses it.
+// 2 MiB or more, every page present from the start. Unmapped on destruction; std::bad_alloc when the system
+// refuses it.
 class HostMapping {
  public:
   explicit HostMapping(size_t bytes);
