@@ -110,6 +110,24 @@ def decode_profile(d: dict, activations: str) -> str:
             f"{g['compute pool waits']:.0f}%")
 
 
+def decode_attention_change(after: dict) -> str:
+    """build/bench/decode_attention after / before (the before file beside it), per batch, and the after's cache rate."""
+    before = load("cpu-decode-attention-before-epyc-avx512vnni.json")
+    share = {}
+    for a, b in zip(after["results"], before["results"]):
+        share.setdefault(a["batch"], []).append(a["us"] / b["us"])
+    rates = [r["kv_gb_per_s"] for r in after["results"]]
+    return (f"batch 1 took {min(share[1]):.2f}-{max(share[1]):.2f} of the time, batch 8 {min(share[8]):.2f}-"
+            f"{max(share[8]):.2f}; it reads the cache at {min(rates):.1f}-{max(rates):.1f} GB/s")
+
+
+def before_after(d: dict) -> str:
+    """bench/engine_before_after.sh: decode after / before at batch 1 and 8, with the medians."""
+    m = d["median"]
+    return "; ".join(f"batch-{b} decode {m[f'decode batch {b}: after / before']:.2f}x ({m[f'before decode batch {b}']:.1f} "
+                     f"to {m[f'after decode batch {b}']:.1f}" + (" tok/s)" if b == 1 else ")") for b in (1, 8))
+
+
 def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
@@ -133,11 +151,14 @@ CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
           lambda d: f"with `engine.activation_dtype: int8` (VNNI on 16-row tiles) {batch1_span(d)}x, "
                     f"{ratios(d)['batch8_decode']:.2f}x and {ratios(d)['prefill_128']:.2f}x"),
-    *(Claim("bench/results/README.md", source, lambda d: llamacpp_rows(d))
-      for source in ("cpu-vs-llamacpp-epyc-avx512vnni.json", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json")),
-    *(Claim("bench/results/README.md", source, lambda d: weight_reads(d))
-      for source in ("cpu-vs-llamacpp-epyc-avx512vnni.json", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json")),
+    *(Claim("bench/results/README.md", f"cpu-vs-llamacpp-epyc-avx512vnni{run}.json", lambda d: llamacpp_rows(d))
+      for run in ("", "-int8", "-b9e8d8b", "-int8-b9e8d8b")),
+    *(Claim("bench/results/README.md", f"cpu-vs-llamacpp-epyc-avx512vnni{run}.json", lambda d: weight_reads(d))
+      for run in ("", "-int8", "-b9e8d8b", "-int8-b9e8d8b")),
     Claim("bench/results/README.md", "cpu-int8-vnni-before-after.json", int8_before_after),
+    Claim("bench/results/README.md", "cpu-decode-split-thp-before-after.json", before_after),
+    Claim("bench/results/README.md", "cpu-decode-split-thp-before-after-int8.json", before_after),
+    Claim("bench/results/README.md", "cpu-decode-attention-epyc-avx512vnni.json", decode_attention_change),
     Claim("bench/results/README.md", "cpu-int8-decode-profile-epyc-avx512vnni.json",
           lambda d: decode_profile(d, "int8")),
     Claim("bench/results/README.md", "cpu-f32-decode-profile-epyc-avx512vnni.json",

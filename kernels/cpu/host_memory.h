@@ -1,8 +1,8 @@
 #pragma once
 // Host memory for the CPU backend's buffers (the KV pool, the activations, the repacked weights), asked for in
 // transparent huge pages: a decode step streams every weight (about 100 MB for SmolLM2) and reads KV blocks
-// scattered over the pool, and with 4 KiB pages each 4 KiB of it costs a TLB miss, in a VM a two-level page walk.
-// SmolLM2's batch-1 decode is about 1.2x as fast in 2 MiB pages (docs/decisions.md, [cpu-xeon]).
+// scattered over the pool, and with 4 KiB pages each 4 KiB of it costs a TLB miss, in a VM a two-level page walk
+// (docs/decisions.md, [cpu-xeon]).
 // madvise(MADV_HUGEPAGE) is what THP's "madvise" mode (Debian's default) waits for; under "never" the memory is
 // ordinary pages and nothing else changes.
 #include <cstddef>
