@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
   if (out_path.empty()) return 0;
   std::string command = "build/bench/decode_attention";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  const nlohmann::json report = {{"what", "CPU paged attention on decode steps, per layer (bench/decode_attention.cpp)"},
+  const nlohmann::json report = {{"what", "CPU paged attention on decode steps, per layer (decode_attention.cpp)"},
                                  {"command", command},
                                  {"commit", build_commit()},
                                  {"machine", machine_json()},

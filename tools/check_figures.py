@@ -111,7 +111,7 @@ def decode_profile(d: dict, activations: str) -> str:
 
 
 def decode_attention_change(after: dict) -> str:
-    """build/bench/decode_attention after / before (the before file beside it), per batch, and the after's cache rate."""
+    """build/bench/decode_attention after / before (the before file beside it) per batch, the after's cache rate."""
     before = load("cpu-decode-attention-before-epyc-avx512vnni.json")
     share = {}
     for a, b in zip(after["results"], before["results"]):
@@ -124,8 +124,9 @@ def decode_attention_change(after: dict) -> str:
 def before_after(d: dict) -> str:
     """bench/engine_before_after.sh: decode after / before at batch 1 and 8, with the medians."""
     m = d["median"]
-    return "; ".join(f"batch-{b} decode {m[f'decode batch {b}: after / before']:.2f}x ({m[f'before decode batch {b}']:.1f} "
-                     f"to {m[f'after decode batch {b}']:.1f}" + (" tok/s)" if b == 1 else ")") for b in (1, 8))
+    return "; ".join(f"batch-{b} decode {m[f'decode batch {b}: after / before']:.2f}x "
+                     f"({m[f'before decode batch {b}']:.1f} to {m[f'after decode batch {b}']:.1f}"
+                     + (" tok/s)" if b == 1 else ")") for b in (1, 8))
 
 
 def load(name: str) -> dict:

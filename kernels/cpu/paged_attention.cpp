@@ -151,11 +151,11 @@ void rows_values(const float* p, const float* v, int n, int hd, float* o) {
   }
 }
 
-// Eight floats as one value: a ymm register on AVX2 and AVX-512, two xmm on the baseline (GCC's vector extension,
-// so that each STRATA_SIMD_CLONES clone compiles it for its own level); Floats8 reads them at any address.
+// Eight floats as one value: a ymm register on AVX2 and AVX-512, two xmm on the baseline (the vector extension
+// of GCC and Clang, so that each STRATA_SIMD_CLONES clone compiles it for its own level); Floats8 reads them at any
+// address.
 using Lanes8 = float __attribute__((vector_size(32)));
 using Floats8 = float __attribute__((vector_size(32), aligned(4), may_alias));
-using LaneIndex8 = int __attribute__((vector_size(32)));
 
 // out[j] = scale * (the sum of the 8 lanes of a[j]). Three rounds halve the lanes each vector keeps and double the
 // vectors each one holds (a transposition folded into the additions); the last shuffle puts them in order. Inlined
@@ -163,17 +163,17 @@ using LaneIndex8 = int __attribute__((vector_size(32)));
 [[gnu::always_inline]] inline void lane_sums(const Lanes8 (&a)[8], float scale, float* out) {
   Lanes8 half[4], quarter[2];
   for (int i = 0; i < 4; ++i) {  // [a_2i: 4 sums, a_2i+1: 4 sums]
-    half[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], LaneIndex8{0, 1, 2, 3, 8, 9, 10, 11}) +
-              __builtin_shuffle(a[2 * i], a[2 * i + 1], LaneIndex8{4, 5, 6, 7, 12, 13, 14, 15});
+    half[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+              __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
   }
   for (int i = 0; i < 2; ++i) {  // 2 sums each of a_4i, a_4i+2, a_4i+1, a_4i+3
-    quarter[i] = __builtin_shuffle(half[2 * i], half[2 * i + 1], LaneIndex8{0, 1, 8, 9, 4, 5, 12, 13}) +
-                 __builtin_shuffle(half[2 * i], half[2 * i + 1], LaneIndex8{2, 3, 10, 11, 6, 7, 14, 15});
+    quarter[i] = __builtin_shufflevector(half[2 * i], half[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+                 __builtin_shufflevector(half[2 * i], half[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
   }
   // a_0, a_4, a_2, a_6, a_1, a_5, a_3, a_7
-  const Lanes8 sums = __builtin_shuffle(quarter[0], quarter[1], LaneIndex8{0, 8, 2, 10, 4, 12, 6, 14}) +
-                      __builtin_shuffle(quarter[0], quarter[1], LaneIndex8{1, 9, 3, 11, 5, 13, 7, 15});
-  *reinterpret_cast<Floats8*>(out) = __builtin_shuffle(sums, LaneIndex8{0, 4, 2, 6, 1, 5, 3, 7}) * scale;
+  const Lanes8 sums = __builtin_shufflevector(quarter[0], quarter[1], 0, 8, 2, 10, 4, 12, 6, 14) +
+                      __builtin_shufflevector(quarter[0], quarter[1], 1, 9, 3, 11, 5, 13, 7, 15);
+  *reinterpret_cast<Floats8*>(out) = __builtin_shufflevector(sums, sums, 0, 4, 2, 6, 1, 5, 3, 7) * scale;
 }
 
 // scores[j] = scale * q . k_j for n keys stored one after another (a row that scores few keys: no transposition).
