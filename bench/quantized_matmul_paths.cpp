@@ -6,6 +6,8 @@
 //   build/bench/quantized_matmul_paths [--reps 30] [--out bench/results/cpu-quantized-matmul-paths.json]
 //   build/bench/quantized_matmul_paths --int8 [--reps 30] [--out FILE]
 //
+// Without --out it only prints (a run that wrote the committed results by default once overwrote them).
+//
 // Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
 // from memory as in a real step; on the compute pool's threads (every core). With --int8 it times instead the
 // int8 kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the VNNI
@@ -109,7 +111,7 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
 
 int main(int argc, char** argv) {
   int reps = 30;
-  std::string out_path = "bench/results/cpu-quantized-matmul-paths.json";
+  std::string out_path;
   bool int8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -157,6 +159,7 @@ int main(int argc, char** argv) {
                 << " us\n";
     }
   }
+  if (out_path.empty()) return 0;
   std::string command = "build/bench/quantized_matmul_paths";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
   const nlohmann::json report = {{"command", command},
