@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a CPU decode step's time goes: `perf record` on `strata bench` past its start-up, grouped by what the
+"""Where a CPU decode step's time goes: `perf record` on `strata bench`, its decode's samples grouped by what the
 functions do (the weight products, attention, the compute pool's waits, the rest), so that the weight bytes a
 step reads can be set against the time the weight products take ([cpu-xeon]: the share of the read bandwidth).
 
@@ -8,7 +8,8 @@ step reads can be set against the time the weight products take ([cpu-xeon]: the
 
 Needs `perf` (Debian package linux-perf). --read-gbs (build/bench/read_bandwidth's figure) adds the rate at which
 the weight products stream the weights while they run, as a share of it: weight bytes per step / (their share of
-the samples x seconds per step). Run it on an idle machine.
+the samples x seconds per step): an upper bound, since a thread that has finished its share of a product waits in
+the pool while the product's wall time goes on. Run it on an idle machine.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,36 +48,26 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--gen-tokens", type=int, default=320)
-    ap.add_argument("--skip-ms", type=int, default=0, help="start sampling this late (default: the measured start-up)")
     ap.add_argument("--read-gbs", type=float, default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
     bench = [str(BINARY), "bench", "--config", a.config, "--batch", "1", "--prompt-tokens", str(a.prompt_tokens),
-             "--gen-tokens", "2", *[x for s in a.sets for x in ("--set", s)]]
-    skip_ms = a.skip_ms
-    if skip_ms == 0:  # start-up and a short prefill, timed: sampling starts after them
-        # The shorter of two runs: a first start-up after a while can take seconds longer (the VM backing the
-        # KV pool's pages for the first time), and a delay that long would outlast the whole decode.
-        durations = []
-        for _ in range(2):
-            start = time.time()
-            subprocess.run(bench, cwd=ROOT, check=True, capture_output=True)
-            durations.append(time.time() - start)
-        skip_ms = int(min(durations) * 1000)
-    bench[bench.index("--gen-tokens") + 1] = str(a.gen_tokens)
+             "--gen-tokens", str(a.gen_tokens), *[x for s in a.sets for x in ("--set", s)]]
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "bench.json"
         data = Path(tmp) / "perf.data"
-        record = ["perf", "record", "-D", str(skip_ms), "-o", str(data), *bench, "--out", str(result)]
+        record = ["perf", "record", "-o", str(data), *bench, "--out", str(result)]
         subprocess.run(record, cwd=ROOT, check=True, capture_output=True)
         run = json.loads(result.read_text())["results"][0]
-        # Only the decode's samples: from the first for as long as the bench says the decode took (the process's
-        # exit, which unmaps the pool, came to about 5% of the samples otherwise).
-        times = subprocess.run(["perf", "script", "-i", str(data), "-F", "time"], cwd=ROOT, check=True,
-                               capture_output=True, text=True).stdout.split()
-        first = float(times[0].rstrip(":"))
-        window = f"{first:.6f},{first + run['decode_seconds']:.6f}"
+        # Only the decode's samples: the bench's decode time back from the last weight product's sample, which
+        # ends the last step. Start-up (the KV pool's pages faulted in, seconds on a VM's first touch) and the exit
+        # (the pool unmapped) stay out, however long they take.
+        products = re.compile(dict(GROUPS)["weight products"])
+        samples = subprocess.run(["perf", "script", "-i", str(data), "-F", "time,ip,sym"], cwd=ROOT, check=True,
+                                 capture_output=True, text=True).stdout.splitlines()
+        end = max(float(line.split(":")[0]) for line in samples if products.search(line))
+        window = f"{end - run['decode_seconds']:.6f},{end:.6f}"
         report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "--stdio",
                                  "--time", window], cwd=ROOT, check=True, capture_output=True, text=True).stdout
     shares = {}
@@ -87,14 +77,14 @@ def main() -> int:
             shares[m.group(2)] = shares.get(m.group(2), 0.0) + float(m.group(1))
     groups = grouped(shares)
     out = {"what": "perf samples of strata bench's batch-1 decode, grouped (bench/decode_profile.py)",
-           "command": " ".join(sys.argv), "perf_command": " ".join(record[:5]) + " strata bench ...",
+           "command": " ".join(sys.argv), "perf_command": " ".join(record[:2]) + " -o FILE strata bench ...",
            "bench_command": " ".join(bench), "commit": commit(), "machine": machine(),
-           "sampling_starts_after_ms": skip_ms, "decode_tokens_per_second": run["decode_tokens_per_second"],
+           "decode_tokens_per_second": run["decode_tokens_per_second"],
            "weight_bytes_per_step": run["bandwidth"]["weight_bytes_per_step"], "groups_percent": groups,
            "top_symbols_percent": dict(sorted(shares.items(), key=lambda kv: -kv[1])[:20])}
     if a.read_gbs:
         # Every thread works on the same product at a time, so the products' share of the samples is their share
-        # of a step's wall time too.
+        # of a step's wall time too, less the waits of a thread done with its share (an upper bound).
         busy = groups["weight products"] / 100 / run["decode_tokens_per_second"]
         out["read_gb_per_s"] = a.read_gbs
         out["weight_products_stream_share_of_read_bandwidth"] = round(
