@@ -28,7 +28,8 @@ from bench_support import BINARY, ROOT, commit, machine  # noqa: E402
 GROUPS = [
     ("weight products", r"rows16_tiles|vnni_rows|int8_rows|pair_row|q4_k_row|q6_k_row|quantized_dot|sgemm|"
                         r"weight_row|portable_dot"),
-    ("attention", r"row_scores|rows_values|chunk_scores|softmax|paged_attention|tile_scores|block_scores"),
+    ("attention", r"row_scores|rows_values|chunk_scores|softmax|exp_shifted|paged_attention|tile_scores|block_scores|"
+                  r"sum_values|span_partials|combine_spans"),
     ("compute pool waits", r"ThreadPool::(worker_loop|run|work_on)|sched_yield|futex|__schedule"),
     ("int8 rounding", r"round_row|round_activations|round_to_int8"),
 ]
