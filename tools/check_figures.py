@@ -164,6 +164,10 @@ CLAIMS = [
           lambda d: decode_profile(d, "int8")),
     Claim("bench/results/README.md", "cpu-f32-decode-profile-epyc-avx512vnni.json",
           lambda d: decode_profile(d, "f32")),
+    Claim("bench/results/README.md", "cpu-int8-decode-profile-epyc-avx512vnni-af41533.json",
+          lambda d: decode_profile(d, "int8")),
+    Claim("bench/results/README.md", "cpu-f32-decode-profile-epyc-avx512vnni-af41533.json",
+          lambda d: decode_profile(d, "f32")),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json",
           lambda d: f"on an AVX2-only EPYC: batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
