@@ -135,8 +135,9 @@ void dequantize_rows16(const PackedWeight& w, int64_t tile, int first, int n, fl
       uint8_t u[32];
       uint16_t d, m;
       rows16_block_values(block, first + r, four_bit, u, d, m);
+      const float scale = fp16_to_fp32(d), offset = fp16_to_fp32(m);
       float* y = out + r * w.cols + 32 * b;
-      for (int v = 0; v < 32; ++v) y[v] = fp16_to_fp32(d) * float(u[v]) + fp16_to_fp32(m);
+      for (int v = 0; v < 32; ++v) y[v] = scale * float(u[v]) + offset;
     }
   }
 }

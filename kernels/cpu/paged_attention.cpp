@@ -391,10 +391,11 @@ std::vector<QueryItem> query_items(std::span<const AttentionSequence> seqs, int 
   for (int s = 0; s < int(seqs.size()); ++s) {
     const int n_q = seqs[s].n_q;
     const int sums_from = seqs[s].column_sums ? std::clamp(seqs[s].stats_row_begin, 0, n_q) : n_q;
+    const bool split = split_row(seqs[s], layout.block_size);
+    const int n_keys = seqs[s].n_ctx_before + 1, span = span_keys(n_keys, layout.block_size);  // used when split
     for (int h0 = 0; h0 < n_heads; h0 += item_heads) {
       const int h1 = std::min(h0 + item_heads, (h0 / group + 1) * group);
-      if (split_row(seqs[s], layout.block_size)) {
-        const int n_keys = seqs[s].n_ctx_before + 1, span = span_keys(n_keys, layout.block_size);
+      if (split) {
         for (int k0 = 0; k0 < n_keys; k0 += span) {
           items.push_back({s, h0, h1, 0, 1, k0, std::min(k0 + span, n_keys), partial_floats});
           partial_floats += int64_t(h1 - h0) * (layout.head_dim + 2);
