@@ -45,12 +45,9 @@ def engine_requests(server):
 
 def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
     server = serve("server.drain_timeout_s=120")
-    # engine.max_running=2: two run, the other two wait in the queue when the signal comes. Long enough that the
-    # drain outlasts the checks below (with 96 and 32 tokens a fast machine had finished them, and exited, before
-    # /health was asked).
-    lengths = (400, 400, 120, 120)
-    calls = [CompletionCall(server.base_url, tokens, stream)
-             for tokens, stream in zip(lengths, (True, True, False, True))]
+    # engine.max_running=2: two run, the other two wait in the queue when the signal comes.
+    calls = [CompletionCall(server.base_url, tokens, stream) for tokens, stream in
+             ((96, True), (96, True), (32, False), (32, True))]
     assert calls[0].first_event.wait(60) and calls[0].events, "the first stream did not start"
     # The others reach the engine a moment later (later still on a loaded machine): signal once three have.
     deadline = time.monotonic() + 60
@@ -67,7 +64,7 @@ def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
     assert refused.headers["Connection"] == "close"
     error_of(requests.get(f"{server.base_url}/v1/models", timeout=30), 503)
 
-    for call, max_tokens in zip(calls, lengths):
+    for call, max_tokens in zip(calls, (96, 96, 32, 32)):
         response = call.result()
         assert response.status_code == 200, response.text[:500]
         if call.body["stream"]:
