@@ -3,7 +3,8 @@ openai client and raw requests (shared/style.md, section 4).
 
     .venv/bin/python -m pytest tests/e2e        # STRATA_BIN overrides build/strata
 
-The server's output goes to a log file whose tail is attached to every failing test's report.
+The server's output goes to a log file whose tail is attached to every failing test's report, beside the tails of
+the test's own servers (serve_process.ServeProcess).
 """
 import os
 import shutil
@@ -15,6 +16,7 @@ import openai
 import pytest
 import requests
 
+import serve_process
 from support import MODEL, ROOT, free_port, stop_process, wait_until_ready
 
 CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
@@ -52,12 +54,23 @@ def pytest_collection_modifyitems(items):
         item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
 
 
+def pytest_runtest_setup(item):
+    item.first_own_server = len(serve_process.STARTED)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.failed and _server is not None:
-        report.sections.append(("strata serve log (tail)", _server.log_tail()))
+    if not report.failed:
+        return
+    if _server is not None:
+        report.sections.append(("shared strata serve log (tail)", _server.log_tail()))
+    # The test's own servers: those it started, and those of its module's fixtures still running.
+    first = getattr(item, "first_own_server", len(serve_process.STARTED))
+    for i, own in enumerate(serve_process.STARTED):
+        if i >= first or own.stopped_log is None:
+            report.sections.append((f"{own.name} log (tail, port {own.port})", own.log_tail()))
 
 
 @pytest.fixture(scope="session")

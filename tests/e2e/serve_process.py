@@ -13,6 +13,7 @@ from support import MODEL, ROOT, free_port, stop_process, wait_until_ready
 
 CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 STARTUP_TIMEOUT_S = 120
+STARTED = []  # every ServeProcess of the session, in order: conftest attaches a failing test's servers' log tails
 
 
 def strata_binary():
@@ -37,14 +38,19 @@ class ServeProcess:
             args += ["--set", o]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.stopped_log = None  # the log's tail when stop() removed the file
+        STARTED.append(self)
 
     def wait_ready(self, timeout_s=STARTUP_TIMEOUT_S):
         wait_until_ready(self.process, f"{self.base_url}/health", self.name, timeout_s, self.log_tail, 0.5)
         return self
 
     def log_tail(self, n=8000):
+        if self.stopped_log is not None:
+            return self.stopped_log[-n:]
         return self.log_path.read_bytes()[-n:].decode("utf-8", errors="replace")
 
     def stop(self, timeout_s=20):
         stop_process(self.process, timeout_s=timeout_s)
+        self.stopped_log = self.log_tail()
         shutil.rmtree(self.log_dir, ignore_errors=True)

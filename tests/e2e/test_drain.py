@@ -45,14 +45,19 @@ def engine_requests(server):
 
 def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
     server = serve("server.drain_timeout_s=120")
-    # engine.max_running=2: two run, the other two wait in the queue when the signal comes.
-    calls = [CompletionCall(server.base_url, tokens, stream) for tokens, stream in
-             ((96, True), (96, True), (32, False), (32, True))]
+    # The long stream runs first; engine.max_running=2: one more runs beside it, and the last two wait in the queue
+    # when the signal comes. (Started together, the short ones could run first and be gone before the look below.)
+    calls = [CompletionCall(server.base_url, 256, True)]
     assert calls[0].first_event.wait(60) and calls[0].events, "the first stream did not start"
+    calls += [CompletionCall(server.base_url, tokens, stream)
+              for tokens, stream in ((96, True), (32, False), (32, True))]
     # The others reach the engine a moment later (later still on a loaded machine): signal once three have.
     deadline = time.monotonic() + 60
-    while engine_requests(server) < 3 and time.monotonic() < deadline:
+    in_engine = engine_requests(server)
+    while in_engine < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
+        in_engine = engine_requests(server)
+    assert in_engine >= 3, f"only {in_engine} request(s) reached the engine: {[c.status for c in calls]}"
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
 
@@ -64,7 +69,7 @@ def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
     assert refused.headers["Connection"] == "close"
     error_of(requests.get(f"{server.base_url}/v1/models", timeout=30), 503)
 
-    for call, max_tokens in zip(calls, (96, 96, 32, 32)):
+    for call, max_tokens in zip(calls, (256, 96, 32, 32)):
         response = call.result()
         assert response.status_code == 200, response.text[:500]
         if call.body["stream"]:
