@@ -78,6 +78,8 @@ def server_command(port: int, chunked: bool, caching: str, args) -> list[str]:
         sets.append(f"kv_cache.block_size={args.block_size}")
     if chunked:
         sets += ["kv_cache.prefill_compression=chunked", f"kv_cache.prefill_chunk={args.chunk}"]
+    else:
+        sets.append("kv_cache.prefill_compression=end")  # the default, auto, would chunk SnapKV too
     cmd = [str(BINARY), "serve", "--config", str(CONFIG), "--port", str(port)]
     for s in sets:
         cmd += ["--set", s]

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
 
 #include "cache/compression_policy.h"
 
@@ -13,6 +16,41 @@ const PolicySpec& CompressionConfig::for_layer(int global_layer) const {
     if (global_layer >= o.first_layer && global_layer <= o.last_layer) spec = &o.policy;
   }
   return *spec;
+}
+
+bool CompressionConfig::chunked() const {
+  if (chunked_where_possible) {
+    throw std::logic_error("kv_cache.prefill_compression auto is decided per sequence "
+                           "(CompressionConfig::for_sequence)");
+  }
+  return prefill_chunk > 0;
+}
+
+CompressionConfig CompressionConfig::for_sequence(const std::optional<PolicySpec>& request,
+                                                  PolicyContext context) const {
+  CompressionConfig resolved = *this;
+  if (!chunked_where_possible) return resolved;
+  resolved.chunked_where_possible = false;
+  int needs_chunks = -1, lacks_form = -1;  // a layer of each kind
+  bool compresses = false;
+  for (int l = 0; l < context.n_layers_total; ++l) {
+    context.global_layer = l;
+    const PolicyTraits traits = make_policy(request ? *request : for_layer(l), context)->traits();
+    if (traits.needs_chunked_prefill) needs_chunks = l;
+    if (!traits.compresses_prefill_chunks) lacks_form = l;
+    compresses = compresses || !traits.keeps_every_entry;
+  }
+  if (needs_chunks >= 0 && lacks_form >= 0) {
+    const auto layer = [&](int l) {
+      return (request ? *request : for_layer(l)).name + " (layer " + std::to_string(l) + ")";
+    };
+    throw std::invalid_argument("kv_cache.prefill_compression auto: policy " + layer(needs_chunks) +
+                                " compresses prefill chunks only, and " + layer(lacks_form) +
+                                " has no chunked form (docs/compression.md)");
+  }
+  // A sequence that keeps every entry has nothing to do at a compression point: it runs as end, as before auto.
+  if (lacks_form >= 0 || !compresses) resolved.prefill_chunk = 0;
+  return resolved;
 }
 
 int CompressionConfig::compression_point(int pos, int prefill_len) const {

@@ -9,9 +9,11 @@
 
 namespace strata {
 
-ScoringRows prefill_scoring_rows(const CompressionConfig& config, const std::optional<PolicySpec>& request,
+ScoringRows prefill_scoring_rows(const CompressionConfig& server_config, const std::optional<PolicySpec>& request,
                                  PolicyContext context, int prefill_len) {
+  const CompressionConfig config = server_config.for_sequence(request, context);
   if (!config.chunked()) return {};
+  context.prefill_chunk = config.prefill_chunk;
   LayerState start;
   start.prompt_len = prefill_len;
   start.compression_point = config.compression_point(0, prefill_len);
@@ -49,11 +51,13 @@ ScoringRows prefill_scoring_rows(const CompressionConfig& config, const std::opt
   return {ScoringSource::prompt_tail, tail};
 }
 
-std::vector<int> prefill_peak_entries(const CompressionConfig& config, const std::optional<PolicySpec>& request,
+std::vector<int> prefill_peak_entries(const CompressionConfig& server_config, const std::optional<PolicySpec>& request,
                                       PolicyContext context, int prefill_len) {
   std::vector<int> peak(size_t(context.n_layers_total), prefill_len + 1);
+  const CompressionConfig config = server_config.for_sequence(request, context);
   if (!config.chunked()) return peak;
-  const int scoring_rows = prefill_scoring_rows(config, request, context, prefill_len).count;
+  context.prefill_chunk = config.prefill_chunk;
+  const int scoring_rows = prefill_scoring_rows(server_config, request, context, prefill_len).count;
   // The last compression point before the prefill's end, where a layer that keeps everything holds the most
   // scoring rows past what it keeps.
   const int last_point = (prefill_len - 1) / config.prefill_chunk * config.prefill_chunk;

@@ -28,7 +28,8 @@ ScoringRows prefill_scoring_rows(const CompressionConfig& config, const std::opt
                                  PolicyContext context, int prefill_len);
 
 // Per global layer, for a prefill of prefill_len tokens. context: any layer's (its global_layer is replaced);
-// request: the request's policy, or the configuration's.
+// request: the request's policy, or the configuration's. Both functions decide `auto` for the sequence
+// (CompressionConfig::for_sequence).
 std::vector<int> prefill_peak_entries(const CompressionConfig& config, const std::optional<PolicySpec>& request,
                                       PolicyContext context, int prefill_len);
 

@@ -5,8 +5,10 @@
 
 namespace strata {
 
-PrefixReuse prefix_reuse(const CompressionConfig& config, const std::optional<PolicySpec>& request,
+PrefixReuse prefix_reuse(const CompressionConfig& server_config, const std::optional<PolicySpec>& request,
                          PolicyContext context, int prompt_len) {
+  const CompressionConfig config = server_config.for_sequence(request, context);
+  context.prefill_chunk = config.prefill_chunk;
   PrefixReuse reuse;
   reuse.max_cached_tokens = std::max(0, prompt_len - 1);
   LayerState start;

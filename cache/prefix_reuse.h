@@ -38,7 +38,8 @@ struct PrefixReuse {
   int compressed_entries = 0;
 };
 
-// context: any layer's (its global_layer is replaced); request: the request's policy, or the configuration's.
+// context: any layer's (its global_layer is replaced); request: the request's policy, or the configuration's
+// (`auto` decided for it, CompressionConfig::for_sequence).
 PrefixReuse prefix_reuse(const CompressionConfig& config, const std::optional<PolicySpec>& request,
                          PolicyContext context, int prompt_len);
 

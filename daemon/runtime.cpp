@@ -211,27 +211,35 @@ void make_kv_cache(const ServerConfig& config, RankRuntime& rt) {
 }
 
 // kv_cache.prefill_compression: with chunked, every layer's configured policy has a chunked form and the layers agree
-// on their scoring rows; with end, none needs chunked prefill (KVzip).
+// on their scoring rows; with end, none needs chunked prefill (KVzip); with auto, the layers do not mix one that
+// needs chunks with one that has no chunked form.
 void check_prefill_compression(const ServerConfig& config, const RankRuntime& rt) {
   const CompressionConfig compression = compression_config(config, rt);
   const ModelConfig& mc = rt.weights.config;
-  for (int l = 0; l < mc.n_layers; ++l) {
+  const PolicyContext context{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
+  if (compression.chunked_where_possible) {
+    try {
+      compression.for_sequence(std::nullopt, context);  // throws for a mix it cannot decide
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(config.file + ": " + e.what());
+    }
+  }
+  for (int l = 0; l < mc.n_layers && !compression.chunked_where_possible; ++l) {
     const PolicySpec& spec = compression.for_layer(l);
-    const PolicyContext context{l, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
-    const PolicyTraits traits = make_policy(spec, context)->traits();
+    const PolicyContext layer_context{l, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
+    const PolicyTraits traits = make_policy(spec, layer_context)->traits();
     if (!compression.chunked() && traits.needs_chunked_prefill) {
       throw ConfigError(config.file + ": kv_cache.prefill_compression: end, but policy " + spec.name + " (layer " +
-                        std::to_string(l) + ") compresses prefill chunks only; use chunked (docs/compression.md)");
+                        std::to_string(l) + ") compresses prefill chunks only; use chunked or auto " +
+                        "(docs/compression.md)");
     }
     if (compression.chunked() && !traits.compresses_prefill_chunks) {
       throw ConfigError(config.file + ": kv_cache.prefill_compression: chunked, but policy " + spec.name +
-                        " (layer " + std::to_string(l) + ") has no chunked form; use end, or one of full, streaming, "
-                        "h2o, snapkv, pyramidkv, expected_attention, kvzip (docs/compression.md)");
+                        " (layer " + std::to_string(l) + ") has no chunked form; use end or auto, or one of full, " +
+                        "streaming, h2o, snapkv, pyramidkv, expected_attention, kvzip (docs/compression.md)");
     }
   }
-  if (!compression.chunked()) return;
   try {
-    const PolicyContext context{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
     prefill_scoring_rows(compression, std::nullopt, context, mc.max_context);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(config.file + ": kv_cache.layer_overrides: " + e.what());
@@ -346,7 +354,8 @@ CompressionConfig compression_config(const ServerConfig& config, const RankRunti
   }
   compression.policy = parse_policy_spec(config.kv_cache.policy);
   compression.overrides = parse_layer_overrides(config.kv_cache.layer_overrides);
-  if (config.kv_cache.prefill_compression == "chunked") compression.prefill_chunk = config.kv_cache.prefill_chunk;
+  if (config.kv_cache.prefill_compression != "end") compression.prefill_chunk = config.kv_cache.prefill_chunk;
+  compression.chunked_where_possible = config.kv_cache.prefill_compression == "auto";
   return compression;
 }
 

@@ -208,7 +208,7 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"kv_cache.prefill_compression",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
-         c.kv_cache.prefill_compression = parse_choice(t, w, {"end", "chunked"});
+         c.kv_cache.prefill_compression = parse_choice(t, w, {"auto", "end", "chunked"});
        }},
       {"kv_cache.prefill_chunk",
        [](ServerConfig& c, const std::string& t, const std::string& w) {

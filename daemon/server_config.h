@@ -63,7 +63,9 @@ struct ServerConfig {
     std::string request_policies = "all";   // policies a request may choose ("all", "none", or a list)
     std::string pod_blocks;                 // PoD's layer blocks (strata calibrate); needed by policy pod
     bool prefix_caching = true;             // on | off: reuse the KV of prompt prefixes computed before
-    std::string prefill_compression = "end";  // end | chunked: the policies also compress after every chunk
+    // auto | end | chunked: chunked also compresses after every chunk; auto does so for the sequences whose
+    // policies all have the chunked form, and runs the others as end
+    std::string prefill_compression = "auto";
     int prefill_chunk = 512;                // chunked: prompt tokens between two compressions
   } kv_cache;
 

@@ -99,7 +99,7 @@ void EvalRunner::run(std::span<EvalJob> jobs, const std::function<void(size_t, s
     return;
   }
   for (const std::vector<EvalJob*>& group : groups) {
-    if (group.size() == 1) {
+    if (group.size() == 1 || std::none_of(group.begin(), group.end(), [&](const EvalJob* j) { return forks(*j); })) {
       run_batches(group, nullptr, done);
       continue;
     }
@@ -204,10 +204,16 @@ void EvalRunner::run_batch(std::span<EvalJob* const> batch, const SharedPrompt* 
   execute(plan);  // releases the last finished sequences
 }
 
+// Whether a job may start from a shared prefill: not under the configuration's policies, nor in a chunked prefill
+// (kv_cache.prefill_compression auto or chunked), whose compressions the shared prefill does not make.
+bool EvalRunner::forks(const EvalJob& job) const {
+  return !job.policy.empty() && !executor_.prefills_in_chunks(parse_policy_spec(job.policy));
+}
+
 // A forked job starts where the shared prefill leaves it: at its fork point, or at the prompt's end with the
 // prompt's last row already computed.
 void EvalRunner::start_from(const SharedPrompt& shared, Active& a, StepPlan& plan) {
-  if (a.job->policy.empty()) return;
+  if (!forks(*a.job)) return;
   const int prompt_len = int(a.job->prompt.size());
   const PolicyContext context{0, rt_.weights.config.n_layers, rt_.model->n_heads_local(),
                               rt_.model->n_kv_heads_local(), rt_.model_name};

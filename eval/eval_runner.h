@@ -67,6 +67,7 @@ class EvalRunner {
   SharedPrompt prefill_shared(const std::vector<int32_t>& prompt);
   void run_batches(std::span<EvalJob* const> jobs, const SharedPrompt* shared, const std::function<void(size_t)>& done);
   void run_batch(std::span<EvalJob* const> batch, const SharedPrompt* shared);
+  bool forks(const EvalJob& job) const;
   void start_from(const SharedPrompt& shared, Active& a, StepPlan& plan);
   // Scores or takes the token that follows a.known from a logits row (greedy: the sampled token); true once the
   // job has what it asked for.

@@ -27,6 +27,7 @@ struct Engine::Sequence {
   int n_prompt = 0;
   int n_cached = 0;             // tokens whose KV the ranks hold
   int prefill_len = 0;          // tokens known at (re)admission: chunks before this are prefill
+  bool chunked_prefill = false;  // its policies compress prefill chunks (kv_cache.prefill_compression, decided)
   std::vector<int> peak_entries;  // chunked prefill compression, waiting: per global layer, for a prefill of
   int peak_prefill_len = 0;       // this many tokens
   ScoringRows scoring;            // and the scoring rows of its chunks (cache/prefill_footprint.h)
@@ -133,12 +134,16 @@ std::vector<int> Engine::peak_entries(const std::optional<PolicySpec>& request_p
   return prefill_peak_entries(options_.compression, request_policy, options_.policy_context, prefill_len);
 }
 
+bool Engine::prefills_in_chunks(const std::optional<PolicySpec>& request_policy) const {
+  return options_.compression.for_sequence(request_policy, options_.policy_context).chunked();
+}
+
 // A prompt whose peak (with its first generated token) cannot fit the KV pool of a pipeline stage alone would wait
 // forever.
 void Engine::check_fits_the_pool(const GenerationRequest& request) const {
   const int n_prompt = int(request.prompt_ids.size());
   // end: every layer holds the prompt (the policies' context is not needed, and tests leave it out).
-  const bool chunked = options_.compression.chunked();
+  const bool chunked = prefills_in_chunks(request.kv_policy);
   const std::vector<int> peak = chunked ? peak_entries(request.kv_policy, n_prompt) : std::vector<int>{};
   for (size_t s = 0; s < stages_.size(); ++s) {
     const StageCapacity& stage = stages_[s];
@@ -238,8 +243,10 @@ void Engine::take_new_requests() {
     req->usage.prompt_tokens = int(r.prompt_ids.size());
     req->request = std::move(r);
     const SamplingParams& sp = req->request.sampling;
+    const bool chunked_prefill = prefills_in_chunks(req->request.kv_policy);
     for (int c = 0; c < req->request.n; ++c) {
       auto seq = std::make_unique<Sequence>(tokenizer_, sp.stop);
+      seq->chunked_prefill = chunked_prefill;
       seq->id = next_seq_id_++;
       seq->req = req;
       seq->choice = c;
@@ -364,7 +371,7 @@ std::deque<SchedulerSequence> Engine::waiting_for_schedule() {
       s.n_cached = prefix_->pin(id, s.tokens, int(s.tokens.size()), s.req->request.kv_policy);
       if (prefix_->copies(id)) n_copied = s.n_cached;
     }
-    if (options_.compression.chunked() && s.peak_prefill_len != int(s.tokens.size())) {
+    if (s.chunked_prefill && s.peak_prefill_len != int(s.tokens.size())) {
       s.peak_entries = peak_entries(s.req->request.kv_policy, int(s.tokens.size()));
       s.scoring = prefill_scoring_rows(options_.compression, s.req->request.kv_policy, options_.policy_context,
                                        int(s.tokens.size()));

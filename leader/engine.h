@@ -39,7 +39,7 @@ struct EngineOptions {
   std::function<void(const std::string& message)> on_rank_failure;
   // The server's policies and the model's shape, for what the leader asks the policies: how much of a prompt may
   // come from cached blocks, and how many entries a sequence holds at its peak (chunked prefill compression; its
-  // prefill_chunk also bounds the scheduler's chunks, whatever limits.prefill_chunk says).
+  // prefill_chunk, chunked or auto, also bounds the scheduler's chunks, whatever limits.prefill_chunk says).
   CompressionConfig compression;
   PolicyContext policy_context;
   std::optional<PrefixCacheSettings> prefix_cache;  // kv_cache.prefix_caching; none: off
@@ -109,6 +109,9 @@ class Engine final : public GenerationService {
   std::vector<uint64_t> allowed_tokens(Sequence& seq);
   bool constraint_done(Sequence& seq, int32_t token);
   void finish(Sequence& seq, FinishReason reason, bool notify);
+  // Whether a sequence under these policies compresses its prefill chunk by chunk (kv_cache.prefill_compression
+  // chunked, or auto and every policy has the form).
+  bool prefills_in_chunks(const std::optional<PolicySpec>& request_policy) const;
   // Per global layer, the most entries a prefill of these tokens holds under the request's policies.
   std::vector<int> peak_entries(const std::optional<PolicySpec>& request_policy, int prefill_len) const;
   void check_fits_the_pool(const GenerationRequest& request) const;

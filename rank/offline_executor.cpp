@@ -28,6 +28,11 @@ void OfflineExecutor::fork_prefilled(SeqId source, SeqId seq) {
   state.compression.start_prefilled(sums->stride, *sums);
 }
 
+bool OfflineExecutor::prefills_in_chunks(const std::optional<PolicySpec>& policy) const {
+  const ShardCompression& shard = executor_.shard_;
+  return shard.config.for_sequence(policy, shard.context(shard.cache.layer_begin())).chunked();
+}
+
 ScoringRows OfflineExecutor::scoring_rows(const std::optional<PolicySpec>& policy, int prefill_len) const {
   const ShardCompression& shard = executor_.shard_;
   return prefill_scoring_rows(shard.config, policy, shard.context(shard.cache.layer_begin()), prefill_len);

@@ -30,6 +30,9 @@ class OfflineExecutor {
   // first prefill chunk at position 0 would; the chunks that follow them end it and run the policies' hooks.
   void start_prefill_with_entries(SeqId seq, int prefill_len);
 
+  // Whether a sequence under `policy` (none: the configuration's) compresses its prefill chunk by chunk
+  // (kv_cache.prefill_compression chunked, or auto and its policies have the form: CompressionConfig::for_sequence).
+  bool prefills_in_chunks(const std::optional<PolicySpec>& policy) const;
   // The scoring rows a chunk of a prefill of prefill_len tokens under `policy` (none: the configuration's) carries
   // where it ends at a compression point before the prefill's end (PlannedWork::n_scoring).
   ScoringRows scoring_rows(const std::optional<PolicySpec>& policy, int prefill_len) const;

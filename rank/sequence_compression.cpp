@@ -48,6 +48,7 @@ void ShardCompression::check_fits(const PolicyTraits& traits, const std::string&
                                 cache.pool().backend().name() + " backend's attention does not compute yet " +
                                 "(docs/compression.md)");
   }
+  if (config.chunked_where_possible) return;  // auto: each sequence runs as its policies allow
   if (traits.needs_chunked_prefill && !config.chunked()) {
     throw std::invalid_argument("policy " + policy_name + ": scores each prefill chunk by its reconstruction, so it " +
                                 "needs kv_cache.prefill_compression: chunked (docs/compression.md)");
@@ -63,10 +64,19 @@ void ShardCompression::check_request_policy(const PolicySpec& spec) const {
 }
 
 SequenceCompression::SequenceCompression(ShardCompression& shard, SeqId seq, std::optional<PolicySpec> request_policy)
-    : shard_(shard), seq_(seq), request_policy_(std::move(request_policy)) {}
+    : shard_(shard),
+      seq_(seq),
+      request_policy_(std::move(request_policy)),
+      config_(shard.config.for_sequence(request_policy_, shard.context(shard.cache.layer_begin()))) {}
+
+PolicyContext SequenceCompression::context(int global_layer) const {
+  PolicyContext context = shard_.context(global_layer);
+  context.prefill_chunk = config_.prefill_chunk;
+  return context;
+}
 
 const PolicySpec& SequenceCompression::spec_for(int global_layer) const {
-  return request_policy_ ? *request_policy_ : shard_.config.for_layer(global_layer);
+  return request_policy_ ? *request_policy_ : config_.for_layer(global_layer);
 }
 
 void SequenceCompression::start_prefill(int prefill_len) {
@@ -80,7 +90,7 @@ void SequenceCompression::start_prefill(int prefill_len) {
   cross_layer_ = false;
   int n_shared_keys = 0;
   for (int l = 0; l < shard_.model.config().n_layers; ++l) {
-    std::unique_ptr<CompressionPolicy> policy = make_policy(spec_for(l), shard_.context(l));
+    std::unique_ptr<CompressionPolicy> policy = make_policy(spec_for(l), context(l));
     cross_layer_ = cross_layer_ || policy->cross_layer();
     n_shared_keys += policy->traits().shared_keys ? 1 : 0;
     if (l >= cache.layer_begin() && l < cache.layer_end()) policies_.push_back(std::move(policy));
@@ -90,16 +100,16 @@ void SequenceCompression::start_prefill(int prefill_len) {
                                 " of " + std::to_string(shard_.model.config().n_layers) + " layers have it)");
   }
   check_fits_the_cache();
-  if (shard_.config.chunked() && sums_every_prompt_row_) {
+  if (config_.chunked() && sums_every_prompt_row_) {
     throw std::invalid_argument("a shared prefill keeps every prompt row's sums, which chunked prefill compresses");
   }
   pod_ = n_shared_keys > 0 ? pod_sequence() : nullptr;
   // The prefill starts after the positions already there (cached prefix blocks, a compressed prefix, strata
   // bench's synthetic context).
   const int prefill_begin = cache.contains(seq_) ? cache.layer(seq_, cache.layer_begin()).n_appended : 0;
-  next_compression_ = shard_.config.compression_point(prefill_begin, prefill_len);
+  next_compression_ = config_.compression_point(prefill_begin, prefill_len);
   scoring_rows_ =
-      prefill_scoring_rows(shard_.config, request_policy_, shard_.context(cache.layer_begin()), prefill_len).count;
+      prefill_scoring_rows(config_, request_policy_, context(cache.layer_begin()), prefill_len).count;
   ask_rows_again_ = false;
   prefill_stats_ = prefill_stats();
 }
@@ -227,7 +237,7 @@ AttentionStats* SequenceCompression::stats_for(const PlannedWork& work) {
 // end (the scheduler ends chunks there).
 void SequenceCompression::check_scoring_rows(const PlannedWork& work) const {
   const int work_end = work.start_pos + int(work.tokens.size()) - work.n_scoring;
-  const bool at_point = shard_.config.chunked() && work_end >= next_compression_ && work_end < work.prefill_len;
+  const bool at_point = config_.chunked() && work_end >= next_compression_ && work_end < work.prefill_len;
   const int expected = at_point ? scoring_rows_ : 0;
   if (work.n_scoring != expected || (expected > 0 && work_end != next_compression_)) {
     throw std::logic_error("step plan: work for sequence " + std::to_string(seq_) + " ending at " +
@@ -271,7 +281,7 @@ SequenceCompression::StepEnd SequenceCompression::step_end(const PlannedWork& wo
   end.prefill_end = work.prefill_len > 0 && work_end == work.prefill_len;
   // The scheduler ends chunks at the compression points; a chunk that passed one is compressed at its end.
   end.chunk_point =
-      work.prefill_len > 0 && !end.prefill_end && shard_.config.chunked() && work_end >= next_compression_;
+      work.prefill_len > 0 && !end.prefill_end && config_.chunked() && work_end >= next_compression_;
   end.n_generated = end.decode ? work.start_pos - prefill_len_ + 1 : 0;
   return end;
 }
@@ -317,7 +327,7 @@ void SequenceCompression::compress_chunk(int point, int n_scoring) {
     if (keep) keep_prefill_sums(local, *keep);
     apply(l, n_entries - n_scoring, keep);
   }
-  next_compression_ = shard_.config.compression_point(point, prefill_len_);
+  next_compression_ = config_.compression_point(point, prefill_len_);
   ask_rows_again_ = true;
 }
 
@@ -398,7 +408,7 @@ void SequenceCompression::cross_layer_step() {
 void SequenceCompression::seal_groups(const StepEnd& end) {
   KvCache& cache = shard_.cache;
   if (!cache.pool().quantized() || policies_.empty()) return;
-  const bool chunked_point = shard_.config.chunked() && (end.chunk_point || end.prefill_end);
+  const bool chunked_point = config_.chunked() && (end.chunk_point || end.prefill_end);
   for (int l = cache.layer_begin(); l < cache.layer_end(); ++l) {
     const LayerState s = layer_state(l, nullptr, end.n_generated);
     if (chunked_point || !policies_[size_t(shard_.local(l))]->needs_unquantized(s)) cache.seal(seq_, l);

@@ -30,7 +30,8 @@ struct ShardCompression {
   PolicyContext context(int global_layer) const;
   // Throws std::invalid_argument when a policy with these traits cannot run here: it needs a full-precision pool
   // and the pool is quantized, or it shares keys and kv_cache.pod_blocks is not set.
-  // Also when kv_cache.prefill_compression is chunked and the policy has no chunked form.
+  // Also when kv_cache.prefill_compression is chunked and the policy has no chunked form, or end and the policy
+  // needs chunks (under auto a sequence runs as its policies allow).
   void check_fits(const PolicyTraits& traits, const std::string& policy_name) const;
   // check_fits for a request's policy, which replaces the server's in every layer.
   void check_request_policy(const PolicySpec& spec) const;
@@ -81,6 +82,7 @@ class SequenceCompression {
 
  private:
   const PolicySpec& spec_for(int global_layer) const;
+  PolicyContext context(int global_layer) const;  // the shard's, with this sequence's prefill chunk
   std::unique_ptr<PodSequence> pod_sequence() const;
   void check_fits_the_cache() const;
   std::unique_ptr<AttentionStats> prefill_stats() const;
@@ -111,6 +113,7 @@ class SequenceCompression {
   ShardCompression& shard_;
   SeqId seq_;
   std::optional<PolicySpec> request_policy_;
+  CompressionConfig config_;  // the server's, with kv_cache.prefill_compression auto decided for this sequence
   int prefill_len_ = 0;  // of the current prefill
   // The prompt position at which the next prefill compression runs (CompressionConfig::compression_point), and
   // whether the policies are asked again which prefill rows they want (after a chunked compression).

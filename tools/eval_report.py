@@ -91,12 +91,13 @@ def budget_key(budget):
 
 def measured_under(run, case):
     """What must agree for two files' rows of one label to be one row: model, backend, the settings no task owns
-    (batch, prefill chunk), when the policies run (kv_cache.prefill_compression; files before it: end), policy
-    spec."""
+    (batch, prefill chunk), when the policies run (the case's prefill, chunked or end, which auto decides per
+    policy; files before it: the run's kv_cache.prefill_compression, or end), policy spec."""
     owned = ROW_SELECTION.union(CASE_SELECTION, *TASK_SETTINGS.values())
     settings = {k: v for k, v in run.get("settings", {}).items() if k not in owned}
     prefill = run.get("prefill_compression", {"mode": "end"})
-    prefill = "end" if prefill.get("mode") == "end" else f"chunked:{prefill.get('chunk')}"
+    mode = case.get("prefill_compression", prefill.get("mode"))  # per case since auto (files before it: the run's)
+    prefill = "end" if mode == "end" else f"chunked:{prefill.get('chunk')}"
     return json.dumps([run.get("model"), run.get("backend"), settings, prefill, spec_of_row(case)], sort_keys=True)
 
 

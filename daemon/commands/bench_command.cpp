@@ -469,6 +469,10 @@ int bench_command(int argc, char** argv) {
     ServerConfig config = load_command_config(cl);
     if (cl.has("model")) config.model.path = cl.get("model");
     const BenchOptions o = parse_bench_options(cl);
+    // --context measures end mode (below): under auto its sequences run so whatever their policy.
+    if (!o.contexts.empty() && config.kv_cache.prefill_compression == "auto") {
+      config.kv_cache.prefill_compression = "end";
+    }
 
     std::unique_ptr<RankRuntime> rt = make_runtime(config);
     nlohmann::json report = bench_report(command_text("bench", argc, argv), config, *rt, o);

@@ -118,12 +118,11 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   settings.runner.max_batch = cl.get_int("batch", settings.runner.max_batch);
   settings.runner.prefill_chunk = config.engine.max_batch_tokens;
   settings.runner.share_prefill = !cl.has("no-shared-prefill");
-  // kv_cache.prefill_compression chunked: the runner's chunks end at the compression points, as the server's
-  // scheduler ends them, and every row prefills alone (a shared prefill keeps the whole prompt uncompressed).
-  if (config.kv_cache.prefill_compression == "chunked") {
-    settings.runner.prefill_chunk = config.kv_cache.prefill_chunk;
-    settings.runner.share_prefill = false;
-  }
+  // kv_cache.prefill_compression chunked or auto: the runner's chunks end at the compression points, as the
+  // server's scheduler ends them. A chunked row prefills alone (a shared prefill keeps the whole prompt
+  // uncompressed): with chunked every row, with auto the rows whose policies compress in chunks (EvalRunner).
+  if (config.kv_cache.prefill_compression != "end") settings.runner.prefill_chunk = config.kv_cache.prefill_chunk;
+  if (config.kv_cache.prefill_compression == "chunked") settings.runner.share_prefill = false;
   settings.seed = uint64_t(cl.get_int("seed", int(settings.seed)));
   return settings;
 }
@@ -154,6 +153,15 @@ nlohmann::ordered_json eval_report(const std::string& command, const ServerConfi
   report["settings"] = settings_json(suite.settings());
   report["cases"] = nlohmann::ordered_json::array();
   return report;
+}
+
+// How a case's rows prefilled: "chunked" or "end" (kv_cache.prefill_compression auto decides per policy, as the
+// server does; tools/eval_report.py keeps rows of different modes apart).
+std::string case_prefill_mode(const ServerConfig& config, const RankRuntime& rt, const EvalCase& c) {
+  const ModelConfig& mc = rt.weights.config;
+  const PolicyContext context{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
+  const bool chunked = compression_config(config, rt).for_sequence(parse_policy_spec(c.policy), context).chunked();
+  return chunked ? "chunked" : "end";
 }
 
 // The configuration of the runtime of the cases in cache format `dtype`. Applied before the long run, so that a
@@ -241,7 +249,9 @@ int eval_command(int argc, char** argv) {
       for (const EvalCaseResult& result : suite.run(groups[g].second, runtime, [&](size_t done, size_t total) {
              show_progress(label, done, total);
            })) {
-        report["cases"].push_back(case_json(result));
+        nlohmann::ordered_json row = case_json(result);
+        row["prefill_compression"] = case_prefill_mode(config, runtime, result.c);
+        report["cases"].push_back(std::move(row));
       }
       report["timing"] = {
           {"wall_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},

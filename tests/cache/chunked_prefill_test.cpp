@@ -183,5 +183,54 @@ TEST(ChunkedPrefill, PrefixCachingSharesOnlyWhatPrecedesTheFirstCompression) {
   EXPECT_EQ(short_prompt.max_cached_tokens, 39) << "a prompt within one chunk is compressed at its end only";
 }
 
+// kv_cache.prefill_compression auto: chunked for a sequence whose policies all have the chunked form and compress,
+// end for the others; the footprint and what the prefix cache may share follow the sequence's own mode.
+CompressionConfig automatic(const std::string& spec, int chunk) {
+  CompressionConfig c = chunked(spec, chunk);
+  c.chunked_where_possible = true;
+  return c;
+}
+
+TEST(ChunkedPrefill, AutoChunksWhereEveryPolicyHasTheFormAndOneCompresses) {
+  const PolicyContext context = test::policy_context(1, 1, 0, 3);
+  CompressionConfig c = automatic("snapkv:budget=48,window=8", 64);
+  EXPECT_THROW(c.chunked(), std::logic_error) << "auto is decided per sequence";
+  EXPECT_EQ(c.for_sequence(std::nullopt, context).prefill_chunk, 64);
+  EXPECT_FALSE(c.for_sequence(std::nullopt, context).chunked_where_possible);
+  for (const std::string name : {"streaming", "h2o", "pyramidkv", "expected_attention", "kvzip"}) {
+    EXPECT_TRUE(c.for_sequence(parse_policy_spec(name), context).chunked()) << name;
+  }
+  for (const std::string name : {"simlayerkv", "d2o", "spindlekv", "full"}) {
+    EXPECT_FALSE(c.for_sequence(parse_policy_spec(name), context).chunked()) << name;
+  }
+  c.overrides = parse_layer_overrides("0=full");
+  EXPECT_TRUE(c.for_sequence(std::nullopt, context).chunked()) << "full in one layer, SnapKV in the others";
+  c.overrides = parse_layer_overrides("0=simlayerkv");
+  EXPECT_FALSE(c.for_sequence(std::nullopt, context).chunked()) << "one layer without the form: end";
+  c.policy = parse_policy_spec("kvzip");
+  try {
+    c.for_sequence(std::nullopt, context);
+    ADD_FAILURE() << "KVzip (chunks only) beside SimLayerKV (no chunked form) cannot be decided";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("kvzip (layer 2)"), std::string::npos) << message;
+    EXPECT_NE(message.find("simlayerkv (layer 0)"), std::string::npos) << message;
+  }
+  EXPECT_EQ(chunked("simlayerkv", 64).for_sequence(std::nullopt, context).prefill_chunk, 64)
+      << "chunked is not auto: the configuration stays as it is (and the rank refuses the policy)";
+}
+
+TEST(ChunkedPrefill, AutoCountsEachSequencesPeakAndReuseByItsOwnMode) {
+  const PolicyContext context = test::policy_context(1, 1, 0, 2);
+  const CompressionConfig c = automatic("streaming:budget=16", 64);
+  EXPECT_EQ(prefill_peak_entries(c, std::nullopt, context, 1000), (std::vector<int>{80, 80})) << "16 and a chunk";
+  EXPECT_EQ(prefill_peak_entries(c, parse_policy_spec("simlayerkv"), context, 1000), (std::vector<int>{1001, 1001}))
+      << "a request's policy without the chunked form holds its whole prompt";
+  EXPECT_EQ(prefix_reuse(c, std::nullopt, context, 1000).max_cached_tokens, 63);
+  EXPECT_EQ(prefix_reuse(c, parse_policy_spec("full"), context, 1000).max_cached_tokens, 999);
+  EXPECT_EQ(prefill_scoring_rows(automatic("snapkv:window=8", 64), std::nullopt, context, 1000).count, 8);
+  EXPECT_EQ(prefill_scoring_rows(automatic("snapkv:window=8", 64), parse_policy_spec("d2o"), context, 1000).count, 0);
+}
+
 }  // namespace
 }  // namespace strata

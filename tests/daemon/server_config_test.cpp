@@ -84,6 +84,8 @@ TEST_F(ServerConfigTest, DefaultCpuConfigLoads) {
   EXPECT_EQ(c.kv_cache.block_size, 16);
   EXPECT_EQ(c.kv_cache.memory_mib, 1024);
   EXPECT_EQ(c.kv_cache.policy, "full");
+  EXPECT_EQ(c.kv_cache.prefill_compression, "auto");
+  EXPECT_EQ(ServerConfig{}.kv_cache.prefill_compression, "auto") << "the file and the built-in default agree";
   EXPECT_EQ(c.parallel.tp, 1);
   EXPECT_EQ(c.parallel.pp, 1);
 }

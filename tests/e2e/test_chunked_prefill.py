@@ -2,7 +2,9 @@
 prompt, four times what the pool holds per layer, is served under StreamingLLM, H2O, SnapKV and PyramidKV at 128
 tokens a layer; `full` and a policy without a chunked form get a 400 that says why; the pool never held more than
 the policies' budgets plus a chunk in any layer (strata_kv_layer_tokens, sampled while the prompt is prefilled);
-every block comes back; and a server configured with a policy that has no chunked form does not start."""
+every block comes back; and a server configured with a policy that has no chunked form does not start. Under
+`auto` (the default) the same long prompt is served as `chunked` serves it, and a policy without a chunked form
+runs at the prompt's end instead of being refused."""
 import subprocess
 import threading
 import time
@@ -87,9 +89,38 @@ def test_short_prompts_answer_as_in_end_mode(chunked_server, server):
     assert chunked == end
 
 
-def test_a_configured_policy_without_a_chunked_form_stops_the_server_naming_the_key():
-    done = subprocess.run([str(strata_binary()), "serve", "--config", str(CONFIG), "--port", str(free_port()),
-                           "--set", "kv_cache.prefill_compression=chunked", "--set", "kv_cache.policy=simlayerkv"],
-                          capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("settings", [
+    ["kv_cache.prefill_compression=chunked", "kv_cache.policy=simlayerkv"],
+    # auto cannot decide: KVzip compresses prefill chunks only, SimLayerKV has no chunked form.
+    ["kv_cache.prefill_compression=auto", "kv_cache.policy=kvzip", "kv_cache.layer_overrides=0=simlayerkv"]])
+def test_a_configured_policy_without_a_chunked_form_stops_the_server_naming_the_key(settings):
+    command = [str(strata_binary()), "serve", "--config", str(CONFIG), "--port", str(free_port())]
+    for setting in settings:
+        command += ["--set", setting]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "kv_cache.prefill_compression" in done.stderr and "simlayerkv" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def auto_server():
+    server = ServeProcess([f"kv_cache.memory_mib={POOL_MIB}", "kv_cache.prefill_compression=auto",
+                           f"kv_cache.prefill_chunk={CHUNK}", "kv_cache.prefix_caching=off"],
+                          "strata serve (auto prefill compression, 44 MiB pool)").wait_ready()
+    yield server
+    server.stop()
+
+
+def test_auto_chunks_what_can_be_chunked_and_runs_the_rest_at_the_end(auto_server, chunked_server):
+    ids = long_prompt_ids()
+    kv = {"policy": "snapkv", "budget": 128}
+    served = completion(auto_server, ids, kv)
+    assert served.status_code == 200, served.text[:500]
+    assert served.json()["choices"][0]["text"] == completion(chunked_server, ids, kv).json()["choices"][0]["text"]
+    # SimLayerKV has no chunked form: a prompt that fits is served, compressed at its end.
+    short = completion(auto_server, ids[:300], {"policy": "simlayerkv"}, max_tokens=4)
+    assert short.status_code == 200, short.text[:500]
+    # full keeps every entry: the whole prompt must fit, as under end.
+    message = error_of(completion(auto_server, ids, {"policy": "full"}), 400)["message"]
+    assert f"{len(ids)} tokens" in message and "pool" in message, message
+    wait_idle(auto_server.base_url)

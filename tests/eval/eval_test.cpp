@@ -26,6 +26,8 @@ std::unique_ptr<RankRuntime> make_smollm2(const std::string& kv_dtype) {
   ServerConfig config = load_server_config(test::source_path("configs/smollm2-cpu.yaml"));
   config.model.path = test::smollm2_gguf_path();
   config.kv_cache.memory_mib = 256;
+  // The shared prefill's invariants are end's: under chunked or auto a row that compresses in chunks prefills alone.
+  config.kv_cache.prefill_compression = "end";
   apply_config_override(config, "kv_cache.dtype=" + kv_dtype);
   if (kv_dtype != "f32") apply_config_override(config, "kv_cache.block_size=32");
   return make_runtime(config);

@@ -1,8 +1,10 @@
 // The engine with kv_cache.prefill_compression chunked, on the real model in-process: a request batched with
 // others, or joining a running batch, gets what it gets alone under a policy that compresses while its prompt is
 // prefilled; preemption by recompute still gives the same output; a prompt four times what the pool holds per
-// layer is served under each bounded policy and refused under `full` with its length and the pool's size.
+// layer is served under each bounded policy and refused under `full` with its length and the pool's size; under
+// auto each request prefills as its policies allow.
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -114,6 +116,42 @@ TEST(ChunkedPrefillEngine, KvzipBatchedGetsWhatEachGetsAlone) {
   // Every chunk that ends before its prompt's end carries its own reconstruction as scoring rows, whose attention
   // maxima score it.
   expect_batched_as_alone(chunked_config(64, "kvzip:budget=40", 32));
+}
+
+// kv_cache.prefill_compression auto: in one batch, a sequence under SnapKV (which has the chunked form) prefills
+// as a chunked server prefills it, and one whose request asks for SimLayerKV (which has not) as an end server does.
+TEST(ChunkedPrefillEngine, AutoRunsEachRequestAsItsPoliciesAllow) {
+  const std::string snapkv = "snapkv:budget=24,window=4";
+  const std::vector<std::optional<PolicySpec>> policies = {std::nullopt, parse_policy_spec("simlayerkv"),
+                                                           std::nullopt, parse_policy_spec("simlayerkv")};
+  const auto serve = [&](const std::string& mode, const std::vector<size_t>& which) {
+    ServerConfig config = chunked_config(64, snapkv, 32);
+    config.kv_cache.prefill_compression = mode;
+    ServedEngine run(config);
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (size_t i : which) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      GenerationRequest r = request(kPrompts[i], 6, sinks.back());
+      r.kv_policy = policies[i];
+      run.engine->submit(std::move(r));
+    }
+    run.engine->run_until_idle();
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& sink : sinks) {
+      EXPECT_TRUE(sink->finished) << mode << ": " << sink->error;
+      out.push_back(sink->tokens.empty() ? std::vector<int32_t>{} : sink->tokens[0]);
+    }
+    return out;
+  };
+  const std::vector<std::vector<int32_t>> together = serve("auto", {0, 1, 2, 3});
+  const std::vector<std::vector<int32_t>> chunked = serve("chunked", {0, 2});
+  const std::vector<std::vector<int32_t>> end = serve("end", {0, 1, 2, 3});
+  EXPECT_EQ(together[0], chunked[0]);
+  EXPECT_EQ(together[2], chunked[1]);
+  EXPECT_EQ(together[1], end[1]);
+  EXPECT_EQ(together[3], end[3]);
+  EXPECT_TRUE(chunked[0] != end[0] || chunked[1] != end[2])
+      << "SnapKV's chunked and end answers differ on one of these prompts, so the checks above tell the modes apart";
 }
 
 TEST(ChunkedPrefillEngine, PreemptionByRecomputeGivesTheSameOutput) {
