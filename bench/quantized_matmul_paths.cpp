@@ -11,7 +11,9 @@
 // Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
 // from memory as in a real step; on the compute pool's threads (every core). With --int8 it times instead the
 // int8 kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the VNNI
-// kernel on the 16-row tiles where the machine has AVX-512 VNNI, at 1 to 16 rows of x.
+// kernel on the 16-row tiles where the machine has AVX-512 VNNI, at 1 to 16 rows of x; and Q4_K at Llama-3-8B's
+// shapes (SmolLM2's rows are not multiples of 256), in place (the fp32 kernels on the rounded values) and as
+// 16-row tiles.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -49,7 +51,7 @@ std::vector<uint8_t> random_blocks(const Shape& s, std::mt19937& rng) {
   const uint16_t scale = 0x2000;
   for (size_t at = 0; at < data.size(); at += size_t(info.block_bytes)) {
     std::memcpy(&data[at], &scale, 2);
-    if (s.format == WeightFormat::q4_1) std::memcpy(&data[at + 2], &scale, 2);
+    if (s.format == WeightFormat::q4_1 || s.format == WeightFormat::q4_k) std::memcpy(&data[at + 2], &scale, 2);
   }
   return data;
 }
@@ -83,10 +85,13 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
     const std::vector<cpu::OwnedPackedWeight>* weights;
   };
   std::vector<Variant> variants;
+  const char* untiled = s.format == WeightFormat::q4_k ? " in place" : " pairs";
   for (cpu::CpuIsa isa : {cpu::CpuIsa::avx2, cpu::CpuIsa::avx512_vnni}) {
-    if (cpu::cpu_supports(isa)) variants.push_back({std::string(cpu::cpu_isa_name(isa)) + " pairs", isa, &pairs});
+    if (cpu::cpu_supports(isa)) variants.push_back({std::string(cpu::cpu_isa_name(isa)) + untiled, isa, &pairs});
   }
-  if (cpu::cpu_supports(cpu::CpuIsa::avx512_vnni)) variants.push_back({"avx512_vnni rows16", cpu::CpuIsa::avx512_vnni, &tiles});
+  if (cpu::cpu_supports(cpu::CpuIsa::avx512_vnni)) {
+    variants.push_back({"avx512_vnni rows16", cpu::CpuIsa::avx512_vnni, &tiles});
+  }
   nlohmann::json results = nlohmann::json::array();
   for (int64_t rows : {1, 2, 4, 8, 16}) {
     std::vector<float> x(size_t(rows * s.cols)), x_hat(x.size()), out(size_t(rows * s.rows));
@@ -119,9 +124,13 @@ int main(int argc, char** argv) {
     else if (flag == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else if (flag == "--out" && i + 1 < argc) out_path = argv[++i];
   }
-  const Shape shapes[] = {{"ffn_up q4_1", WeightFormat::q4_1, 1536, 576},
-                          {"ffn_down q4_1", WeightFormat::q4_1, 576, 1536},
-                          {"output q8_0 (4,096 of the 49,152 rows)", WeightFormat::q8_0, 4096, 576}};
+  std::vector<Shape> shapes = {{"ffn_up q4_1", WeightFormat::q4_1, 1536, 576},
+                               {"ffn_down q4_1", WeightFormat::q4_1, 576, 1536},
+                               {"output q8_0 (4,096 of the 49,152 rows)", WeightFormat::q8_0, 4096, 576}};
+  if (int8) {
+    shapes.push_back({"attn_q q4_k (Llama-3-8B)", WeightFormat::q4_k, 4096, 4096});
+    shapes.push_back({"ffn_down q4_k (Llama-3-8B)", WeightFormat::q4_k, 4096, 14336});
+  }
   constexpr int kMatrices = 16;
   std::mt19937 rng(1);
   nlohmann::json results = nlohmann::json::array();

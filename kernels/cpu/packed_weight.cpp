@@ -111,6 +111,30 @@ void pack_rows16_tile(const WeightMatrix& w, int64_t t, bool four_bit, uint8_t* 
   }
 }
 
+// Rows [16t, 16t + 16) of a Q4_K matrix into one k4_rows16 tile, whose bytes are zero.
+void pack_k4_rows16_tile(const WeightMatrix& w, int64_t t, uint8_t* dst) {
+  const WeightFormatInfo& info = weight_format_info(w.format);
+  for (int64_t sb = 0; sb < w.cols / 256; ++sb, dst += kK4Rows16SuperBytes) {
+    for (int lane = 0; lane < kTileRows16; ++lane) {
+      const uint8_t* src = w.row(kTileRows16 * t + lane) + sb * info.block_bytes;  // d, dmin, scales, nibbles
+      store_u16(dst + 2 * lane, load_u16(src));
+      store_u16(dst + 32 + 2 * lane, load_u16(src + 2));
+      for (int s = 0; s < 8; ++s) {
+        uint8_t* sub = dst + 64 + s * kK4Rows16SubBytes;
+        int scale, min;
+        k_quant_scale_min(src + 4, s, scale, min);
+        sub[lane] = uint8_t(scale);
+        sub[16 + lane] = uint8_t(min);
+        const uint8_t* nibbles = src + 16 + 32 * (s / 2);  // sub-block 2c: low nibbles of chunk c, 2c + 1: high
+        for (int v = 0; v < 32; ++v) {
+          const Rows16Place at = rows16_place(v, lane, true);
+          sub[32 + at.byte - 64] |= uint8_t(((nibbles[v] >> (4 * (s % 2))) & 0xF) << at.shift);
+        }
+      }
+    }
+  }
+}
+
 void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float* out) {
   const int64_t group_bytes = four_bit ? kU4PairBytes : kU8PairBytes;
   for (int64_t g = 0; g < pair_groups(cols); ++g, src += group_bytes) {
@@ -127,17 +151,13 @@ void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float*
 
 // Rows [first, first + n) of one 16-row tile of w (first + n <= 16) as fp32, into out [n][cols].
 void dequantize_rows16(const PackedWeight& w, int64_t tile, int first, int n, float* out) {
-  const bool four_bit = w.layout == PackedLayout::u4_rows16;
-  const int64_t block_bytes = four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
-  const uint8_t* block = w.data + tile * kTileRows16 * w.row_bytes;
-  for (int64_t b = 0; b < w.cols / 32; ++b, block += block_bytes) {
+  for (int64_t b = 0; b < w.cols / 32; ++b) {
     for (int r = 0; r < n; ++r) {
       uint8_t u[32];
-      uint16_t d, m;
-      rows16_block_values(block, first + r, four_bit, u, d, m);
-      const float scale = fp16_to_fp32(d), offset = fp16_to_fp32(m);
+      float d, m;
+      rows16_block_values(w, tile, b, first + r, u, d, m);
       float* y = out + r * w.cols + 32 * b;
-      for (int v = 0; v < 32; ++v) y[v] = scale * float(u[v]) + offset;
+      for (int v = 0; v < 32; ++v) y[v] = d * float(u[v]) + m;
     }
   }
 }
@@ -151,7 +171,11 @@ struct PackedShape {
 PackedShape packed_shape(const WeightMatrix& w, PairPacking packing) {
   switch (w.format) {
     case WeightFormat::f32: return {PackedLayout::f32, w.row_bytes()};
-    case WeightFormat::q4_k: return {PackedLayout::q4_k, w.row_bytes()};
+    case WeightFormat::q4_k:
+      if (packing == PairPacking::rows16 && w.rows % kTileRows16 == 0) {
+        return {PackedLayout::k4_rows16, w.cols / 256 * kK4Rows16SuperBytes / kTileRows16};
+      }
+      return {PackedLayout::q4_k, w.row_bytes()};
     case WeightFormat::q6_k: return {PackedLayout::q6_k, w.row_bytes()};
     case WeightFormat::q4_0:
     case WeightFormat::q4_1:
@@ -170,14 +194,29 @@ PackedShape packed_shape(const WeightMatrix& w, PairPacking packing) {
 
 int64_t pair_groups(int64_t cols) { return (cols / 32 + 1) / 2; }
 
-bool is_rows16(PackedLayout layout) { return layout == PackedLayout::u4_rows16 || layout == PackedLayout::u8_rows16; }
+bool is_rows16(PackedLayout layout) {
+  return layout == PackedLayout::u4_rows16 || layout == PackedLayout::u8_rows16 || layout == PackedLayout::k4_rows16;
+}
 
-void rows16_block_values(const uint8_t* block, int lane, bool four_bit, uint8_t* u, uint16_t& d, uint16_t& m) {
-  d = load_u16(block + 2 * lane);
-  m = load_u16(block + 32 + 2 * lane);
+void rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, int lane, uint8_t* u, float& d, float& m) {
+  const uint8_t* first = w.data + tile * kTileRows16 * w.row_bytes;
+  const bool four_bit = w.layout != PackedLayout::u8_rows16;
+  const uint8_t* values;  // where rows16_place's byte 64 is
+  if (w.layout == PackedLayout::k4_rows16) {
+    const uint8_t* super = first + b / 8 * kK4Rows16SuperBytes;
+    const uint8_t* sub = super + 64 + b % 8 * kK4Rows16SubBytes;
+    d = fp16_to_fp32(load_u16(super + 2 * lane)) * float(sub[lane]);
+    m = -(fp16_to_fp32(load_u16(super + 32 + 2 * lane)) * float(sub[16 + lane]));
+    values = sub + 32 - 64;
+  } else {
+    const uint8_t* block = first + b * (four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes);
+    d = fp16_to_fp32(load_u16(block + 2 * lane));
+    m = fp16_to_fp32(load_u16(block + 32 + 2 * lane));
+    values = block;
+  }
   for (int v = 0; v < 32; ++v) {
     const Rows16Place at = rows16_place(v, lane, four_bit);
-    u[v] = uint8_t(block[at.byte] >> at.shift & (four_bit ? 0xF : 0xFF));
+    u[v] = uint8_t(values[at.byte] >> at.shift & (four_bit ? 0xF : 0xFF));
   }
 }
 
@@ -205,7 +244,12 @@ OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing, HostAr
   if (is_rows16(p.layout)) {
     uint8_t* tiles = packed_storage(size_t(p.rows * p.row_bytes), arena, out);  // zeroed: u4 tiles are or-ed in
     for (int64_t t = 0; t < w.rows / kTileRows16; ++t) {
-      pack_rows16_tile(w, t, four_bit, tiles + t * kTileRows16 * p.row_bytes);
+      uint8_t* tile = tiles + t * kTileRows16 * p.row_bytes;
+      if (p.layout == PackedLayout::k4_rows16) {
+        pack_k4_rows16_tile(w, t, tile);
+      } else {
+        pack_rows16_tile(w, t, four_bit, tile);
+      }
     }
     p.data = tiles;
   } else if (p.layout == PackedLayout::u4_pairs || p.layout == PackedLayout::u8_pairs) {
@@ -239,7 +283,8 @@ void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, f
       case PackedLayout::u4_pairs: dequantize_pair_row(src, w.cols, true, y); break;
       case PackedLayout::u8_pairs: dequantize_pair_row(src, w.cols, false, y); break;
       case PackedLayout::u4_rows16:
-      case PackedLayout::u8_rows16: break;  // above
+      case PackedLayout::u8_rows16:
+      case PackedLayout::k4_rows16: break;  // above
       case PackedLayout::q4_k: dequantize_weight_row(WeightFormat::q4_k, src, y, w.cols); break;
       case PackedLayout::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, y, w.cols); break;
     }

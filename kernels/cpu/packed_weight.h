@@ -17,6 +17,13 @@
 //                 pairs.
 //   q4_k       -> q4_k: the file's blocks as they are. Each 32 bytes of nibbles are already a u4 group of 64
 //                 (sub-blocks 2c, 2c + 1); d = d_super * scale, m = -dmin * min per sub-block of 32.
+//   q4_k       -> k4_rows16: instead, where pack_weight is asked for row tiles and the rows are a multiple of 16:
+//                 tiles of 16 rows, and in a tile, per super-block of 256 values, the 16 rows' f16 d_super (32
+//                 bytes) and dmin (32 bytes), then its 8 sub-blocks of 32 values, each the 16 rows' 6-bit scales
+//                 and mins as bytes (32 bytes) and the values as a u4_rows16 block holds them (256 bytes); so
+//                 d = d_super * scale and m = -(dmin * min), computed in fp32 as the format's own dequantization
+//                 does. The same vpdpbusd loop as u4_rows16 multiplies them. 148 bytes per row and super-block,
+//                 the file's 144 and the unpacked scales (2.8% more).
 //   q6_k       -> q6_k: the file's blocks as they are; y = d_super * scale * (u - 32) per sub-block of 16.
 //   f32        -> f32: the caller's floats as they are (BLAS).
 // The repacked layouts cost no more memory than the file's blocks (Q4_1, Q8_0) or 11% more (Q4_0), and save the
@@ -29,7 +36,7 @@
 
 namespace strata::cpu {
 
-enum class PackedLayout : uint8_t { f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, q4_k, q6_k };
+enum class PackedLayout : uint8_t { f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, k4_rows16, q4_k, q6_k };
 
 // A plain view: the kernels' translation units compiled for other instruction sets see no inline code here.
 struct PackedWeight {
@@ -47,6 +54,10 @@ constexpr int64_t kU8PairBytes = 8 + 64;
 constexpr int64_t kTileRows16 = 16;
 constexpr int64_t kU4Rows16BlockBytes = 64 + 256;
 constexpr int64_t kU8Rows16BlockBytes = 64 + 512;
+// Of k4_rows16: one sub-block of 32 values (16 scales, 16 mins, the values), one super-block (16 d_super, 16 dmin,
+// 8 sub-blocks).
+constexpr int64_t kK4Rows16SubBytes = 32 + 256;
+constexpr int64_t kK4Rows16SuperBytes = 64 + 8 * kK4Rows16SubBytes;
 
 bool is_rows16(PackedLayout layout);
 
@@ -57,11 +68,12 @@ struct OwnedPackedWeight {
   std::unique_ptr<uint8_t[]> storage;
 };
 
-// Which layout the 32-value formats take: pairs for the fp32 kernels, 16-row tiles for the int8 VNNI kernel.
+// Which layout the 32-value formats and Q4_K take: pairs (Q4_K: its own blocks) for the fp32 kernels, 16-row tiles
+// for the int8 VNNI kernel.
 enum class PairPacking : uint8_t { pairs, rows16 };
 
 // Packs `w` (whose memory must outlive the result for the in-place layouts); with PairPacking::rows16 a 32-value
-// format whose rows are a multiple of 16 takes the 16-row tiles. std::invalid_argument for a Q4_0 or Q8_0 scale
+// format or Q4_K whose rows are a multiple of 16 takes the 16-row tiles. std::invalid_argument for a Q4_0 or Q8_0 scale
 // whose offset (-8d, -128d) overflows f16. With an arena, repacked values go there (the backend's, in huge pages:
 // kernels/cpu/host_memory.h) and live as long as it does.
 OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing = PairPacking::pairs,
@@ -76,8 +88,8 @@ int64_t pair_groups(int64_t cols);
 // Rows [row_begin, row_begin + n_rows) of `w` as fp32, into out [n_rows, cols].
 void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, float* out);
 
-// The 32 unsigned values of row `lane` (< 16) in one block of a 16-row tile (`block` at its d's), and its f16 d
-// and m.
-void rows16_block_values(const uint8_t* block, int lane, bool four_bit, uint8_t* u, uint16_t& d, uint16_t& m);
+// Block b (of 32 values) of row `lane` (< 16) of 16-row tile `tile` of a rows16 layout: its 32 unsigned values, and
+// the d and m of y = d * u + m.
+void rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, int lane, uint8_t* u, float& d, float& m);
 
 }  // namespace strata::cpu

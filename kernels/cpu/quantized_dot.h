@@ -61,8 +61,9 @@ struct Int8Activations;  // kernels/cpu/int8_activations.h
 
 // The int8 kernels, for engine.activation_dtype: int8: rows [row_begin, row_end) of a pair-layout weight (u4_pairs,
 // u8_pairs: Q4_0, Q4_1, Q8_0) against every row of x, rounded to int8 per block of 32. The 16-row tiles (u4_rows16,
-// u8_rows16; row_begin and row_end multiples of 16) have the avx512_vnni kernel and the baseline one, its reference.
-// The k-quant layouts have none: quantized_matmul multiplies them with the rounded values in fp32.
+// u8_rows16, k4_rows16; row_begin and row_end multiples of 16) have the avx512_vnni kernel and the baseline one, its
+// reference. The k-quant layouts used in place have none: quantized_matmul multiplies them with the rounded values
+// in fp32.
 // out[a * out_stride + i].
 using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end,
                                     const Int8Activations& x, float* out, int64_t out_stride);

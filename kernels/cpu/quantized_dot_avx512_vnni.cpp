@@ -1,5 +1,6 @@
 // The int8 kernel (engine.activation_dtype: int8, kernels/cpu/int8_activations.h) for x86-64 with AVX-512 VNNI
-// (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats (kernels/cpu/packed_weight.h).
+// (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats and on Q4_K's 16-row tiles
+// (kernels/cpu/packed_weight.h).
 // Everything after the includes is compiled for that level by the pragma below, as in the other levels' files.
 //
 // 16-row tiles, which the CPU backend packs for this level: see rows16_tiles below.
@@ -100,46 +101,75 @@ void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
 // The 16-row tiles (kernels/cpu/packed_weight.h): per block of 32 values, 8 vectors of codes, each 4 values of
 // the 16 rows, multiplied with 4 bytes of an activation row broadcast; lane j sums weight row j. So 512 products
 // (a block of 16 rows) cost an activation row 8 vpdpbusd, a conversion, a multiply and two multiply-adds, where
-// the pair groups cost it 7 instructions for every 64; the weight side (4 or 8 loads, 8 masks for u4) is shared by
-// the tile's activation rows. acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r, 16 weight rows at a time.
+// the pair groups cost it 7 instructions for every 64; the weight side (4 or 8 loads, 8 masks for u4, and for
+// k4_rows16 the scales and mins) is shared by the tile's activation rows. Block b (at `values`, its codes) of the
+// 16 rows with their d_w and m_w: acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r.
 template <int R, bool FourBit>
+inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const Int8Activations& x, int64_t a0,
+                              int64_t b, __m512 (&acc)[R], __m512 (&offsets)[R]) {
+  __m512i codes[8];
+  if (FourBit) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(values + 64 * c);
+      codes[c] = _mm512_and_si512(v, nibble);
+      codes[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    }
+  } else {
+    for (int c = 0; c < 8; ++c) codes[c] = _mm512_loadu_si512(values + 64 * c);
+  }
+  for (int r = 0; r < R; ++r) {
+    const int8_t* q = x.row_values(a0 + r) + 32 * b;
+    const float* scales = x.row_scales(a0 + r) + 4 * (b / 2);  // d0, d1, s0, s1 of the block's pair
+    // Two chains of sums, so that one vpdpbusd need not wait for the last.
+    __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int c = 0; c < 8; ++c) {
+      int32_t four;
+      std::memcpy(&four, q + 4 * c, 4);
+      dots[c % 2] = _mm512_dpbusd_epi32(dots[c % 2], codes[c], _mm512_set1_epi32(four));
+    }
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(dots[0], dots[1]));
+    acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(scales[b % 2])), acc[r]);
+    offsets[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(scales[2 + b % 2]), offsets[r]);
+  }
+}
+
+// 16 bytes (one per row of a tile) as fp32.
+inline __m512 row_bytes_ps(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// The tiles of [row_begin, row_end) against rows a0 .. a0 + R of x; u4_rows16 and u8_rows16 hold each block's f16
+// d and m, k4_rows16 a super-block's d_super and dmin and each sub-block's scales and mins.
+template <int R, PackedLayout Layout>
 void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x, int64_t a0,
                   float* out, int64_t out_stride) {
-  constexpr int64_t kBlockBytes = FourBit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
-  const int64_t blocks = w.cols / 32;
   for (int64_t t = row_begin / kTileRows16; t < row_end / kTileRows16; ++t) {
     const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
     __m512 acc[R], offsets[R];
     for (int r = 0; r < R; ++r) acc[r] = offsets[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* block = tile + b * kBlockBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-      const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
-      __m512i codes[8];
-      if (FourBit) {
-        const __m512i nibble = _mm512_set1_epi8(0x0F);
-        for (int c = 0; c < 4; ++c) {
-          const __m512i v = _mm512_loadu_si512(block + 64 + 64 * c);
-          codes[c] = _mm512_and_si512(v, nibble);
-          codes[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    if constexpr (Layout == PackedLayout::k4_rows16) {
+      for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
+        const uint8_t* super = tile + sb * kK4Rows16SuperBytes;
+        const __m512 d_super = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32)));
+        for (int64_t j = 0; j < 8; ++j) {
+          const uint8_t* sub = super + 64 + j * kK4Rows16SubBytes;
+          _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
+          const __m512 d = _mm512_mul_ps(d_super, row_bytes_ps(sub));
+          const __m512 m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, row_bytes_ps(sub + 16)));
+          rows16_block_into<R, true>(sub + 32, d, m, x, a0, 8 * sb + j, acc, offsets);
         }
-      } else {
-        for (int c = 0; c < 8; ++c) codes[c] = _mm512_loadu_si512(block + 64 + 64 * c);
       }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = x.row_values(a0 + r) + 32 * b;
-        const float* scales = x.row_scales(a0 + r) + 4 * (b / 2);  // d0, d1, s0, s1 of the block's pair
-        // Two chains of sums, so that one vpdpbusd need not wait for the last.
-        __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        for (int c = 0; c < 8; ++c) {
-          int32_t four;
-          std::memcpy(&four, q + 4 * c, 4);
-          dots[c % 2] = _mm512_dpbusd_epi32(dots[c % 2], codes[c], _mm512_set1_epi32(four));
-        }
-        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(dots[0], dots[1]));
-        acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(scales[b % 2])), acc[r]);
-        offsets[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(scales[2 + b % 2]), offsets[r]);
+    } else {
+      constexpr bool kFourBit = Layout == PackedLayout::u4_rows16;
+      constexpr int64_t kBlockBytes = kFourBit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
+      for (int64_t b = 0; b < w.cols / 32; ++b) {
+        const uint8_t* block = tile + b * kBlockBytes;
+        _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+        rows16_block_into<R, kFourBit>(block + 64, d, m, x, a0, b, acc, offsets);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -157,8 +187,12 @@ void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t r
   switch (w.layout) {
     case PackedLayout::u4_pairs: return vnni_rows<R, true>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::u8_pairs: return vnni_rows<R, false>(w, row_begin, row_end, x, a0, out, out_stride);
-    case PackedLayout::u4_rows16: return rows16_tiles<R, true>(w, row_begin, row_end, x, a0, out, out_stride);
-    case PackedLayout::u8_rows16: return rows16_tiles<R, false>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::u4_rows16:
+      return rows16_tiles<R, PackedLayout::u4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::u8_rows16:
+      return rows16_tiles<R, PackedLayout::u8_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::k4_rows16:
+      return rows16_tiles<R, PackedLayout::k4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     default: return;  // quantized_matmul sends only these layouts to the int8 kernels
   }
 }

@@ -106,7 +106,8 @@ STRATA_INLINE void weight_row(const PackedWeight& w, int64_t i, const float* x, 
       break;
     case PackedLayout::f32:        // not a quantized layout: matmul never sends it here
     case PackedLayout::u4_rows16:  // multiplied with int8 activations only (quantized_matmul_fused refuses them)
-    case PackedLayout::u8_rows16: break;
+    case PackedLayout::u8_rows16:
+    case PackedLayout::k4_rows16: break;
   }
 }
 
@@ -153,18 +154,15 @@ float row_dot(const uint8_t* row, const int8_t* q, const float* scales, int64_t 
 
 // Row i of a 16-row tile layout against one row of rounded activations, block by block.
 float rows16_row_dot(const PackedWeight& w, int64_t i, const int8_t* q, const float* scales) {
-  const bool four_bit = w.layout == PackedLayout::u4_rows16;
-  const int64_t block_bytes = four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
-  const uint8_t* tile = w.data + i / kTileRows16 * kTileRows16 * w.row_bytes;
   float sum = 0.0f;
   for (int64_t b = 0; b < w.cols / 32; ++b) {
     uint8_t u[32];
-    uint16_t d, m;
-    rows16_block_values(tile + b * block_bytes, int(i % kTileRows16), four_bit, u, d, m);
+    float d, m;
+    rows16_block_values(w, i / kTileRows16, b, int(i % kTileRows16), u, d, m);
     int32_t dot = 0;
     for (int v = 0; v < 32; ++v) dot += u[v] * q[32 * b + v];
     const float* s = scales + 4 * (b / 2);  // d0, d1, s0, s1 of the block's pair
-    sum += fp16_to_fp32(d) * s[b % 2] * float(dot) + fp16_to_fp32(m) * s[2 + b % 2];
+    sum += d * s[b % 2] * float(dot) + m * s[2 + b % 2];
   }
   return sum;
 }
