@@ -93,11 +93,19 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
     variants.push_back({"avx512_vnni rows16", cpu::CpuIsa::avx512_vnni, &tiles});
   }
   nlohmann::json results = nlohmann::json::array();
-  for (int64_t rows : {1, 2, 4, 8, 16}) {
+  for (int64_t rows : {1, 2, 4, 8, 16, 32, 64, 128}) {
     std::vector<float> x(size_t(rows * s.cols)), x_hat(x.size()), out(size_t(rows * s.rows));
     for (float& v : x) v = std::normal_distribution<float>()(rng);
     cpu::Int8Activations rounded;
     cpu::round_activations(x.data(), rows, s.cols, rounded, x_hat.data());
+    if (rows >= 16) {  // what quantized_matmul runs from kDequantizedTileMinRows rows: BLAS on dequantized tiles
+      const double seconds = median_seconds(reps, [&] {
+        for (const cpu::OwnedPackedWeight& p : tiles) cpu::quantized_matmul_tiles(x_hat.data(), rows, p.view, out.data());
+      }) / kMatrices;
+      results.push_back({{"matrix", s.name}, {"rows_of_x", rows}, {"kernel", "fp32 tiles (BLAS)"},
+                         {"us", seconds * 1e6}, {"weight_gb_per_s", double(s.rows * tiles[0].view.row_bytes) / seconds / 1e9}});
+      std::cout << s.name << ", " << rows << " rows, fp32 tiles (BLAS): " << seconds * 1e6 << " us\n";
+    }
     for (const Variant& v : variants) {
       const double seconds = median_seconds(reps, [&] {
         for (const cpu::OwnedPackedWeight& p : *v.weights) {

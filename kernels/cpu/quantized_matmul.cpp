@@ -53,13 +53,20 @@ void fused_rows(const PackedWeight& w, int64_t begin, int64_t end, const float* 
   }
 }
 
+// Whether w's product with n_rows rows of x runs on dequantized fp32 tiles: from kDequantizedTileMinRows rows, but
+// for the 16-row tiles with int8 activations, whose integer kernel does 4 products where an fp32 multiply-add does
+// one (at 128 rows of x 3-5x BLAS's speed on the dequantized tiles: bench/quantized_matmul_paths --int8).
+bool on_dequantized_tiles(const PackedWeight& w, int64_t n_rows, bool rounded) {
+  return n_rows >= kDequantizedTileMinRows && !(rounded && is_rows16(w.layout));
+}
+
 }  // namespace
 
 void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, float* out,
                       ActivationDtype activations, CpuIsa isa) {
   if (activations == ActivationDtype::int8 && n_rows > 0) {
     const RoundedActivations& r = round_to_int8(x, n_rows, w.cols);
-    if (n_rows >= kDequantizedTileMinRows) {
+    if (on_dequantized_tiles(w, n_rows, true)) {
       quantized_matmul_tiles(r.values.data(), n_rows, w, out);
     } else {
       quantized_matmul_int8(r.rounded, r.values.data(), w, out, isa);
@@ -98,17 +105,18 @@ void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<con
     rounded = &r.rounded;
     x = r.values.data();
   }
-  if (n_rows >= kDequantizedTileMinRows) {
-    for (size_t i = 0; i < w.size(); ++i) quantized_matmul_tiles(x, n_rows, *w[i], out[i]);
-    return;
-  }
-  // Each matrix's rows cut as quantized_matmul_fused cuts them, all the chunks in one loop.
+  // Each matrix's rows cut as quantized_matmul_fused cuts them, all the chunks in one loop; the matrices that run
+  // on dequantized tiles each on their own first.
   struct Chunk {
     size_t matrix;
     int64_t begin, end;
   };
   std::vector<Chunk> chunks;
   for (size_t i = 0; i < w.size(); ++i) {
+    if (on_dequantized_tiles(*w[i], n_rows, rounded != nullptr)) {
+      quantized_matmul_tiles(x, n_rows, *w[i], out[i]);
+      continue;
+    }
     const int64_t step = rows_per_chunk(*w[i]);
     for (int64_t b = 0; b < w[i]->rows; b += step) chunks.push_back({i, b, std::min(w[i]->rows, b + step)});
   }

@@ -2,7 +2,8 @@
 // out = x * w^T for a weight the CPU backend holds quantized (kernels/cpu/packed_weight.h), x fp32.
 // Few rows (decode, batched decode): the fused kernels (kernels/cpu/quantized_dot.h) dequantize each weight row in
 // registers and multiply it with every row of x, reading the weight once. Many rows (prefill): tiles of the weight
-// are dequantized to fp32 in memory and multiplied with BLAS, which is faster there (docs/decisions.md).
+// are dequantized to fp32 in memory and multiplied with BLAS, which is faster there (docs/decisions.md); but the
+// 16-row tiles with int8 activations take their integer kernel at every row count, faster than BLAS throughout.
 // Threads: the weight's rows are split into chunks that the compute pool's threads claim.
 // With ActivationDtype::int8 (engine.activation_dtype) x is first rounded to int8 per block of 32
 // (kernels/cpu/int8_activations.h) and every path multiplies the rounded values: the fused kernels of the pair
@@ -18,7 +19,7 @@
 
 namespace strata::cpu {
 
-// Rows of x from which the fp32 tiles are used instead of the fused kernels.
+// Rows of x from which the fp32 tiles are used instead of the fused kernels (not for 16-row tiles with int8).
 constexpr int64_t kDequantizedTileMinRows = 32;
 
 // x [n_rows, w.cols], out [n_rows, w.rows]. `isa` picks the fused kernels (tests run each level).
