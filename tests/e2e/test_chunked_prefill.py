@@ -23,11 +23,15 @@ POOL_MIB = 44
 POOL_TOKENS_PER_LAYER = 992
 
 
+def small_pool_server(mode):
+    return ServeProcess([f"kv_cache.memory_mib={POOL_MIB}", f"kv_cache.prefill_compression={mode}",
+                         f"kv_cache.prefill_chunk={CHUNK}", "kv_cache.prefix_caching=off"],
+                        f"strata serve ({mode} prefill compression, 44 MiB pool)").wait_ready()
+
+
 @pytest.fixture(scope="module")
 def chunked_server():
-    server = ServeProcess([f"kv_cache.memory_mib={POOL_MIB}", "kv_cache.prefill_compression=chunked",
-                           f"kv_cache.prefill_chunk={CHUNK}", "kv_cache.prefix_caching=off"],
-                          "strata serve (chunked prefill, 44 MiB pool)").wait_ready()
+    server = small_pool_server("chunked")
     yield server
     server.stop()
 
@@ -104,9 +108,7 @@ def test_a_configured_policy_without_a_chunked_form_stops_the_server_naming_the_
 
 @pytest.fixture(scope="module")
 def auto_server():
-    server = ServeProcess([f"kv_cache.memory_mib={POOL_MIB}", "kv_cache.prefill_compression=auto",
-                           f"kv_cache.prefill_chunk={CHUNK}", "kv_cache.prefix_caching=off"],
-                          "strata serve (auto prefill compression, 44 MiB pool)").wait_ready()
+    server = small_pool_server("auto")
     yield server
     server.stop()
 
