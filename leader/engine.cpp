@@ -618,6 +618,7 @@ std::string Engine::render_kv_state_now() const {
       s.prefix_blocks_published = blocks.published;
       s.prefix_compressed = blocks.compressed;
     }
+    s.chunked_prefill = seq->chunked_prefill;
     sequences.push_back(std::move(s));
   }
   return render_kv_state(ranks_.grid(), ranks_.reports(), sequences, prefix_ ? prefix_->n_cached() - prefix_->n_evictable() : 0);

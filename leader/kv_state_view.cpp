@@ -90,6 +90,7 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
                     {"prefix_blocks_shared", s.prefix_blocks_shared},
                     {"prefix_blocks_published", s.prefix_blocks_published},
                     {"prefix_compressed", s.prefix_compressed},
+                    {"prefill_compression", s.chunked_prefill ? "chunked" : "end"},
                     {"layers", per_layer}});
   }
   const json state = {{"pp_stage", grid.stage()},     {"tp_rank", grid.tp_rank()},

@@ -24,6 +24,7 @@ struct KvStateSequence {
   int prefix_blocks_shared = 0;     // cached blocks its KV started from (shared with the cache and other sequences)
   int prefix_blocks_published = 0;  // its own prompt blocks it published to the cache since
   bool prefix_compressed = false;   // the shared blocks are a compressed prefix ([shared-compressed])
+  bool chunked_prefill = false;     // its prompt is compressed chunk by chunk (kv_cache.prefill_compression, decided)
 };
 
 // reports: every rank's, by world rank. Sequences the reports do not describe get no layers. "blocks_cached" is

@@ -119,9 +119,16 @@ def test_auto_chunks_what_can_be_chunked_and_runs_the_rest_at_the_end(auto_serve
     served = completion(auto_server, ids, kv)
     assert served.status_code == 200, served.text[:500]
     assert served.json()["choices"][0]["text"] == completion(chunked_server, ids, kv).json()["choices"][0]["text"]
-    # SimLayerKV has no chunked form: a prompt that fits is served, compressed at its end.
-    short = completion(auto_server, ids[:300], {"policy": "simlayerkv"}, max_tokens=4)
-    assert short.status_code == 200, short.text[:500]
+    # SimLayerKV has no chunked form: a prompt that fits is served, compressed at its end, and /v1/kv_state says so.
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": ids[:300], "max_tokens": 200, "temperature": 0,
+            "ignore_eos": True, "stream": True, "kv_compression": {"policy": "simlayerkv"}}
+    with requests.post(f"{auto_server.base_url}/v1/completions", json=body, stream=True, timeout=600) as short:
+        assert short.status_code == 200, short.text[:500]
+        lines = short.iter_lines()
+        while not next(lines).startswith(b"data: {"):
+            pass  # its first token: the prompt is in the cache
+        [seq] = requests.get(f"{auto_server.base_url}/v1/kv_state", timeout=30).json()["sequences"]
+        assert seq["prefill_compression"] == "end", seq
     # full keeps every entry: the whole prompt must fit, as under end.
     message = error_of(completion(auto_server, ids, {"policy": "full"}), 400)["message"]
     assert f"{len(ids)} tokens" in message and "pool" in message, message

@@ -95,6 +95,7 @@ def test_pyramidkv_holds_the_schedule_in_every_layer(server, model_name):
 
     [seq] = before["sequences"]
     assert seq["prompt_tokens"] == len(ids)
+    assert seq["prefill_compression"] == "chunked"  # kv_cache.prefill_compression auto, and PyramidKV has the form
     decoded = seq["cached_tokens"] - seq["prompt_tokens"]  # entries appended after the prompt
     for layer in seq["layers"]:
         assert layer["tokens"] - decoded == expected[layer["layer"]], (layer, expected[layer["layer"]], decoded)
