@@ -168,6 +168,7 @@ CLAIMS = [
           lambda d: f"(f32 activations: {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
                     f"{ratios(d)['prefill_128']:.2f}x)"),
     Claim("bench/results/README.md", "cpu-int8-vnni-before-after.json", int8_before_after),
+    Claim("bench/results/README.md", "cpu-q4km-int8-before-after.json", before_after),
     Claim("bench/results/README.md", "cpu-decode-split-thp-before-after.json", before_after),
     Claim("bench/results/README.md", "cpu-decode-split-thp-before-after-int8.json", before_after),
     Claim("bench/results/README.md", "cpu-decode-attention-epyc-avx512vnni.json", decode_attention_change),
