@@ -11,9 +11,9 @@
 // Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
 // from memory as in a real step; on the compute pool's threads (every core). With --int8 it times instead the
 // int8 kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the VNNI
-// kernel on the 16-row tiles where the machine has AVX-512 VNNI, at 1 to 16 rows of x; and Q4_K at Llama-3-8B's
-// shapes (SmolLM2's rows are not multiples of 256), in place (the fp32 kernels on the rounded values) and as
-// 16-row tiles.
+// kernel on the 16-row tiles where the machine has AVX-512 VNNI, at 1 to 128 rows of x (and from 16 rows BLAS on
+// the dequantized tiles); and Q4_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows are not multiples of 256), in
+// place (the fp32 kernels on the rounded values) and as 16-row tiles.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -50,6 +50,10 @@ std::vector<uint8_t> random_blocks(const Shape& s, std::mt19937& rng) {
   for (uint8_t& b : data) b = uint8_t(rng());
   const uint16_t scale = 0x2000;
   for (size_t at = 0; at < data.size(); at += size_t(info.block_bytes)) {
+    if (s.format == WeightFormat::q6_k) {  // its d is last
+      std::memcpy(&data[at + 208], &scale, 2);
+      continue;
+    }
     std::memcpy(&data[at], &scale, 2);
     if (s.format == WeightFormat::q4_1 || s.format == WeightFormat::q4_k) std::memcpy(&data[at + 2], &scale, 2);
   }
@@ -68,7 +72,8 @@ double median_seconds(int reps, const std::function<void()>& run) {
   return t[t.size() / 2];
 }
 
-// The int8 kernels at 1 to 16 rows of x: every level on the pairs, the VNNI level on the 16-row tiles.
+// The int8 kernels at 1 to 128 rows of x: every level on the pairs, the VNNI level on the 16-row tiles, and from 16
+// rows BLAS on the dequantized tiles.
 nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
   constexpr int kMatrices = 16;
   std::vector<std::vector<uint8_t>> blocks;
@@ -85,7 +90,7 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
     const std::vector<cpu::OwnedPackedWeight>* weights;
   };
   std::vector<Variant> variants;
-  const char* untiled = s.format == WeightFormat::q4_k ? " in place" : " pairs";
+  const char* untiled = s.format == WeightFormat::q4_k || s.format == WeightFormat::q6_k ? " in place" : " pairs";
   for (cpu::CpuIsa isa : {cpu::CpuIsa::avx2, cpu::CpuIsa::avx512_vnni}) {
     if (cpu::cpu_supports(isa)) variants.push_back({std::string(cpu::cpu_isa_name(isa)) + untiled, isa, &pairs});
   }
@@ -138,6 +143,7 @@ int main(int argc, char** argv) {
   if (int8) {
     shapes.push_back({"attn_q q4_k (Llama-3-8B)", WeightFormat::q4_k, 4096, 4096});
     shapes.push_back({"ffn_down q4_k (Llama-3-8B)", WeightFormat::q4_k, 4096, 14336});
+    shapes.push_back({"ffn_down q6_k (Llama-3-8B)", WeightFormat::q6_k, 4096, 14336});
   }
   constexpr int kMatrices = 16;
   std::mt19937 rng(1);

@@ -30,15 +30,17 @@ STRATA_SIMD_CLONES void round_row(const float* x, int64_t r, Int8Activations& ou
     const float d = amax / 127.0f;
     const float inverse = d > 0.0f ? 1.0f / d : 0.0f;
     int8_t* qb = out.q.data() + r * out.groups * 64 + 32 * b;
-    int sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      const float rounded = round_to_integer(xb[j] * inverse);
-      qb[j] = int8_t(rounded);
-      sum += int(rounded);
+    for (int j = 0; j < 32; ++j) qb[j] = int8_t(round_to_integer(xb[j] * inverse));
+    int half_sum[2] = {0, 0};
+    for (int h = 0; h < 2; ++h) {
+      for (int j = 16 * h; j < 16 * h + 16; ++j) half_sum[h] += qb[j];
     }
     float* group = out.scales.data() + (r * out.groups + b / 2) * 4;
     group[b % 2] = d;
-    group[2 + b % 2] = d * float(sum);
+    group[2 + b % 2] = d * float(half_sum[0] + half_sum[1]);
+    float* halves = out.half_sums.data() + r * (cols / 16) + 2 * b;
+    halves[0] = d * float(half_sum[0]);
+    halves[1] = d * float(half_sum[1]);
     if (x_hat) {
       for (int j = 0; j < 32; ++j) x_hat[r * cols + 32 * b + j] = d * float(qb[j]);
     }
@@ -54,6 +56,7 @@ void round_activations(const float* x, int64_t n, int64_t cols, Int8Activations&
   out.groups = (cols / 32 + 1) / 2;
   out.q.assign(size_t(n * out.groups * 64), 0);
   out.scales.assign(size_t(n * out.groups * 4), 0.0f);
+  out.half_sums.assign(size_t(n * (cols / 16)), 0.0f);
   // Rows on the compute pool: a prefill chunk has hundreds.
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) round_row(x, r, out, x_hat);

@@ -16,9 +16,12 @@ struct Int8Activations {
   int64_t groups = 0;             // pair groups of 64 values per row (a lone last block of 32 rounds up)
   std::vector<int8_t> q;          // [rows][groups * 64]: the values, a lone last block followed by 32 zeros
   std::vector<float> scales;      // [rows][groups][4]: d0, d1, s0, s1 of the group's two blocks (0 for a missing one)
+  std::vector<float> half_sums;   // [rows][cols / 16]: d times the sum of q over each half of each block (Q6_K's
+                                  // tiles, whose scales change every 16 values)
 
   const int8_t* row_values(int64_t r) const { return q.data() + r * groups * 64; }
   const float* row_scales(int64_t r) const { return scales.data() + r * groups * 4; }
+  const float* row_half_sums(int64_t r) const { return half_sums.data() + r * (cols / 16); }
 };
 
 // Rounds n rows of x [n][cols] (cols a multiple of 32) into `out` (its buffers reused) and, where x_hat is not

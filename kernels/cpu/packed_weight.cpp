@@ -135,6 +135,38 @@ void pack_k4_rows16_tile(const WeightMatrix& w, int64_t t, uint8_t* dst) {
   }
 }
 
+// Value n (< 256) of a Q6_K block: its 6-bit unsigned value and the index of its int8 scale.
+void q6_k_value(const uint8_t* block, int n, uint8_t& u, int& scale_index) {
+  const int half = n / 128, quarter = n % 128 / 32, l = n % 32;
+  const uint8_t low = block[64 * half + l + 32 * (quarter % 2)];  // ql
+  const uint8_t high = block[128 + 32 * half + l];                // qh
+  u = uint8_t((quarter < 2 ? low & 0xF : low >> 4) | ((high >> (2 * quarter)) & 3) << 4);
+  scale_index = 8 * half + l / 16 + 2 * quarter;
+}
+
+// Rows [16t, 16t + 16) of a Q6_K matrix into one k6_rows16 tile, whose bytes are zero.
+void pack_k6_rows16_tile(const WeightMatrix& w, int64_t t, uint8_t* dst) {
+  const WeightFormatInfo& info = weight_format_info(w.format);
+  for (int64_t sb = 0; sb < w.cols / 256; ++sb, dst += kK6Rows16SuperBytes) {
+    for (int lane = 0; lane < kTileRows16; ++lane) {
+      const uint8_t* src = w.row(kTileRows16 * t + lane) + sb * info.block_bytes;  // ql, qh, scales, d
+      store_u16(dst + 2 * lane, load_u16(src + 208));
+      for (int j = 0; j < 8; ++j) {
+        uint8_t* sub = dst + 32 + j * kK6Rows16SubBytes;
+        for (int v = 0; v < 32; ++v) {
+          uint8_t u;
+          int scale_index;
+          q6_k_value(src, 32 * j + v, u, scale_index);
+          sub[16 * (v / 16) + lane] = src[192 + scale_index];
+          const Rows16Place at = rows16_place(v, lane, true);
+          sub[32 + at.byte - 64] |= uint8_t((u & 0xF) << at.shift);
+          sub[288 + 64 * (v / 16) + 4 * lane + v % 4] |= uint8_t((u >> 4) << (2 * (v / 4 % 4)));
+        }
+      }
+    }
+  }
+}
+
 void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float* out) {
   const int64_t group_bytes = four_bit ? kU4PairBytes : kU8PairBytes;
   for (int64_t g = 0; g < pair_groups(cols); ++g, src += group_bytes) {
@@ -153,11 +185,9 @@ void dequantize_pair_row(const uint8_t* src, int64_t cols, bool four_bit, float*
 void dequantize_rows16(const PackedWeight& w, int64_t tile, int first, int n, float* out) {
   for (int64_t b = 0; b < w.cols / 32; ++b) {
     for (int r = 0; r < n; ++r) {
-      uint8_t u[32];
-      float d, m;
-      rows16_block_values(w, tile, b, first + r, u, d, m);
+      const Rows16Block block = rows16_block_values(w, tile, b, first + r);
       float* y = out + r * w.cols + 32 * b;
-      for (int v = 0; v < 32; ++v) y[v] = d * float(u[v]) + m;
+      for (int v = 0; v < 32; ++v) y[v] = block.d[v / 16] * float(block.u[v] - block.zero) + block.m[v / 16];
     }
   }
 }
@@ -176,7 +206,11 @@ PackedShape packed_shape(const WeightMatrix& w, PairPacking packing) {
         return {PackedLayout::k4_rows16, w.cols / 256 * kK4Rows16SuperBytes / kTileRows16};
       }
       return {PackedLayout::q4_k, w.row_bytes()};
-    case WeightFormat::q6_k: return {PackedLayout::q6_k, w.row_bytes()};
+    case WeightFormat::q6_k:
+      if (packing == PairPacking::rows16 && w.rows % kTileRows16 == 0) {
+        return {PackedLayout::k6_rows16, w.cols / 256 * kK6Rows16SuperBytes / kTileRows16};
+      }
+      return {PackedLayout::q6_k, w.row_bytes()};
     case WeightFormat::q4_0:
     case WeightFormat::q4_1:
     case WeightFormat::q8_0: break;
@@ -195,29 +229,45 @@ PackedShape packed_shape(const WeightMatrix& w, PairPacking packing) {
 int64_t pair_groups(int64_t cols) { return (cols / 32 + 1) / 2; }
 
 bool is_rows16(PackedLayout layout) {
-  return layout == PackedLayout::u4_rows16 || layout == PackedLayout::u8_rows16 || layout == PackedLayout::k4_rows16;
+  return layout == PackedLayout::u4_rows16 || layout == PackedLayout::u8_rows16 ||
+         layout == PackedLayout::k4_rows16 || layout == PackedLayout::k6_rows16;
 }
 
-void rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, int lane, uint8_t* u, float& d, float& m) {
+Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, int lane) {
+  Rows16Block out{};
   const uint8_t* first = w.data + tile * kTileRows16 * w.row_bytes;
   const bool four_bit = w.layout != PackedLayout::u8_rows16;
   const uint8_t* values;  // where rows16_place's byte 64 is
-  if (w.layout == PackedLayout::k4_rows16) {
+  if (w.layout == PackedLayout::k6_rows16) {
+    const uint8_t* super = first + b / 8 * kK6Rows16SuperBytes;
+    const uint8_t* sub = super + 32 + b % 8 * kK6Rows16SubBytes;
+    const float d = fp16_to_fp32(load_u16(super + 2 * lane));
+    for (int h = 0; h < 2; ++h) out.d[h] = d * float(int8_t(sub[16 * h + lane]));
+    out.zero = 32;
+    values = sub + 32 - 64;
+  } else if (w.layout == PackedLayout::k4_rows16) {
     const uint8_t* super = first + b / 8 * kK4Rows16SuperBytes;
     const uint8_t* sub = super + 64 + b % 8 * kK4Rows16SubBytes;
-    d = fp16_to_fp32(load_u16(super + 2 * lane)) * float(sub[lane]);
-    m = -(fp16_to_fp32(load_u16(super + 32 + 2 * lane)) * float(sub[16 + lane]));
+    out.d[0] = out.d[1] = fp16_to_fp32(load_u16(super + 2 * lane)) * float(sub[lane]);
+    out.m[0] = out.m[1] = -(fp16_to_fp32(load_u16(super + 32 + 2 * lane)) * float(sub[16 + lane]));
     values = sub + 32 - 64;
   } else {
     const uint8_t* block = first + b * (four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes);
-    d = fp16_to_fp32(load_u16(block + 2 * lane));
-    m = fp16_to_fp32(load_u16(block + 32 + 2 * lane));
+    out.d[0] = out.d[1] = fp16_to_fp32(load_u16(block + 2 * lane));
+    out.m[0] = out.m[1] = fp16_to_fp32(load_u16(block + 32 + 2 * lane));
     values = block;
   }
   for (int v = 0; v < 32; ++v) {
     const Rows16Place at = rows16_place(v, lane, four_bit);
-    u[v] = uint8_t(values[at.byte] >> at.shift & (four_bit ? 0xF : 0xFF));
+    out.u[v] = uint8_t(values[at.byte] >> at.shift & (four_bit ? 0xF : 0xFF));
   }
+  if (w.layout == PackedLayout::k6_rows16) {  // the high 2 bits, after the low nibbles
+    const uint8_t* high = values + 64 + 256;
+    for (int v = 0; v < 32; ++v) {
+      out.u[v] |= uint8_t((high[64 * (v / 16) + 4 * lane + v % 4] >> (2 * (v / 4 % 4)) & 3) << 4);
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -247,6 +297,8 @@ OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing, HostAr
       uint8_t* tile = tiles + t * kTileRows16 * p.row_bytes;
       if (p.layout == PackedLayout::k4_rows16) {
         pack_k4_rows16_tile(w, t, tile);
+      } else if (p.layout == PackedLayout::k6_rows16) {
+        pack_k6_rows16_tile(w, t, tile);
       } else {
         pack_rows16_tile(w, t, four_bit, tile);
       }
@@ -284,7 +336,8 @@ void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, f
       case PackedLayout::u8_pairs: dequantize_pair_row(src, w.cols, false, y); break;
       case PackedLayout::u4_rows16:
       case PackedLayout::u8_rows16:
-      case PackedLayout::k4_rows16: break;  // above
+      case PackedLayout::k4_rows16:
+      case PackedLayout::k6_rows16: break;  // above
       case PackedLayout::q4_k: dequantize_weight_row(WeightFormat::q4_k, src, y, w.cols); break;
       case PackedLayout::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, y, w.cols); break;
     }

@@ -25,6 +25,13 @@
 //                 does. The same vpdpbusd loop as u4_rows16 multiplies them. 148 bytes per row and super-block,
 //                 the file's 144 and the unpacked scales (2.8% more).
 //   q6_k       -> q6_k: the file's blocks as they are; y = d_super * scale * (u - 32) per sub-block of 16.
+//   q6_k       -> k6_rows16: instead, where pack_weight is asked for row tiles and the rows are a multiple of 16:
+//                 tiles of 16 rows, and in a tile, per super-block of 256 values, the 16 rows' f16 d_super (32
+//                 bytes), then its 8 blocks of 32 values, each the 16 rows' int8 scales of its two halves (32
+//                 bytes: row r's first half at byte r, its second at 16 + r), the values' low 4 bits as a
+//                 u4_rows16 block holds them (256 bytes), and their high 2 bits (128 bytes: value 4c + k of row r,
+//                 c < 8, at bits 2 (c % 4) of byte 4r + k of 64-byte vector c / 4). So y = d_super * scale *
+//                 (u - 32), u = low | high << 4; 210 bytes per row and super-block, the file's.
 //   f32        -> f32: the caller's floats as they are (BLAS).
 // The repacked layouts cost no more memory than the file's blocks (Q4_1, Q8_0) or 11% more (Q4_0), and save the
 // kernels the scattered loads of interleaved headers.
@@ -36,7 +43,7 @@
 
 namespace strata::cpu {
 
-enum class PackedLayout : uint8_t { f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, k4_rows16, q4_k, q6_k };
+enum class PackedLayout : uint8_t { f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, k4_rows16, k6_rows16, q4_k, q6_k };
 
 // A plain view: the kernels' translation units compiled for other instruction sets see no inline code here.
 struct PackedWeight {
@@ -58,6 +65,10 @@ constexpr int64_t kU8Rows16BlockBytes = 64 + 512;
 // 8 sub-blocks).
 constexpr int64_t kK4Rows16SubBytes = 32 + 256;
 constexpr int64_t kK4Rows16SuperBytes = 64 + 8 * kK4Rows16SubBytes;
+// Of k6_rows16: one block of 32 values (32 scales, the low bits, the high bits), one super-block (16 d_super, 8
+// blocks).
+constexpr int64_t kK6Rows16SubBytes = 32 + 256 + 128;
+constexpr int64_t kK6Rows16SuperBytes = 32 + 8 * kK6Rows16SubBytes;
 
 bool is_rows16(PackedLayout layout);
 
@@ -68,12 +79,12 @@ struct OwnedPackedWeight {
   std::unique_ptr<uint8_t[]> storage;
 };
 
-// Which layout the 32-value formats and Q4_K take: pairs (Q4_K: its own blocks) for the fp32 kernels, 16-row tiles
-// for the int8 VNNI kernel.
+// Which layout the 32-value formats and the k-quants take: pairs (the k-quants: their own blocks) for the fp32
+// kernels, 16-row tiles for the int8 VNNI kernel.
 enum class PairPacking : uint8_t { pairs, rows16 };
 
 // Packs `w` (whose memory must outlive the result for the in-place layouts); with PairPacking::rows16 a 32-value
-// format or Q4_K whose rows are a multiple of 16 takes the 16-row tiles. std::invalid_argument for a Q4_0 or Q8_0 scale
+// format or k-quant whose rows are a multiple of 16 takes the 16-row tiles. std::invalid_argument for a Q4_0 or Q8_0 scale
 // whose offset (-8d, -128d) overflows f16. With an arena, repacked values go there (the backend's, in huge pages:
 // kernels/cpu/host_memory.h) and live as long as it does.
 OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing = PairPacking::pairs,
@@ -88,8 +99,13 @@ int64_t pair_groups(int64_t cols);
 // Rows [row_begin, row_begin + n_rows) of `w` as fp32, into out [n_rows, cols].
 void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, float* out);
 
-// Block b (of 32 values) of row `lane` (< 16) of 16-row tile `tile` of a rows16 layout: its 32 unsigned values, and
-// the d and m of y = d * u + m.
-void rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, int lane, uint8_t* u, float& d, float& m);
+// Block b (of 32 values) of row `lane` (< 16) of 16-row tile `tile` of a rows16 layout: its unsigned values, and
+// y = d[h] * (u - zero) + m[h] for the values of half h (16 each; the halves differ in Q6_K's only).
+struct Rows16Block {
+  uint8_t u[32];
+  float d[2], m[2];
+  int zero;
+};
+Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, int lane);
 
 }  // namespace strata::cpu

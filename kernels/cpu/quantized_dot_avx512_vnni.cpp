@@ -1,6 +1,6 @@
 // The int8 kernel (engine.activation_dtype: int8, kernels/cpu/int8_activations.h) for x86-64 with AVX-512 VNNI
-// (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats and on Q4_K's 16-row tiles
-// (kernels/cpu/packed_weight.h).
+// (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats and on the k-quants' 16-row
+// tiles (kernels/cpu/packed_weight.h).
 // Everything after the includes is compiled for that level by the pragma below, as in the other levels' files.
 //
 // 16-row tiles, which the CPU backend packs for this level: see rows16_tiles below.
@@ -134,9 +134,54 @@ inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const I
   }
 }
 
-// 16 bytes (one per row of a tile) as fp32.
+// 16 bytes (one per row of a tile) as fp32, unsigned or signed.
 inline __m512 row_bytes_ps(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 row_signed_bytes_ps(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// A block of 32 values of k6_rows16 (kernels/cpu/packed_weight.h) at `sub`, of the 16 rows with their d_super: the
+// 6-bit codes are the low nibbles with the high 2 bits or-ed in (a shift and a ternary logic op per vector); each
+// half of 16 values has its own scale, so the products sum in two chains, one per half, and the -32 of
+// y = d scale (u - 32) goes to the offsets with the activations' half sums.
+template <int R>
+inline void k6_block_into(const uint8_t* sub, __m512 d_super, const Int8Activations& x, int64_t a0, int64_t b,
+                          __m512 (&acc)[R], __m512 (&offsets)[R]) {
+  const __m512 d_half[2] = {_mm512_mul_ps(d_super, row_signed_bytes_ps(sub)),
+                            _mm512_mul_ps(d_super, row_signed_bytes_ps(sub + 16))};
+  const __m512i nibble = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
+  const __m512i high[2] = {_mm512_loadu_si512(sub + 288), _mm512_loadu_si512(sub + 352)};
+  __m512i codes[8];
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(sub + 32 + 64 * c);
+    codes[c] = _mm512_and_si512(v, nibble);
+    codes[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  }
+  for (int c = 0; c < 8; ++c) {  // bits 2 (c % 4) of high[c / 4] to bits 4-5
+    const __m512i h = high[c / 4];
+    const __m512i at_4 = c % 4 == 0 ? _mm512_slli_epi16(h, 4)
+                         : c % 4 == 1 ? _mm512_slli_epi16(h, 2)
+                         : c % 4 == 2 ? h
+                                      : _mm512_srli_epi16(h, 2);
+    codes[c] = _mm512_ternarylogic_epi32(codes[c], at_4, high_bits, 0xF8);  // codes | (at_4 & 0x30)
+  }
+  for (int r = 0; r < R; ++r) {
+    const int8_t* q = x.row_values(a0 + r) + 32 * b;
+    const float d_x = x.row_scales(a0 + r)[4 * (b / 2) + b % 2];
+    const float* half_sums = x.row_half_sums(a0 + r) + 2 * b;
+    __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int c = 0; c < 8; ++c) {
+      int32_t four;
+      std::memcpy(&four, q + 4 * c, 4);
+      dots[c / 4] = _mm512_dpbusd_epi32(dots[c / 4], codes[c], _mm512_set1_epi32(four));
+    }
+    for (int h = 0; h < 2; ++h) {
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[h]), _mm512_mul_ps(d_half[h], _mm512_set1_ps(d_x)), acc[r]);
+      offsets[r] = _mm512_fmadd_ps(d_half[h], _mm512_set1_ps(-32.0f * half_sums[h]), offsets[r]);
+    }
+  }
 }
 
 // The tiles of [row_begin, row_end) against rows a0 .. a0 + R of x; u4_rows16 and u8_rows16 hold each block's f16
@@ -148,7 +193,17 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
     const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
     __m512 acc[R], offsets[R];
     for (int r = 0; r < R; ++r) acc[r] = offsets[r] = _mm512_setzero_ps();
-    if constexpr (Layout == PackedLayout::k4_rows16) {
+    if constexpr (Layout == PackedLayout::k6_rows16) {
+      for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
+        const uint8_t* super = tile + sb * kK6Rows16SuperBytes;
+        const __m512 d_super = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
+        for (int64_t j = 0; j < 8; ++j) {
+          const uint8_t* sub = super + 32 + j * kK6Rows16SubBytes;
+          _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
+          k6_block_into<R>(sub, d_super, x, a0, 8 * sb + j, acc, offsets);
+        }
+      }
+    } else if constexpr (Layout == PackedLayout::k4_rows16) {
       for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
         const uint8_t* super = tile + sb * kK4Rows16SuperBytes;
         const __m512 d_super = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
@@ -193,6 +248,8 @@ void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t r
       return rows16_tiles<R, PackedLayout::u8_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::k4_rows16:
       return rows16_tiles<R, PackedLayout::k4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::k6_rows16:
+      return rows16_tiles<R, PackedLayout::k6_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     default: return;  // quantized_matmul sends only these layouts to the int8 kernels
   }
 }

@@ -107,7 +107,8 @@ STRATA_INLINE void weight_row(const PackedWeight& w, int64_t i, const float* x, 
     case PackedLayout::f32:        // not a quantized layout: matmul never sends it here
     case PackedLayout::u4_rows16:  // multiplied with int8 activations only (quantized_matmul_fused refuses them)
     case PackedLayout::u8_rows16:
-    case PackedLayout::k4_rows16: break;
+    case PackedLayout::k4_rows16:
+    case PackedLayout::k6_rows16: break;
   }
 }
 
@@ -153,16 +154,17 @@ float row_dot(const uint8_t* row, const int8_t* q, const float* scales, int64_t 
 }
 
 // Row i of a 16-row tile layout against one row of rounded activations, block by block.
-float rows16_row_dot(const PackedWeight& w, int64_t i, const int8_t* q, const float* scales) {
+float rows16_row_dot(const PackedWeight& w, int64_t i, const int8_t* q, const float* scales,
+                     const float* half_sums) {
   float sum = 0.0f;
   for (int64_t b = 0; b < w.cols / 32; ++b) {
-    uint8_t u[32];
-    float d, m;
-    rows16_block_values(w, i / kTileRows16, b, int(i % kTileRows16), u, d, m);
-    int32_t dot = 0;
-    for (int v = 0; v < 32; ++v) dot += u[v] * q[32 * b + v];
-    const float* s = scales + 4 * (b / 2);  // d0, d1, s0, s1 of the block's pair
-    sum += d * s[b % 2] * float(dot) + m * s[2 + b % 2];
+    const Rows16Block block = rows16_block_values(w, i / kTileRows16, b, int(i % kTileRows16));
+    const float d_x = scales[4 * (b / 2) + b % 2];  // of the block's pair: d0, d1, s0, s1
+    for (int h = 0; h < 2; ++h) {
+      int32_t dot = 0;
+      for (int v = 16 * h; v < 16 * h + 16; ++v) dot += (block.u[v] - block.zero) * q[32 * b + v];
+      sum += block.d[h] * d_x * float(dot) + block.m[h] * half_sums[2 * b + h];
+    }
   }
   return sum;
 }
@@ -181,9 +183,12 @@ void quantized_dot_int8_baseline(const PackedWeight& w, int64_t row_begin, int64
     for (int64_t a = 0; a < x.rows; ++a) {
       const int8_t* q = x.row_values(a);
       const float* scales = x.row_scales(a);
-      out[a * out_stride + i] = is_rows16(w.layout)                   ? rows16_row_dot(w, i, q, scales)
-                                : w.layout == PackedLayout::u4_pairs ? row_dot<true>(row, q, scales, x.groups)
-                                                                      : row_dot<false>(row, q, scales, x.groups);
+      if (is_rows16(w.layout)) {
+        out[a * out_stride + i] = rows16_row_dot(w, i, q, scales, x.row_half_sums(a));
+      } else {
+        out[a * out_stride + i] = w.layout == PackedLayout::u4_pairs ? row_dot<true>(row, q, scales, x.groups)
+                                                                     : row_dot<false>(row, q, scales, x.groups);
+      }
     }
   }
 }

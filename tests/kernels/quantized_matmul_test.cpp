@@ -87,7 +87,7 @@ const Case kCases[] = {
 const Case kRows16Cases[] = {
     {WeightFormat::q8_0, 48, 96},   {WeightFormat::q4_0, 32, 576}, {WeightFormat::q4_1, 16, 96},
     {WeightFormat::q4_1, 64, 1536}, {WeightFormat::q8_0, 32, 1536}, {WeightFormat::q4_k, 16, 256},
-    {WeightFormat::q4_k, 48, 768},
+    {WeightFormat::q4_k, 48, 768},  {WeightFormat::q6_k, 16, 256},  {WeightFormat::q6_k, 32, 768},
 };
 
 std::string name(const Case& c) {
@@ -245,15 +245,13 @@ TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
     const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
     ASSERT_TRUE(cpu::is_rows16(packed.view.layout)) << name(c);
     // 20 (u4) or 36 (u8) bytes per row and block of 32, as a pair group's half; Q4_K 148 per super-block, its own
-    // 144 and 4 for the scales unpacked to bytes.
-    const int64_t row_bytes = c.format == WeightFormat::q4_k ? c.cols / 256 * 148
-                                                             : c.cols / 32 * (c.format == WeightFormat::q8_0 ? 36 : 20);
+    // 144 and 4 for the scales unpacked to bytes; Q6_K its own 210.
+    const int64_t row_bytes = c.format == WeightFormat::q4_k   ? c.cols / 256 * 148
+                              : c.format == WeightFormat::q6_k ? c.cols / 256 * 210
+                                                               : c.cols / 32 * (c.format == WeightFormat::q8_0 ? 36 : 20);
     EXPECT_EQ(packed.view.row_bytes, row_bytes) << name(c);
     expect_dequantizes_to_format_values(packed.view, w, name(c));
   }
-  EXPECT_EQ(cpu::pack_weight(WeightMatrix{nullptr, WeightFormat::q6_k, 16, 256}, cpu::PairPacking::rows16).view.layout,
-            cpu::PackedLayout::q6_k)
-      << "Q6_K has no tiles: used in place";
   // Rows that are not a multiple of 16 stay in pairs.
   const std::vector<uint8_t> blocks = random_blocks(WeightFormat::q4_1, 40, 96, 13);
   EXPECT_EQ(cpu::pack_weight(WeightMatrix{blocks.data(), WeightFormat::q4_1, 40, 96}, cpu::PairPacking::rows16)
@@ -385,18 +383,26 @@ TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
   }
 }
 
-// Q4_K too: k4_rows16 tiles with int8 activations on VNNI (its 6-bit scales unpacked: 148 bytes per row and
-// super-block), its own blocks in place with fp32 activations.
-TEST(CpuBackendWeights, Int8ActivationsOnVnniHoldQ4KAsRows16Tiles) {
+// The k-quants too: k4_rows16 and k6_rows16 tiles with int8 activations on VNNI (Q4_K's 6-bit scales unpacked: 148
+// bytes per row and super-block; Q6_K at its own 210), their own blocks in place with fp32 activations.
+TEST(CpuBackendWeights, Int8ActivationsOnVnniHoldKQuantsAsRows16Tiles) {
   if (cpu::best_cpu_isa() != CpuIsa::avx512_vnni) GTEST_SKIP() << "not an AVX-512 VNNI machine";
-  const Case c{WeightFormat::q4_k, 32, 512};
-  const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 65);
-  const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
-  std::unique_ptr<Backend> int8 = make_cpu_backend(ActivationDtype::int8);
-  EXPECT_EQ(static_cast<const cpu::PackedWeight*>(int8->upload_weight(w).data)->layout, cpu::PackedLayout::k4_rows16);
-  EXPECT_EQ(int8->uploaded_weight_bytes(w), c.rows * 2 * 148);
-  std::unique_ptr<Backend> f32 = make_cpu_backend(ActivationDtype::f32);
-  EXPECT_EQ(static_cast<const cpu::PackedWeight*>(f32->upload_weight(w).data)->layout, cpu::PackedLayout::q4_k);
+  struct KQuant {
+    WeightFormat format;
+    cpu::PackedLayout tiles, in_place;
+    int64_t super_block_bytes;
+  };
+  for (const KQuant k : {KQuant{WeightFormat::q4_k, cpu::PackedLayout::k4_rows16, cpu::PackedLayout::q4_k, 148},
+                         KQuant{WeightFormat::q6_k, cpu::PackedLayout::k6_rows16, cpu::PackedLayout::q6_k, 210}}) {
+    const Case c{k.format, 32, 512};
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 65);
+    const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+    std::unique_ptr<Backend> int8 = make_cpu_backend(ActivationDtype::int8);
+    EXPECT_EQ(static_cast<const cpu::PackedWeight*>(int8->upload_weight(w).data)->layout, k.tiles) << name(c);
+    EXPECT_EQ(int8->uploaded_weight_bytes(w), c.rows * 2 * k.super_block_bytes) << name(c);
+    std::unique_ptr<Backend> f32 = make_cpu_backend(ActivationDtype::f32);
+    EXPECT_EQ(static_cast<const cpu::PackedWeight*>(f32->upload_weight(w).data)->layout, k.in_place) << name(c);
+  }
 }
 
 // With int8 activations an AVX-512 VNNI machine holds the 32-value formats as 16-row tiles: a range of whole tiles
