@@ -142,7 +142,7 @@ def decode_span(d: dict) -> str:
 # The bench/cpu_vs_llamacpp.sh runs whose tables and weight reads bench/results/README.md quotes.
 LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e8d8b", "epyc-avx512vnni-int8-b9e8d8b",
                  "epyc-avx512vnni-int8-5a23255", "q4km-epyc-avx512vnni", "q4km-epyc-avx512vnni-int8-3b3b1cb",
-                 "q4km-epyc-avx512vnni-int8")
+                 "q4km-epyc-avx512vnni-int8-ea78d88", "q4km-epyc-avx512vnni-int8")
 
 CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni.json",
@@ -169,6 +169,7 @@ CLAIMS = [
                     f"{ratios(d)['prefill_128']:.2f}x)"),
     Claim("bench/results/README.md", "cpu-int8-vnni-before-after.json", int8_before_after),
     Claim("bench/results/README.md", "cpu-q4km-int8-before-after.json", before_after),
+    Claim("bench/results/README.md", "cpu-q4km-int8-q6k-before-after.json", before_after),
     Claim("bench/results/README.md", "cpu-decode-split-thp-before-after.json", before_after),
     Claim("bench/results/README.md", "cpu-decode-split-thp-before-after-int8.json", before_after),
     Claim("bench/results/README.md", "cpu-decode-attention-epyc-avx512vnni.json", decode_attention_change),
