@@ -57,7 +57,7 @@ std::vector<int> prefill_peak_entries(const CompressionConfig& server_config, co
   const CompressionConfig config = server_config.for_sequence(request, context);
   if (!config.chunked()) return peak;
   context.prefill_chunk = config.prefill_chunk;
-  const int scoring_rows = prefill_scoring_rows(server_config, request, context, prefill_len).count;
+  const int scoring_rows = prefill_scoring_rows(config, request, context, prefill_len).count;  // decided already
   // The last compression point before the prefill's end, where a layer that keeps everything holds the most
   // scoring rows past what it keeps.
   const int last_point = (prefill_len - 1) / config.prefill_chunk * config.prefill_chunk;

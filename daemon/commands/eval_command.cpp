@@ -20,6 +20,7 @@
 #include "eval/ruler_tasks.h"
 #include "model/gguf_file.h"
 #include "model/tokenizer.h"
+#include "rank/offline_executor.h"
 
 namespace strata {
 namespace {
@@ -157,11 +158,8 @@ nlohmann::ordered_json eval_report(const std::string& command, const ServerConfi
 
 // How a case's rows prefilled: "chunked" or "end" (kv_cache.prefill_compression auto decides per policy, as the
 // server does; tools/eval_report.py keeps rows of different modes apart).
-std::string case_prefill_mode(const ServerConfig& config, const RankRuntime& rt, const EvalCase& c) {
-  const ModelConfig& mc = rt.weights.config;
-  const PolicyContext context{0, mc.n_layers, mc.n_heads, mc.n_kv_heads, rt.model_name};
-  const bool chunked = compression_config(config, rt).for_sequence(parse_policy_spec(c.policy), context).chunked();
-  return chunked ? "chunked" : "end";
+std::string case_prefill_mode(RankRuntime& rt, const EvalCase& c) {
+  return OfflineExecutor(*rt.executor).prefills_in_chunks(parse_policy_spec(c.policy)) ? "chunked" : "end";
 }
 
 // The configuration of the runtime of the cases in cache format `dtype`. Applied before the long run, so that a
@@ -250,7 +248,7 @@ int eval_command(int argc, char** argv) {
              show_progress(label, done, total);
            })) {
         nlohmann::ordered_json row = case_json(result);
-        row["prefill_compression"] = case_prefill_mode(config, runtime, result.c);
+        row["prefill_compression"] = case_prefill_mode(runtime, result.c);
         report["cases"].push_back(std::move(row));
       }
       report["timing"] = {

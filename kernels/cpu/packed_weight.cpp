@@ -160,7 +160,7 @@ void pack_k6_rows16_tile(const WeightMatrix& w, int64_t t, uint8_t* dst) {
           sub[16 * (v / 16) + lane] = src[192 + scale_index];
           const Rows16Place at = rows16_place(v, lane, true);
           sub[32 + at.byte - 64] |= uint8_t((u & 0xF) << at.shift);
-          sub[288 + 64 * (v / 16) + 4 * lane + v % 4] |= uint8_t((u >> 4) << (2 * (v / 4 % 4)));
+          sub[kK6Rows16HighBits + 64 * (v / 16) + 4 * lane + v % 4] |= uint8_t((u >> 4) << (2 * (v / 4 % 4)));
         }
       }
     }
@@ -237,7 +237,8 @@ Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, 
   Rows16Block out{};
   const uint8_t* first = w.data + tile * kTileRows16 * w.row_bytes;
   const bool four_bit = w.layout != PackedLayout::u8_rows16;
-  const uint8_t* values;  // where rows16_place's byte 64 is
+  const uint8_t* values;           // where rows16_place's byte 64 is
+  const uint8_t* high = nullptr;   // k6_rows16: the high 2 bits
   if (w.layout == PackedLayout::k6_rows16) {
     const uint8_t* super = first + b / 8 * kK6Rows16SuperBytes;
     const uint8_t* sub = super + 32 + b % 8 * kK6Rows16SubBytes;
@@ -245,6 +246,7 @@ Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, 
     for (int h = 0; h < 2; ++h) out.d[h] = d * float(int8_t(sub[16 * h + lane]));
     out.zero = 32;
     values = sub + 32 - 64;
+    high = sub + kK6Rows16HighBits;
   } else if (w.layout == PackedLayout::k4_rows16) {
     const uint8_t* super = first + b / 8 * kK4Rows16SuperBytes;
     const uint8_t* sub = super + 64 + b % 8 * kK4Rows16SubBytes;
@@ -261,8 +263,7 @@ Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, 
     const Rows16Place at = rows16_place(v, lane, four_bit);
     out.u[v] = uint8_t(values[at.byte] >> at.shift & (four_bit ? 0xF : 0xFF));
   }
-  if (w.layout == PackedLayout::k6_rows16) {  // the high 2 bits, after the low nibbles
-    const uint8_t* high = values + 64 + 256;
+  if (high) {
     for (int v = 0; v < 32; ++v) {
       out.u[v] |= uint8_t((high[64 * (v / 16) + 4 * lane + v % 4] >> (2 * (v / 4 % 4)) & 3) << 4);
     }

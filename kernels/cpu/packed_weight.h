@@ -68,6 +68,7 @@ constexpr int64_t kK4Rows16SuperBytes = 64 + 8 * kK4Rows16SubBytes;
 // Of k6_rows16: one block of 32 values (32 scales, the low bits, the high bits), one super-block (16 d_super, 8
 // blocks).
 constexpr int64_t kK6Rows16SubBytes = 32 + 256 + 128;
+constexpr int64_t kK6Rows16HighBits = 32 + 256;  // where a block's high bits start
 constexpr int64_t kK6Rows16SuperBytes = 32 + 8 * kK6Rows16SubBytes;
 
 bool is_rows16(PackedLayout layout);

@@ -152,7 +152,8 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const Int8Activati
   const __m512 d_half[2] = {_mm512_mul_ps(d_super, row_signed_bytes_ps(sub)),
                             _mm512_mul_ps(d_super, row_signed_bytes_ps(sub + 16))};
   const __m512i nibble = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
-  const __m512i high[2] = {_mm512_loadu_si512(sub + 288), _mm512_loadu_si512(sub + 352)};
+  const __m512i high[2] = {_mm512_loadu_si512(sub + kK6Rows16HighBits),
+                           _mm512_loadu_si512(sub + kK6Rows16HighBits + 64)};
   __m512i codes[8];
   for (int c = 0; c < 4; ++c) {
     const __m512i v = _mm512_loadu_si512(sub + 32 + 64 * c);

@@ -55,7 +55,8 @@ void fused_rows(const PackedWeight& w, int64_t begin, int64_t end, const float* 
 
 // Whether w's product with n_rows rows of x runs on dequantized fp32 tiles: from kDequantizedTileMinRows rows, but
 // for the 16-row tiles with int8 activations, whose integer kernel does 4 products where an fp32 multiply-add does
-// one (at 128 rows of x 3-5x BLAS's speed on the dequantized tiles: bench/quantized_matmul_paths --int8).
+// one (at 128 rows of x 3.0-5.9x BLAS's speed on the dequantized tiles: bench/quantized_matmul_paths --int8,
+// bench/results/cpu-int8-kernels-kquants-epyc-avx512vnni.json).
 bool on_dequantized_tiles(const PackedWeight& w, int64_t n_rows, bool rounded) {
   return n_rows >= kDequantizedTileMinRows && !(rounded && is_rows16(w.layout));
 }

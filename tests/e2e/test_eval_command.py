@@ -15,8 +15,8 @@ def run_eval(tmp_path, *args):
     return result, out
 
 
-def labels(out):
-    return [case["label"] for case in json.loads(out.read_text(encoding="utf-8"))["cases"]]
+def labels(out, key="label"):
+    return [case[key] for case in json.loads(out.read_text(encoding="utf-8"))["cases"]]
 
 
 def test_an_empty_policy_list_runs_only_full_and_the_quantized_rows(tmp_path):
@@ -24,12 +24,15 @@ def test_an_empty_policy_list_runs_only_full_and_the_quantized_rows(tmp_path):
                            "--quantized-dtypes", "int4")
     assert result.returncode == 0, result.stderr[-2000:]
     assert labels(out) == ["full", "full+int4", "snapkv@50%+int4"]
+    # kv_cache.prefill_compression auto: full keeps every entry (end), SnapKV has the chunked form.
+    assert labels(out, "prefill_compression") == ["end", "end", "chunked"]
 
 
 def test_listed_policies_get_their_full_precision_rows(tmp_path):
     result, out = run_eval(tmp_path, "--policies", "streaming", "--budgets", "50%", "--quantized", "")
     assert result.returncode == 0, result.stderr[-2000:]
     assert labels(out) == ["full", "streaming@50%"]
+    assert labels(out, "prefill_compression") == ["end", "chunked"]
 
 
 def test_without_policies_every_policy_runs_and_pod_asks_for_its_blocks(tmp_path):
