@@ -10,10 +10,11 @@
 //
 // Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
 // from memory as in a real step; on the compute pool's threads (every core). With --int8 it times instead the
-// int8 kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the VNNI
-// kernel on the 16-row tiles where the machine has AVX-512 VNNI, at 1 to 128 rows of x (and from 16 rows BLAS on
-// the dequantized tiles); and Q4_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows are not multiples of 256), in
-// place (the fp32 kernels on the rounded values) and as 16-row tiles.
+// integer kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the VNNI
+// kernel on the 16-row tiles where the machine has AVX-512 VNNI, with int8 and with int16 (two digits), at 1 to 128
+// rows of x (and from 16 rows BLAS on the dequantized tiles), beside the best level's fp32 fused kernel (the
+// default, engine.activation_dtype: f32) below 32 rows; and Q4_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows
+// are not multiples of 256), in place (the fp32 kernels) and as 16-row tiles.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -88,21 +89,27 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
     std::string name;
     cpu::CpuIsa isa;
     const std::vector<cpu::OwnedPackedWeight>* weights;
+    int digits;  // 0: the fp32 fused kernel on x as it is
   };
   std::vector<Variant> variants;
   const char* untiled = s.format == WeightFormat::q4_k || s.format == WeightFormat::q6_k ? " in place" : " pairs";
+  variants.push_back({std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())) + untiled + " fp32", cpu::best_cpu_isa(),
+                      &pairs, 0});
   for (cpu::CpuIsa isa : {cpu::CpuIsa::avx2, cpu::CpuIsa::avx512_vnni}) {
-    if (cpu::cpu_supports(isa)) variants.push_back({std::string(cpu::cpu_isa_name(isa)) + untiled, isa, &pairs});
+    if (cpu::cpu_supports(isa)) variants.push_back({std::string(cpu::cpu_isa_name(isa)) + untiled, isa, &pairs, 1});
   }
   if (cpu::cpu_supports(cpu::CpuIsa::avx512_vnni)) {
-    variants.push_back({"avx512_vnni rows16", cpu::CpuIsa::avx512_vnni, &tiles});
+    variants.push_back({"avx512_vnni rows16", cpu::CpuIsa::avx512_vnni, &tiles, 1});
+    variants.push_back({"avx512_vnni rows16 int16", cpu::CpuIsa::avx512_vnni, &tiles, 2});
   }
   nlohmann::json results = nlohmann::json::array();
   for (int64_t rows : {1, 2, 4, 8, 16, 32, 64, 128}) {
     std::vector<float> x(size_t(rows * s.cols)), x_hat(x.size()), out(size_t(rows * s.rows));
     for (float& v : x) v = std::normal_distribution<float>()(rng);
-    cpu::Int8Activations rounded;
-    cpu::round_activations(x.data(), rows, s.cols, rounded, x_hat.data());
+    cpu::IntegerActivations rounded[2];
+    std::vector<float> x_hat16(x.size());
+    cpu::round_activations(x.data(), rows, s.cols, 1, rounded[0], x_hat.data());
+    cpu::round_activations(x.data(), rows, s.cols, 2, rounded[1], x_hat16.data());
     if (rows >= 16) {  // what quantized_matmul runs from kDequantizedTileMinRows rows: BLAS on dequantized tiles
       const double seconds = median_seconds(reps, [&] {
         for (const cpu::OwnedPackedWeight& p : tiles) cpu::quantized_matmul_tiles(x_hat.data(), rows, p.view, out.data());
@@ -112,9 +119,15 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
       std::cout << s.name << ", " << rows << " rows, fp32 tiles (BLAS): " << seconds * 1e6 << " us\n";
     }
     for (const Variant& v : variants) {
+      if (v.digits == 0 && rows >= cpu::kDequantizedTileMinRows) continue;  // the fp32 tiles, above
       const double seconds = median_seconds(reps, [&] {
         for (const cpu::OwnedPackedWeight& p : *v.weights) {
-          cpu::quantized_matmul_int8(rounded, x_hat.data(), p.view, out.data(), v.isa);
+          if (v.digits == 0) {
+            cpu::quantized_matmul_fused(x.data(), rows, p.view, out.data(), v.isa);
+          } else {
+            cpu::quantized_matmul_integer(rounded[v.digits - 1], v.digits == 2 ? x_hat16.data() : x_hat.data(),
+                                          p.view, out.data(), v.isa);
+          }
         }
       }) / kMatrices;
       results.push_back({{"matrix", s.name}, {"rows_of_x", rows}, {"kernel", v.name}, {"us", seconds * 1e6},

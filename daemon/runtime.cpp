@@ -36,13 +36,24 @@ ChatTemplate choose_template(const ServerConfig::Model& m, std::string_view jinj
   return ChatTemplate::from_name(m.chat_template, system);
 }
 
+// engine.activation_dtype on the CPU backend; auto is int16 where the machine has its integer kernel (AVX-512
+// VNNI), which gives fp32's answers faster than fp32 there, and f32 elsewhere, where int16 would run the fp32
+// kernels on the rounded values (docs/decisions.md, [cpu-xeon]).
+ActivationDtype cpu_activation_dtype(const ServerConfig& config) {
+  const std::string& a = config.engine.activation_dtype;
+  if (a == "auto") return cpu::best_cpu_isa() == cpu::CpuIsa::avx512_vnni ? ActivationDtype::int16 : ActivationDtype::f32;
+  return a == "int8" ? ActivationDtype::int8 : a == "int16" ? ActivationDtype::int16 : ActivationDtype::f32;
+}
+
+std::string_view activation_dtype_name(ActivationDtype a) {
+  return a == ActivationDtype::int8 ? "int8" : a == ActivationDtype::int16 ? "int16" : "f32";
+}
+
 // engine.backend: the CPU backend, or the CUDA one on engine.device (by default the node-local rank's GPU, so
 // that mpirun's ranks on one node take one GPU each).
 std::unique_ptr<Backend> make_backend(const ServerConfig& config) {
-  if (config.engine.backend == "cpu") {
-    return make_cpu_backend(config.engine.activation_dtype == "int8" ? ActivationDtype::int8 : ActivationDtype::f32);
-  }
-  if (config.engine.activation_dtype != "f32") {
+  if (config.engine.backend == "cpu") return make_cpu_backend(cpu_activation_dtype(config));
+  if (config.engine.activation_dtype != "auto" && config.engine.activation_dtype != "f32") {
     throw ConfigError(config.file + ": engine.activation_dtype: " + config.engine.activation_dtype +
                       " is a CPU backend option; the CUDA backend multiplies in bf16");
   }
@@ -293,8 +304,9 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
             << config.kv_cache.dtype;
   // How many sealed groups a block's memory packs: what quantization really saves (int8 on a bf16 pool: one).
   if (layout.quant != KvQuant::none) std::cerr << " (" << layout.quantized_per_slot() << " sealed groups a block)";
-  std::cerr << ", backend " << rt.backend->name() << " (CPU kernels " << cpu::cpu_isa_name(cpu::best_cpu_isa())
-            << ")\n";
+  std::cerr << ", backend " << rt.backend->name() << " (CPU kernels " << cpu::cpu_isa_name(cpu::best_cpu_isa());
+  if (config.engine.backend == "cpu") std::cerr << ", " << activation_dtype_name(cpu_activation_dtype(config)) << " activations";
+  std::cerr << ")\n";
 }
 
 }  // namespace

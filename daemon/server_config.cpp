@@ -153,7 +153,7 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"engine.activation_dtype",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
-         c.engine.activation_dtype = parse_choice(t, w, {"f32", "int8"});
+         c.engine.activation_dtype = parse_choice(t, w, {"auto", "f32", "int8", "int16"});
        }},
       {"engine.backend",
        [](ServerConfig& c, const std::string& t, const std::string& w) {

@@ -47,8 +47,9 @@ struct ServerConfig {
     int max_batch_tokens = 512;
     int max_waiting = 256;
     int threads = 0;                        // compute threads of the CPU backend; 0 = every core
-    // f32 | int8: what the CPU backend's quantized matmuls multiply the weights with (kernels/backend.h)
-    std::string activation_dtype = "f32";
+    // auto | f32 | int8 | int16: what the CPU backend's quantized matmuls multiply the weights with
+    // (kernels/backend.h); auto is int16 on an AVX-512 VNNI machine, f32 elsewhere (daemon/runtime.cpp)
+    std::string activation_dtype = "auto";
     std::string backend = "cpu";            // cpu | cuda (a build with -DSTRATA_CUDA=ON and a GPU)
     int device = -1;                        // CUDA device; -1: the node-local MPI rank modulo the GPUs present
   } engine;

@@ -169,9 +169,9 @@ class Backend {
 };
 
 // What the CPU backend's quantized matmuls multiply the weights with (engine.activation_dtype): the fp32
-// activations as they are, or rounded to int8 per block of 32 for integer dot products
-// (kernels/cpu/quantized_matmul.h).
-enum class ActivationDtype : uint8_t { f32, int8 };
+// activations as they are, or rounded to int8 or int16 per block of 32 for integer dot products
+// (kernels/cpu/integer_activations.h, kernels/cpu/quantized_matmul.h).
+enum class ActivationDtype : uint8_t { f32, int8, int16 };
 
 std::unique_ptr<Backend> make_cpu_backend(ActivationDtype activations = ActivationDtype::f32);
 

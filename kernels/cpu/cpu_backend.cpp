@@ -222,10 +222,10 @@ class CpuBackend final : public Backend {
 
   static const cpu::PackedWeight& packed(const Tensor& t) { return *static_cast<const cpu::PackedWeight*>(t.data); }
 
-  // int8 activations on an AVX-512 VNNI machine read the 32-value formats and Q4_K as 16-row tiles
+  // Integer activations on an AVX-512 VNNI machine read the 32-value formats and the k-quants as 16-row tiles
   // (kernels/cpu/quantized_dot_avx512_vnni.cpp); everything else as pairs.
   cpu::PairPacking pair_packing() const {
-    return activations_ == ActivationDtype::int8 && cpu::best_cpu_isa() == cpu::CpuIsa::avx512_vnni
+    return activations_ != ActivationDtype::f32 && cpu::best_cpu_isa() == cpu::CpuIsa::avx512_vnni
                ? cpu::PairPacking::rows16
                : cpu::PairPacking::pairs;
   }

@@ -13,10 +13,10 @@
 //             bench/results/cpu-avx2-quantized-dot-before-after.json);
 //   baseline  portable C++ (kernels/cpu/quantized_dot_portable.cpp) for baseline x86-64 (SSE2), and the only one
 //             on other architectures.
-// fp32 activations are the default; int8 ones (as llama.cpp has) are an option, engine.activation_dtype, with
-// kernels of their own below, in the same files as each level's fp32 ones: rounding SmolLM2's activations to int8
-// per block of 32 changes the top-1 token at about 3.5% of the reference positions (docs/decisions.md, [cpu-speed]
-// and [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which need
+// fp32 activations are the default; integer ones are an option, engine.activation_dtype, with kernels of their own
+// below, in the same files as each level's fp32 ones: int8 (as llama.cpp has) changes SmolLM2's top-1 token at
+// about 3% of the reference positions, int16 as two int8 digits keeps it (docs/decisions.md, [cpu-speed] and
+// [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which need
 // a body per target, and the tests must be able to call each level by name.
 #include <cstdint>
 #include <string_view>
@@ -57,25 +57,26 @@ void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_en
 void quantized_dot_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x, int64_t n_x,
                             float* out, int64_t out_stride);
 
-struct Int8Activations;  // kernels/cpu/int8_activations.h
+struct IntegerActivations;  // kernels/cpu/integer_activations.h
 
-// The int8 kernels, for engine.activation_dtype: int8: rows [row_begin, row_end) of a pair-layout weight (u4_pairs,
-// u8_pairs: Q4_0, Q4_1, Q8_0) against every row of x, rounded to int8 per block of 32. The 16-row tiles (u4_rows16,
-// u8_rows16, k4_rows16; row_begin and row_end multiples of 16) have the avx512_vnni kernel and the baseline one, its
-// reference. The k-quant layouts used in place have none: quantized_matmul multiplies them with the rounded values
-// in fp32.
+// The integer kernels, for engine.activation_dtype int8 and int16: rows [row_begin, row_end) of a pair-layout
+// weight (u4_pairs, u8_pairs: Q4_0, Q4_1, Q8_0) against every row of x rounded to int8 (one digit) per block of 32.
+// The 16-row tiles (u4_rows16, u8_rows16, k4_rows16, k6_rows16; row_begin and row_end multiples of 16) take one or
+// two digits (int16), in the avx512_vnni kernel and the baseline one, its reference. The k-quant layouts used in
+// place have none, nor have the pairs for two digits: quantized_matmul multiplies those with the rounded values in
+// fp32.
 // out[a * out_stride + i].
 using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end,
-                                    const Int8Activations& x, float* out, int64_t out_stride);
+                                    const IntegerActivations& x, float* out, int64_t out_stride);
 // The int8 kernel of `isa` (which the machine must support); an AVX-512 machine without VNNI runs the AVX2 one.
 QuantizedDotInt8Fn quantized_dot_int8(CpuIsa isa);
 #if STRATA_QUANTIZED_DOT_X86
 void quantized_dot_int8_avx512_vnni(const PackedWeight& w, int64_t row_begin, int64_t row_end,
-                                    const Int8Activations& x, float* out, int64_t out_stride);
-void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x,
+                                    const IntegerActivations& x, float* out, int64_t out_stride);
+void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
                              float* out, int64_t out_stride);
 #endif
 void quantized_dot_int8_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end,
-                                 const Int8Activations& x, float* out, int64_t out_stride);
+                                 const IntegerActivations& x, float* out, int64_t out_stride);
 
 }  // namespace strata::cpu

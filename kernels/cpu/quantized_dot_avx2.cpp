@@ -8,7 +8,7 @@
 // d * u + m in one fused multiply-add), and every activation row of the tile multiplies them into accumulators of
 // its own. A lone activation row (the decode of one sequence) takes the scaled-sum form instead, as on AVX-512.
 // The arithmetic is the fp32 reference's up to the order of the sums.
-#include "kernels/cpu/int8_activations.h"
+#include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/quantized_dot.h"
 
 #if STRATA_QUANTIZED_DOT_X86
@@ -238,7 +238,7 @@ void q6_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
   acc.store(out, out_stride);
 }
 
-// The int8 kernel (engine.activation_dtype: int8, kernels/cpu/int8_activations.h). Per pair group of a weight row,
+// The int8 kernel (engine.activation_dtype: int8, kernels/cpu/integer_activations.h). Per pair group of a weight row,
 // the 64 unsigned codes are loaded once as two ymm of bytes, and every activation row of the tile multiplies them
 // with its int8 values: vpmaddubsw (unsigned x signed bytes, adjacent pairs summed into 16 bits) then vpmaddwd by
 // ones (into 32 bits), 32 products in two instructions where the fp32 kernel needs four multiply-adds and four
@@ -280,7 +280,7 @@ inline __m128 group_factors(const uint8_t* group) {
 }
 
 template <int R, bool FourBit>
-void int8_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x, int64_t a0,
+void int8_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                   float* out, int64_t out_stride) {
   constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
   for (int64_t i = row_begin; i < row_end; ++i) {
@@ -316,7 +316,7 @@ void int8_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
 }
 
 template <int R>
-void int8_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x,
+void int8_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
           int64_t a0, float* out, int64_t out_stride) {
   if constexpr (R > 1) {
     if (rows < R) return int8_tile<R - 1>(rows, w, row_begin, row_end, x, a0, out, out_stride);
@@ -337,7 +337,7 @@ void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_en
   quantized_dot_of_level(w, row_begin, row_end, x, n_x, out, out_stride);
 }
 
-void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x,
+void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
                              float* out, int64_t out_stride) {
   for (int64_t a = 0; a < x.rows; a += kInt8MaxRows) {
     const int64_t rows = x.rows - a < kInt8MaxRows ? x.rows - a : kInt8MaxRows;

@@ -1,6 +1,6 @@
-// The int8 kernel (engine.activation_dtype: int8, kernels/cpu/int8_activations.h) for x86-64 with AVX-512 VNNI
-// (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats and on the k-quants' 16-row
-// tiles (kernels/cpu/packed_weight.h).
+// The integer kernel (engine.activation_dtype: int8 and int16, kernels/cpu/integer_activations.h) for x86-64 with
+// AVX-512 VNNI (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats (one digit only)
+// and on the 16-row tiles of those and the k-quants (one or two digits; kernels/cpu/packed_weight.h).
 // Everything after the includes is compiled for that level by the pragma below, as in the other levels' files.
 //
 // 16-row tiles, which the CPU backend packs for this level: see rows16_tiles below.
@@ -15,7 +15,7 @@
 //
 // Either way the result is the dot product with the rounded values d * q, up to the order of the sums (the result
 // the other levels give).
-#include "kernels/cpu/int8_activations.h"
+#include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/quantized_dot.h"
 
 #if STRATA_QUANTIZED_DOT_X86
@@ -51,7 +51,7 @@ inline __m512i group_codes(const uint8_t* payload) {
 // One group's codes against every row of the tile: acc[r] += (codes . q_r per lane) * [d_w0 d0 x 8, d_w1 d1 x 8],
 // offsets[r] += [., ., m_w0 s0, m_w1 s1].
 template <int R, bool FourBit>
-inline void group_into(const uint8_t* group, const Int8Activations& x, int64_t a0, int64_t g, __m512 (&acc)[R],
+inline void group_into(const uint8_t* group, const IntegerActivations& x, int64_t a0, int64_t g, __m512 (&acc)[R],
                        __m128 (&offsets)[R]) {
   // Lanes 0-7 take lane 0 of a group's 4 factors (block 0's), lanes 8-15 lane 1.
   const __m512i block_of_lane = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -70,7 +70,7 @@ inline void group_into(const uint8_t* group, const Int8Activations& x, int64_t a
 }
 
 template <int R, bool FourBit>
-void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x, int64_t a0,
+void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                float* out, int64_t out_stride) {
   constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
   for (int64_t i = row_begin; i < row_end; ++i) {
@@ -98,14 +98,27 @@ void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
   }
 }
 
+// A block's 8 vectors of codes (4 values of 16 rows each) against its 32 activation digits q: lane j sums row j's
+// 32 products. Two chains of sums, so that one vpdpbusd need not wait for the last.
+inline __m512i codes_dot(const __m512i (&codes)[8], const int8_t* q) {
+  __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int c = 0; c < 8; ++c) {
+    int32_t four;
+    std::memcpy(&four, q + 4 * c, 4);
+    dots[c % 2] = _mm512_dpbusd_epi32(dots[c % 2], codes[c], _mm512_set1_epi32(four));
+  }
+  return _mm512_add_epi32(dots[0], dots[1]);
+}
+
 // The 16-row tiles (kernels/cpu/packed_weight.h): per block of 32 values, 8 vectors of codes, each 4 values of
 // the 16 rows, multiplied with 4 bytes of an activation row broadcast; lane j sums weight row j. So 512 products
 // (a block of 16 rows) cost an activation row 8 vpdpbusd, a conversion, a multiply and two multiply-adds, where
 // the pair groups cost it 7 instructions for every 64; the weight side (4 or 8 loads, 8 masks for u4, and for
 // k4_rows16 the scales and mins) is shared by the tile's activation rows. Block b (at `values`, its codes) of the
-// 16 rows with their d_w and m_w: acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r.
-template <int R, bool FourBit>
-inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const Int8Activations& x, int64_t a0,
+// 16 rows with their d_w and m_w: acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r. With two digits (int16
+// activations) each digit takes its 8 vpdpbusd and u . q = 256 (u . q_high) + (u . q_low), exact in 32 bits.
+template <int R, int Digits, bool FourBit>
+inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const IntegerActivations& x, int64_t a0,
                               int64_t b, __m512 (&acc)[R], __m512 (&offsets)[R]) {
   __m512i codes[8];
   if (FourBit) {
@@ -119,16 +132,15 @@ inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const I
     for (int c = 0; c < 8; ++c) codes[c] = _mm512_loadu_si512(values + 64 * c);
   }
   for (int r = 0; r < R; ++r) {
-    const int8_t* q = x.row_values(a0 + r) + 32 * b;
     const float* scales = x.row_scales(a0 + r) + 4 * (b / 2);  // d0, d1, s0, s1 of the block's pair
-    // Two chains of sums, so that one vpdpbusd need not wait for the last.
-    __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-    for (int c = 0; c < 8; ++c) {
-      int32_t four;
-      std::memcpy(&four, q + 4 * c, 4);
-      dots[c % 2] = _mm512_dpbusd_epi32(dots[c % 2], codes[c], _mm512_set1_epi32(four));
+    __m512 sum;
+    if constexpr (Digits == 2) {
+      const __m512i high = codes_dot(codes, x.row_values(a0 + r) + 32 * b);
+      const __m512i low = codes_dot(codes, x.row_low_values(a0 + r) + 32 * b);
+      sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(high, 8), low));
+    } else {
+      sum = _mm512_cvtepi32_ps(codes_dot(codes, x.row_values(a0 + r) + 32 * b));
     }
-    const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(dots[0], dots[1]));
     acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(scales[b % 2])), acc[r]);
     offsets[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(scales[2 + b % 2]), offsets[r]);
   }
@@ -142,12 +154,23 @@ inline __m512 row_signed_bytes_ps(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// The products of a block's codes and its 32 activation digits q summed per half of 16 values (dots[0], dots[1]),
+// for Q6_K's scale per half.
+inline void half_dots(const __m512i (&codes)[8], const int8_t* q, __m512i (&dots)[2]) {
+  dots[0] = dots[1] = _mm512_setzero_si512();
+  for (int c = 0; c < 8; ++c) {
+    int32_t four;
+    std::memcpy(&four, q + 4 * c, 4);
+    dots[c / 4] = _mm512_dpbusd_epi32(dots[c / 4], codes[c], _mm512_set1_epi32(four));
+  }
+}
+
 // A block of 32 values of k6_rows16 (kernels/cpu/packed_weight.h) at `sub`, of the 16 rows with their d_super: the
 // 6-bit codes are the low nibbles with the high 2 bits or-ed in (a shift and a ternary logic op per vector); each
 // half of 16 values has its own scale, so the products sum in two chains, one per half, and the -32 of
-// y = d scale (u - 32) goes to the offsets with the activations' half sums.
-template <int R>
-inline void k6_block_into(const uint8_t* sub, __m512 d_super, const Int8Activations& x, int64_t a0, int64_t b,
+// y = d scale (u - 32) goes to the offsets with the activations' half sums. Two digits as in rows16_block_into.
+template <int R, int Digits>
+inline void k6_block_into(const uint8_t* sub, __m512 d_super, const IntegerActivations& x, int64_t a0, int64_t b,
                           __m512 (&acc)[R], __m512 (&offsets)[R]) {
   const __m512 d_half[2] = {_mm512_mul_ps(d_super, row_signed_bytes_ps(sub)),
                             _mm512_mul_ps(d_super, row_signed_bytes_ps(sub + 16))};
@@ -169,14 +192,14 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const Int8Activati
     codes[c] = _mm512_ternarylogic_epi32(codes[c], at_4, high_bits, 0xF8);  // codes | (at_4 & 0x30)
   }
   for (int r = 0; r < R; ++r) {
-    const int8_t* q = x.row_values(a0 + r) + 32 * b;
     const float d_x = x.row_scales(a0 + r)[4 * (b / 2) + b % 2];
     const float* half_sums = x.row_half_sums(a0 + r) + 2 * b;
-    __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-    for (int c = 0; c < 8; ++c) {
-      int32_t four;
-      std::memcpy(&four, q + 4 * c, 4);
-      dots[c / 4] = _mm512_dpbusd_epi32(dots[c / 4], codes[c], _mm512_set1_epi32(four));
+    __m512i dots[2];
+    half_dots(codes, x.row_values(a0 + r) + 32 * b, dots);
+    if constexpr (Digits == 2) {
+      __m512i low[2];
+      half_dots(codes, x.row_low_values(a0 + r) + 32 * b, low);
+      for (int h = 0; h < 2; ++h) dots[h] = _mm512_add_epi32(_mm512_slli_epi32(dots[h], 8), low[h]);
     }
     for (int h = 0; h < 2; ++h) {
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[h]), _mm512_mul_ps(d_half[h], _mm512_set1_ps(d_x)), acc[r]);
@@ -187,8 +210,8 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const Int8Activati
 
 // The tiles of [row_begin, row_end) against rows a0 .. a0 + R of x; u4_rows16 and u8_rows16 hold each block's f16
 // d and m, k4_rows16 a super-block's d_super and dmin and each sub-block's scales and mins.
-template <int R, PackedLayout Layout>
-void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x, int64_t a0,
+template <int R, int Digits, PackedLayout Layout>
+void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                   float* out, int64_t out_stride) {
   for (int64_t t = row_begin / kTileRows16; t < row_end / kTileRows16; ++t) {
     const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
@@ -201,7 +224,7 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 32 + j * kK6Rows16SubBytes;
           _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
-          k6_block_into<R>(sub, d_super, x, a0, 8 * sb + j, acc, offsets);
+          k6_block_into<R, Digits>(sub, d_super, x, a0, 8 * sb + j, acc, offsets);
         }
       }
     } else if constexpr (Layout == PackedLayout::k4_rows16) {
@@ -214,7 +237,7 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
           _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           const __m512 d = _mm512_mul_ps(d_super, row_bytes_ps(sub));
           const __m512 m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, row_bytes_ps(sub + 16)));
-          rows16_block_into<R, true>(sub + 32, d, m, x, a0, 8 * sb + j, acc, offsets);
+          rows16_block_into<R, Digits, true>(sub + 32, d, m, x, a0, 8 * sb + j, acc, offsets);
         }
       }
     } else {
@@ -225,7 +248,7 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
         _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
-        rows16_block_into<R, kFourBit>(block + 64, d, m, x, a0, b, acc, offsets);
+        rows16_block_into<R, Digits, kFourBit>(block + 64, d, m, x, a0, b, acc, offsets);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -234,34 +257,43 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
   }
 }
 
-template <int R>
-void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t row_end, const Int8Activations& x,
+// The pairs take one digit only (quantized_matmul sends them no other).
+template <int R, int Digits>
+void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
                int64_t a0, float* out, int64_t out_stride) {
   if constexpr (R > 1) {
-    if (rows < R) return vnni_tile<R - 1>(rows, w, row_begin, row_end, x, a0, out, out_stride);
+    if (rows < R) return vnni_tile<R - 1, Digits>(rows, w, row_begin, row_end, x, a0, out, out_stride);
   }
   switch (w.layout) {
-    case PackedLayout::u4_pairs: return vnni_rows<R, true>(w, row_begin, row_end, x, a0, out, out_stride);
-    case PackedLayout::u8_pairs: return vnni_rows<R, false>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::u4_pairs:
+      if constexpr (Digits == 1) return vnni_rows<R, true>(w, row_begin, row_end, x, a0, out, out_stride);
+      return;
+    case PackedLayout::u8_pairs:
+      if constexpr (Digits == 1) return vnni_rows<R, false>(w, row_begin, row_end, x, a0, out, out_stride);
+      return;
     case PackedLayout::u4_rows16:
-      return rows16_tiles<R, PackedLayout::u4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+      return rows16_tiles<R, Digits, PackedLayout::u4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::u8_rows16:
-      return rows16_tiles<R, PackedLayout::u8_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+      return rows16_tiles<R, Digits, PackedLayout::u8_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::k4_rows16:
-      return rows16_tiles<R, PackedLayout::k4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+      return rows16_tiles<R, Digits, PackedLayout::k4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::k6_rows16:
-      return rows16_tiles<R, PackedLayout::k6_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
-    default: return;  // quantized_matmul sends only these layouts to the int8 kernels
+      return rows16_tiles<R, Digits, PackedLayout::k6_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    default: return;  // quantized_matmul sends only these layouts to the integer kernels
   }
 }
 
 }  // namespace
 
 void quantized_dot_int8_avx512_vnni(const PackedWeight& w, int64_t row_begin, int64_t row_end,
-                                    const Int8Activations& x, float* out, int64_t out_stride) {
+                                    const IntegerActivations& x, float* out, int64_t out_stride) {
   for (int64_t a = 0; a < x.rows; a += kMaxRows) {
     const int64_t rows = x.rows - a < kMaxRows ? x.rows - a : kMaxRows;
-    vnni_tile<kMaxRows>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
+    if (x.digits == 2) {
+      vnni_tile<kMaxRows, 2>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
+    } else {
+      vnni_tile<kMaxRows, 1>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
+    }
   }
 }
 

@@ -4,7 +4,7 @@
 // architectures.
 #include <cstring>
 
-#include "kernels/cpu/int8_activations.h"
+#include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/quantized_dot.h"
 
 namespace strata::cpu {
@@ -153,16 +153,23 @@ float row_dot(const uint8_t* row, const int8_t* q, const float* scales, int64_t 
   return sum;
 }
 
-// Row i of a 16-row tile layout against one row of rounded activations, block by block.
-float rows16_row_dot(const PackedWeight& w, int64_t i, const int8_t* q, const float* scales,
-                     const float* half_sums) {
+// Row i of a 16-row tile layout against row a of the rounded activations, block by block; with two digits,
+// q = 256 q_high + q_low.
+float rows16_row_dot(const PackedWeight& w, int64_t i, const IntegerActivations& x, int64_t a) {
+  const int8_t* high = x.row_values(a);
+  const int8_t* low = x.digits == 2 ? x.row_low_values(a) : nullptr;
+  const float* scales = x.row_scales(a);
+  const float* half_sums = x.row_half_sums(a);
   float sum = 0.0f;
   for (int64_t b = 0; b < w.cols / 32; ++b) {
     const Rows16Block block = rows16_block_values(w, i / kTileRows16, b, int(i % kTileRows16));
     const float d_x = scales[4 * (b / 2) + b % 2];  // of the block's pair: d0, d1, s0, s1
     for (int h = 0; h < 2; ++h) {
       int32_t dot = 0;
-      for (int v = 16 * h; v < 16 * h + 16; ++v) dot += (block.u[v] - block.zero) * q[32 * b + v];
+      for (int64_t v = 32 * b + 16 * h; v < 32 * b + 16 * h + 16; ++v) {
+        const int32_t q = low ? 256 * high[v] + low[v] : high[v];
+        dot += (block.u[v - 32 * b] - block.zero) * q;
+      }
       sum += block.d[h] * d_x * float(dot) + block.m[h] * half_sums[2 * b + h];
     }
   }
@@ -177,14 +184,14 @@ void quantized_dot_baseline(const PackedWeight& w, int64_t row_begin, int64_t ro
 }
 
 void quantized_dot_int8_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end,
-                                 const Int8Activations& x, float* out, int64_t out_stride) {
+                                 const IntegerActivations& x, float* out, int64_t out_stride) {
   for (int64_t i = row_begin; i < row_end; ++i) {
     const uint8_t* row = w.data + i * w.row_bytes;
     for (int64_t a = 0; a < x.rows; ++a) {
       const int8_t* q = x.row_values(a);
       const float* scales = x.row_scales(a);
       if (is_rows16(w.layout)) {
-        out[a * out_stride + i] = rows16_row_dot(w, i, q, scales, x.row_half_sums(a));
+        out[a * out_stride + i] = rows16_row_dot(w, i, x, a);
       } else {
         out[a * out_stride + i] = w.layout == PackedLayout::u4_pairs ? row_dot<true>(row, q, scales, x.groups)
                                                                      : row_dot<false>(row, q, scales, x.groups);

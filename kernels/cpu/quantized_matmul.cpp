@@ -26,27 +26,29 @@ bool pair_layout(const PackedWeight& w) {
   return w.layout == PackedLayout::u4_pairs || w.layout == PackedLayout::u8_pairs;
 }
 
-// x rounded to int8, and the values that stands for, in the calling thread's buffers (kept between calls).
+// x rounded to integers, and the values that stands for, in the calling thread's buffers (kept between calls).
 struct RoundedActivations {
-  Int8Activations rounded;
+  IntegerActivations rounded;
   std::vector<float> values;
 };
-const RoundedActivations& round_to_int8(const float* x, int64_t n_rows, int64_t cols) {
+const RoundedActivations& round_to_integers(const float* x, int64_t n_rows, int64_t cols,
+                                            ActivationDtype activations) {
   thread_local RoundedActivations buffers;
   buffers.values.resize(size_t(n_rows * cols));
-  round_activations(x, n_rows, cols, buffers.rounded, buffers.values.data());
+  round_activations(x, n_rows, cols, activations == ActivationDtype::int16 ? 2 : 1, buffers.rounded,
+                    buffers.values.data());
   return buffers;
 }
 
-// The rows [begin, end) of w against x as the fused kernels take them: the int8 one for a pair or 16-row tile
-// layout when x is rounded (`rounded` not null), else the fp32 one on x (the rounded values when rounded). The
-// tiles have their kernel on avx512_vnni, the level that packs them (CpuBackend), and the baseline one, its
-// reference, elsewhere.
+// The rows [begin, end) of w against x as the fused kernels take them: the integer one for a 16-row tile layout,
+// or for a pair layout with one digit, when x is rounded (`rounded` not null), else the fp32 one on x (the rounded
+// values when rounded: the pairs' kernels multiply one digit only). The tiles have their kernel on avx512_vnni, the
+// level that packs them (CpuBackend), and the baseline one, its reference, elsewhere.
 void fused_rows(const PackedWeight& w, int64_t begin, int64_t end, const float* x, int64_t n_rows,
-                const Int8Activations* rounded, float* out, CpuIsa isa) {
+                const IntegerActivations* rounded, float* out, CpuIsa isa) {
   if (rounded != nullptr && is_rows16(w.layout)) {
     quantized_dot_int8(isa == CpuIsa::avx512_vnni ? isa : CpuIsa::baseline)(w, begin, end, *rounded, out, w.rows);
-  } else if (rounded != nullptr && pair_layout(w)) {
+  } else if (rounded != nullptr && rounded->digits == 1 && pair_layout(w)) {
     quantized_dot_int8(isa)(w, begin, end, *rounded, out, w.rows);
   } else {
     quantized_dot(isa)(w, begin, end, x, n_rows, out, w.rows);
@@ -54,7 +56,7 @@ void fused_rows(const PackedWeight& w, int64_t begin, int64_t end, const float* 
 }
 
 // Whether w's product with n_rows rows of x runs on dequantized fp32 tiles: from kDequantizedTileMinRows rows, but
-// for the 16-row tiles with int8 activations, whose integer kernel does 4 products where an fp32 multiply-add does
+// for the 16-row tiles with integer activations, whose integer kernel does 4 products where an fp32 multiply-add does
 // one (at 128 rows of x 3.0-5.9x BLAS's speed on the dequantized tiles: bench/quantized_matmul_paths --int8,
 // bench/results/cpu-int8-kernels-kquants-epyc-avx512vnni.json).
 bool on_dequantized_tiles(const PackedWeight& w, int64_t n_rows, bool rounded) {
@@ -65,12 +67,12 @@ bool on_dequantized_tiles(const PackedWeight& w, int64_t n_rows, bool rounded) {
 
 void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, float* out,
                       ActivationDtype activations, CpuIsa isa) {
-  if (activations == ActivationDtype::int8 && n_rows > 0) {
-    const RoundedActivations& r = round_to_int8(x, n_rows, w.cols);
+  if (activations != ActivationDtype::f32 && n_rows > 0) {
+    const RoundedActivations& r = round_to_integers(x, n_rows, w.cols, activations);
     if (on_dequantized_tiles(w, n_rows, true)) {
       quantized_matmul_tiles(r.values.data(), n_rows, w, out);
     } else {
-      quantized_matmul_int8(r.rounded, r.values.data(), w, out, isa);
+      quantized_matmul_integer(r.rounded, r.values.data(), w, out, isa);
     }
     return;
   }
@@ -83,14 +85,14 @@ void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, flo
 
 void quantized_matmul_fused(const float* x, int64_t n_rows, const PackedWeight& w, float* out, CpuIsa isa) {
   if (n_rows == 0) return;
-  if (is_rows16(w.layout)) throw std::logic_error("quantized_matmul_fused: 16-row tiles take int8 activations only");
+  if (is_rows16(w.layout)) throw std::logic_error("quantized_matmul_fused: 16-row tiles take integer activations only");
   const QuantizedDotFn dot = quantized_dot(isa);
   parallel_for(w.rows, rows_per_chunk(w),
                [&](int64_t begin, int64_t end) { dot(w, begin, end, x, n_rows, out, w.rows); });
 }
 
-void quantized_matmul_int8(const Int8Activations& x, const float* x_hat, const PackedWeight& w, float* out,
-                           CpuIsa isa) {
+void quantized_matmul_integer(const IntegerActivations& x, const float* x_hat, const PackedWeight& w, float* out,
+                              CpuIsa isa) {
   if (x.rows == 0) return;
   parallel_for(w.rows, rows_per_chunk(w), [&](int64_t begin, int64_t end) {
     fused_rows(w, begin, end, x_hat, x.rows, &x, out, isa);
@@ -100,9 +102,9 @@ void quantized_matmul_int8(const Int8Activations& x, const float* x_hat, const P
 void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<const PackedWeight* const> w,
                                    std::span<float* const> out, ActivationDtype activations, CpuIsa isa) {
   if (n_rows == 0) return;
-  const Int8Activations* rounded = nullptr;
-  if (activations == ActivationDtype::int8 && !w.empty()) {
-    const RoundedActivations& r = round_to_int8(x, n_rows, w[0]->cols);
+  const IntegerActivations* rounded = nullptr;
+  if (activations != ActivationDtype::f32 && !w.empty()) {
+    const RoundedActivations& r = round_to_integers(x, n_rows, w[0]->cols, activations);
     rounded = &r.rounded;
     x = r.values.data();
   }

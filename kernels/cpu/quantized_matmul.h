@@ -3,23 +3,24 @@
 // Few rows (decode, batched decode): the fused kernels (kernels/cpu/quantized_dot.h) dequantize each weight row in
 // registers and multiply it with every row of x, reading the weight once. Many rows (prefill): tiles of the weight
 // are dequantized to fp32 in memory and multiplied with BLAS, which is faster there (docs/decisions.md); but the
-// 16-row tiles with int8 activations take their integer kernel at every row count, faster than BLAS throughout.
+// 16-row tiles with integer activations take their integer kernel at every row count, faster than BLAS throughout.
 // Threads: the weight's rows are split into chunks that the compute pool's threads claim.
-// With ActivationDtype::int8 (engine.activation_dtype) x is first rounded to int8 per block of 32
-// (kernels/cpu/int8_activations.h) and every path multiplies the rounded values: the fused kernels of the pair
-// layouts in integer arithmetic, the k-quant layouts' fused kernels and the tiles in fp32 on d * q. So a row's
-// result does not depend on the path beyond the order of sums, as with fp32 activations.
+// With ActivationDtype::int8 or int16 (engine.activation_dtype) x is first rounded to integers per block of 32
+// (kernels/cpu/integer_activations.h) and every path multiplies the rounded values: the 16-row tiles, and the pair
+// layouts with int8, in integer arithmetic; the pairs with int16, the k-quant layouts' fused kernels and the fp32
+// tiles in fp32 on d * q. So a row's result does not depend on the path beyond the order of sums, as with fp32
+// activations.
 #include <cstdint>
 #include <span>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/int8_activations.h"
+#include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/quantized_dot.h"
 
 namespace strata::cpu {
 
-// Rows of x from which the fp32 tiles are used instead of the fused kernels (not for 16-row tiles with int8).
+// Rows of x from which the fp32 tiles are used instead of the fused kernels (not for 16-row tiles with integers).
 constexpr int64_t kDequantizedTileMinRows = 32;
 
 // x [n_rows, w.cols], out [n_rows, w.rows]. `isa` picks the fused kernels (tests run each level).
@@ -27,9 +28,9 @@ void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, flo
                       ActivationDtype activations = ActivationDtype::f32, CpuIsa isa = best_cpu_isa());
 // The same through the fused kernels whatever the row count (tests; the comparison of the two paths).
 void quantized_matmul_fused(const float* x, int64_t n_rows, const PackedWeight& w, float* out, CpuIsa isa);
-// The fused kernels on activations rounded to int8 (x_hat: the values they stand for, which the k-quant layouts
-// multiply in fp32), whatever the row count.
-void quantized_matmul_int8(const Int8Activations& x, const float* x_hat, const PackedWeight& w, float* out,
+// The fused kernels on activations rounded to integers (x_hat: the values they stand for, which the layouts without
+// an integer kernel for x's digits multiply in fp32), whatever the row count.
+void quantized_matmul_integer(const IntegerActivations& x, const float* x_hat, const PackedWeight& w, float* out,
                            CpuIsa isa);
 // out[i] = x * w[i]^T for several weights of x's width: with few rows, one parallel loop over all their rows;
 // otherwise quantized_matmul for each.

@@ -1,6 +1,7 @@
-"""engine.activation_dtype: int8 through the shipped binary: a server whose quantized matmuls round their inputs to
-int8 per block of 32 answers over HTTP, a request batched with others gets the greedy tokens it gets alone (each
-row is rounded on its own), and a configuration the backend cannot honour is refused naming the key."""
+"""engine.activation_dtype int8 and int16 through the shipped binary: a server whose quantized matmuls round their
+inputs to int8 or int16 per block of 32 answers over HTTP, a request batched with others gets the greedy tokens it
+gets alone (each row is rounded on its own), the start-up line names what ran, and a configuration the backend cannot
+honour is refused naming the key."""
 import concurrent.futures
 import subprocess
 
@@ -8,17 +9,21 @@ import pytest
 import requests
 
 from serve_process import CONFIG, ServeProcess, strata_binary
+from test_build_commit import expected_cpu_kernels
 from support import ROOT
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a village by the sea,",
            "The three primary colours are"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = ServeProcess(["engine.activation_dtype=int8", "kv_cache.memory_mib=64"], "strata serve (int8 activations)")
+@pytest.fixture(scope="module", params=["int8", "int16"])
+def server(request):
+    s = ServeProcess([f"engine.activation_dtype={request.param}", "kv_cache.memory_mib=64"],
+                     f"strata serve ({request.param} activations)")
     try:
-        yield s.wait_ready()
+        s.wait_ready()
+        s.dtype = request.param
+        yield s
     finally:
         s.stop()
 
@@ -39,13 +44,15 @@ def test_a_request_gets_alone_what_it_gets_batched(server):
     assert together == alone
 
 
-def test_the_start_up_line_names_the_cpu_kernels(server):
+def test_the_start_up_line_names_the_cpu_kernels_and_the_activations(server):
     assert "(CPU kernels " in server.log_tail()
+    assert f", {server.dtype} activations)" in server.log_tail()
 
 
 @pytest.mark.parametrize("sets, key", [
     (["engine.activation_dtype=fp16"], "engine.activation_dtype"),
     (["engine.activation_dtype=int8", "engine.backend=cuda"], "engine.activation_dtype"),
+    (["engine.activation_dtype=int16", "engine.backend=cuda"], "engine.activation_dtype"),
 ])
 def test_a_setting_the_backend_cannot_honour_is_refused_naming_the_key(sets, key):
     args = [str(strata_binary()), "serve", "--config", str(CONFIG), "--port", "0"]
@@ -54,3 +61,13 @@ def test_a_setting_the_backend_cannot_honour_is_refused_naming_the_key(sets, key
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert key in done.stderr, done.stderr[-2000:]
+
+
+def test_auto_is_int16_where_the_machine_has_vnni_and_f32_elsewhere():
+    s = ServeProcess(["kv_cache.memory_mib=64"], "strata serve (activation_dtype auto)")
+    try:
+        s.wait_ready()
+        expected = "int16" if expected_cpu_kernels() == "avx512_vnni" else "f32"
+        assert f", {expected} activations)" in s.log_tail()
+    finally:
+        s.stop()

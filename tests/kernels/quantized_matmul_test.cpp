@@ -5,8 +5,8 @@
 // Tolerance: both paths dequantize exactly (y = d * u + m rounds as the format's own dequantization does) and
 // multiply in fp32, so each output is within a few fp32 roundings of the exact sum: 1e-5 of sum |w x| (about 80
 // roundings of 2^-24 in the worst case of these lengths; the sums are ordered differently per level and path).
-// With int8 activations (kernels/cpu/int8_activations.h) the reference multiplies the rounded values d * q, which
-// the integer kernels take exactly; the rounding itself is checked against hand-computed blocks.
+// With int8 or int16 activations (kernels/cpu/integer_activations.h) the reference multiplies the rounded values
+// d * q, which the integer kernels take exactly; the rounding itself is checked against hand-computed blocks.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,7 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/int8_activations.h"
+#include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/quantized_dot.h"
 #include "kernels/cpu/quantized_matmul.h"
@@ -89,6 +89,9 @@ const Case kRows16Cases[] = {
     {WeightFormat::q4_1, 64, 1536}, {WeightFormat::q8_0, 32, 1536}, {WeightFormat::q4_k, 16, 256},
     {WeightFormat::q4_k, 48, 768},  {WeightFormat::q6_k, 16, 256},  {WeightFormat::q6_k, 32, 768},
 };
+
+int digits_of(ActivationDtype dtype) { return dtype == ActivationDtype::int16 ? 2 : 1; }
+std::string dtype_name(ActivationDtype dtype) { return dtype == ActivationDtype::int16 ? "int16" : "int8"; }
 
 std::string name(const Case& c) {
   return std::string(weight_format_info(c.format).name) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols);
@@ -173,7 +176,7 @@ TEST(QuantizedMatmul, DequantizedTilesMatchTheReference) {
 
 // Two rows of 96 values (three blocks: the second pair group holds one), by hand: block 0 of row 0 has max |x| 2.54,
 // so d = 0.02 and x = 0.05 is 2.5 d, which rounds to the even 2 (ties to even); a zero block has d = 0 and q = 0.
-TEST(Int8Activations, RoundPerBlockOf32AsDefined) {
+TEST(IntegerActivations, RoundPerBlockOf32AsDefined) {
   std::vector<float> x(2 * 96, 0.0f);
   x[0] = 2.54f;   // 127 d
   x[1] = -1.27f;  // -63.5 d: the tie goes to -64
@@ -182,10 +185,11 @@ TEST(Int8Activations, RoundPerBlockOf32AsDefined) {
   x[64] = -4.0f;  // block 2 (the lone block of group 1): d = 4 / 127, q = -127
   x[64 + 1] = 1.0f;  // 31.75 d -> 32
   x[96 + 33] = 1.0f;  // row 1, block 1: d = 1 / 127, q = 127; its blocks 0 and 2 are zero
-  cpu::Int8Activations r;
+  cpu::IntegerActivations r;
   std::vector<float> x_hat(x.size());
-  cpu::round_activations(x.data(), 2, 96, r, x_hat.data());
+  cpu::round_activations(x.data(), 2, 96, 1, r, x_hat.data());
   ASSERT_EQ(r.groups, 2);
+  EXPECT_TRUE(r.q_low.empty());
   const float d0 = 2.54f / 127.0f, d2 = 4.0f / 127.0f, d_row1 = 1.0f / 127.0f;
   const int8_t* q0 = r.row_values(0);
   EXPECT_EQ(q0[0], 127);
@@ -212,30 +216,97 @@ TEST(Int8Activations, RoundPerBlockOf32AsDefined) {
   EXPECT_FLOAT_EQ(x_hat[96 + 33], 127 * d_row1);
 }
 
-// The int8 kernel of `isa` against the reference on the rounded values, for every case packed as `packing`, at
-// every row tile of every level and a second tile.
-void expect_int8_kernel_near_reference(CpuIsa isa, std::span<const Case> cases, cpu::PairPacking packing,
-                                       uint32_t seed) {
+// Int16 by hand: a block whose max |x| is 31.75 = 32512 / 1024 has d = 2^-10, so x = k / 1024 is the integer k
+// exactly, split as k = 256 q_high + q_low with q_low in [-128, 127]; ties go to even.
+TEST(IntegerActivations, Int16RoundsPerBlockOf32IntoTwoDigitsAsDefined) {
+  std::vector<float> x(64, 0.0f);
+  const float d = 1.0f / 1024.0f;
+  const struct {
+    int at;
+    float k;             // x = k d
+    int8_t high, low;    // the digits of round(k)
+  } cases[] = {
+      {0, 32512, 127, 0},     // max |x|: 127 x 256
+      {1, -32512, -127, 0},   // floor((-32512 + 128) / 256) = -127
+      {2, 12345, 48, 57},     // 48 x 256 + 57
+      {3, -129, -1, 127},     // -256 + 127
+      {4, -128, 0, -128},
+      {5, 127.5f, 1, -128},   // the tie goes to the even 128 = 256 - 128
+      {6, 2.5f, 0, 2},        // a tie to the even 2
+      {7, 3.5f, 0, 4},
+      {33, 1000, 4, -24},     // block 1: its own max, d = 1000 / 32512
+  };
+  for (const auto& c : cases) x[size_t(c.at)] = c.k * d;
+  x[33] = 1.0f;  // block 1 alone: d1 = 1 / 32512, q = 32512
+  cpu::IntegerActivations r;
+  std::vector<float> x_hat(x.size());
+  cpu::round_activations(x.data(), 1, 64, 2, r, x_hat.data());
+  ASSERT_EQ(r.digits, 2);
+  const int8_t* high = r.row_values(0);
+  const int8_t* low = r.row_low_values(0);
+  for (const auto& c : cases) {
+    if (c.at >= 32) continue;
+    const int q = 256 * high[c.at] + low[c.at];
+    EXPECT_EQ(high[c.at], c.high) << "at " << c.at;
+    EXPECT_EQ(low[c.at], c.low) << "at " << c.at;
+    EXPECT_FLOAT_EQ(x_hat[size_t(c.at)], float(q) * d) << "at " << c.at;
+  }
+  EXPECT_EQ(high[33], 127);
+  EXPECT_EQ(low[33], 0);
+  EXPECT_FLOAT_EQ(r.row_scales(0)[0], d);
+  EXPECT_FLOAT_EQ(r.row_scales(0)[1], 1.0f / 32512.0f);
+  EXPECT_FLOAT_EQ(r.row_scales(0)[2], d * float(32512 - 32512 + 12345 - 129 - 128 + 128 + 2 + 4));
+}
+
+// Rounded values lie within d / 2 of x, d = max |x| / 127 (int8) or / 32512 (int16), and the digits stand for them.
+TEST(IntegerActivations, RoundedValuesLieWithinHalfAStepOfTheInput) {
+  const std::vector<float> x = random_activations(3, 576, 5);
+  for (int digits : {1, 2}) {
+    cpu::IntegerActivations r;
+    std::vector<float> x_hat(x.size());
+    cpu::round_activations(x.data(), 3, 576, digits, r, x_hat.data());
+    for (int64_t a = 0; a < 3; ++a) {
+      for (int64_t b = 0; b < 576 / 32; ++b) {
+        const float d = r.row_scales(a)[4 * (b / 2) + b % 2];
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(a * 576 + 32 * b + j)]));
+        EXPECT_FLOAT_EQ(d, amax / (digits == 2 ? 32512.0f : 127.0f));
+        for (int j = 0; j < 32; ++j) {
+          const int64_t v = a * 576 + 32 * b + j, at = a * r.groups * 64 + 32 * b + j;
+          const int q = digits == 2 ? 256 * r.q[size_t(at)] + r.q_low[size_t(at)] : r.q[size_t(at)];
+          EXPECT_EQ(x_hat[size_t(v)], d * float(q));
+          EXPECT_LE(std::fabs(x_hat[size_t(v)] - x[size_t(v)]), 0.5001f * d) << digits << " digits at " << v;
+        }
+      }
+    }
+  }
+}
+
+// The integer kernel of `isa` against the reference on the rounded values (one digit, int8, or two, int16), for
+// every case packed as `packing`, at every row tile of every level and a second tile.
+void expect_integer_kernel_near_reference(CpuIsa isa, std::span<const Case> cases, cpu::PairPacking packing,
+                                          int digits, uint32_t seed) {
   for (const Case& c : cases) {
     const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, seed);
     const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
     const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, packing);
     for (int64_t n_x : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {
       const std::vector<float> x = random_activations(n_x, c.cols, seed + 1);
-      cpu::Int8Activations rounded;
+      cpu::IntegerActivations rounded;
       std::vector<float> x_hat(x.size());
-      cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
+      cpu::round_activations(x.data(), n_x, c.cols, digits, rounded, x_hat.data());
       std::vector<float> out(size_t(n_x * c.rows), NAN);
-      cpu::quantized_matmul_int8(rounded, x_hat.data(), packed.view, out.data(), isa);
+      cpu::quantized_matmul_integer(rounded, x_hat.data(), packed.view, out.data(), isa);
       expect_near_reference(out, reference(w, x_hat, n_x),
-                            name(c) + (packing == cpu::PairPacking::rows16 ? " rows16" : " pairs") + " int8 on " +
-                                std::string(cpu::cpu_isa_name(isa)) + ", rows of x " + std::to_string(n_x));
+                            name(c) + (packing == cpu::PairPacking::rows16 ? " rows16" : " pairs") +
+                                (digits == 2 ? " int16 on " : " int8 on ") + std::string(cpu::cpu_isa_name(isa)) +
+                                ", rows of x " + std::to_string(n_x));
     }
   }
 }
 
 TEST(QuantizedMatmul, Int8KernelsOfEveryLevelMatchTheReferenceOnTheRoundedValues) {
-  for (CpuIsa isa : levels_here()) expect_int8_kernel_near_reference(isa, kCases, cpu::PairPacking::pairs, 23);
+  for (CpuIsa isa : levels_here()) expect_integer_kernel_near_reference(isa, kCases, cpu::PairPacking::pairs, 1, 23);
 }
 
 TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
@@ -259,9 +330,9 @@ TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
             cpu::PackedLayout::u4_pairs);
 }
 
-TEST(QuantizedMatmul, Int8KernelsOnRows16TilesMatchTheReferenceOnTheRoundedValues) {
+TEST(QuantizedMatmul, IntegerKernelsOnRows16TilesMatchTheReferenceOnTheRoundedValues) {
   for (CpuIsa isa : rows16_levels_here()) {
-    expect_int8_kernel_near_reference(isa, kRows16Cases, cpu::PairPacking::rows16, 25);
+    for (int digits : {1, 2}) expect_integer_kernel_near_reference(isa, kRows16Cases, cpu::PairPacking::rows16, digits, 25);
   }
 }
 
@@ -273,19 +344,22 @@ TEST(QuantizedMatmul, Rows16TilesTakeEveryPathAndThreadCount) {
     const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 45);
     const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
     const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
-    for (int64_t n_x : {int64_t(2), cpu::kDequantizedTileMinRows + 3}) {
-      const std::vector<float> x = random_activations(n_x, c.cols, 46);
-      cpu::Int8Activations rounded;
-      std::vector<float> x_hat(x.size());
-      cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
-      std::vector<float> first;
-      for (int threads : {1, 2, 3, 5}) {
-        cpu::set_compute_threads(threads);
-        std::vector<float> out(size_t(n_x * c.rows), NAN);
-        cpu::quantized_matmul(x.data(), n_x, packed.view, out.data(), ActivationDtype::int8);
-        expect_near_reference(out, reference(w, x_hat, n_x), name(c) + " rows16, rows of x " + std::to_string(n_x));
-        if (first.empty()) first = out;
-        EXPECT_EQ(out, first) << name(c) << ", " << threads << " threads";
+    for (ActivationDtype dtype : {ActivationDtype::int8, ActivationDtype::int16}) {
+      for (int64_t n_x : {int64_t(2), cpu::kDequantizedTileMinRows + 3}) {
+        const std::vector<float> x = random_activations(n_x, c.cols, 46);
+        cpu::IntegerActivations rounded;
+        std::vector<float> x_hat(x.size());
+        cpu::round_activations(x.data(), n_x, c.cols, digits_of(dtype), rounded, x_hat.data());
+        std::vector<float> first;
+        for (int threads : {1, 2, 3, 5}) {
+          cpu::set_compute_threads(threads);
+          std::vector<float> out(size_t(n_x * c.rows), NAN);
+          cpu::quantized_matmul(x.data(), n_x, packed.view, out.data(), dtype);
+          expect_near_reference(out, reference(w, x_hat, n_x),
+                                name(c) + " rows16 " + dtype_name(dtype) + ", rows of x " + std::to_string(n_x));
+          if (first.empty()) first = out;
+          EXPECT_EQ(out, first) << name(c) << ", " << threads << " threads";
+        }
       }
     }
     std::vector<float> out(size_t(c.rows));
@@ -296,27 +370,30 @@ TEST(QuantizedMatmul, Rows16TilesTakeEveryPathAndThreadCount) {
   cpu::set_compute_threads(saved);
 }
 
-// Through quantized_matmul both paths (the int8 kernels for few rows, fp32 tiles for many) multiply the same
-// rounded values.
-TEST(QuantizedMatmul, Int8ActivationsTakeEveryPathToTheRoundedValues) {
-  for (const Case& c : kCases) {
-    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 43);
-    const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
-    const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
-    for (int64_t n_x : {int64_t(3), cpu::kDequantizedTileMinRows + 3}) {
-      const std::vector<float> x = random_activations(n_x, c.cols, 44);
-      cpu::Int8Activations rounded;
-      std::vector<float> x_hat(x.size());
-      cpu::round_activations(x.data(), n_x, c.cols, rounded, x_hat.data());
-      std::vector<float> out(size_t(n_x * c.rows), NAN);
-      cpu::quantized_matmul(x.data(), n_x, packed.view, out.data(), ActivationDtype::int8);
-      expect_near_reference(out, reference(w, x_hat, n_x), name(c) + " int8, rows of x " + std::to_string(n_x));
-      // and through the shared-input door, as the backend calls it for Q, K and V
-      const cpu::PackedWeight* weights[] = {&packed.view};
-      std::vector<float> shared(out.size(), NAN);
-      float* outputs[] = {shared.data()};
-      cpu::quantized_matmul_shared_input(x.data(), n_x, weights, outputs, ActivationDtype::int8);
-      EXPECT_EQ(shared, out) << name(c);
+// Through quantized_matmul every path (the int8 kernels for few rows, the fp32 kernels on the rounded values for the
+// k-quants and for int16 on pairs, fp32 tiles for many rows) multiplies the same rounded values.
+TEST(QuantizedMatmul, IntegerActivationsTakeEveryPathToTheRoundedValues) {
+  for (ActivationDtype dtype : {ActivationDtype::int8, ActivationDtype::int16}) {
+    for (const Case& c : kCases) {
+      const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 43);
+      const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
+      const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
+      for (int64_t n_x : {int64_t(3), cpu::kDequantizedTileMinRows + 3}) {
+        const std::vector<float> x = random_activations(n_x, c.cols, 44);
+        cpu::IntegerActivations rounded;
+        std::vector<float> x_hat(x.size());
+        cpu::round_activations(x.data(), n_x, c.cols, digits_of(dtype), rounded, x_hat.data());
+        std::vector<float> out(size_t(n_x * c.rows), NAN);
+        cpu::quantized_matmul(x.data(), n_x, packed.view, out.data(), dtype);
+        const std::string what = name(c) + " " + dtype_name(dtype) + ", rows of x " + std::to_string(n_x);
+        expect_near_reference(out, reference(w, x_hat, n_x), what);
+        // and through the shared-input door, as the backend calls it for Q, K and V
+        const cpu::PackedWeight* weights[] = {&packed.view};
+        std::vector<float> shared(out.size(), NAN);
+        float* outputs[] = {shared.data()};
+        cpu::quantized_matmul_shared_input(x.data(), n_x, weights, outputs, dtype);
+        EXPECT_EQ(shared, out) << what;
+      }
     }
   }
 }
@@ -385,7 +462,7 @@ TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
 
 // The k-quants too: k4_rows16 and k6_rows16 tiles with int8 activations on VNNI (Q4_K's 6-bit scales unpacked: 148
 // bytes per row and super-block; Q6_K at its own 210), their own blocks in place with fp32 activations.
-TEST(CpuBackendWeights, Int8ActivationsOnVnniHoldKQuantsAsRows16Tiles) {
+TEST(CpuBackendWeights, IntegerActivationsOnVnniHoldKQuantsAsRows16Tiles) {
   if (cpu::best_cpu_isa() != CpuIsa::avx512_vnni) GTEST_SKIP() << "not an AVX-512 VNNI machine";
   struct KQuant {
     WeightFormat format;
@@ -408,7 +485,7 @@ TEST(CpuBackendWeights, Int8ActivationsOnVnniHoldKQuantsAsRows16Tiles) {
 // With int8 activations an AVX-512 VNNI machine holds the 32-value formats as 16-row tiles: a range of whole tiles
 // (a vocabulary-parallel slice) shares the upload, one that cuts a tile is packed on its own; both multiply and
 // embed as the whole matrix does.
-TEST(CpuBackendWeights, Int8ActivationsOnVnniHoldRows16Tiles) {
+TEST(CpuBackendWeights, IntegerActivationsOnVnniHoldRows16Tiles) {
   if (cpu::best_cpu_isa() != CpuIsa::avx512_vnni) GTEST_SKIP() << "not an AVX-512 VNNI machine";
   std::unique_ptr<Backend> be = make_cpu_backend(ActivationDtype::int8);
   const Case c{WeightFormat::q4_1, 64, 96};

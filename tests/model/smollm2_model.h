@@ -49,8 +49,12 @@ inline SmolLm2& smollm2(WeightDtype dtype = WeightDtype::f32) {
   return m;
 }
 
-// The file's weights (WeightDtype::automatic) with engine.activation_dtype: int8.
-inline SmolLm2& smollm2_int8_activations() {
+// The file's weights (WeightDtype::automatic) with engine.activation_dtype int8 or int16.
+inline SmolLm2& smollm2_integer_activations(ActivationDtype activations) {
+  if (activations == ActivationDtype::int16) {
+    static SmolLm2 m = load_smollm2(WeightDtype::automatic, ActivationDtype::int16);
+    return m;
+  }
   static SmolLm2 m = load_smollm2(WeightDtype::automatic, ActivationDtype::int8);
   return m;
 }

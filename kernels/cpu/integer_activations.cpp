@@ -1,4 +1,4 @@
-#include "kernels/cpu/int8_activations.h"
+#include "kernels/cpu/integer_activations.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,22 +18,36 @@ inline float round_to_integer(float v) {
   return (v + kMagic) - kMagic;
 }
 
+// The largest |q| of a block: its max |x| rounds to it.
+int max_code(int digits) { return digits == 2 ? 127 * 256 : 127; }
+
 // Row r of x into out (its buffers sized) and x_hat.
-STRATA_SIMD_CLONES void round_row(const float* x, int64_t r, Int8Activations& out, float* x_hat) {
+STRATA_SIMD_CLONES void round_row(const float* x, int64_t r, IntegerActivations& out, float* x_hat) {
   const int64_t cols = out.cols;
+  const float steps = float(max_code(out.digits));
   for (int64_t b = 0; b < cols / 32; ++b) {
     const float* xb = x + r * cols + 32 * b;
     float amax = 0.0f;
     // std::max, not std::fmax: fmax's NaN rules made GCC call libm for every value instead of vectorizing.
 #pragma omp simd reduction(max : amax)
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 127.0f;
+    const float d = amax / steps;
     const float inverse = d > 0.0f ? 1.0f / d : 0.0f;
-    int8_t* qb = out.q.data() + r * out.groups * 64 + 32 * b;
-    for (int j = 0; j < 32; ++j) qb[j] = int8_t(round_to_integer(xb[j] * inverse));
-    int half_sum[2] = {0, 0};
+    int32_t code[32];
+    for (int j = 0; j < 32; ++j) code[j] = int32_t(round_to_integer(xb[j] * inverse));
+    const int64_t at = r * out.groups * 64 + 32 * b;
+    if (out.digits == 2) {
+      for (int j = 0; j < 32; ++j) {
+        const int32_t high = (code[j] + 128) >> 8;  // floor: q_low = q - 256 q_high is in [-128, 127]
+        out.q[size_t(at + j)] = int8_t(high);
+        out.q_low[size_t(at + j)] = int8_t(code[j] - 256 * high);
+      }
+    } else {
+      for (int j = 0; j < 32; ++j) out.q[size_t(at + j)] = int8_t(code[j]);
+    }
+    int32_t half_sum[2] = {0, 0};
     for (int h = 0; h < 2; ++h) {
-      for (int j = 16 * h; j < 16 * h + 16; ++j) half_sum[h] += qb[j];
+      for (int j = 16 * h; j < 16 * h + 16; ++j) half_sum[h] += code[j];
     }
     float* group = out.scales.data() + (r * out.groups + b / 2) * 4;
     group[b % 2] = d;
@@ -42,19 +56,22 @@ STRATA_SIMD_CLONES void round_row(const float* x, int64_t r, Int8Activations& ou
     halves[0] = d * float(half_sum[0]);
     halves[1] = d * float(half_sum[1]);
     if (x_hat) {
-      for (int j = 0; j < 32; ++j) x_hat[r * cols + 32 * b + j] = d * float(qb[j]);
+      for (int j = 0; j < 32; ++j) x_hat[r * cols + 32 * b + j] = d * float(code[j]);
     }
   }
 }
 
 }  // namespace
 
-void round_activations(const float* x, int64_t n, int64_t cols, Int8Activations& out, float* x_hat) {
+void round_activations(const float* x, int64_t n, int64_t cols, int digits, IntegerActivations& out, float* x_hat) {
   if (cols % 32 != 0) throw std::invalid_argument("round_activations: a row's width must be a multiple of 32");
+  if (digits != 1 && digits != 2) throw std::invalid_argument("round_activations: 1 or 2 digits");
   out.rows = n;
   out.cols = cols;
   out.groups = (cols / 32 + 1) / 2;
+  out.digits = digits;
   out.q.assign(size_t(n * out.groups * 64), 0);
+  out.q_low.assign(digits == 2 ? size_t(n * out.groups * 64) : 0, 0);
   out.scales.assign(size_t(n * out.groups * 4), 0.0f);
   out.half_sums.assign(size_t(n * (cols / 16)), 0.0f);
   // Rows on the compute pool: a prefill chunk has hundreds.
