@@ -45,10 +45,6 @@ ActivationDtype cpu_activation_dtype(const ServerConfig& config) {
   return a == "int8" ? ActivationDtype::int8 : a == "int16" ? ActivationDtype::int16 : ActivationDtype::f32;
 }
 
-std::string_view activation_dtype_name(ActivationDtype a) {
-  return a == ActivationDtype::int8 ? "int8" : a == ActivationDtype::int16 ? "int16" : "f32";
-}
-
 // engine.backend: the CPU backend, or the CUDA one on engine.device (by default the node-local rank's GPU, so
 // that mpirun's ranks on one node take one GPU each).
 std::unique_ptr<Backend> make_backend(const ServerConfig& config) {
@@ -104,6 +100,12 @@ std::pair<std::unique_ptr<DeviceComm>, std::unique_ptr<DeviceComm>> make_device_
 }
 
 }  // namespace
+
+std::string activations_name(const ServerConfig& config) {
+  if (config.engine.backend != "cpu") return "bf16";
+  const ActivationDtype a = cpu_activation_dtype(config);
+  return a == ActivationDtype::int8 ? "int8" : a == ActivationDtype::int16 ? "int16" : "f32";
+}
 
 KvBlockLayout kv_pool_layout(const ServerConfig& config, KvBlockLayout layout) {
   const std::string& dtype = config.kv_cache.dtype;
@@ -305,8 +307,7 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
   // How many sealed groups a block's memory packs: what quantization really saves (int8 on a bf16 pool: one).
   if (layout.quant != KvQuant::none) std::cerr << " (" << layout.quantized_per_slot() << " sealed groups a block)";
   std::cerr << ", backend " << rt.backend->name() << " (CPU kernels " << cpu::cpu_isa_name(cpu::best_cpu_isa());
-  if (config.engine.backend == "cpu") std::cerr << ", " << activation_dtype_name(cpu_activation_dtype(config)) << " activations";
-  std::cerr << ")\n";
+  std::cerr << ", " << activations_name(config) << " activations)\n";
 }
 
 }  // namespace

@@ -40,6 +40,10 @@ Tokenizer stand_in_tokenizer(const ModelConfig& config);
 // no memory (int8 in CUDA's bf16 blocks).
 KvBlockLayout kv_pool_layout(const ServerConfig& config, KvBlockLayout full_precision);
 
+// What the backend's matmuls multiply the weights with: engine.activation_dtype with auto decided for this machine
+// (int16 on AVX-512 VNNI, else f32) on the CPU backend, "bf16" on CUDA. The start-up line and strata bench say it.
+std::string activations_name(const ServerConfig& config);
+
 // The server's compression policies (kv_cache.policy, kv_cache.layer_overrides, kv_cache.prefill_compression), and
 // KVzip's reconstruction prompt in rt's tokens (none for a model without a tokenizer: a preset's chunk is repeated
 // without the request).

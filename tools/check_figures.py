@@ -129,6 +129,32 @@ def before_after(d: dict) -> str:
                      + (" tok/s)" if b == 1 else ")") for b in (1, 8))
 
 
+def int16_kernels(d: dict) -> str:
+    """build/bench/quantized_matmul_paths --int8: the int16 tiles' time against int8's and against the fp32 kernels'."""
+    times: dict = {}
+    for r in d["results"]:
+        times.setdefault((r["matrix"], r["rows_of_x"]), {})[r["kernel"].replace(" in place", " pairs")] = r["us"]
+
+    def span(values: list) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}x"
+
+    def over(numerator: str, denominator: str, rows) -> str:
+        return span([k[numerator] / k[denominator] for (_, n), k in times.items() if n in rows])
+
+    fp32 = "avx512_vnni pairs fp32"
+    return (f"at one row of x int16 takes {over('avx512_vnni rows16 int16', 'avx512_vnni rows16', (1,))} int8's "
+            f"time, from 8 rows {over('avx512_vnni rows16 int16', 'avx512_vnni rows16', (8, 16, 32, 64, 128))}; "
+            f"the fp32 kernels take {over(fp32, 'avx512_vnni rows16 int16', (1,))} int16's time at one row and "
+            f"{over(fp32, 'avx512_vnni rows16 int16', (8,))} at 8, BLAS on dequantized tiles "
+            f"{over('fp32 tiles (BLAS)', 'avx512_vnni rows16 int16', (128,))} at 128")
+
+
+def prefill_before_after(d: dict) -> str:
+    m = d["median"]
+    return (f"prefill of 128 tokens {m['prefill batch 1: after / before']:.2f}x at batch 1 and "
+            f"{m['prefill batch 8: after / before']:.2f}x at batch 8")
+
+
 def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
@@ -142,18 +168,24 @@ def decode_span(d: dict) -> str:
 # The bench/cpu_vs_llamacpp.sh runs whose tables and weight reads bench/results/README.md quotes.
 LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e8d8b", "epyc-avx512vnni-int8-b9e8d8b",
                  "epyc-avx512vnni-int8-5a23255", "q4km-epyc-avx512vnni", "q4km-epyc-avx512vnni-int8-3b3b1cb",
-                 "q4km-epyc-avx512vnni-int8-ea78d88", "q4km-epyc-avx512vnni-int8")
+                 "q4km-epyc-avx512vnni-int8-ea78d88", "q4km-epyc-avx512vnni-int8", "epyc-avx512vnni-int16",
+                 "q4km-epyc-avx512vnni-int16")
 
 CLAIMS = [
-    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni.json",
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16.json",
           lambda d: f"decodes {decode_span(d)} as fast as llama.cpp on the same file on an AVX-512 EPYC"),
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16.json",
+          lambda d: f"on a Q4_K_M file {decode_span(d)} (with int8 activations"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
           lambda d: f"{decode_span(d)} with int8 activations"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json", lambda d: f"{decode_span(d)} on an AVX2-only one"),
-    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni.json",
-          lambda d: f"on an AVX-512 VNNI EPYC: batch-1 decode {batch1_span(d)}x, batch-8 "
-                    f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x, HTTP "
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16.json",
+          lambda d: f"on an AVX-512 VNNI EPYC with the default int16 activations: batch-1 decode {batch1_span(d)}x, "
+                    f"batch-8 {ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x, HTTP "
                     f"{ratios(d)['http_1_stream']:.2f}x and {ratios(d)['http_8_streams']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni.json",
+          lambda d: f"(f32 activations: {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+                    f"{ratios(d)['prefill_128']:.2f}x)"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
           lambda d: f"with `engine.activation_dtype: int8` (VNNI on 16-row tiles) {batch1_span(d)}x, "
                     f"{ratios(d)['batch8_decode']:.2f}x and {ratios(d)['prefill_128']:.2f}x"),
@@ -161,12 +193,20 @@ CLAIMS = [
       for run in LLAMACPP_RUNS),
     *(Claim("bench/results/README.md", f"cpu-vs-llamacpp-{run}.json", lambda d: weight_reads(d))
       for run in LLAMACPP_RUNS),
-    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int8.json",
-          lambda d: f"on a Q4_K_M file with int8 activations batch-1 decode {batch1_span(d)}x, batch-8 "
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16.json",
+          lambda d: f"on a Q4_K_M file with int16 activations batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int8.json",
+          lambda d: f"with int8 {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+                    f"{ratios(d)['prefill_128']:.2f}x"),
     Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni.json",
-          lambda d: f"(f32 activations: {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+          lambda d: f"(f32: {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
                     f"{ratios(d)['prefill_128']:.2f}x)"),
+    Claim("bench/results/README.md", "cpu-int16-kernels-epyc-avx512vnni.json", int16_kernels),
+    *(Claim("bench/results/README.md", source, before_after)
+      for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json")),
+    *(Claim("bench/results/README.md", source, prefill_before_after)
+      for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json")),
     Claim("bench/results/README.md", "cpu-int8-vnni-before-after.json", int8_before_after),
     Claim("bench/results/README.md", "cpu-q4km-int8-before-after.json", before_after),
     Claim("bench/results/README.md", "cpu-q4km-int8-q6k-before-after.json", before_after),

@@ -444,6 +444,7 @@ nlohmann::json bench_report(const std::string& command, const ServerConfig& conf
                    {"block_size", config.kv_cache.block_size}, {"dtype", config.kv_cache.dtype},
                    {"entry_bytes_per_layer", rt.pool->layout().entry_bytes()}}},
       {"weight_dtype", config.model.weight_dtype},
+      {"activations", activations_name(config)},
       {"policy", o.policy.empty() ? config.kv_cache.policy : o.policy},
       {"results", nlohmann::json::array()}};
   if (o.copy_gbs) report["copy_bandwidth_gbs"] = *o.copy_gbs;

@@ -13,10 +13,10 @@
 //             bench/results/cpu-avx2-quantized-dot-before-after.json);
 //   baseline  portable C++ (kernels/cpu/quantized_dot_portable.cpp) for baseline x86-64 (SSE2), and the only one
 //             on other architectures.
-// fp32 activations are the default; integer ones are an option, engine.activation_dtype, with kernels of their own
-// below, in the same files as each level's fp32 ones: int8 (as llama.cpp has) changes SmolLM2's top-1 token at
-// about 3% of the reference positions, int16 as two int8 digits keeps it (docs/decisions.md, [cpu-speed] and
-// [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which need
+// Activations are fp32, or rounded to integers (engine.activation_dtype: int16 by default on avx512_vnni, f32
+// elsewhere) for kernels of their own below, in the same files as each level's fp32 ones: int8 (as llama.cpp has)
+// changes SmolLM2's top-1 token at about 3% of the reference positions, int16 as two int8 digits keeps it
+// (docs/decisions.md, [cpu-speed] and [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which need
 // a body per target, and the tests must be able to call each level by name.
 #include <cstdint>
 #include <string_view>

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from support import ROOT
+from test_build_commit import expected_cpu_kernels
 
 LAYERS, D, KV_WIDTH, D_FF, VOCAB = 6, 256, 4 * 32, 768, 4096
 ENTRY_BYTES = 2 * KV_WIDTH * 4  # one layer's key and value of one entry, f32
@@ -32,6 +33,8 @@ def test_context_decodes_after_synthetic_entries_and_accounts_its_bytes(tmp_path
     report = bench(tmp_path, "--model", "preset:tiny-gqa", "--context", "256,1500,4096", "--batch", "1,2",
                    "--prompt-tokens", "16", "--gen-tokens", "4", "--copy-bandwidth-gbs", "10")
     assert report["weight_dtype"] == "auto"  # the preset's dummy weights are f32 under auto: 4 bytes each
+    # engine.activation_dtype auto, decided for the machine
+    assert report["activations"] == ("int16" if expected_cpu_kernels() == "avx512_vnni" else "f32")
     assert report["kv_pool"]["entry_bytes_per_layer"] == ENTRY_BYTES
     rows = {(r["context"], r["batch"]): r for r in report["results"]}
     assert len(rows) == 6
