@@ -56,14 +56,28 @@ def person_format(schema=PERSON):
     return {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
 
 
-@pytest.mark.parametrize("temperature", [0, 1])
-def test_json_mode_returns_an_object(client, model_name, temperature):
+def test_json_mode_returns_an_object(client, model_name):
     response = client.chat.completions.create(model=model_name, messages=ask("Describe a cat as JSON."),
                                               response_format={"type": "json_object"}, max_tokens=300,
-                                              temperature=temperature, seed=7)
+                                              temperature=0)
     choice = response.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_json_mode_samples_objects(client, model_name):
+    """Sampled, json_object mode bounds no length: a draw may still be inside its object at max_tokens (about half of
+    SmolLM2's are; which ones depends on the last bits of the logits, and so on the prefix cache's state). Every
+    draw that stops is an object, and one at least stops."""
+    stopped = []
+    for seed in range(7, 13):
+        choice = client.chat.completions.create(model=model_name, messages=ask("Describe a cat as JSON."),
+                                                response_format={"type": "json_object"}, max_tokens=300,
+                                                temperature=1, seed=seed).choices[0]
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict), choice.message.content
+            stopped.append(seed)
+    assert stopped
 
 
 @pytest.mark.parametrize("temperature", [0, 1])
