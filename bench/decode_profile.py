@@ -26,12 +26,12 @@ from bench_support import BINARY, ROOT, commit, machine  # noqa: E402
 
 # Which group a symbol belongs to, by the first pattern it matches.
 GROUPS = [
-    ("weight products", r"rows16_tiles|vnni_rows|int8_rows|pair_row|q4_k_row|q6_k_row|quantized_dot|sgemm|"
+    ("weight products", r"rows16_tiles|vnni_rows|vnni_tile|int8_rows|pair_row|q4_k_row|q6_k_row|quantized_dot|sgemm|"
                         r"weight_row|portable_dot"),
     ("attention", r"row_scores|rows_values|chunk_scores|softmax|exp_shifted|paged_attention|tile_scores|block_scores|"
                   r"sum_values|span_partials|combine_spans"),
     ("compute pool waits", r"ThreadPool::(worker_loop|run|work_on)|sched_yield|futex|__schedule"),
-    ("int8 rounding", r"round_row|round_activations|round_to_int8"),
+    ("activation rounding", r"round_row|round_activations|round_to_integers"),
 ]
 
 

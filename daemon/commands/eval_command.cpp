@@ -147,6 +147,7 @@ nlohmann::ordered_json eval_report(const std::string& command, const ServerConfi
   report["commit"] = build_commit();
   report["machine"] = machine_json();
   report["backend"] = rt.backend->name();
+  report["activations"] = activations_name(config);  // the scores' numerics (engine.activation_dtype, decided)
   report["model"] = {{"path", config.model.path}, {"name", rt.model_name}, {"layers", rt.weights.config.n_layers}};
   report["kv_pool"] = {{"memory_mib", config.kv_cache.memory_mib}, {"block_size", config.kv_cache.block_size}};
   report["prefill_compression"] = {{"mode", config.kv_cache.prefill_compression},

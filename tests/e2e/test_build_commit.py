@@ -48,10 +48,12 @@ def test_metrics_label_the_build_with_its_commit_backend_and_cpu_kernels(server)
                   cpu_kernels=expected_cpu_kernels()) == 1
 
 
-def test_an_eval_result_records_its_commit(tmp_path):
+def test_an_eval_result_records_its_commit_and_activations(tmp_path):
     out = tmp_path / "results.json"
     result = subprocess.run([str(strata_binary()), "eval", "--config", str(CONFIG), "--out", str(out), *EVAL_TINY_TASK,
                              "--policies", "", "--quantized", ""], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads(out.read_text(encoding="utf-8"))["commit"] == version_lines()[0].removeprefix("strata ")
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["commit"] == version_lines()[0].removeprefix("strata ")
+    assert report["activations"] == ("int16" if expected_cpu_kernels() == "avx512_vnni" else "f32")
