@@ -35,6 +35,10 @@ namespace {
 
 // Activation rows per pass over a weight row: 8 rows' sums and offsets take 16 of the 32 registers.
 constexpr int kMaxRows = 8;
+// With two digits (int16) 4 rows a pass: each row's block takes twice the vpdpbusd chains, and at 8 rows the
+// engine's batch-8 decode was slower (Q4_K_M file: 203-224 against 250-255 tok/s with 4, SmolLM2's 472-474 against
+// 499-510, the binaries alternating; prefill alike).
+constexpr int kMaxRowsTwoDigits = 4;
 // How far ahead of the group being multiplied the loop asks for the weights, as the fp32 kernels do.
 constexpr int64_t kPrefetchBytes = 1024;
 
@@ -287,10 +291,11 @@ void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t r
 
 void quantized_dot_int8_avx512_vnni(const PackedWeight& w, int64_t row_begin, int64_t row_end,
                                     const IntegerActivations& x, float* out, int64_t out_stride) {
-  for (int64_t a = 0; a < x.rows; a += kMaxRows) {
-    const int64_t rows = x.rows - a < kMaxRows ? x.rows - a : kMaxRows;
+  const int64_t max_rows = x.digits == 2 ? kMaxRowsTwoDigits : kMaxRows;
+  for (int64_t a = 0; a < x.rows; a += max_rows) {
+    const int64_t rows = x.rows - a < max_rows ? x.rows - a : max_rows;
     if (x.digits == 2) {
-      vnni_tile<kMaxRows, 2>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
+      vnni_tile<kMaxRowsTwoDigits, 2>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
     } else {
       vnni_tile<kMaxRows, 1>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
     }
