@@ -204,9 +204,11 @@ CLAIMS = [
                     f"{ratios(d)['prefill_128']:.2f}x)"),
     Claim("bench/results/README.md", "cpu-int16-kernels-epyc-avx512vnni.json", int16_kernels),
     *(Claim("bench/results/README.md", source, before_after)
-      for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json")),
+      for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json",
+                     "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json")),
     *(Claim("bench/results/README.md", source, prefill_before_after)
-      for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json")),
+      for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json",
+                     "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json")),
     Claim("bench/results/README.md", "cpu-int8-vnni-before-after.json", int8_before_after),
     Claim("bench/results/README.md", "cpu-q4km-int8-before-after.json", before_after),
     Claim("bench/results/README.md", "cpu-q4km-int8-q6k-before-after.json", before_after),

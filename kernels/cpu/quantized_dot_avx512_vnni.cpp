@@ -35,9 +35,8 @@ namespace {
 
 // Activation rows per pass over a weight row: 8 rows' sums and offsets take 16 of the 32 registers.
 constexpr int kMaxRows = 8;
-// With two digits (int16) 4 rows a pass: each row's block takes twice the vpdpbusd chains, and at 8 rows the
-// engine's batch-8 decode was slower (Q4_K_M file: 203-224 against 250-255 tok/s with 4, SmolLM2's 472-474 against
-// 499-510, the binaries alternating; prefill alike).
+// With two digits (int16) 4 rows a pass: each row's block takes twice the vpdpbusd chains, and 4 rows a pass made
+// batch-8 decode 1.06-1.08x and SmolLM2's prefill 1.22x as fast as 8 (bench/results/cpu-int16-four-rows-*.json).
 constexpr int kMaxRowsTwoDigits = 4;
 // How far ahead of the group being multiplied the loop asks for the weights, as the fp32 kernels do.
 constexpr int64_t kPrefetchBytes = 1024;
