@@ -38,7 +38,9 @@ constexpr int kMaxRows = 8;
 // With two digits (int16) 4 rows a pass: each row's block takes twice the vpdpbusd chains, and 4 rows a pass made
 // batch-8 decode 1.06-1.08x and SmolLM2's prefill 1.22x as fast as 8 (bench/results/cpu-int16-four-rows-*.json).
 constexpr int kMaxRowsTwoDigits = 4;
-// How far ahead of the group being multiplied the loop asks for the weights, as the fp32 kernels do.
+// How far ahead of the group being multiplied the pairs' loop asks for the weights, as the fp32 kernels do. The
+// tiles, read in one stream per thread, ask for none: the hardware's prefetchers keep up, and asking 1,024 bytes
+// ahead made batch-1 decode slower (bench/results/cpu-tiles-no-prefetch-*.json).
 constexpr int64_t kPrefetchBytes = 1024;
 
 template <bool FourBit>
@@ -226,7 +228,6 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
         const __m512 d_super = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 32 + j * kK6Rows16SubBytes;
-          _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           k6_block_into<R, Digits>(sub, d_super, x, a0, 8 * sb + j, acc, offsets);
         }
       }
@@ -237,7 +238,6 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32)));
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 64 + j * kK4Rows16SubBytes;
-          _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           const __m512 d = _mm512_mul_ps(d_super, row_bytes_ps(sub));
           const __m512 m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, row_bytes_ps(sub + 16)));
           rows16_block_into<R, Digits, true>(sub + 32, d, m, x, a0, 8 * sb + j, acc, offsets);
@@ -248,7 +248,6 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
       constexpr int64_t kBlockBytes = kFourBit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
       for (int64_t b = 0; b < w.cols / 32; ++b) {
         const uint8_t* block = tile + b * kBlockBytes;
-        _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
         rows16_block_into<R, Digits, kFourBit>(block + 64, d, m, x, a0, b, acc, offsets);
