@@ -38,10 +38,12 @@ constexpr int kMaxRows = 8;
 // With two digits (int16) 4 rows a pass: each row's block takes twice the vpdpbusd chains, and 4 rows a pass made
 // batch-8 decode 1.06-1.08x and SmolLM2's prefill 1.22x as fast as 8 (bench/results/cpu-int16-four-rows-*.json).
 constexpr int kMaxRowsTwoDigits = 4;
-// How far ahead of the group being multiplied the pairs' loop asks for the weights, as the fp32 kernels do. The
-// tiles, read in one stream per thread, ask for none: the hardware's prefetchers keep up, and asking 1,024 bytes
-// ahead made batch-1 decode slower (bench/results/cpu-tiles-no-prefetch-*.json).
+// How far ahead of the block being multiplied the loops ask for the weights, as the fp32 kernels do.
 constexpr int64_t kPrefetchBytes = 1024;
+// The tiles ask only where more than 8 rows of x (a prefill chunk) bound the loop by its products: in decode, bound
+// by the weights' stream, the hardware's prefetchers keep up, and asking made batch-1 decode 1.17x slower, where
+// prefill without asking was 0.88-0.90x as fast (bench/results/cpu-q4km-tiles-prefetch-*.json).
+constexpr int64_t kTilePrefetchMinRows = 8;
 
 template <bool FourBit>
 inline __m512i group_codes(const uint8_t* payload) {
@@ -218,6 +220,7 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const IntegerActiv
 template <int R, int Digits, PackedLayout Layout>
 void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                   float* out, int64_t out_stride) {
+  const bool prefetch = x.rows > kTilePrefetchMinRows;
   for (int64_t t = row_begin / kTileRows16; t < row_end / kTileRows16; ++t) {
     const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
     __m512 acc[R], offsets[R];
@@ -228,6 +231,7 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
         const __m512 d_super = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 32 + j * kK6Rows16SubBytes;
+          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           k6_block_into<R, Digits>(sub, d_super, x, a0, 8 * sb + j, acc, offsets);
         }
       }
@@ -238,6 +242,7 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32)));
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 64 + j * kK4Rows16SubBytes;
+          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           const __m512 d = _mm512_mul_ps(d_super, row_bytes_ps(sub));
           const __m512 m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, row_bytes_ps(sub + 16)));
           rows16_block_into<R, Digits, true>(sub + 32, d, m, x, a0, 8 * sb + j, acc, offsets);
@@ -248,6 +253,7 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
       constexpr int64_t kBlockBytes = kFourBit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
       for (int64_t b = 0; b < w.cols / 32; ++b) {
         const uint8_t* block = tile + b * kBlockBytes;
+        if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
         rows16_block_into<R, Digits, kFourBit>(block + 64, d, m, x, a0, b, acc, offsets);
