@@ -34,7 +34,7 @@ def ratios(d: dict) -> dict:
 def batch1_span(d: dict) -> str:
     """Batch-1 decode against llama.cpp from an empty cache and after the prompt, low-high."""
     lo, hi = sorted((ratios(d)["batch1_decode"], ratios(d)["batch1_decode_after_prompt"]))
-    return f"{lo:.2f}-{hi:.2f}"
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
 
 
 def gpu_tests_passed(d: dict, smollm2: dict) -> str:
@@ -169,17 +169,17 @@ def decode_span(d: dict) -> str:
 LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e8d8b", "epyc-avx512vnni-int8-b9e8d8b",
                  "epyc-avx512vnni-int8-5a23255", "q4km-epyc-avx512vnni", "q4km-epyc-avx512vnni-int8-3b3b1cb",
                  "q4km-epyc-avx512vnni-int8-ea78d88", "q4km-epyc-avx512vnni-int8", "epyc-avx512vnni-int16",
-                 "q4km-epyc-avx512vnni-int16")
+                 "q4km-epyc-avx512vnni-int16", "epyc-avx512vnni-int16-5824a42", "q4km-epyc-avx512vnni-int16-5824a42")
 
 CLAIMS = [
-    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16.json",
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16-5824a42.json",
           lambda d: f"decodes {decode_span(d)} as fast as llama.cpp on the same file on an AVX-512 EPYC"),
-    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16.json",
-          lambda d: f"on a Q4_K_M file {decode_span(d)} (with int8 activations"),
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16-5824a42.json",
+          lambda d: f"on a Q4_K_M file {decode_span(d)} (`bench/results/README.md`)"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
           lambda d: f"{decode_span(d)} with int8 activations"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json", lambda d: f"{decode_span(d)} on an AVX2-only one"),
-    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16.json",
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16-5824a42.json",
           lambda d: f"on an AVX-512 VNNI EPYC with the default int16 activations: batch-1 decode {batch1_span(d)}x, "
                     f"batch-8 {ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x, HTTP "
                     f"{ratios(d)['http_1_stream']:.2f}x and {ratios(d)['http_8_streams']:.2f}x"),
@@ -193,11 +193,11 @@ CLAIMS = [
       for run in LLAMACPP_RUNS),
     *(Claim("bench/results/README.md", f"cpu-vs-llamacpp-{run}.json", lambda d: weight_reads(d))
       for run in LLAMACPP_RUNS),
-    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16.json",
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16-5824a42.json",
           lambda d: f"on a Q4_K_M file with int16 activations batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
     Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int8.json",
-          lambda d: f"with int8 {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+          lambda d: f"with int8 (before the last two changes) {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
                     f"{ratios(d)['prefill_128']:.2f}x"),
     Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni.json",
           lambda d: f"(f32: {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
@@ -205,10 +205,16 @@ CLAIMS = [
     Claim("bench/results/README.md", "cpu-int16-kernels-epyc-avx512vnni.json", int16_kernels),
     *(Claim("bench/results/README.md", source, before_after)
       for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json",
-                     "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json")),
+                     "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json",
+                     "cpu-q4km-tiles-no-prefetch-before-after.json",
+                     "cpu-q4km-tiles-prefetch-in-prefill-before-after.json",
+                     "cpu-tiles-prefetch-in-prefill-before-after.json")),
     *(Claim("bench/results/README.md", source, prefill_before_after)
       for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json",
-                     "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json")),
+                     "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json",
+                     "cpu-q4km-tiles-no-prefetch-before-after.json",
+                     "cpu-q4km-tiles-prefetch-in-prefill-before-after.json",
+                     "cpu-tiles-prefetch-in-prefill-before-after.json")),
     Claim("bench/results/README.md", "cpu-int8-vnni-before-after.json", int8_before_after),
     Claim("bench/results/README.md", "cpu-q4km-int8-before-after.json", before_after),
     Claim("bench/results/README.md", "cpu-q4km-int8-q6k-before-after.json", before_after),

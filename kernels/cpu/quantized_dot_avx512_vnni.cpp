@@ -40,9 +40,9 @@ constexpr int kMaxRows = 8;
 constexpr int kMaxRowsTwoDigits = 4;
 // How far ahead of the block being multiplied the loops ask for the weights, as the fp32 kernels do.
 constexpr int64_t kPrefetchBytes = 1024;
-// The tiles ask only where more than 8 rows of x (a prefill chunk) bound the loop by its products: in decode, bound
-// by the weights' stream, the hardware's prefetchers keep up, and asking made batch-1 decode 1.17x slower, where
-// prefill without asking was 0.88-0.90x as fast (bench/results/cpu-q4km-tiles-prefetch-*.json).
+// The tiles ask only where more than 8 rows of x (a prefill chunk) bound the loop by its products. In decode, bound
+// by the weights' stream, the hardware's prefetchers keep up and asking slowed it (without, batch-1 decode ran
+// 1.10-1.22x as fast); never asking made prefill 0.88-0.90x as fast (bench/results/cpu-*tiles-*-before-after.json).
 constexpr int64_t kTilePrefetchMinRows = 8;
 
 template <bool FourBit>
