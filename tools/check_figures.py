@@ -169,7 +169,8 @@ def decode_span(d: dict) -> str:
 LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e8d8b", "epyc-avx512vnni-int8-b9e8d8b",
                  "epyc-avx512vnni-int8-5a23255", "q4km-epyc-avx512vnni", "q4km-epyc-avx512vnni-int8-3b3b1cb",
                  "q4km-epyc-avx512vnni-int8-ea78d88", "q4km-epyc-avx512vnni-int8", "epyc-avx512vnni-int16",
-                 "q4km-epyc-avx512vnni-int16", "epyc-avx512vnni-int16-5824a42", "q4km-epyc-avx512vnni-int16-5824a42")
+                 "q4km-epyc-avx512vnni-int16", "epyc-avx512vnni-int16-5824a42", "q4km-epyc-avx512vnni-int16-5824a42",
+                 "q4km-epyc-avx512vnni-int8-f17136b")
 
 CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16-5824a42.json",
@@ -196,8 +197,8 @@ CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16-5824a42.json",
           lambda d: f"on a Q4_K_M file with int16 activations batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
-    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int8.json",
-          lambda d: f"with int8 (before the last two changes) {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int8-f17136b.json",
+          lambda d: f"with int8 {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
                     f"{ratios(d)['prefill_128']:.2f}x"),
     Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni.json",
           lambda d: f"(f32: {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
