@@ -105,15 +105,22 @@ void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
   }
 }
 
-// A block's 8 vectors of codes (4 values of 16 rows each) against its 32 activation digits q: lane j sums row j's
-// 32 products. Two chains of sums, so that one vpdpbusd need not wait for the last.
-inline __m512i codes_dot(const __m512i (&codes)[8], const int8_t* q) {
-  __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+// A block's 8 vectors of codes (4 values of 16 rows each) against its 32 activation digits q: lane j of dots[h]
+// sums row j's 16 products of half h (Q6_K's scale changes every 16 values). The halves are two chains of sums, so
+// that one vpdpbusd need not wait for the last.
+inline void half_dots(const __m512i (&codes)[8], const int8_t* q, __m512i (&dots)[2]) {
+  dots[0] = dots[1] = _mm512_setzero_si512();
   for (int c = 0; c < 8; ++c) {
     int32_t four;
     std::memcpy(&four, q + 4 * c, 4);
-    dots[c % 2] = _mm512_dpbusd_epi32(dots[c % 2], codes[c], _mm512_set1_epi32(four));
+    dots[c / 4] = _mm512_dpbusd_epi32(dots[c / 4], codes[c], _mm512_set1_epi32(four));
   }
+}
+
+// The same summed over the block: lane j holds row j's 32 products.
+inline __m512i codes_dot(const __m512i (&codes)[8], const int8_t* q) {
+  __m512i dots[2];
+  half_dots(codes, q, dots);
   return _mm512_add_epi32(dots[0], dots[1]);
 }
 
@@ -159,17 +166,6 @@ inline __m512 row_bytes_ps(const uint8_t* p) {
 }
 inline __m512 row_signed_bytes_ps(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-// The products of a block's codes and its 32 activation digits q summed per half of 16 values (dots[0], dots[1]),
-// for Q6_K's scale per half.
-inline void half_dots(const __m512i (&codes)[8], const int8_t* q, __m512i (&dots)[2]) {
-  dots[0] = dots[1] = _mm512_setzero_si512();
-  for (int c = 0; c < 8; ++c) {
-    int32_t four;
-    std::memcpy(&four, q + 4 * c, 4);
-    dots[c / 4] = _mm512_dpbusd_epi32(dots[c / 4], codes[c], _mm512_set1_epi32(four));
-  }
 }
 
 // A block of 32 values of k6_rows16 (kernels/cpu/packed_weight.h) at `sub`, of the 16 rows with their d_super: the
