@@ -36,18 +36,33 @@ ChatTemplate choose_template(const ServerConfig::Model& m, std::string_view jinj
   return ChatTemplate::from_name(m.chat_template, system);
 }
 
-// engine.activation_dtype on the CPU backend; auto is int16 where the machine has its integer kernel (AVX-512
-// VNNI), which gives fp32's answers faster than fp32 there, and f32 elsewhere, where int16 would run the fp32
-// kernels on the rounded values (docs/decisions.md, [cpu-xeon]).
+// engine.cpu_kernels: the level the CPU kernels run at, the machine's best unless the config names one below it.
+cpu::CpuIsa cpu_kernels_level(const ServerConfig& config) {
+  const std::string& name = config.engine.cpu_kernels;
+  cpu::CpuIsa level = cpu::best_cpu_isa();
+  if (name == "auto" || !cpu::cpu_isa_from_name(name, level)) return level;
+  if (!cpu::cpu_supports(level)) {
+    throw ConfigError(config.file + ": engine.cpu_kernels: " + name + " is beyond this machine (its best: " +
+                      std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())) + ")");
+  }
+  return level;
+}
+
+// engine.activation_dtype on the CPU backend; auto is int16 where the kernels' level has an integer tile kernel
+// (AVX2 and up), which gives fp32's answers faster than fp32 there, and f32 at baseline, where int16 would run the
+// fp32 kernels on the rounded values (docs/decisions.md, [cpu-xeon]).
 ActivationDtype cpu_activation_dtype(const ServerConfig& config) {
   const std::string& a = config.engine.activation_dtype;
-  if (a == "auto") return cpu::best_cpu_isa() == cpu::CpuIsa::avx512_vnni ? ActivationDtype::int16 : ActivationDtype::f32;
+  if (a == "auto") {
+    return cpu_kernels_level(config) != cpu::CpuIsa::baseline ? ActivationDtype::int16 : ActivationDtype::f32;
+  }
   return a == "int8" ? ActivationDtype::int8 : a == "int16" ? ActivationDtype::int16 : ActivationDtype::f32;
 }
 
 // engine.backend: the CPU backend, or the CUDA one on engine.device (by default the node-local rank's GPU, so
 // that mpirun's ranks on one node take one GPU each).
 std::unique_ptr<Backend> make_backend(const ServerConfig& config) {
+  cpu::limit_cpu_isa(cpu_kernels_level(config));
   if (config.engine.backend == "cpu") return make_cpu_backend(cpu_activation_dtype(config));
   if (config.engine.activation_dtype != "auto" && config.engine.activation_dtype != "f32") {
     throw ConfigError(config.file + ": engine.activation_dtype: " + config.engine.activation_dtype +

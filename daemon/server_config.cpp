@@ -155,6 +155,10 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.engine.activation_dtype = parse_choice(t, w, {"auto", "f32", "int8", "int16"});
        }},
+      {"engine.cpu_kernels",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.cpu_kernels = parse_choice(t, w, {"auto", "baseline", "avx2", "avx512", "avx512_vnni"});
+       }},
       {"engine.backend",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.engine.backend = parse_choice(t, w, {"cpu", "cuda"});

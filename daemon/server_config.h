@@ -50,6 +50,9 @@ struct ServerConfig {
     // auto | f32 | int8 | int16: what the CPU backend's quantized matmuls multiply the weights with
     // (kernels/backend.h); auto is int16 on an AVX-512 VNNI machine, f32 elsewhere (daemon/runtime.cpp)
     std::string activation_dtype = "auto";
+    // auto | baseline | avx2 | avx512 | avx512_vnni: the most the CPU kernels may use (kernels/cpu/quantized_dot.h);
+    // auto is the best this machine has
+    std::string cpu_kernels = "auto";
     std::string backend = "cpu";            // cpu | cuda (a build with -DSTRATA_CUDA=ON and a GPU)
     int device = -1;                        // CUDA device; -1: the node-local MPI rank modulo the GPUs present
   } engine;

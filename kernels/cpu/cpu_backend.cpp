@@ -31,7 +31,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   DType kv_dtype() const override { return DType::f32; }
   int64_t uploaded_weight_bytes(const WeightMatrix& w) const override {
-    return cpu::packed_weight_bytes(w, pair_packing());
+    return cpu::packed_weight_bytes(w, pair_packing(w.format));
   }
 
   Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
@@ -56,7 +56,7 @@ class CpuBackend final : public Backend {
     if (rows == nullptr) {
       Uploaded& u = uploaded_.emplace_back();
       u.source = w;
-      u.packed = std::make_unique<cpu::OwnedPackedWeight>(cpu::pack_weight(w, pair_packing(), &weights_));
+      u.packed = std::make_unique<cpu::OwnedPackedWeight>(cpu::pack_weight(w, pair_packing(w.format), &weights_));
       rows = &u.packed->view;
     }
     return Tensor{const_cast<cpu::PackedWeight*>(rows), DType::packed, w.rows, w.cols};
@@ -222,12 +222,13 @@ class CpuBackend final : public Backend {
 
   static const cpu::PackedWeight& packed(const Tensor& t) { return *static_cast<const cpu::PackedWeight*>(t.data); }
 
-  // Integer activations on an AVX-512 VNNI machine read the 32-value formats and the k-quants as 16-row tiles
-  // (kernels/cpu/quantized_dot_avx512_vnni.cpp); everything else as pairs.
-  cpu::PairPacking pair_packing() const {
-    return activations_ != ActivationDtype::f32 && cpu::best_cpu_isa() == cpu::CpuIsa::avx512_vnni
-               ? cpu::PairPacking::rows16
-               : cpu::PairPacking::pairs;
+  // Integer activations read the 32-value formats and the k-quants as 16-row tiles on an AVX-512 VNNI machine
+  // (kernels/cpu/quantized_dot_avx512_vnni.cpp), and all but Q8_0 on an x86-64-v3 one (AVX2,
+  // quantized_dot_avx2_tiles.cpp, where Q8_0's pairs are faster); everything else as pairs.
+  cpu::PairPacking pair_packing(WeightFormat format) const {
+    const cpu::CpuIsa isa = cpu::best_cpu_isa();
+    const bool tiles = isa == cpu::CpuIsa::avx512_vnni || (isa != cpu::CpuIsa::baseline && format != WeightFormat::q8_0);
+    return activations_ != ActivationDtype::f32 && tiles ? cpu::PairPacking::rows16 : cpu::PairPacking::pairs;
   }
 
   const ActivationDtype activations_;

@@ -1,6 +1,9 @@
 // Which level of the quantized dot products this machine runs (kernels/cpu/quantized_dot.h).
 #include "kernels/cpu/quantized_dot.h"
 
+#include <algorithm>
+#include <atomic>
+
 namespace strata::cpu {
 
 bool cpu_supports(CpuIsa isa) {
@@ -17,12 +20,28 @@ bool cpu_supports(CpuIsa isa) {
 #endif
 }
 
+namespace {
+std::atomic<CpuIsa> isa_limit{CpuIsa::avx512_vnni};
+}  // namespace
+
 CpuIsa best_cpu_isa() {
   static const CpuIsa best = cpu_supports(CpuIsa::avx512_vnni) ? CpuIsa::avx512_vnni
                              : cpu_supports(CpuIsa::avx512)    ? CpuIsa::avx512
                              : cpu_supports(CpuIsa::avx2)      ? CpuIsa::avx2
                                                                : CpuIsa::baseline;
-  return best;
+  return std::min(best, isa_limit.load());
+}
+
+void limit_cpu_isa(CpuIsa most) { isa_limit = most; }
+
+bool cpu_isa_from_name(std::string_view name, CpuIsa& isa) {
+  for (CpuIsa level : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_vnni}) {
+    if (cpu_isa_name(level) == name) {
+      isa = level;
+      return true;
+    }
+  }
+  return false;
 }
 
 std::string_view cpu_isa_name(CpuIsa isa) {

@@ -39,10 +39,14 @@ enum class CpuIsa : uint8_t { baseline, avx2, avx512, avx512_vnni };
 using QuantizedDotFn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end, const float* x,
                                 int64_t n_x, float* out, int64_t out_stride);
 
-// Whether this machine can run `isa`, and its best.
+// Whether this machine can run `isa`, and its best: the best it supports, or less where limit_cpu_isa asked
+// (engine.cpu_kernels: an operator's choice, and how a machine measures the levels below its own).
 bool cpu_supports(CpuIsa isa);
 CpuIsa best_cpu_isa();
+void limit_cpu_isa(CpuIsa most);
 std::string_view cpu_isa_name(CpuIsa isa);
+// The level of that name (baseline, avx2, avx512, avx512_vnni); false if none.
+bool cpu_isa_from_name(std::string_view name, CpuIsa& isa);
 
 // The kernel of `isa` (which the machine must support); nullptr where this build has none (avx512 and avx2 off
 // x86-64).
@@ -75,6 +79,9 @@ void quantized_dot_int8_avx512_vnni(const PackedWeight& w, int64_t row_begin, in
                                     const IntegerActivations& x, float* out, int64_t out_stride);
 void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
                              float* out, int64_t out_stride);
+// Its 16-row tiles (kernels/cpu/quantized_dot_avx2_tiles.cpp).
+void quantized_dot_rows16_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
+                               float* out, int64_t out_stride);
 #endif
 void quantized_dot_int8_baseline(const PackedWeight& w, int64_t row_begin, int64_t row_end,
                                  const IntegerActivations& x, float* out, int64_t out_stride);

@@ -339,6 +339,8 @@ void quantized_dot_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_en
 
 void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
                              float* out, int64_t out_stride) {
+  if (w.layout == PackedLayout::u8_rows16) return quantized_dot_int8_baseline(w, row_begin, row_end, x, out, out_stride);
+  if (is_rows16(w.layout)) return quantized_dot_rows16_avx2(w, row_begin, row_end, x, out, out_stride);
   for (int64_t a = 0; a < x.rows; a += kInt8MaxRows) {
     const int64_t rows = x.rows - a < kInt8MaxRows ? x.rows - a : kInt8MaxRows;
     int8_tile<kInt8MaxRows>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);

@@ -63,11 +63,45 @@ def test_a_setting_the_backend_cannot_honour_is_refused_naming_the_key(sets, key
     assert key in done.stderr, done.stderr[-2000:]
 
 
-def test_auto_is_int16_where_the_machine_has_vnni_and_f32_elsewhere():
+def test_auto_is_int16_where_the_machine_has_an_integer_tile_kernel_and_f32_elsewhere():
     s = ServeProcess(["kv_cache.memory_mib=64"], "strata serve (activation_dtype auto)")
     try:
         s.wait_ready()
-        expected = "int16" if expected_cpu_kernels() == "avx512_vnni" else "f32"
+        expected = "f32" if expected_cpu_kernels() == "baseline" else "int16"
         assert f", {expected} activations)" in s.log_tail()
     finally:
         s.stop()
+
+
+LEVELS = ["baseline", "avx2", "avx512", "avx512_vnni"]
+
+
+def test_cpu_kernels_runs_a_level_below_the_machines_best_and_auto_follows_it():
+    """engine.cpu_kernels=avx2 on any x86-64-v3 machine: the start-up line names avx2, auto picks int16 there (its
+    AVX2 tile kernel), and a request gets the greedy tokens the machine's best level gives it (the two tile kernels
+    give the same floats)."""
+    best = expected_cpu_kernels()
+    if best == "baseline":
+        pytest.skip("no x86-64-v3")
+    texts = {}
+    for level in ("avx2", "auto"):
+        s = ServeProcess([f"engine.cpu_kernels={level}", "kv_cache.memory_mib=64"], f"strata serve (cpu {level})")
+        try:
+            s.wait_ready()
+            assert f"(CPU kernels {best if level == 'auto' else level}, int16 activations)" in s.log_tail()
+            texts[level] = [complete(s, p) for p in PROMPTS[:2]]
+        finally:
+            s.stop()
+    assert texts["avx2"] == texts["auto"]
+
+
+def test_cpu_kernels_beyond_the_machine_is_refused_naming_the_key():
+    best = expected_cpu_kernels()
+    if best == LEVELS[-1]:
+        pytest.skip("this machine has every level")
+    beyond = LEVELS[LEVELS.index(best) + 1]
+    args = [str(strata_binary()), "serve", "--config", str(CONFIG), "--port", "0", "--set",
+            f"engine.cpu_kernels={beyond}"]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "engine.cpu_kernels" in done.stderr and beyond in done.stderr, done.stderr[-2000:]

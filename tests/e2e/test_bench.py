@@ -34,7 +34,7 @@ def test_context_decodes_after_synthetic_entries_and_accounts_its_bytes(tmp_path
                    "--prompt-tokens", "16", "--gen-tokens", "4", "--copy-bandwidth-gbs", "10")
     assert report["weight_dtype"] == "auto"  # the preset's dummy weights are f32 under auto: 4 bytes each
     # engine.activation_dtype auto, decided for the machine
-    assert report["activations"] == ("int16" if expected_cpu_kernels() == "avx512_vnni" else "f32")
+    assert report["activations"] == ("f32" if expected_cpu_kernels() == "baseline" else "int16")
     assert report["kv_pool"]["entry_bytes_per_layer"] == ENTRY_BYTES
     rows = {(r["context"], r["batch"]): r for r in report["results"]}
     assert len(rows) == 6

@@ -119,14 +119,16 @@ TEST(PackedWeight, DequantizesToTheFormatsOwnValues) {
   }
 }
 
-// The levels whose int8 kernels multiply 16-row tiles: the VNNI one, and the baseline one, its reference, which
-// every other level hands them to (quantized_matmul.cpp).
+// The levels whose integer kernels multiply 16-row tiles: the VNNI one, the AVX2 one (which AVX-512 without VNNI
+// runs too), and the baseline one, their reference.
 std::vector<CpuIsa> rows16_levels_here() {
   std::vector<CpuIsa> levels = {CpuIsa::baseline};
-  if (cpu::cpu_supports(CpuIsa::avx512_vnni) && cpu::quantized_dot(CpuIsa::avx512_vnni) != nullptr) {
-    levels.push_back(CpuIsa::avx512_vnni);
-  } else {
-    std::cout << "[ skipped ] avx512_vnni: not on this machine" << std::endl;
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512_vnni}) {
+    if (cpu::cpu_supports(isa) && cpu::quantized_dot(isa) != nullptr) {
+      levels.push_back(isa);
+    } else {
+      std::cout << "[ skipped ] " << cpu::cpu_isa_name(isa) << ": not on this machine" << std::endl;
+    }
   }
   return levels;
 }
@@ -336,6 +338,31 @@ TEST(QuantizedMatmul, IntegerKernelsOnRows16TilesMatchTheReferenceOnTheRoundedVa
   }
 }
 
+// The AVX2 tile kernel sums every block exactly in 32 bits and then converts, scales and adds in the VNNI kernel's
+// order: on a machine with both, the two give the same floats, digit for digit, at every row count.
+TEST(QuantizedMatmul, Avx2AndVnniTileKernelsGiveTheSameFloats) {
+  if (!cpu::cpu_supports(CpuIsa::avx512_vnni) || cpu::quantized_dot(CpuIsa::avx512_vnni) == nullptr) {
+    GTEST_SKIP() << "not an AVX-512 VNNI machine";
+  }
+  for (const Case& c : kRows16Cases) {
+    if (c.format == WeightFormat::q8_0) continue;  // no Q8_0 tiles at the AVX2 level (the baseline kernel's)
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 71);
+    const cpu::OwnedPackedWeight packed =
+        cpu::pack_weight(WeightMatrix{blocks.data(), c.format, c.rows, c.cols}, cpu::PairPacking::rows16);
+    for (int digits : {1, 2}) {
+      for (int64_t n_x : {1, 3, 8, 13}) {
+        const std::vector<float> x = random_activations(n_x, c.cols, 72);
+        cpu::IntegerActivations rounded;
+        cpu::round_activations(x.data(), n_x, c.cols, digits, rounded, nullptr);
+        std::vector<float> avx2(size_t(n_x * c.rows), NAN), vnni(avx2.size(), NAN);
+        cpu::quantized_dot_int8(CpuIsa::avx2)(packed.view, 0, c.rows, rounded, avx2.data(), c.rows);
+        cpu::quantized_dot_int8(CpuIsa::avx512_vnni)(packed.view, 0, c.rows, rounded, vnni.data(), c.rows);
+        EXPECT_EQ(avx2, vnni) << name(c) << ", " << digits << " digits, rows of x " << n_x;
+      }
+    }
+  }
+}
+
 // Every path through quantized_matmul (the int8 kernel for few rows, the fp32 tiles for many) and every thread
 // count give the 16-row tiles the numbers of the reference; they never reach the fp32 fused kernels.
 TEST(QuantizedMatmul, Rows16TilesTakeEveryPathAndThreadCount) {
@@ -460,10 +487,10 @@ TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
   }
 }
 
-// The k-quants too: k4_rows16 and k6_rows16 tiles with int8 activations on VNNI (Q4_K's 6-bit scales unpacked: 148
-// bytes per row and super-block; Q6_K at its own 210), their own blocks in place with fp32 activations.
-TEST(CpuBackendWeights, IntegerActivationsOnVnniHoldKQuantsAsRows16Tiles) {
-  if (cpu::best_cpu_isa() != CpuIsa::avx512_vnni) GTEST_SKIP() << "not an AVX-512 VNNI machine";
+// The k-quants too: k4_rows16 and k6_rows16 tiles with integer activations on x86-64-v3 and up (Q4_K's 6-bit scales
+// unpacked: 148 bytes per row and super-block; Q6_K at its own 210), their own blocks in place with fp32 activations.
+TEST(CpuBackendWeights, IntegerActivationsHoldKQuantsAsRows16Tiles) {
+  if (cpu::best_cpu_isa() == CpuIsa::baseline) GTEST_SKIP() << "no x86-64-v3";
   struct KQuant {
     WeightFormat format;
     cpu::PackedLayout tiles, in_place;
@@ -482,11 +509,32 @@ TEST(CpuBackendWeights, IntegerActivationsOnVnniHoldKQuantsAsRows16Tiles) {
   }
 }
 
-// With int8 activations an AVX-512 VNNI machine holds the 32-value formats as 16-row tiles: a range of whole tiles
-// (a vocabulary-parallel slice) shares the upload, one that cuts a tile is packed on its own; both multiply and
-// embed as the whole matrix does.
-TEST(CpuBackendWeights, IntegerActivationsOnVnniHoldRows16Tiles) {
-  if (cpu::best_cpu_isa() != CpuIsa::avx512_vnni) GTEST_SKIP() << "not an AVX-512 VNNI machine";
+// Which 32-value formats integer activations hold as tiles at each level this machine has (limit_cpu_isa, as
+// engine.cpu_kernels sets it): Q4_0 and Q4_1 from AVX2, Q8_0 on VNNI only; none at baseline.
+TEST(CpuBackendWeights, IntegerActivationsHoldTheFormatsTheLevelsKernelsTile) {
+  const CpuIsa best = cpu::best_cpu_isa();
+  for (CpuIsa level : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_vnni}) {
+    if (!cpu::cpu_supports(level)) continue;
+    cpu::limit_cpu_isa(level);
+    ASSERT_EQ(cpu::best_cpu_isa(), level);
+    std::unique_ptr<Backend> be = make_cpu_backend(ActivationDtype::int16);
+    for (WeightFormat format : {WeightFormat::q4_0, WeightFormat::q4_1, WeightFormat::q8_0}) {
+      const std::vector<uint8_t> blocks = random_blocks(format, 32, 96, 66);
+      const Tensor t = be->upload_weight(WeightMatrix{blocks.data(), format, 32, 96});
+      const bool tiles = level == CpuIsa::avx512_vnni || (level != CpuIsa::baseline && format != WeightFormat::q8_0);
+      EXPECT_EQ(cpu::is_rows16(static_cast<const cpu::PackedWeight*>(t.data)->layout), tiles)
+          << weight_format_info(format).name << " at " << cpu::cpu_isa_name(level);
+    }
+  }
+  cpu::limit_cpu_isa(CpuIsa::avx512_vnni);  // no limit: the machine's best again
+  EXPECT_EQ(cpu::best_cpu_isa(), best);
+}
+
+// With int8 activations an x86-64-v3 machine or better holds Q4_1 as 16-row tiles: a range of whole tiles (a
+// vocabulary-parallel slice) shares the upload, one that cuts a tile is packed on its own; both multiply and embed
+// as the whole matrix does.
+TEST(CpuBackendWeights, IntegerActivationsHoldRows16Tiles) {
+  if (cpu::best_cpu_isa() == CpuIsa::baseline) GTEST_SKIP() << "no x86-64-v3";
   std::unique_ptr<Backend> be = make_cpu_backend(ActivationDtype::int8);
   const Case c{WeightFormat::q4_1, 64, 96};
   const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 63);

@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "cache/kv_cache.h"
+#include "kernels/cpu/quantized_dot.h"
 #include "kernels/cpu/quantized_matmul.h"
 #include "model/llama_model.h"
 #include "tests/model/reference_logits.h"
@@ -92,6 +93,19 @@ TEST(QuantizedWeights, Top1AgreesWithTransformersUnderInt8Activations) {
 }
 TEST(QuantizedWeights, Top1AgreesWithTransformersUnderInt16Activations) {
   expect_top1_agreement(test::smollm2_integer_activations(ActivationDtype::int16), "auto + int16 activations", 0.99);
+}
+
+// The AVX2 level's kernels on a machine with a better one (engine.cpu_kernels: avx2): Q4_1 in its tiles, Q8_0 in
+// pairs multiplied in fp32 on the rounded values, as an AVX2-only machine runs them.
+TEST(QuantizedWeights, Top1AgreesWithTransformersUnderInt16ActivationsAtTheAvx2Level) {
+  const cpu::CpuIsa best = cpu::best_cpu_isa();
+  if (best == cpu::CpuIsa::baseline || best == cpu::CpuIsa::avx2) GTEST_SKIP() << "the test above runs this level";
+  cpu::limit_cpu_isa(cpu::CpuIsa::avx2);
+  {
+    test::SmolLm2 m = test::load_smollm2(WeightDtype::automatic, ActivationDtype::int16);
+    expect_top1_agreement(m, "auto + int16 activations at avx2", 0.99);
+  }
+  cpu::limit_cpu_isa(best);
 }
 
 TEST(QuantizedWeights, PerplexityWithinOnePercentOfFp32) {
