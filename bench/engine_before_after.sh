@@ -4,12 +4,14 @@
 #
 #   bench/engine_before_after.sh [--before-commit 1faafb9] [--reps 5] [--out bench/results/FILE.json]
 #       [--batch 1,8] [--prompt-tokens 128] [--gen-tokens 64] [--flags 'MORE BENCH FLAGS']
+#       [--before-flags 'FLAGS'] [--after-flags 'FLAGS']
 #
 # --flags go to both builds' `strata bench` as they are (split as a shell splits words): for example
-# '--set kv_cache.dtype=int4 --set kv_cache.block_size=32 --context 2048,7936'.
-# The commit before is built once in build-before-COMMIT/ (bench/build_commit.sh). Medians of prefill and decode
-# tokens/s and their after/before ratios, every run, the machine and the commands go to --out. Run it on an
-# otherwise idle machine.
+# '--set kv_cache.dtype=int4 --set kv_cache.block_size=32 --context 2048,7936'; --before-flags and --after-flags
+# to one side only. The commit before is built once in build-before-COMMIT/ (bench/build_commit.sh); with
+# --before-commit this, both sides run this build (two settings compared: say which in the side flags). Medians of
+# prefill and decode tokens/s and their after/before ratios, every run, the machine and the commands go to --out.
+# Run it on an otherwise idle machine.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -21,6 +23,8 @@ BATCH=1,8
 PROMPT_TOKENS=128
 GEN_TOKENS=64
 FLAGS=""
+BEFORE_FLAGS=""
+AFTER_FLAGS=""
 OUT=bench/results/cpu-engine-before-after.json
 CONFIG=configs/smollm2-cpu.yaml
 while (($#)); do
@@ -32,13 +36,19 @@ while (($#)); do
     --prompt-tokens) PROMPT_TOKENS=$2; shift 2 ;;
     --gen-tokens) GEN_TOKENS=$2; shift 2 ;;
     --flags) FLAGS=$2; shift 2 ;;
-    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
+    --before-flags) BEFORE_FLAGS=$2; shift 2 ;;
+    --after-flags) AFTER_FLAGS=$2; shift 2 ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) echo "engine_before_after.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
 
-before_dir=build-before-$BEFORE
-before_bin=$(bench/build_commit.sh "$BEFORE" "$before_dir")
+if [ "$BEFORE" = this ]; then
+  before_dir=. before_bin=build/strata
+else
+  before_dir=build-before-$BEFORE
+  before_bin=$(bench/build_commit.sh "$BEFORE" "$before_dir")
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 results=()
@@ -46,13 +56,13 @@ for rep in $(seq "$REPS"); do
   order="before after"
   ((rep % 2 == 0)) && order="after before"
   for label in $order; do
-    bin=build/strata config=$CONFIG
+    bin=build/strata config=$CONFIG side_flags=$AFTER_FLAGS
     # The commit before reads its own configuration file (it would refuse keys added since).
-    [ "$label" = before ] && bin=$before_bin config=$before_dir/$CONFIG
+    [ "$label" = before ] && bin=$before_bin config=$before_dir/$CONFIG side_flags=$BEFORE_FLAGS
     json=$tmp/$label-$rep.json
-    # shellcheck disable=SC2206  # --flags is split into words on purpose
+    # shellcheck disable=SC2206  # the flags are split into words on purpose
     cmd=("$bin" bench --config "$config" --batch "$BATCH" --prompt-tokens "$PROMPT_TOKENS" --gen-tokens "$GEN_TOKENS"
-         $FLAGS --out "$json")
+         $FLAGS $side_flags --out "$json")
     printf '[before-after] %s, run %s: %s\n' "$label" "$rep" "${cmd[*]}" >&2
     "${cmd[@]}" >/dev/null 2>&1
     results+=("$label|$rep|${cmd[*]}|$json")
@@ -60,7 +70,9 @@ for rep in $(seq "$REPS"); do
 done
 
 mkdir -p "$(dirname "$OUT")"
-.venv/bin/python - "$OUT" "$BEFORE" "$(git rev-parse --short HEAD)" "$SCRIPT_COMMAND" "${results[@]}" <<'PY'
+before_commit=$BEFORE
+[ "$BEFORE" = this ] && before_commit=$(git rev-parse --short HEAD)
+.venv/bin/python - "$OUT" "$before_commit" "$(git rev-parse --short HEAD)" "$SCRIPT_COMMAND" "${results[@]}" <<'PY'
 import json, statistics, sys
 sys.path.insert(0, "bench")
 from bench_support import machine

@@ -10,10 +10,10 @@
 //
 // Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
 // from memory as in a real step; on the compute pool's threads (every core). With --int8 it times instead the
-// integer kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the VNNI
-// kernel on the 16-row tiles where the machine has AVX-512 VNNI, with int8 and with int16 (two digits), at 1 to 128
-// rows of x (and from 16 rows BLAS on the dequantized tiles), beside the best level's fp32 fused kernel (the
-// default, engine.activation_dtype: f32) below 32 rows; and Q4_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows
+// integer kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the AVX2
+// and VNNI kernels on the 16-row tiles where the machine has them, with int8 and with int16 (two digits), at 1 to 128
+// rows of x (and from 16 rows BLAS on the dequantized tiles), beside the best level's and AVX2's fp32 fused
+// kernels (engine.activation_dtype: f32) below 32 rows; and Q4_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows
 // are not multiples of 256), in place (the fp32 kernels) and as 16-row tiles.
 #include <algorithm>
 #include <chrono>
@@ -95,8 +95,15 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
   const char* untiled = s.format == WeightFormat::q4_k || s.format == WeightFormat::q6_k ? " in place" : " pairs";
   variants.push_back({std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())) + untiled + " fp32", cpu::best_cpu_isa(),
                       &pairs, 0});
+  if (cpu::best_cpu_isa() > cpu::CpuIsa::avx2 && cpu::cpu_supports(cpu::CpuIsa::avx2)) {  // an AVX2 machine's default
+    variants.push_back({std::string("avx2") + untiled + " fp32", cpu::CpuIsa::avx2, &pairs, 0});
+  }
   for (cpu::CpuIsa isa : {cpu::CpuIsa::avx2, cpu::CpuIsa::avx512_vnni}) {
     if (cpu::cpu_supports(isa)) variants.push_back({std::string(cpu::cpu_isa_name(isa)) + untiled, isa, &pairs, 1});
+  }
+  if (cpu::cpu_supports(cpu::CpuIsa::avx2) && s.format != WeightFormat::q8_0) {  // Q8_0 stays in pairs on AVX2
+    variants.push_back({"avx2 rows16", cpu::CpuIsa::avx2, &tiles, 1});
+    variants.push_back({"avx2 rows16 int16", cpu::CpuIsa::avx2, &tiles, 2});
   }
   if (cpu::cpu_supports(cpu::CpuIsa::avx512_vnni)) {
     variants.push_back({"avx512_vnni rows16", cpu::CpuIsa::avx512_vnni, &tiles, 1});
