@@ -48,7 +48,8 @@ struct ServerConfig {
     int max_waiting = 256;
     int threads = 0;                        // compute threads of the CPU backend; 0 = every core
     // auto | f32 | int8 | int16: what the CPU backend's quantized matmuls multiply the weights with
-    // (kernels/backend.h); auto is int16 on an AVX-512 VNNI machine, f32 elsewhere (daemon/runtime.cpp)
+    // (kernels/backend.h); auto is int16 where the CPU kernels run at avx2 or above, f32 at baseline
+    // (daemon/runtime.cpp)
     std::string activation_dtype = "auto";
     // auto | baseline | avx2 | avx512 | avx512_vnni: the most the CPU kernels may use (kernels/cpu/quantized_dot.h);
     // auto is the best this machine has

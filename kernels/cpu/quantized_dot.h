@@ -10,14 +10,15 @@
 //   avx2      hand-written, the same scheme at 256 bits (kernels/cpu/quantized_dot_avx2.cpp): x86-64-v3, for
 //             the machines without AVX-512 (the portable C++ compiled for x86-64-v3, used before, decoded
 //             SmolLM2 at batch 1 at a third of its speed on an AVX2-only EPYC:
-//             bench/results/cpu-avx2-quantized-dot-before-after.json);
+//             bench/results/cpu-avx2-quantized-dot-before-after.json), and an integer kernel on the 16-row tiles
+//             but Q8_0's, 4 values of 8 rows per vpmaddubsw (kernels/cpu/quantized_dot_avx2_tiles.cpp);
 //   baseline  portable C++ (kernels/cpu/quantized_dot_portable.cpp) for baseline x86-64 (SSE2), and the only one
 //             on other architectures.
-// Activations are fp32, or rounded to integers (engine.activation_dtype: int16 by default on avx512_vnni, f32
-// elsewhere) for kernels of their own below, in the same files as each level's fp32 ones: int8 (as llama.cpp has)
-// changes SmolLM2's top-1 token at about 3% of the reference positions, int16 as two int8 digits keeps it
-// (docs/decisions.md, [cpu-speed] and [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and AVX2 code is intrinsics, which need
-// a body per target, and the tests must be able to call each level by name.
+// Activations are fp32, or rounded to integers (engine.activation_dtype: int16 by default from avx2 up, f32 at
+// baseline) for kernels of their own below, beside each level's fp32 ones: int8 (as llama.cpp has) changes
+// SmolLM2's top-1 token at about 3% of the reference positions, int16 as two int8 digits keeps it
+// (docs/decisions.md, [cpu-speed] and [cpu-xeon]). Why not target_clones as the attention has: the AVX-512 and
+// AVX2 code is intrinsics, which need a body per target, and the tests must be able to call each level by name.
 #include <cstdint>
 #include <string_view>
 
@@ -66,9 +67,9 @@ struct IntegerActivations;  // kernels/cpu/integer_activations.h
 // The integer kernels, for engine.activation_dtype int8 and int16: rows [row_begin, row_end) of a pair-layout
 // weight (u4_pairs, u8_pairs: Q4_0, Q4_1, Q8_0) against every row of x rounded to int8 (one digit) per block of 32.
 // The 16-row tiles (u4_rows16, u8_rows16, k4_rows16, k6_rows16; row_begin and row_end multiples of 16) take one or
-// two digits (int16), in the avx512_vnni kernel and the baseline one, its reference. The k-quant layouts used in
-// place have none, nor have the pairs for two digits: quantized_matmul multiplies those with the rounded values in
-// fp32.
+// two digits (int16), in the avx512_vnni kernel, the avx2 one (u8_rows16 aside: the CPU backend keeps Q8_0 in pairs
+// there) and the baseline one, their reference. The k-quant layouts used in place have none, nor have the pairs for
+// two digits: quantized_matmul multiplies those with the rounded values in fp32.
 // out[a * out_stride + i].
 using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end,
                                     const IntegerActivations& x, float* out, int64_t out_stride);

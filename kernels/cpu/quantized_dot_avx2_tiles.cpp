@@ -131,47 +131,73 @@ inline void k6_block_into(const uint8_t* sub, int half, __m256 d_super, const In
   }
 }
 
-// Half `half` (rows 8 half .. 8 half + 7) of the tiles of [row_begin, row_end) against rows a0 .. a0 + R of x.
-template <int R, int Digits, PackedLayout Layout>
-void half_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, int half, const IntegerActivations& x,
-                int64_t a0, float* out, int64_t out_stride) {
+// Halves [first, first + Halves) of the tiles of [row_begin, row_end) (half h: rows 8h .. 8h + 7) against rows
+// a0 .. a0 + R of x. A lone row of x takes both halves in one pass over the tile's bytes; more rows take one half
+// a pass, so that the half's codes stay in registers for every row.
+template <int R, int Digits, PackedLayout Layout, int Halves>
+void tile_halves(const PackedWeight& w, int64_t row_begin, int64_t row_end, int first, const IntegerActivations& x,
+                 int64_t a0, float* out, int64_t out_stride) {
   const bool prefetch = x.rows > kTilePrefetchMinRows;
   for (int64_t t = row_begin / kTileRows16; t < row_end / kTileRows16; ++t) {
     const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
-    __m256 acc[R], offsets[R];
-    for (int r = 0; r < R; ++r) acc[r] = offsets[r] = _mm256_setzero_ps();
+    __m256 acc[Halves][R], offsets[Halves][R];
+    for (int h = 0; h < Halves; ++h) {
+      for (int r = 0; r < R; ++r) acc[h][r] = offsets[h][r] = _mm256_setzero_ps();
+    }
     if constexpr (Layout == PackedLayout::k6_rows16) {
       for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
         const uint8_t* super = tile + sb * kK6Rows16SuperBytes;
-        const __m256 d_super = row_halves_ps(super + 16 * half);
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 32 + j * kK6Rows16SubBytes;
           if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
-          k6_block_into<R, Digits>(sub, half, d_super, x, a0, 8 * sb + j, acc, offsets);
+          for (int h = 0; h < Halves; ++h) {
+            k6_block_into<R, Digits>(sub, first + h, row_halves_ps(super + 16 * (first + h)), x, a0, 8 * sb + j,
+                                     acc[h], offsets[h]);
+          }
         }
       }
     } else if constexpr (Layout == PackedLayout::k4_rows16) {
       for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
         const uint8_t* super = tile + sb * kK4Rows16SuperBytes;
-        const __m256 d_super = row_halves_ps(super + 16 * half), dmin = row_halves_ps(super + 32 + 16 * half);
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 64 + j * kK4Rows16SubBytes;
           if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
-          const __m256 d = _mm256_mul_ps(d_super, row_bytes_ps(sub + 8 * half));
-          const __m256 m = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, row_bytes_ps(sub + 16 + 8 * half)));
-          block_into<R, Digits>(sub + 32, half, d, m, x, a0, 8 * sb + j, acc, offsets);
+          for (int h = 0; h < Halves; ++h) {
+            const int half = first + h;
+            const __m256 d = _mm256_mul_ps(row_halves_ps(super + 16 * half), row_bytes_ps(sub + 8 * half));
+            const __m256 m = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(row_halves_ps(super + 32 + 16 * half),
+                                                                              row_bytes_ps(sub + 16 + 8 * half)));
+            block_into<R, Digits>(sub + 32, half, d, m, x, a0, 8 * sb + j, acc[h], offsets[h]);
+          }
         }
       }
     } else {
       for (int64_t b = 0; b < w.cols / 32; ++b) {
         const uint8_t* block = tile + b * kU4Rows16BlockBytes;
         if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
-        block_into<R, Digits>(block + 64, half, row_halves_ps(block + 16 * half), row_halves_ps(block + 32 + 16 * half),
-                              x, a0, b, acc, offsets);
+        for (int h = 0; h < Halves; ++h) {
+          const int half = first + h;
+          block_into<R, Digits>(block + 64, half, row_halves_ps(block + 16 * half),
+                                row_halves_ps(block + 32 + 16 * half), x, a0, b, acc[h], offsets[h]);
+        }
       }
     }
-    for (int r = 0; r < R; ++r) {
-      _mm256_storeu_ps(out + r * out_stride + t * kTileRows16 + 8 * half, _mm256_add_ps(acc[r], offsets[r]));
+    for (int h = 0; h < Halves; ++h) {
+      for (int r = 0; r < R; ++r) {
+        _mm256_storeu_ps(out + r * out_stride + t * kTileRows16 + 8 * (first + h), _mm256_add_ps(acc[h][r], offsets[h][r]));
+      }
+    }
+  }
+}
+
+template <int R, int Digits, PackedLayout Layout>
+void tiles_of_layout(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
+                     float* out, int64_t out_stride) {
+  if constexpr (R == 1) {
+    tile_halves<1, Digits, Layout, 2>(w, row_begin, row_end, 0, x, a0, out, out_stride);
+  } else {
+    for (int half = 0; half < 2; ++half) {
+      tile_halves<R, Digits, Layout, 1>(w, row_begin, row_end, half, x, a0, out, out_stride);
     }
   }
 }
@@ -182,19 +208,14 @@ void tiles_pass(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t 
   if constexpr (R > 1) {
     if (rows < R) return tiles_pass<R - 1, Digits>(rows, w, row_begin, row_end, x, a0, out, out_stride);
   }
-  for (int half = 0; half < 2; ++half) {
-    switch (w.layout) {
-      case PackedLayout::u4_rows16:
-        half_tiles<R, Digits, PackedLayout::u4_rows16>(w, row_begin, row_end, half, x, a0, out, out_stride);
-        break;
-      case PackedLayout::k4_rows16:
-        half_tiles<R, Digits, PackedLayout::k4_rows16>(w, row_begin, row_end, half, x, a0, out, out_stride);
-        break;
-      case PackedLayout::k6_rows16:
-        half_tiles<R, Digits, PackedLayout::k6_rows16>(w, row_begin, row_end, half, x, a0, out, out_stride);
-        break;
-      default: return;  // quantized_dot_int8_avx2 sends only these layouts here
-    }
+  switch (w.layout) {
+    case PackedLayout::u4_rows16:
+      return tiles_of_layout<R, Digits, PackedLayout::u4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::k4_rows16:
+      return tiles_of_layout<R, Digits, PackedLayout::k4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::k6_rows16:
+      return tiles_of_layout<R, Digits, PackedLayout::k6_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    default: return;  // quantized_dot_int8_avx2 sends only these layouts here
   }
 }
 
