@@ -16,6 +16,9 @@
 #   3. writes every command line, every raw number and the ratios Strata / llama.cpp to --out (JSON) and prints a
 #      table.
 #
+# --level avx2 compares the two engines' AVX2 code on a machine with more: llama.cpp built for x86-64-v3 (AVX, AVX2,
+# FMA, F16C, BMI2; no AVX-512), in build-llamacpp/build-VERSION-avx2/, and Strata with engine.cpu_kernels=avx2.
+#
 # Run it on an idle machine: on a shared one the numbers mean little (bench/results/README.md).
 # `bench/cpu_vs_llamacpp.sh --help` lists the flags.
 set -euo pipefail
@@ -36,6 +39,7 @@ CONFIG=configs/smollm2-cpu.yaml
 STRATA=build/strata
 READ_BANDWIDTH=build/bench/read_bandwidth
 LCP_DIR=build-llamacpp
+LEVEL=native
 OUT=bench/results/cpu-vs-llamacpp.json
 LLAMA_PORT=18431
 STRATA_PORT=18432
@@ -59,6 +63,8 @@ usage: bench/cpu_vs_llamacpp.sh [flags]
   --strata FILE       the Strata binary (default $STRATA)
   --strata-set K=V    an extra --set for strata bench and strata serve (repeatable), e.g. model.weight_dtype=q8_0
   --llamacpp-dir DIR  where llama.cpp is unpacked and built (default $LCP_DIR)
+  --level native|avx2 both engines at this machine's best, or at AVX2 (llama.cpp built for x86-64-v3, Strata with
+                      engine.cpu_kernels=avx2; default $LEVEL)
   --jobs N            parallel compile jobs for llama.cpp (default $BUILD_JOBS)
   --llama-port P, --strata-port P   HTTP ports (default $LLAMA_PORT, $STRATA_PORT)
   --out FILE          the JSON written (default $OUT)
@@ -79,6 +85,7 @@ while (($#)); do
     --strata) STRATA=$2; shift 2 ;;
     --strata-set) STRATA_SETS+=(--set "$2"); shift 2 ;;
     --llamacpp-dir) LCP_DIR=$2; shift 2 ;;
+    --level) LEVEL=$2; shift 2 ;;
     --jobs) BUILD_JOBS=$2; shift 2 ;;
     --llama-port) LLAMA_PORT=$2; shift 2 ;;
     --strata-port) STRATA_PORT=$2; shift 2 ;;
@@ -88,6 +95,7 @@ while (($#)); do
     *) echo "cpu_vs_llamacpp: unknown flag $1" >&2; usage >&2; exit 2 ;;
   esac
 done
+[[ $LEVEL == native || $LEVEL == avx2 ]] || { echo "cpu_vs_llamacpp: --level must be native or avx2, got '$LEVEL'" >&2; exit 2; }
 for v in THREADS REPS PROMPT_TOKENS GEN_TOKENS BATCH HTTP_ROUNDS BUILD_JOBS LLAMA_PORT STRATA_PORT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "cpu_vs_llamacpp: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
@@ -115,9 +123,16 @@ trap 'exit 143' TERM
 # --- 1. llama.cpp ---------------------------------------------------------------------------------------------
 LCP_SRC=$LCP_DIR/llama_cpp_python-$LCP_VERSION/vendor/llama.cpp
 LCP_BUILD=$LCP_DIR/build-$LCP_VERSION
+LCP_LEVEL_FLAGS=(-DGGML_NATIVE=ON)
+if [ "$LEVEL" = avx2 ]; then
+  LCP_BUILD=$LCP_BUILD-avx2
+  LCP_LEVEL_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                   -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
+  STRATA_SETS+=(--set engine.cpu_kernels=avx2)
+fi
 LCP_BIN=$LCP_BUILD/bin
 LCP_TARGETS=(llama-bench llama-batched-bench llama-server)
-LCP_CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF
+LCP_CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release "${LCP_LEVEL_FLAGS[@]}" -DGGML_CUDA=OFF -DLLAMA_CURL=OFF
                  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF
                  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON)
 
@@ -153,7 +168,7 @@ build_llamacpp() {
     tar -xzf "$sdist" -C "$LCP_DIR"
     [ -f "$LCP_SRC/CMakeLists.txt" ] || die "$sdist has no vendor/llama.cpp/CMakeLists.txt"
   fi
-  log "configuring llama.cpp (Release, CPU only, GGML_NATIVE=ON: compiled for this machine's CPU, -march=native)"
+  log "configuring llama.cpp (Release, CPU only, ${LCP_LEVEL_FLAGS[*]})"
   cmake -S "$LCP_SRC" -B "$LCP_BUILD" -G Ninja "${LCP_CMAKE_FLAGS[@]}" >"$LCP_DIR/configure.log" 2>&1 \
     || { tail -30 "$LCP_DIR/configure.log" >&2; die "cmake configure failed (log: $LCP_DIR/configure.log)"; }
   log "building ${LCP_TARGETS[*]} with -j$BUILD_JOBS (several minutes on 2 cores; log: $LCP_DIR/build.log)"
@@ -165,7 +180,7 @@ build_llamacpp() {
 }
 
 build_llamacpp
-log "llama.cpp: GGML_NATIVE=ON (built with -march=native for this CPU), CPU backend only, no BLAS"
+log "llama.cpp: ${LCP_LEVEL_FLAGS[*]}, CPU backend only, no BLAS"
 ((BUILD_ONLY)) && exit 0
 
 # --- 2. the runs ----------------------------------------------------------------------------------------------

@@ -338,7 +338,8 @@ def main() -> int:
         (f"HTTP {B} streams mean TTFT", f"http_{B}_streams_mean_ttft_seconds", "ms"),
     ]
     print(f"\nStrata vs llama.cpp (llama-cpp-python {a.llamacpp_python_version}, llama.cpp "
-          f"{lcp_build.get('build_commit')}, GGML_NATIVE=ON), {machine.get('cpu')}, {a.threads} threads, "
+          f"{lcp_build.get('build_commit')}, {'GGML_NATIVE=ON' if 'GGML_NATIVE=ON' in a.cmake_flags else 'AVX2'}), "
+          f"{machine.get('cpu')}, {a.threads} threads, "
           f"{a.reps} rep(s); 1-min load average {machine['load_average_at_start'][0]:.2f} at start, "
           f"{machine['load_average_at_end'][0]:.2f} at end")
     print(f"{'case':<36} {'llama.cpp':>12} {'Strata':>12} {'Strata/llama.cpp':>17}")

@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/random_weight_blocks.h"
 #include "daemon/build_commit.h"
 #include "daemon/commands/machine_info.h"
 #include "kernels/cpu/packed_weight.h"
@@ -44,21 +45,8 @@ struct Shape {
   int64_t rows, cols;
 };
 
-// Valid blocks with every value bit random and scales set to 2^-7 (f16 0x2000): timings do not depend on values.
 std::vector<uint8_t> random_blocks(const Shape& s, std::mt19937& rng) {
-  const WeightFormatInfo& info = weight_format_info(s.format);
-  std::vector<uint8_t> data(size_t(s.rows * s.cols / info.block_elements * info.block_bytes));
-  for (uint8_t& b : data) b = uint8_t(rng());
-  const uint16_t scale = 0x2000;
-  for (size_t at = 0; at < data.size(); at += size_t(info.block_bytes)) {
-    if (s.format == WeightFormat::q6_k) {  // its d is last
-      std::memcpy(&data[at + 208], &scale, 2);
-      continue;
-    }
-    std::memcpy(&data[at], &scale, 2);
-    if (s.format == WeightFormat::q4_1 || s.format == WeightFormat::q4_k) std::memcpy(&data[at + 2], &scale, 2);
-  }
-  return data;
+  return bench::random_weight_blocks(s.format, s.rows, s.cols, rng);
 }
 
 double median_seconds(int reps, const std::function<void()>& run) {

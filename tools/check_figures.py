@@ -149,6 +149,42 @@ def int16_kernels(d: dict) -> str:
             f"{over('fp32 tiles (BLAS)', 'avx512_vnni rows16 int16', (128,))} at 128")
 
 
+def kernel_times(d: dict) -> dict:
+    """build/bench/quantized_matmul_paths --int8: microseconds by (matrix, rows of x) and kernel ("in place" named
+    "pairs", as the two untiled layouts share their rows)."""
+    times: dict = {}
+    for r in d["results"]:
+        times.setdefault((r["matrix"], r["rows_of_x"]), {})[r["kernel"].replace(" in place", " pairs")] = r["us"]
+    return times
+
+
+def avx2_tiles(d: dict) -> str:
+    """The AVX2 int16 tiles against AVX2's fp32 kernels, BLAS and the VNNI int16 tiles."""
+    times = kernel_times(d)
+
+    def over(numerator: str, denominator: str, rows) -> str:
+        values = [k[numerator] / k[denominator] for (_, n), k in times.items()
+                  if n in rows and numerator in k and denominator in k]
+        return f"{min(values):.2f}-{max(values):.2f}x"
+
+    tiles = "avx2 rows16 int16"
+    return (f"AVX2's fp32 kernels take {over('avx2 pairs fp32', tiles, (1,))} the AVX2 int16 tiles' time at one row "
+            f"of x and {over('avx2 pairs fp32', tiles, (8,))} at 8, BLAS on dequantized tiles "
+            f"{over('fp32 tiles (BLAS)', tiles, (128,))} at 128; the AVX2 int16 tiles take "
+            f"{over(tiles, 'avx512_vnni rows16 int16', (1,))} the VNNI ones' time at one row and "
+            f"{over(tiles, 'avx512_vnni rows16 int16', (128,))} at 128")
+
+
+def integer_peak(d: dict) -> str:
+    """build/bench/integer_product_peak: the VNNI peak and its tile kernels' share of it."""
+    p = d["peaks"]["avx512_vnni vpdpbusd zmm"]
+    return (f"{p['giga_products_per_second_one_core']:.0f} G products/s on one core, "
+            f"{p['giga_products_per_second_all']:.0f} on both; the int16 tiles reach "
+            f"{p['tiles_int16_128_rows']['giga_products_per_second']:.0f} ("
+            f"{p['tiles_int16_128_rows']['share_of_peak']:.0%}), the int8 ones "
+            f"{p['tiles_int8_128_rows']['giga_products_per_second']:.0f} ({p['tiles_int8_128_rows']['share_of_peak']:.0%})")
+
+
 def prefill_before_after(d: dict) -> str:
     m = d["median"]
     return (f"prefill of 128 tokens {m['prefill batch 1: after / before']:.2f}x at batch 1 and "
@@ -204,6 +240,13 @@ CLAIMS = [
           lambda d: f"(f32: {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
                     f"{ratios(d)['prefill_128']:.2f}x)"),
     Claim("bench/results/README.md", "cpu-int16-kernels-epyc-avx512vnni.json", int16_kernels),
+    Claim("bench/results/README.md", "cpu-int16-kernels-avx2-tiles-epyc-avx512vnni.json", avx2_tiles),
+    Claim("bench/results/README.md", "cpu-integer-product-peak-epyc-avx512vnni.json", integer_peak),
+    *(Claim("bench/results/README.md", source, check)
+      for source in ("cpu-avx2-level-int16-vs-f32.json", "cpu-q4km-avx2-level-int16-vs-f32.json")
+      for check in (before_after, prefill_before_after)),
+    Claim("README.md", "cpu-q4km-avx2-level-int16-vs-f32.json",
+          lambda d: f"the Q4_K_M file's batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x"),
     *(Claim("bench/results/README.md", source, before_after)
       for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json",
                      "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json",
