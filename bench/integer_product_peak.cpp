@@ -119,7 +119,9 @@ double tile_kernel_giga_products_per_second(strata::cpu::CpuIsa isa, int digits)
   std::vector<double> seconds;
   for (int pass = 0; pass < 6; ++pass) {
     const Clock::time_point start = Clock::now();
-    for (const cpu::OwnedPackedWeight& w : tiles) cpu::quantized_matmul_integer(rounded, x_hat.data(), w.view, out.data(), isa);
+    for (const cpu::OwnedPackedWeight& w : tiles) {
+      cpu::quantized_matmul_integer(rounded, x_hat.data(), w.view, out.data(), isa);
+    }
     if (pass > 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());  // pass 0 warms
   }
   std::sort(seconds.begin(), seconds.end());

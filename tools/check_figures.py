@@ -129,26 +129,6 @@ def before_after(d: dict) -> str:
                      + (" tok/s)" if b == 1 else ")") for b in (1, 8))
 
 
-def int16_kernels(d: dict) -> str:
-    """build/bench/quantized_matmul_paths --int8: the int16 tiles' time against int8's and against the fp32 kernels'."""
-    times: dict = {}
-    for r in d["results"]:
-        times.setdefault((r["matrix"], r["rows_of_x"]), {})[r["kernel"].replace(" in place", " pairs")] = r["us"]
-
-    def span(values: list) -> str:
-        return f"{min(values):.2f}-{max(values):.2f}x"
-
-    def over(numerator: str, denominator: str, rows) -> str:
-        return span([k[numerator] / k[denominator] for (_, n), k in times.items() if n in rows])
-
-    fp32 = "avx512_vnni pairs fp32"
-    return (f"at one row of x int16 takes {over('avx512_vnni rows16 int16', 'avx512_vnni rows16', (1,))} int8's "
-            f"time, from 8 rows {over('avx512_vnni rows16 int16', 'avx512_vnni rows16', (8, 16, 32, 64, 128))}; "
-            f"the fp32 kernels take {over(fp32, 'avx512_vnni rows16 int16', (1,))} int16's time at one row and "
-            f"{over(fp32, 'avx512_vnni rows16 int16', (8,))} at 8, BLAS on dequantized tiles "
-            f"{over('fp32 tiles (BLAS)', 'avx512_vnni rows16 int16', (128,))} at 128")
-
-
 def kernel_times(d: dict) -> dict:
     """build/bench/quantized_matmul_paths --int8: microseconds by (matrix, rows of x) and kernel ("in place" named
     "pairs", as the two untiled layouts share their rows)."""
@@ -158,21 +138,31 @@ def kernel_times(d: dict) -> dict:
     return times
 
 
+def time_ratios(times: dict, numerator: str, denominator: str, rows) -> str:
+    """The span of one kernel's time over another's, on every matrix timed with both at those rows of x."""
+    values = [k[numerator] / k[denominator] for (_, n), k in times.items()
+              if n in rows and numerator in k and denominator in k]
+    return f"{min(values):.2f}-{max(values):.2f}x"
+
+
+def int16_kernels(d: dict) -> str:
+    """build/bench/quantized_matmul_paths --int8: the int16 tiles' time against int8's and against the fp32 kernels'."""
+    t, int16, int8, fp32 = kernel_times(d), "avx512_vnni rows16 int16", "avx512_vnni rows16", "avx512_vnni pairs fp32"
+    return (f"at one row of x int16 takes {time_ratios(t, int16, int8, (1,))} int8's "
+            f"time, from 8 rows {time_ratios(t, int16, int8, (8, 16, 32, 64, 128))}; "
+            f"the fp32 kernels take {time_ratios(t, fp32, int16, (1,))} int16's time at one row and "
+            f"{time_ratios(t, fp32, int16, (8,))} at 8, BLAS on dequantized tiles "
+            f"{time_ratios(t, 'fp32 tiles (BLAS)', int16, (128,))} at 128")
+
+
 def avx2_tiles(d: dict) -> str:
     """The AVX2 int16 tiles against AVX2's fp32 kernels, BLAS and the VNNI int16 tiles."""
-    times = kernel_times(d)
-
-    def over(numerator: str, denominator: str, rows) -> str:
-        values = [k[numerator] / k[denominator] for (_, n), k in times.items()
-                  if n in rows and numerator in k and denominator in k]
-        return f"{min(values):.2f}-{max(values):.2f}x"
-
-    tiles = "avx2 rows16 int16"
-    return (f"AVX2's fp32 kernels take {over('avx2 pairs fp32', tiles, (1,))} the AVX2 int16 tiles' time at one row "
-            f"of x and {over('avx2 pairs fp32', tiles, (8,))} at 8, BLAS on dequantized tiles "
-            f"{over('fp32 tiles (BLAS)', tiles, (128,))} at 128; the AVX2 int16 tiles take "
-            f"{over(tiles, 'avx512_vnni rows16 int16', (1,))} the VNNI ones' time at one row and "
-            f"{over(tiles, 'avx512_vnni rows16 int16', (128,))} at 128")
+    t, tiles, fp32 = kernel_times(d), "avx2 rows16 int16", "avx2 pairs fp32"
+    return (f"AVX2's fp32 kernels take {time_ratios(t, fp32, tiles, (1,))} the AVX2 int16 tiles' time at one row "
+            f"of x and {time_ratios(t, fp32, tiles, (8,))} at 8, BLAS on dequantized tiles "
+            f"{time_ratios(t, 'fp32 tiles (BLAS)', tiles, (128,))} at 128; the AVX2 int16 tiles take "
+            f"{time_ratios(t, tiles, 'avx512_vnni rows16 int16', (1,))} the VNNI ones' time at one row and "
+            f"{time_ratios(t, tiles, 'avx512_vnni rows16 int16', (128,))} at 128")
 
 
 def integer_peak(d: dict) -> str:

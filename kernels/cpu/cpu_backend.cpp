@@ -227,7 +227,8 @@ class CpuBackend final : public Backend {
   // quantized_dot_avx2_tiles.cpp, where Q8_0's pairs are faster); everything else as pairs.
   cpu::PairPacking pair_packing(WeightFormat format) const {
     const cpu::CpuIsa isa = cpu::best_cpu_isa();
-    const bool tiles = isa == cpu::CpuIsa::avx512_vnni || (isa != cpu::CpuIsa::baseline && format != WeightFormat::q8_0);
+    const bool tiles =
+        isa == cpu::CpuIsa::avx512_vnni || (isa != cpu::CpuIsa::baseline && format != WeightFormat::q8_0);
     return activations_ != ActivationDtype::f32 && tiles ? cpu::PairPacking::rows16 : cpu::PairPacking::pairs;
   }
 

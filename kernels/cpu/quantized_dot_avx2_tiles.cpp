@@ -45,7 +45,9 @@ inline __m256i broadcast_four(const int8_t* q) {
 template <int N>
 inline __m256i pair_sums(const __m256i (&codes)[N], int begin, int end, const int8_t* q) {
   __m256i sum = _mm256_maddubs_epi16(codes[begin], broadcast_four(q + 4 * begin));
-  for (int c = begin + 1; c < end; ++c) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[c], broadcast_four(q + 4 * c)));
+  for (int c = begin + 1; c < end; ++c) {
+    sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[c], broadcast_four(q + 4 * c)));
+  }
   return sum;
 }
 
@@ -184,7 +186,8 @@ void tile_halves(const PackedWeight& w, int64_t row_begin, int64_t row_end, int 
     }
     for (int h = 0; h < Halves; ++h) {
       for (int r = 0; r < R; ++r) {
-        _mm256_storeu_ps(out + r * out_stride + t * kTileRows16 + 8 * (first + h), _mm256_add_ps(acc[h][r], offsets[h][r]));
+        _mm256_storeu_ps(out + r * out_stride + t * kTileRows16 + 8 * (first + h),
+                         _mm256_add_ps(acc[h][r], offsets[h][r]));
       }
     }
   }
