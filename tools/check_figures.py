@@ -196,7 +196,7 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "epyc-avx512vnni-int8-5a23255", "q4km-epyc-avx512vnni", "q4km-epyc-avx512vnni-int8-3b3b1cb",
                  "q4km-epyc-avx512vnni-int8-ea78d88", "q4km-epyc-avx512vnni-int8", "epyc-avx512vnni-int16",
                  "q4km-epyc-avx512vnni-int16", "epyc-avx512vnni-int16-5824a42", "q4km-epyc-avx512vnni-int16-5824a42",
-                 "q4km-epyc-avx512vnni-int8-f17136b")
+                 "q4km-epyc-avx512vnni-int8-f17136b", "q4km-epyc-at-avx2", "epyc-at-avx2")
 
 CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16-5824a42.json",
@@ -235,6 +235,8 @@ CLAIMS = [
     *(Claim("bench/results/README.md", source, check)
       for source in ("cpu-avx2-level-int16-vs-f32.json", "cpu-q4km-avx2-level-int16-vs-f32.json")
       for check in (before_after, prefill_before_after)),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-at-avx2.json", lambda d: f"SmolLM2's file {decode_span(d)}"),
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-at-avx2.json", lambda d: f"the Q4_K_M one {decode_span(d)})"),
     Claim("README.md", "cpu-q4km-avx2-level-int16-vs-f32.json",
           lambda d: f"the Q4_K_M file's batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x"),
     *(Claim("bench/results/README.md", source, before_after)
