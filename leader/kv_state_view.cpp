@@ -86,7 +86,7 @@ std::string render_kv_state(const RankGrid& grid, const std::vector<RankReport>&
                     {"policy", s.policy.empty() ? "(server default)" : s.policy},
                     {"prompt_tokens", s.prompt_tokens},
                     {"generated_tokens", s.generated_tokens},
-                    {"cached_tokens", s.cached_tokens},
+                    {"uncompressed_tokens", s.uncompressed_tokens},
                     {"prefix_blocks_shared", s.prefix_blocks_shared},
                     {"prefix_blocks_published", s.prefix_blocks_published},
                     {"prefix_compressed", s.prefix_compressed},

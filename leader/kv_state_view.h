@@ -20,7 +20,7 @@ struct KvStateSequence {
   std::string policy;   // the request's policy spec; empty: the server's configuration
   int prompt_tokens = 0;
   int generated_tokens = 0;
-  int cached_tokens = 0;
+  int uncompressed_tokens = 0;  // tokens whose KV it has computed: what each layer holds before any compression
   int prefix_blocks_shared = 0;     // cached blocks its KV started from (shared with the cache and other sequences)
   int prefix_blocks_published = 0;  // its own prompt blocks it published to the cache since
   bool prefix_compressed = false;   // the shared blocks are a compressed prefix ([shared-compressed])

@@ -49,15 +49,15 @@ class PrintingSink final : public GenerationSink {
   // The engine publishes the KV state before a step's tokens go out: this is the cache that produced them.
   void print_tokens(const ChoiceDelta& d) const {
     nlohmann::json layer_tokens = nlohmann::json::array();
-    int64_t cached_tokens = 0;  // what every layer would hold uncompressed
+    int64_t uncompressed_tokens = 0;  // what every layer would hold uncompressed
     const nlohmann::json state = nlohmann::json::parse(engine_->kv_state_json());
     for (const auto& seq : state["sequences"]) {
-      cached_tokens = seq["cached_tokens"];
+      uncompressed_tokens = seq["uncompressed_tokens"];
       for (const auto& layer : seq["layers"]) layer_tokens.push_back(layer["tokens"]);
     }
     for (size_t i = 0; i < d.token_ids.size(); ++i) {
       nlohmann::json line = {
-          {"token", d.token_ids[i]}, {"layer_tokens", layer_tokens}, {"cached_tokens", cached_tokens}};
+          {"token", d.token_ids[i]}, {"layer_tokens", layer_tokens}, {"uncompressed_tokens", uncompressed_tokens}};
       if (i < d.logprobs.size()) {
         line["logprob"] = d.logprobs[i].logprob;
         nlohmann::json top = nlohmann::json::array();

@@ -96,16 +96,16 @@ def test_pyramidkv_holds_the_schedule_in_every_layer(server, model_name):
     [seq] = before["sequences"]
     assert seq["prompt_tokens"] == len(ids)
     assert seq["prefill_compression"] == "chunked"  # kv_cache.prefill_compression auto, and PyramidKV has the form
-    decoded = seq["cached_tokens"] - seq["prompt_tokens"]  # entries appended after the prompt
+    decoded = seq["uncompressed_tokens"] - seq["prompt_tokens"]  # entries appended after the prompt
     for layer in seq["layers"]:
         assert layer["tokens"] - decoded == expected[layer["layer"]], (layer, expected[layer["layer"]], decoded)
-        assert layer["uncompressed_tokens"] == seq["cached_tokens"]
+        assert layer["uncompressed_tokens"] == seq["uncompressed_tokens"]
         assert layer["policy"].startswith("pyramidkv")
     # The first layers keep the most, the last the least (the pyramid).
     assert expected[0] > expected[-1]
 
     # /metrics between the two snapshots: tokens = schedule + what was decoded by then; bytes = whole blocks.
-    decoded_after = after["sequences"][0]["cached_tokens"] - len(ids) if after["sequences"] else decoded + 400
+    decoded_after = after["sequences"][0]["uncompressed_tokens"] - len(ids) if after["sequences"] else decoded + 400
     block_bytes = before["block_bytes"]
     held_bytes = 0
     for layer in range(N_LAYERS):

@@ -56,15 +56,15 @@ def test_d2o_layers_hold_the_budget_the_policy_reports(server, model_name):
 
     [seq] = before["sequences"]
     assert seq["prompt_tokens"] == len(ids)
-    decoded = seq["cached_tokens"] - len(ids)
+    decoded = seq["uncompressed_tokens"] - len(ids)
     assert decoded >= 2
     layers = {layer["layer"]: layer for layer in seq["layers"]}
     capacity = {}
     for l, layer in layers.items():
         assert layer["policy"].startswith("d2o"), layer
-        assert layer["uncompressed_tokens"] == seq["cached_tokens"]
+        assert layer["uncompressed_tokens"] == seq["uncompressed_tokens"]
         if l in EXEMPT:
-            assert "capacity" not in layer and layer["tokens"] == seq["cached_tokens"], layer
+            assert "capacity" not in layer and layer["tokens"] == seq["uncompressed_tokens"], layer
             continue
         capacity[l] = layer["capacity"]
         assert layer["tokens"] == capacity[l], layer  # exactly S, one eviction per step after the first
@@ -77,7 +77,7 @@ def test_d2o_layers_hold_the_budget_the_policy_reports(server, model_name):
     assert sum(capacity.values()) < 0.5 * len(ids) * len(capacity)  # it does compress
     assert any(layers[l].get("merged_tokens", 0) > 0 for l in capacity), "no evicted entry was merged"
 
-    decoded_after = after["sequences"][0]["cached_tokens"] - len(ids) if after["sequences"] else decoded + 300
+    decoded_after = after["sequences"][0]["uncompressed_tokens"] - len(ids) if after["sequences"] else decoded + 300
     block_bytes = before["block_bytes"]
     for l in range(N_LAYERS):
         tokens = metric(samples, "strata_kv_layer_tokens", layer=l, pp_stage=0, tp_rank=0)

@@ -69,7 +69,7 @@ def consistent_snapshot(base_url):
         samples = metrics(base_url)
         after = requests.get(f"{base_url}/v1/kv_state", timeout=30).json()
         if before["sequences"] and after["sequences"] and \
-                before["sequences"][0]["cached_tokens"] == after["sequences"][0]["cached_tokens"]:
+                before["sequences"][0]["uncompressed_tokens"] == after["sequences"][0]["uncompressed_tokens"]:
             return before, samples
         time.sleep(0.05)
     raise AssertionError("no consistent snapshot of /v1/kv_state and /metrics")
@@ -90,7 +90,7 @@ def test_spindlekv_layers_hold_the_schedule_and_report_codebooks(server, model_n
         state, samples = consistent_snapshot(server.base_url)
 
     [seq] = state["sequences"]
-    decoded = seq["cached_tokens"] - len(ids)
+    decoded = seq["uncompressed_tokens"] - len(ids)
     assert decoded >= 1
     block_bytes = state["block_bytes"]
     assert block_bytes == 2 * N_KV_HEADS * BLOCK_SIZE * HEAD_DIM * 4
