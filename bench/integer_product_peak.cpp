@@ -1,8 +1,7 @@
 // How many int8 products (unsigned x signed bytes, summed) a core of this machine can do per second: the yardstick
-// of a prefill chunk's matrix products with integer activations, which their multiplies bound ([cpu-xeon]: the
-// tile kernels' rate in bench/quantized_matmul_paths against this). A loop of independent multiply-adds on
-// registers only, no loads: vpdpbusd on zmm (64 products) where the machine has AVX-512 VNNI, and on AVX2 the pair
-// the AVX2 kernels use for it, vpmaddubsw then vpmaddwd (32 products).
+// of a prefill chunk's matrix products with integer activations, which their multiplies bound ([cpu-xeon]). A loop
+// of independent multiply-adds on registers only, no loads: vpdpbusd on zmm (64 products) where the machine has
+// AVX-512 VNNI, and on AVX2 the pair the AVX2 kernels use for it, vpmaddubsw then vpmaddwd (32 products).
 //
 //   build/bench/integer_product_peak [--threads 2] [--out FILE]
 //
@@ -12,9 +11,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <random>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>

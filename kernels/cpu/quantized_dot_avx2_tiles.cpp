@@ -149,26 +149,32 @@ void tile_halves(const PackedWeight& w, int64_t row_begin, int64_t row_end, int 
     if constexpr (Layout == PackedLayout::k6_rows16) {
       for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
         const uint8_t* super = tile + sb * kK6Rows16SuperBytes;
+        __m256 d_super[Halves];
+        for (int h = 0; h < Halves; ++h) d_super[h] = row_halves_ps(super + 16 * (first + h));
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 32 + j * kK6Rows16SubBytes;
           if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           for (int h = 0; h < Halves; ++h) {
-            k6_block_into<R, Digits>(sub, first + h, row_halves_ps(super + 16 * (first + h)), x, a0, 8 * sb + j,
-                                     acc[h], offsets[h]);
+            k6_block_into<R, Digits>(sub, first + h, d_super[h], x, a0, 8 * sb + j, acc[h], offsets[h]);
           }
         }
       }
     } else if constexpr (Layout == PackedLayout::k4_rows16) {
       for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
         const uint8_t* super = tile + sb * kK4Rows16SuperBytes;
+        __m256 d_super[Halves], dmin[Halves];
+        for (int h = 0; h < Halves; ++h) {
+          d_super[h] = row_halves_ps(super + 16 * (first + h));
+          dmin[h] = row_halves_ps(super + 32 + 16 * (first + h));
+        }
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 64 + j * kK4Rows16SubBytes;
           if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           for (int h = 0; h < Halves; ++h) {
             const int half = first + h;
-            const __m256 d = _mm256_mul_ps(row_halves_ps(super + 16 * half), row_bytes_ps(sub + 8 * half));
-            const __m256 m = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(row_halves_ps(super + 32 + 16 * half),
-                                                                              row_bytes_ps(sub + 16 + 8 * half)));
+            const __m256 d = _mm256_mul_ps(d_super[h], row_bytes_ps(sub + 8 * half));
+            const __m256 m =
+                _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin[h], row_bytes_ps(sub + 16 + 8 * half)));
             block_into<R, Digits>(sub + 32, half, d, m, x, a0, 8 * sb + j, acc[h], offsets[h]);
           }
         }

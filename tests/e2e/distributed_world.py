@@ -16,7 +16,7 @@ CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 WORLD_TIMEOUT_S = 240
 # Small pools: the tests hold a few hundred tokens; every rank carves its own pool. fp32 activations: a world is
 # held to one process at the fp32 path's tolerance, where only the order of sums differs. The default int16
-# activations (on AVX-512 VNNI) round every matmul's input, so a reordered sum can put an activation on the other
+# activations (from AVX2 up) round every matmul's input, so a reordered sum can put an activation on the other
 # side of a rounding step and a world's log-probabilities move further (test_distributed.py checks that path at
 # its own tolerance).
 COMMON_SETTINGS = ("engine.threads=1", "kv_cache.memory_mib=48", "engine.activation_dtype=f32")

@@ -79,7 +79,7 @@ LEVELS = ["baseline", "avx2", "avx512", "avx512_vnni"]
 def test_cpu_kernels_runs_a_level_below_the_machines_best_and_auto_follows_it():
     """engine.cpu_kernels=avx2 on any x86-64-v3 machine: the start-up line names avx2, auto picks int16 there (its
     AVX2 tile kernel), and a request gets the greedy tokens the machine's best level gives it (the two tile kernels
-    give the same floats)."""
+    give the same floats; Q8_0, in pairs at AVX2, the same rounded products up to the order of their sums)."""
     best = expected_cpu_kernels()
     if best == "baseline":
         pytest.skip("no x86-64-v3")
