@@ -18,6 +18,10 @@
 #
 # --level avx2 compares the two engines' AVX2 code on a machine with more: llama.cpp built for x86-64-v3 (AVX, AVX2,
 # FMA, F16C, BMI2; no AVX-512), in build-llamacpp/build-VERSION-avx2/, and Strata with engine.cpu_kernels=avx2.
+# --level native-noamx builds llama.cpp natively but without AMX (-mno-amx-*), in build-VERSION-noamx/: on a machine
+# that reports AMX, run both native levels and keep both files, since a VM has been seen to report AMX and trap its
+# tile instructions, where llama.cpp's native build crashes on batched work (Strata's AMX probe, the third line of
+# `strata --version`, says whether this machine grants them).
 #
 # Run it on an idle machine: on a shared one the numbers mean little (bench/results/README.md).
 # `bench/cpu_vs_llamacpp.sh --help` lists the flags.
@@ -63,8 +67,9 @@ usage: bench/cpu_vs_llamacpp.sh [flags]
   --strata FILE       the Strata binary (default $STRATA)
   --strata-set K=V    an extra --set for strata bench and strata serve (repeatable), e.g. model.weight_dtype=q8_0
   --llamacpp-dir DIR  where llama.cpp is unpacked and built (default $LCP_DIR)
-  --level native|avx2 both engines at this machine's best, or at AVX2 (llama.cpp built for x86-64-v3, Strata with
-                      engine.cpu_kernels=avx2; default $LEVEL)
+  --level native|native-noamx|avx2
+                      both engines at this machine's best, llama.cpp's without AMX, or both at AVX2 (llama.cpp
+                      built for x86-64-v3, Strata with engine.cpu_kernels=avx2; default $LEVEL)
   --jobs N            parallel compile jobs for llama.cpp (default $BUILD_JOBS)
   --llama-port P, --strata-port P   HTTP ports (default $LLAMA_PORT, $STRATA_PORT)
   --out FILE          the JSON written (default $OUT)
@@ -95,7 +100,8 @@ while (($#)); do
     *) echo "cpu_vs_llamacpp: unknown flag $1" >&2; usage >&2; exit 2 ;;
   esac
 done
-[[ $LEVEL == native || $LEVEL == avx2 ]] || { echo "cpu_vs_llamacpp: --level must be native or avx2, got '$LEVEL'" >&2; exit 2; }
+[[ $LEVEL == native || $LEVEL == native-noamx || $LEVEL == avx2 ]] \
+  || { echo "cpu_vs_llamacpp: --level must be native, native-noamx or avx2, got '$LEVEL'" >&2; exit 2; }
 for v in THREADS REPS PROMPT_TOKENS GEN_TOKENS BATCH HTTP_ROUNDS BUILD_JOBS LLAMA_PORT STRATA_PORT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "cpu_vs_llamacpp: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
@@ -129,6 +135,10 @@ if [ "$LEVEL" = avx2 ]; then
   LCP_LEVEL_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
                    -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
   STRATA_SETS+=(--set engine.cpu_kernels=avx2)
+elif [ "$LEVEL" = native-noamx ]; then
+  LCP_BUILD=$LCP_BUILD-noamx
+  LCP_LEVEL_FLAGS=(-DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+                   "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 fi
 LCP_BIN=$LCP_BUILD/bin
 LCP_TARGETS=(llama-bench llama-batched-bench llama-server)

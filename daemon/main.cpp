@@ -5,6 +5,7 @@
 
 #include "daemon/build_commit.h"
 #include "daemon/commands/commands.h"
+#include "kernels/cpu/amx_probe.h"
 #include "kernels/cpu/quantized_dot.h"
 
 namespace {
@@ -31,13 +32,16 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The AMX probe catches SIGILL and SIGSEGV for the moment its tile product runs: here, before any thread starts.
+  strata::cpu::amx_probe();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     print_usage();
     return argc < 2 ? 2 : 0;
   }
   if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
     std::cout << "strata " << strata::build_commit() << "\n"
-              << "cpu kernels: " << strata::cpu::cpu_isa_name(strata::cpu::best_cpu_isa()) << "\n";
+              << "cpu kernels: " << strata::cpu::cpu_isa_name(strata::cpu::best_cpu_isa()) << "\n"
+              << "amx: " << strata::cpu::amx_summary() << "\n";
     return 0;
   }
   const std::string command = argv[1];

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cache/prefill_footprint.h"
+#include "kernels/cpu/amx_probe.h"
 #include "kernels/cpu/quantized_dot.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -322,7 +323,8 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
   // How many sealed groups a block's memory packs: what quantization really saves (int8 on a bf16 pool: one).
   if (layout.quant != KvQuant::none) std::cerr << " (" << layout.quantized_per_slot() << " sealed groups a block)";
   std::cerr << ", backend " << rt.backend->name() << " (CPU kernels " << cpu::cpu_isa_name(cpu::best_cpu_isa());
-  std::cerr << ", " << activations_name(config) << " activations)\n";
+  std::cerr << ", " << activations_name(config) << " activations, AMX "
+            << cpu::amx_state_name(cpu::amx_probe().state) << ")\n";
 }
 
 }  // namespace

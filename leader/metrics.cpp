@@ -218,10 +218,11 @@ void ServerMetrics::set_kv_blocks(int64_t n_free, int64_t n_total, int block_siz
 }
 
 void ServerMetrics::set_build_info(const std::string& commit, const std::string& backend,
-                                   const std::string& cpu_kernels) {
+                                   const std::string& cpu_kernels, const std::string& amx) {
   gauge_family(*registry_, "strata_build_info",
-               "1, labelled with the commit built, the backend and the instruction-set level of the CPU kernels.")
-      .Add({{"commit", commit}, {"backend", backend}, {"cpu_kernels", cpu_kernels}})
+               "1, labelled with the commit built, the backend, the instruction-set level of the CPU kernels and "
+               "what the AMX probe found (absent, refused, trapped, usable).")
+      .Add({{"commit", commit}, {"backend", backend}, {"cpu_kernels", cpu_kernels}, {"amx", amx}})
       .Set(1);
 }
 

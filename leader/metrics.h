@@ -49,9 +49,10 @@ class ServerMetrics {
   // Prefix caching: the blocks of one layer in the cache, used or not.
   void set_layer_prefix_cached(int layer, int pp_stage, int tp_rank, int64_t blocks);
   void set_requests(int n_running, int n_waiting);
-  // strata_build_info{commit, backend, cpu_kernels} 1: which code serves, so a dashboard can tell ranks, rollouts
+  // strata_build_info{commit, backend, cpu_kernels, amx} 1: which code serves, so a dashboard can tell ranks, rollouts
   // and machine kinds apart.
-  void set_build_info(const std::string& commit, const std::string& backend, const std::string& cpu_kernels);
+  void set_build_info(const std::string& commit, const std::string& backend, const std::string& cpu_kernels,
+                      const std::string& amx);
 
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <thread>
 
+#include "kernels/cpu/amx_probe.h"
 #include "kernels/cpu/quantized_dot.h"
 
 namespace strata {
@@ -19,7 +20,8 @@ static std::string cpu_model() {
 nlohmann::json machine_json() {
   return {{"cpu", cpu_model()},
           {"hardware_threads", std::thread::hardware_concurrency()},
-          {"cpu_kernels", cpu::cpu_isa_name(cpu::best_cpu_isa())}};
+          {"cpu_kernels", cpu::cpu_isa_name(cpu::best_cpu_isa())},
+          {"amx", cpu::amx_summary()}};
 }
 
 // An argument as a POSIX shell reads it back: as it is when it holds only safe characters, else in single

@@ -18,6 +18,7 @@
 #include "daemon/rank_world.h"
 #include "daemon/runtime.h"
 #include "leader/engine.h"
+#include "kernels/cpu/amx_probe.h"
 #include "kernels/cpu/quantized_dot.h"
 #include "leader/metrics.h"
 #include "rank/rank_worker.h"
@@ -186,7 +187,8 @@ int serve_command(int argc, char** argv) {
     if (!rt->tokenizer) throw ConfigError(config.file + ": model.path: a served model needs a tokenizer");
     std::unique_ptr<StepDispatcher> ranks = make_dispatcher(*rt, world.get());
     ServerMetrics metrics(rt->weights.config.max_context, layer_metrics());
-    metrics.set_build_info(build_commit(), rt->backend->name(), std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())));
+    metrics.set_build_info(build_commit(), rt->backend->name(), std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())),
+                           std::string(cpu::amx_state_name(cpu::amx_probe().state)));
     EngineOptions engine_settings = engine_options(config, *rt);
     std::mutex failure_mutex;
     std::string rank_failure;

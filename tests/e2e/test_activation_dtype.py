@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from serve_process import CONFIG, ServeProcess, strata_binary
-from test_build_commit import expected_cpu_kernels
+from test_build_commit import expected_amx_states, expected_cpu_kernels
 from support import ROOT
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a village by the sea,",
@@ -44,9 +44,9 @@ def test_a_request_gets_alone_what_it_gets_batched(server):
     assert together == alone
 
 
-def test_the_start_up_line_names_the_cpu_kernels_and_the_activations(server):
+def test_the_start_up_line_names_the_cpu_kernels_the_activations_and_amx(server):
     assert "(CPU kernels " in server.log_tail()
-    assert f", {server.dtype} activations)" in server.log_tail()
+    assert any(f", {server.dtype} activations, AMX {state})" in server.log_tail() for state in expected_amx_states())
 
 
 @pytest.mark.parametrize("sets, key", [
@@ -68,7 +68,7 @@ def test_auto_is_int16_where_the_machine_has_an_integer_tile_kernel_and_f32_else
     try:
         s.wait_ready()
         expected = "f32" if expected_cpu_kernels() == "baseline" else "int16"
-        assert f", {expected} activations)" in s.log_tail()
+        assert f", {expected} activations, AMX " in s.log_tail()
     finally:
         s.stop()
 
@@ -88,7 +88,7 @@ def test_cpu_kernels_runs_a_level_below_the_machines_best_and_auto_follows_it():
         s = ServeProcess([f"engine.cpu_kernels={level}", "kv_cache.memory_mib=64"], f"strata serve (cpu {level})")
         try:
             s.wait_ready()
-            assert f"(CPU kernels {best if level == 'auto' else level}, int16 activations)" in s.log_tail()
+            assert f"(CPU kernels {best if level == 'auto' else level}, int16 activations, AMX " in s.log_tail()
             texts[level] = [complete(s, p) for p in PROMPTS[:2]]
         finally:
             s.stop()

@@ -23,29 +23,46 @@ def version_lines():
     return result.stdout.strip().splitlines()
 
 
+def cpu_flags():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
 def expected_cpu_kernels():
     """The level kernels/cpu/quantized_dot.cpp should pick, read from the kernel's own flags: x86-64-v4 needs
     AVX-512 F, BW, DQ and VL; x86-64-v3 AVX2, FMA, F16C, BMI1/2, MOVBE and LZCNT (abm in /proc/cpuinfo); the
     avx512_vnni level v4 and AVX-512 VNNI."""
-    flags = set()
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
+    flags = cpu_flags()
     v3 = {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"} <= flags
     if v3 and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
         return "avx512_vnni" if "avx512_vnni" in flags else "avx512"
     return "avx2" if v3 else "baseline"
 
 
-def test_version_names_the_checked_out_commit_and_the_cpu_kernels():
-    assert version_lines() == [f"strata {checkout_commit()}", f"cpu kernels: {expected_cpu_kernels()}"]
+def expected_amx_states():
+    """What the AMX probe (kernels/cpu/amx_probe.h) may say: absent where the kernel lists no amx_tile and amx_int8;
+    where it does, whether Linux grants the tile state and the VM runs a tile product is the probe's to find."""
+    if {"amx_tile", "amx_int8"} <= cpu_flags():
+        return {"refused", "trapped", "usable"}
+    return {"absent"}
 
 
-def test_metrics_label_the_build_with_its_commit_backend_and_cpu_kernels(server):
+def test_version_names_the_checked_out_commit_the_cpu_kernels_and_amx():
+    lines = version_lines()
+    assert lines[:2] == [f"strata {checkout_commit()}", f"cpu kernels: {expected_cpu_kernels()}"]
+    assert len(lines) == 3 and lines[2].startswith("amx: "), lines
+    state, _, reason = lines[2].removeprefix("amx: ").partition(" (")
+    assert state in expected_amx_states() and reason.endswith(")") and len(reason) > 1, lines[2]
+
+
+def test_metrics_label_the_build_with_its_commit_backend_cpu_kernels_and_amx(server):
     commit = version_lines()[0].removeprefix("strata ")
+    amx = version_lines()[2].removeprefix("amx: ").partition(" (")[0]
+    assert amx in expected_amx_states()
     assert metric(metrics(server.base_url), "strata_build_info", commit=commit, backend="cpu",
-                  cpu_kernels=expected_cpu_kernels()) == 1
+                  cpu_kernels=expected_cpu_kernels(), amx=amx) == 1
 
 
 def test_an_eval_result_records_its_commit_and_activations(tmp_path):
