@@ -47,7 +47,9 @@ def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
     server = serve("server.drain_timeout_s=120")
     # The long stream runs first; engine.max_running=2: one more runs beside it, and the last two wait in the queue
     # when the signal comes. (Started together, the short ones could run first and be gone before the look below.)
-    calls = [CompletionCall(server.base_url, 256, True)]
+    # It is long enough to outlast the look at /health on a fast machine: at 256 tokens the server once drained
+    # and exited before it.
+    calls = [CompletionCall(server.base_url, 768, True)]
     assert calls[0].first_event.wait(60) and calls[0].events, "the first stream did not start"
     calls += [CompletionCall(server.base_url, tokens, stream)
               for tokens, stream in ((96, True), (32, False), (32, True))]
@@ -69,7 +71,7 @@ def test_sigterm_drains_running_and_queued_requests_then_exits_0(serve):
     assert refused.headers["Connection"] == "close"
     error_of(requests.get(f"{server.base_url}/v1/models", timeout=30), 503)
 
-    for call, max_tokens in zip(calls, (256, 96, 32, 32)):
+    for call, max_tokens in zip(calls, (768, 96, 32, 32)):
         response = call.result()
         assert response.status_code == 200, response.text[:500]
         if call.body["stream"]:
