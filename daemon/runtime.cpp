@@ -215,7 +215,7 @@ void make_model(const ServerConfig& config, const RankWorld* world, const RankGr
   }
   rt.model = std::make_unique<LlamaModel>(*rt.backend, rt.weights, comms);
   // The backend holds its own copies of what it repacked (or uploaded to the GPU): the mapping's pages need not stay
-  // in this process's memory. What is still read from the file (F32 norms, Q4_K and Q6_K blocks used in place)
+  // in this process's memory. What is still read from the file (F32 norms, k-quant blocks used in place)
   // comes back on first use.
   if (rt.gguf) rt.gguf->release_pages();
   // Pipeline micro-batches: by default one per stage, so that every stage has work once the pipeline is full.

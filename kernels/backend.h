@@ -56,7 +56,7 @@ class Backend {
   virtual Tensor alloc(int64_t rows, int64_t cols, DType dtype) = 0;
   virtual void free(Tensor& t) = 0;
   // Makes a host weight matrix available to the device once. The CPU backend uses f32 matrices and the blocks of
-  // Q4_K and Q6_K in place (the memory must outlive the backend) and repacks the other formats; a matrix, or a
+  // Q4_K, Q5_K and Q6_K in place (the memory must outlive the backend) and repacks the other formats; a matrix, or a
   // range of its rows, uploaded again shares what the first upload made (a tied output head). CUDA converts every
   // format to bf16. The result is f32, or DType::packed for the weight of matmul and embedding.
   virtual Tensor upload_weight(const WeightMatrix& w) = 0;

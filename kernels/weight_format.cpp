@@ -11,6 +11,7 @@ namespace {
 
 constexpr WeightFormatInfo kInfo[] = {
     {"f32", 1, 4}, {"q8_0", 32, 34}, {"q4_0", 32, 18}, {"q4_1", 32, 20}, {"q4_k", 256, 144}, {"q6_k", 256, 210},
+    {"q5_k", 256, 176},
 };
 
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
@@ -50,6 +51,10 @@ void dequantize_q8_0(const uint8_t* b, float* y, int64_t n_blocks) {
 
 void dequantize_q4_k(const uint8_t* b, float* y, int64_t n_blocks) {
   for (int64_t i = 0; i < n_blocks; ++i, b += 144, y += 256) dequantize_k_quant_block(b, b + 16, nullptr, y);
+}
+
+void dequantize_q5_k(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 176, y += 256) dequantize_k_quant_block(b, b + 48, b + 16, y);
 }
 
 void dequantize_q6_k(const uint8_t* b, float* y, int64_t n_blocks) {
@@ -108,6 +113,7 @@ void dequantize_weight_row(WeightFormat format, const void* src, float* dst, int
     case WeightFormat::q4_0: dequantize_q4_0(b, dst, n_blocks); break;
     case WeightFormat::q4_1: dequantize_q4_1(b, dst, n_blocks); break;
     case WeightFormat::q4_k: dequantize_q4_k(b, dst, n_blocks); break;
+    case WeightFormat::q5_k: dequantize_q5_k(b, dst, n_blocks); break;
     case WeightFormat::q6_k: dequantize_q6_k(b, dst, n_blocks); break;
   }
 }

@@ -6,6 +6,7 @@
 //   q4_0  32 per block, 18 bytes: f16 d, u8 qs[16] (low nibbles first half)   y = d * (q - 8)
 //   q4_1  32 per block, 20 bytes: f16 d, f16 m, u8 qs[16]                     y = d * q + m
 //   q4_k  256 per block, 144 bytes: 8 sub-blocks of 32 with 6-bit scales and mins
+//   q5_k  256 per block, 176 bytes: q4_k's scales and mins, and a fifth bit per value
 //   q6_k  256 per block, 210 bytes: 16 sub-blocks of 16 with int8 scales, 6-bit values
 #include <bit>
 #include <cstdint>
@@ -13,7 +14,7 @@
 
 namespace strata {
 
-enum class WeightFormat : uint8_t { f32, q8_0, q4_0, q4_1, q4_k, q6_k };
+enum class WeightFormat : uint8_t { f32, q8_0, q4_0, q4_1, q4_k, q6_k, q5_k };
 
 struct WeightFormatInfo {
   std::string_view name;

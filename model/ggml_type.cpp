@@ -95,9 +95,6 @@ void dequantize_q5_1(const uint8_t* b, float* y, int64_t n_blocks) {
   }
 }
 
-void dequantize_q5_k(const uint8_t* b, float* y, int64_t n_blocks) {
-  for (int64_t i = 0; i < n_blocks; ++i, b += 176, y += 256) dequantize_k_quant_block(b, b + 48, b + 16, y);
-}
 
 }  // namespace
 
@@ -113,6 +110,7 @@ std::optional<WeightFormat> weight_format_of(GgmlType type) {
     case GgmlType::q4_0: return WeightFormat::q4_0;
     case GgmlType::q4_1: return WeightFormat::q4_1;
     case GgmlType::q4_k: return WeightFormat::q4_k;
+    case GgmlType::q5_k: return WeightFormat::q5_k;
     case GgmlType::q6_k: return WeightFormat::q6_k;
     default: return std::nullopt;
   }
@@ -153,10 +151,10 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elemen
     case GgmlType::q4_1: dequantize_weight_row(WeightFormat::q4_1, src, dst, n_elements); break;
     case GgmlType::q8_0: dequantize_weight_row(WeightFormat::q8_0, src, dst, n_elements); break;
     case GgmlType::q4_k: dequantize_weight_row(WeightFormat::q4_k, src, dst, n_elements); break;
+    case GgmlType::q5_k: dequantize_weight_row(WeightFormat::q5_k, src, dst, n_elements); break;
     case GgmlType::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, dst, n_elements); break;
     case GgmlType::q5_0: dequantize_q5_0(b, dst, n_blocks); break;
     case GgmlType::q5_1: dequantize_q5_1(b, dst, n_blocks); break;
-    case GgmlType::q5_k: dequantize_q5_k(b, dst, n_blocks); break;
     default:
       throw std::invalid_argument("cannot dequantize ggml type " + std::string(t.name));
   }

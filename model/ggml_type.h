@@ -15,7 +15,7 @@ enum class GgmlType : uint32_t {
   q2_k = 10, q3_k = 11, q4_k = 12, q5_k = 13, q6_k = 14, q8_k = 15, bf16 = 30,
 };
 
-// The kernels' format that holds a GGML type as it is (f32, q8_0, q4_0, q4_1, q4_k, q6_k); none for the others.
+// The kernels' format that holds a GGML type as it is (f32, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k); none for the others.
 std::optional<WeightFormat> weight_format_of(GgmlType type);
 
 struct GgmlTypeTraits {

@@ -111,24 +111,30 @@ void pack_rows16_tile(const WeightMatrix& w, int64_t t, bool four_bit, uint8_t* 
   }
 }
 
-// Rows [16t, 16t + 16) of a Q4_K matrix into one k4_rows16 tile, whose bytes are zero.
-void pack_k4_rows16_tile(const WeightMatrix& w, int64_t t, uint8_t* dst) {
+// Rows [16t, 16t + 16) of a Q4_K or Q5_K matrix into one k4_rows16 or k5_rows16 tile, whose bytes are zero.
+void pack_k4_or_k5_rows16_tile(const WeightMatrix& w, int64_t t, uint8_t* dst) {
   const WeightFormatInfo& info = weight_format_info(w.format);
-  for (int64_t sb = 0; sb < w.cols / 256; ++sb, dst += kK4Rows16SuperBytes) {
+  const bool q5 = w.format == WeightFormat::q5_k;
+  const int64_t super_bytes = q5 ? kK5Rows16SuperBytes : kK4Rows16SuperBytes;
+  const int64_t sub_bytes = q5 ? kK5Rows16SubBytes : kK4Rows16SubBytes;
+  for (int64_t sb = 0; sb < w.cols / 256; ++sb, dst += super_bytes) {
     for (int lane = 0; lane < kTileRows16; ++lane) {
-      const uint8_t* src = w.row(kTileRows16 * t + lane) + sb * info.block_bytes;  // d, dmin, scales, nibbles
+      // d, dmin, scales, then Q4_K's nibbles, or Q5_K's fifth bits and nibbles
+      const uint8_t* src = w.row(kTileRows16 * t + lane) + sb * info.block_bytes;
+      const uint8_t* qs = src + (q5 ? 48 : 16);
       store_u16(dst + 2 * lane, load_u16(src));
       store_u16(dst + 32 + 2 * lane, load_u16(src + 2));
       for (int s = 0; s < 8; ++s) {
-        uint8_t* sub = dst + 64 + s * kK4Rows16SubBytes;
+        uint8_t* sub = dst + 64 + s * sub_bytes;
         int scale, min;
         k_quant_scale_min(src + 4, s, scale, min);
         sub[lane] = uint8_t(scale);
         sub[16 + lane] = uint8_t(min);
-        const uint8_t* nibbles = src + 16 + 32 * (s / 2);  // sub-block 2c: low nibbles of chunk c, 2c + 1: high
+        const uint8_t* nibbles = qs + 32 * (s / 2);  // sub-block 2c: low nibbles of chunk c, 2c + 1: high
         for (int v = 0; v < 32; ++v) {
           const Rows16Place at = rows16_place(v, lane, true);
           sub[32 + at.byte - 64] |= uint8_t(((nibbles[v] >> (4 * (s % 2))) & 0xF) << at.shift);
+          if (q5) sub[kK5Rows16FifthBits + 4 * lane + v % 4] |= uint8_t(((src[16 + v] >> s) & 1) << (v / 4));
         }
       }
     }
@@ -206,6 +212,11 @@ PackedShape packed_shape(const WeightMatrix& w, PairPacking packing) {
         return {PackedLayout::k4_rows16, w.cols / 256 * kK4Rows16SuperBytes / kTileRows16};
       }
       return {PackedLayout::q4_k, w.row_bytes()};
+    case WeightFormat::q5_k:
+      if (packing == PairPacking::rows16 && w.rows % kTileRows16 == 0) {
+        return {PackedLayout::k5_rows16, w.cols / 256 * kK5Rows16SuperBytes / kTileRows16};
+      }
+      return {PackedLayout::q5_k, w.row_bytes()};
     case WeightFormat::q6_k:
       if (packing == PairPacking::rows16 && w.rows % kTileRows16 == 0) {
         return {PackedLayout::k6_rows16, w.cols / 256 * kK6Rows16SuperBytes / kTileRows16};
@@ -230,7 +241,7 @@ int64_t pair_groups(int64_t cols) { return (cols / 32 + 1) / 2; }
 
 bool is_rows16(PackedLayout layout) {
   return layout == PackedLayout::u4_rows16 || layout == PackedLayout::u8_rows16 ||
-         layout == PackedLayout::k4_rows16 || layout == PackedLayout::k6_rows16;
+         layout == PackedLayout::k4_rows16 || layout == PackedLayout::k5_rows16 || layout == PackedLayout::k6_rows16;
 }
 
 Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, int lane) {
@@ -239,6 +250,7 @@ Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, 
   const bool four_bit = w.layout != PackedLayout::u8_rows16;
   const uint8_t* values;           // where rows16_place's byte 64 is
   const uint8_t* high = nullptr;   // k6_rows16: the high 2 bits
+  const uint8_t* fifth = nullptr;  // k5_rows16: the fifth bits
   if (w.layout == PackedLayout::k6_rows16) {
     const uint8_t* super = first + b / 8 * kK6Rows16SuperBytes;
     const uint8_t* sub = super + 32 + b % 8 * kK6Rows16SubBytes;
@@ -247,12 +259,14 @@ Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, 
     out.zero = 32;
     values = sub + 32 - 64;
     high = sub + kK6Rows16HighBits;
-  } else if (w.layout == PackedLayout::k4_rows16) {
-    const uint8_t* super = first + b / 8 * kK4Rows16SuperBytes;
-    const uint8_t* sub = super + 64 + b % 8 * kK4Rows16SubBytes;
+  } else if (w.layout == PackedLayout::k4_rows16 || w.layout == PackedLayout::k5_rows16) {
+    const bool k5 = w.layout == PackedLayout::k5_rows16;
+    const uint8_t* super = first + b / 8 * (k5 ? kK5Rows16SuperBytes : kK4Rows16SuperBytes);
+    const uint8_t* sub = super + 64 + b % 8 * (k5 ? kK5Rows16SubBytes : kK4Rows16SubBytes);
     out.d[0] = out.d[1] = fp16_to_fp32(load_u16(super + 2 * lane)) * float(sub[lane]);
     out.m[0] = out.m[1] = -(fp16_to_fp32(load_u16(super + 32 + 2 * lane)) * float(sub[16 + lane]));
     values = sub + 32 - 64;
+    if (k5) fifth = sub + kK5Rows16FifthBits;
   } else {
     const uint8_t* block = first + b * (four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes);
     out.d[0] = out.d[1] = fp16_to_fp32(load_u16(block + 2 * lane));
@@ -267,6 +281,9 @@ Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, 
     for (int v = 0; v < 32; ++v) {
       out.u[v] |= uint8_t((high[64 * (v / 16) + 4 * lane + v % 4] >> (2 * (v / 4 % 4)) & 3) << 4);
     }
+  }
+  if (fifth) {
+    for (int v = 0; v < 32; ++v) out.u[v] |= uint8_t((fifth[4 * lane + v % 4] >> (v / 4) & 1) << 4);
   }
   return out;
 }
@@ -296,8 +313,8 @@ OwnedPackedWeight pack_weight(const WeightMatrix& w, PairPacking packing, HostAr
     uint8_t* tiles = packed_storage(size_t(p.rows * p.row_bytes), arena, out);  // zeroed: u4 tiles are or-ed in
     for (int64_t t = 0; t < w.rows / kTileRows16; ++t) {
       uint8_t* tile = tiles + t * kTileRows16 * p.row_bytes;
-      if (p.layout == PackedLayout::k4_rows16) {
-        pack_k4_rows16_tile(w, t, tile);
+      if (p.layout == PackedLayout::k4_rows16 || p.layout == PackedLayout::k5_rows16) {
+        pack_k4_or_k5_rows16_tile(w, t, tile);
       } else if (p.layout == PackedLayout::k6_rows16) {
         pack_k6_rows16_tile(w, t, tile);
       } else {
@@ -338,8 +355,10 @@ void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, f
       case PackedLayout::u4_rows16:
       case PackedLayout::u8_rows16:
       case PackedLayout::k4_rows16:
+      case PackedLayout::k5_rows16:
       case PackedLayout::k6_rows16: break;  // above
       case PackedLayout::q4_k: dequantize_weight_row(WeightFormat::q4_k, src, y, w.cols); break;
+      case PackedLayout::q5_k: dequantize_weight_row(WeightFormat::q5_k, src, y, w.cols); break;
       case PackedLayout::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, y, w.cols); break;
     }
   }

@@ -24,6 +24,11 @@
 //                 d = d_super * scale and m = -(dmin * min), computed in fp32 as the format's own dequantization
 //                 does. The same vpdpbusd loop as u4_rows16 multiplies them. 148 bytes per row and super-block,
 //                 the file's 144 and the unpacked scales (2.8% more).
+//   q5_k       -> q5_k: the file's blocks as they are; q4_k's with a fifth bit per value (u < 32).
+//   q5_k       -> k5_rows16: instead, where pack_weight is asked for row tiles and the rows are a multiple of 16:
+//                 k4_rows16's tiles with, after each sub-block's values, their fifth bits (64 bytes: value 4c + k of
+//                 row r at bit c of byte 4r + k, so that one vector holds the bits of all 8 code vectors); 180
+//                 bytes per row and super-block, the file's 176 and the unpacked scales.
 //   q6_k       -> q6_k: the file's blocks as they are; y = d_super * scale * (u - 32) per sub-block of 16.
 //   q6_k       -> k6_rows16: instead, where pack_weight is asked for row tiles and the rows are a multiple of 16:
 //                 tiles of 16 rows, and in a tile, per super-block of 256 values, the 16 rows' f16 d_super (32
@@ -43,7 +48,9 @@
 
 namespace strata::cpu {
 
-enum class PackedLayout : uint8_t { f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, k4_rows16, k6_rows16, q4_k, q6_k };
+enum class PackedLayout : uint8_t {
+  f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, k4_rows16, k5_rows16, k6_rows16, q4_k, q5_k, q6_k
+};
 
 // A plain view: the kernels' translation units compiled for other instruction sets see no inline code here.
 struct PackedWeight {
@@ -65,6 +72,10 @@ constexpr int64_t kU8Rows16BlockBytes = 64 + 512;
 // 8 sub-blocks).
 constexpr int64_t kK4Rows16SubBytes = 32 + 256;
 constexpr int64_t kK4Rows16SuperBytes = 64 + 8 * kK4Rows16SubBytes;
+// Of k5_rows16: k4_rows16's with each sub-block's fifth bits after its values.
+constexpr int64_t kK5Rows16SubBytes = kK4Rows16SubBytes + 64;
+constexpr int64_t kK5Rows16FifthBits = kK4Rows16SubBytes;  // where a sub-block's fifth bits start
+constexpr int64_t kK5Rows16SuperBytes = 64 + 8 * kK5Rows16SubBytes;
 // Of k6_rows16: one block of 32 values (32 scales, the low bits, the high bits), one super-block (16 d_super, 8
 // blocks).
 constexpr int64_t kK6Rows16SubBytes = 32 + 256 + 128;

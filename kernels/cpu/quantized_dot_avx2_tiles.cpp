@@ -7,7 +7,8 @@
 // values of the 8 rows) is multiplied with 4 activation bytes broadcast by vpmaddubsw (unsigned x signed bytes,
 // adjacent products summed into 16 bits), and the 16-bit sums of the block add up in 16 bits before one vpmaddwd
 // widens them to 32: at most 8 x 2 x 15 x 128 = 30,720 for 4-bit codes, so nothing saturates; Q6_K's 6-bit codes
-// are summed two vectors at a time (at most 2 x 2 x 63 x 128 = 32,256). The vpmaddwd that widens multiplies by the
+// are summed two vectors at a time (at most 2 x 2 x 63 x 128 = 32,256), Q5_K's 5-bit ones four at a time (at most
+// 4 x 2 x 31 x 128 = 31,744). The vpmaddwd that widens multiplies by the
 // digit's weight at once (256 for q_high), so the block's sum is exact in 32 bits as on VNNI, and the conversion,
 // scaling and offsets that follow are the VNNI kernel's, in its order: both kernels give the same floats.
 //
@@ -52,12 +53,17 @@ inline __m256i pair_sums(const __m256i (&codes)[N], int begin, int end, const in
 }
 
 // The sum of the block's products with every digit of a row of x: u . q, q = 256 q_high + q_low; the vpmaddwd that
-// widens the 16-bit sums multiplies them by the digit's weight.
-template <int Digits>
+// widens the 16-bit sums, of Span code vectors each, multiplies them by the digit's weight.
+template <int Digits, int Span>
 inline __m256i digits_dot(const __m256i (&codes)[8], const int8_t* high, const int8_t* low) {
-  const __m256i sum = _mm256_madd_epi16(pair_sums(codes, 0, 8, high), _mm256_set1_epi16(Digits == 2 ? 256 : 1));
-  if constexpr (Digits == 1) return sum;
-  return _mm256_add_epi32(sum, _mm256_madd_epi16(pair_sums(codes, 0, 8, low), _mm256_set1_epi16(1)));
+  __m256i sum = _mm256_setzero_si256();
+  for (int digit = 0; digit < Digits; ++digit) {
+    const __m256i weight = _mm256_set1_epi16(Digits == 2 && digit == 0 ? 256 : 1);
+    for (int c = 0; c < 8; c += Span) {
+      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pair_sums(codes, c, c + Span, digit == 0 ? high : low), weight));
+    }
+  }
+  return sum;
 }
 
 // 8 bytes (one per row of a tile's half) as fp32, unsigned or signed.
@@ -71,11 +77,12 @@ inline __m256 row_halves_ps(const uint8_t* p) {  // 8 f16
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Block b of half `half` of a u4 or k4 tile (`values`: its codes) with the 8 rows' d and m against rows a0 .. a0 + R
-// of x: acc[r] += d d_r (u . q_r), offsets[r] += m s_r.
-template <int R, int Digits>
+// Block b of half `half` of a u4, k4 or k5 tile (`values`: its codes; `fifth`: k5's fifth bits, bit c of a byte for
+// code vector c) with the 8 rows' d and m against rows a0 .. a0 + R of x: acc[r] += d d_r (u . q_r),
+// offsets[r] += m s_r.
+template <int R, int Digits, bool FifthBit = false>
 inline void block_into(const uint8_t* values, int half, __m256 d, __m256 m, const IntegerActivations& x, int64_t a0,
-                       int64_t b, __m256 (&acc)[R], __m256 (&offsets)[R]) {
+                       int64_t b, __m256 (&acc)[R], __m256 (&offsets)[R], const uint8_t* fifth = nullptr) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256i codes[8];
   for (int c = 0; c < 4; ++c) {  // values 4c + k in the low nibbles, 16 + 4c + k in the high ones
@@ -83,10 +90,18 @@ inline void block_into(const uint8_t* values, int half, __m256 d, __m256 m, cons
     codes[c] = _mm256_and_si256(v, nibble);
     codes[4 + c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
   }
+  if constexpr (FifthBit) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(fifth + 32 * half));
+    const __m256i bit_4 = _mm256_set1_epi8(0x10);
+    for (int c = 0; c < 8; ++c) {  // bit c of each byte to bit 4; shifts within 16-bit lanes keep a byte's own
+      const __m256i at_4 = c < 4 ? _mm256_slli_epi16(bits, 4 - c) : _mm256_srli_epi16(bits, c - 4);
+      codes[c] = _mm256_or_si256(codes[c], _mm256_and_si256(at_4, bit_4));
+    }
+  }
   for (int r = 0; r < R; ++r) {
     const float* scales = x.row_scales(a0 + r) + 4 * (b / 2);  // d0, d1, s0, s1 of the block's pair
-    const __m256i dot = digits_dot<Digits>(codes, x.row_values(a0 + r) + 32 * b,
-                                           Digits == 2 ? x.row_low_values(a0 + r) + 32 * b : nullptr);
+    const __m256i dot = digits_dot<Digits, FifthBit ? 4 : 8>(
+        codes, x.row_values(a0 + r) + 32 * b, Digits == 2 ? x.row_low_values(a0 + r) + 32 * b : nullptr);
     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(scales[b % 2])), acc[r]);
     offsets[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(scales[2 + b % 2]), offsets[r]);
   }
@@ -159,23 +174,27 @@ void tile_halves(const PackedWeight& w, int64_t row_begin, int64_t row_end, int 
           }
         }
       }
-    } else if constexpr (Layout == PackedLayout::k4_rows16) {
+    } else if constexpr (Layout == PackedLayout::k4_rows16 || Layout == PackedLayout::k5_rows16) {
+      constexpr bool kK5 = Layout == PackedLayout::k5_rows16;
+      constexpr int64_t kSuperBytes = kK5 ? kK5Rows16SuperBytes : kK4Rows16SuperBytes;
+      constexpr int64_t kSubBytes = kK5 ? kK5Rows16SubBytes : kK4Rows16SubBytes;
       for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
-        const uint8_t* super = tile + sb * kK4Rows16SuperBytes;
+        const uint8_t* super = tile + sb * kSuperBytes;
         __m256 d_super[Halves], dmin[Halves];
         for (int h = 0; h < Halves; ++h) {
           d_super[h] = row_halves_ps(super + 16 * (first + h));
           dmin[h] = row_halves_ps(super + 32 + 16 * (first + h));
         }
         for (int64_t j = 0; j < 8; ++j) {
-          const uint8_t* sub = super + 64 + j * kK4Rows16SubBytes;
+          const uint8_t* sub = super + 64 + j * kSubBytes;
           if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           for (int h = 0; h < Halves; ++h) {
             const int half = first + h;
             const __m256 d = _mm256_mul_ps(d_super[h], row_bytes_ps(sub + 8 * half));
             const __m256 m =
                 _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin[h], row_bytes_ps(sub + 16 + 8 * half)));
-            block_into<R, Digits>(sub + 32, half, d, m, x, a0, 8 * sb + j, acc[h], offsets[h]);
+            block_into<R, Digits, kK5>(sub + 32, half, d, m, x, a0, 8 * sb + j, acc[h], offsets[h],
+                                       sub + kK5Rows16FifthBits);
           }
         }
       }
@@ -222,6 +241,8 @@ void tiles_pass(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t 
       return tiles_of_layout<R, Digits, PackedLayout::u4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::k4_rows16:
       return tiles_of_layout<R, Digits, PackedLayout::k4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::k5_rows16:
+      return tiles_of_layout<R, Digits, PackedLayout::k5_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::k6_rows16:
       return tiles_of_layout<R, Digits, PackedLayout::k6_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     default: return;  // quantized_dot_int8_avx2 sends only these layouts here

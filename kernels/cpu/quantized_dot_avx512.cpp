@@ -199,6 +199,45 @@ void q4_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
   acc.store(out, out_stride);
 }
 
+// Q5_K: Q4_K's scales, mins and chunks of nibbles (from byte 48), with each value's fifth bit (32 bytes from byte 16:
+// bit s of byte l for value l of sub-block s) or-ed in as bit 4, two sub-blocks at a time through 64 bytes on the
+// stack.
+template <int R>
+void q5_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+  Accumulators<R> acc;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const uint8_t* block = row + b * 176;
+    uint16_t d_bits, dmin_bits;
+    std::memcpy(&d_bits, block, 2);
+    std::memcpy(&dmin_bits, block + 2, 2);
+    const float d = _cvtsh_ss(d_bits), dmin = _cvtsh_ss(dmin_bits);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high ones)
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 48 + 32 * c));
+      alignas(64) uint8_t u[64];
+      __m512 d_s[2], m_s[2];
+      for (int k = 0; k < 2; ++k) {
+        const int s = 2 * c + k;
+        int scale, min;
+        k_quant_scale_min(block + 4, s, scale, min);
+        d_s[k] = _mm512_set1_ps(d * float(scale));
+        m_s[k] = _mm512_set1_ps(-dmin * float(min));
+        const __m256i nibbles = _mm256_and_si256(k ? _mm256_srli_epi16(q, 4) : q, low4);
+        // Bit s to bit 4 (16-bit shifts: a byte's bit 4 comes from its own bits for s < 8).
+        const __m256i fifth = s < 4 ? _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - s))
+                                    : _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s - 4));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u + 32 * k),
+                           _mm256_or_si256(nibbles, _mm256_and_si256(fifth, bit4)));
+      }
+      const __m512 w[4] = {scaled(bytes(u), d_s[0], m_s[0]), scaled(bytes(u + 16), d_s[0], m_s[0]),
+                           scaled(bytes(u + 32), d_s[1], m_s[1]), scaled(bytes(u + 48), d_s[1], m_s[1])};
+      acc.add(w, x + 256 * b + 64 * c, x_stride);
+    }
+  }
+  acc.store(out, out_stride);
+}
+
 // Q6_K: per half block of 128 values, ql's 64 bytes give the low 4 bits of values 0-63 (low nibbles) and 64-127
 // (high nibbles); qh's 32 bytes give the 2 high bits, at bit pairs 0, 2, 4, 6 for the four runs of 32. Value v of
 // the block has the scale of sub-block v / 16: y = d * scale * u - 32 * d * scale.

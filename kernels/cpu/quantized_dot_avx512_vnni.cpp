@@ -131,9 +131,11 @@ inline __m512i codes_dot(const __m512i (&codes)[8], const int8_t* q) {
 // k4_rows16 the scales and mins) is shared by the tile's activation rows. Block b (at `values`, its codes) of the
 // 16 rows with their d_w and m_w: acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r. With two digits (int16
 // activations) each digit takes its 8 vpdpbusd and u . q = 256 (u . q_high) + (u . q_low), exact in 32 bits.
-template <int R, int Digits, bool FourBit>
+// k5_rows16's fifth bits (at `fifth`, 64 bytes: bit c of a byte for code vector c) are or-ed into bit 4 of the
+// codes, a shift and a ternary logic op per vector.
+template <int R, int Digits, bool FourBit, bool FifthBit = false>
 inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const IntegerActivations& x, int64_t a0,
-                              int64_t b, __m512 (&acc)[R], __m512 (&offsets)[R]) {
+                              int64_t b, __m512 (&acc)[R], __m512 (&offsets)[R], const uint8_t* fifth = nullptr) {
   __m512i codes[8];
   if (FourBit) {
     const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -141,6 +143,13 @@ inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const I
       const __m512i v = _mm512_loadu_si512(values + 64 * c);
       codes[c] = _mm512_and_si512(v, nibble);
       codes[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    }
+    if constexpr (FifthBit) {
+      const __m512i bits = _mm512_loadu_si512(fifth), bit_4 = _mm512_set1_epi8(0x10);
+      for (int c = 0; c < 8; ++c) {  // bit c of each byte to bit 4; shifts within 16-bit lanes keep a byte's own
+        const __m512i at_4 = c < 4 ? _mm512_slli_epi16(bits, 4 - c) : _mm512_srli_epi16(bits, c - 4);
+        codes[c] = _mm512_ternarylogic_epi32(codes[c], at_4, bit_4, 0xF8);  // codes | (at_4 & 0x10)
+      }
     }
   } else {
     for (int c = 0; c < 8; ++c) codes[c] = _mm512_loadu_si512(values + 64 * c);
@@ -212,7 +221,7 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const IntegerActiv
 }
 
 // The tiles of [row_begin, row_end) against rows a0 .. a0 + R of x; u4_rows16 and u8_rows16 hold each block's f16
-// d and m, k4_rows16 a super-block's d_super and dmin and each sub-block's scales and mins.
+// d and m, k4_rows16 and k5_rows16 a super-block's d_super and dmin and each sub-block's scales and mins.
 template <int R, int Digits, PackedLayout Layout>
 void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                   float* out, int64_t out_stride) {
@@ -231,17 +240,21 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
           k6_block_into<R, Digits>(sub, d_super, x, a0, 8 * sb + j, acc, offsets);
         }
       }
-    } else if constexpr (Layout == PackedLayout::k4_rows16) {
+    } else if constexpr (Layout == PackedLayout::k4_rows16 || Layout == PackedLayout::k5_rows16) {
+      constexpr bool kK5 = Layout == PackedLayout::k5_rows16;
+      constexpr int64_t kSuperBytes = kK5 ? kK5Rows16SuperBytes : kK4Rows16SuperBytes;
+      constexpr int64_t kSubBytes = kK5 ? kK5Rows16SubBytes : kK4Rows16SubBytes;
       for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
-        const uint8_t* super = tile + sb * kK4Rows16SuperBytes;
+        const uint8_t* super = tile + sb * kSuperBytes;
         const __m512 d_super = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32)));
         for (int64_t j = 0; j < 8; ++j) {
-          const uint8_t* sub = super + 64 + j * kK4Rows16SubBytes;
+          const uint8_t* sub = super + 64 + j * kSubBytes;
           if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
           const __m512 d = _mm512_mul_ps(d_super, row_bytes_ps(sub));
           const __m512 m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, row_bytes_ps(sub + 16)));
-          rows16_block_into<R, Digits, true>(sub + 32, d, m, x, a0, 8 * sb + j, acc, offsets);
+          rows16_block_into<R, Digits, true, kK5>(sub + 32, d, m, x, a0, 8 * sb + j, acc, offsets,
+                                                  sub + kK5Rows16FifthBits);
         }
       }
     } else {
@@ -281,6 +294,8 @@ void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t r
       return rows16_tiles<R, Digits, PackedLayout::u8_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::k4_rows16:
       return rows16_tiles<R, Digits, PackedLayout::k4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::k5_rows16:
+      return rows16_tiles<R, Digits, PackedLayout::k5_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::k6_rows16:
       return rows16_tiles<R, Digits, PackedLayout::k6_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     default: return;  // quantized_matmul sends only these layouts to the integer kernels

@@ -94,10 +94,13 @@ STRATA_INLINE void weight_row(const PackedWeight& w, int64_t i, const float* x, 
       break;
     }
     case PackedLayout::q4_k:
+    case PackedLayout::q5_k:
     case PackedLayout::q6_k:
       for (int64_t b = 0; b < w.cols / 256; ++b) {
         if (w.layout == PackedLayout::q4_k) {
           q4_k_block(row + b * 144, values);
+        } else if (w.layout == PackedLayout::q5_k) {
+          dequantize_weight_row(WeightFormat::q5_k, row + b * 176, values, 256);
         } else {
           q6_k_block(row + b * 210, values);
         }
@@ -108,6 +111,7 @@ STRATA_INLINE void weight_row(const PackedWeight& w, int64_t i, const float* x, 
     case PackedLayout::u4_rows16:  // multiplied with int8 activations only (quantized_matmul_fused refuses them)
     case PackedLayout::u8_rows16:
     case PackedLayout::k4_rows16:
+    case PackedLayout::k5_rows16:
     case PackedLayout::k6_rows16: break;
   }
 }

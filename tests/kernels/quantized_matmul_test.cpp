@@ -79,15 +79,16 @@ struct Case {
 const Case kCases[] = {
     {WeightFormat::q8_0, 37, 96},  {WeightFormat::q8_0, 70, 576}, {WeightFormat::q4_0, 37, 96},
     {WeightFormat::q4_0, 33, 576}, {WeightFormat::q4_1, 37, 96},  {WeightFormat::q4_1, 40, 1536},
-    {WeightFormat::q4_k, 35, 512}, {WeightFormat::q6_k, 35, 512},
+    {WeightFormat::q4_k, 35, 512}, {WeightFormat::q5_k, 35, 512}, {WeightFormat::q6_k, 35, 512},
 };
 
-// Rows a multiple of 16, for the 16-row tiles of the int8 VNNI kernel: an odd block count, a second tile; Q4_K with
-// one and three super-blocks.
+// Rows a multiple of 16, for the 16-row tiles of the int8 VNNI kernel: an odd block count, a second tile; the
+// k-quants with one and three super-blocks.
 const Case kRows16Cases[] = {
     {WeightFormat::q8_0, 48, 96},   {WeightFormat::q4_0, 32, 576}, {WeightFormat::q4_1, 16, 96},
     {WeightFormat::q4_1, 64, 1536}, {WeightFormat::q8_0, 32, 1536}, {WeightFormat::q4_k, 16, 256},
-    {WeightFormat::q4_k, 48, 768},  {WeightFormat::q6_k, 16, 256},  {WeightFormat::q6_k, 32, 768},
+    {WeightFormat::q4_k, 48, 768},  {WeightFormat::q5_k, 16, 256},  {WeightFormat::q5_k, 48, 768},
+    {WeightFormat::q6_k, 16, 256},  {WeightFormat::q6_k, 32, 768},
 };
 
 int digits_of(ActivationDtype dtype) { return dtype == ActivationDtype::int16 ? 2 : 1; }
@@ -318,8 +319,9 @@ TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
     const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
     ASSERT_TRUE(cpu::is_rows16(packed.view.layout)) << name(c);
     // 20 (u4) or 36 (u8) bytes per row and block of 32, as a pair group's half; Q4_K 148 per super-block, its own
-    // 144 and 4 for the scales unpacked to bytes; Q6_K its own 210.
+    // 144 and 4 for the scales unpacked to bytes; Q5_K 180, its own 176 and the same 4; Q6_K its own 210.
     const int64_t row_bytes = c.format == WeightFormat::q4_k   ? c.cols / 256 * 148
+                              : c.format == WeightFormat::q5_k ? c.cols / 256 * 180
                               : c.format == WeightFormat::q6_k ? c.cols / 256 * 210
                                                                : c.cols / 32 * (c.format == WeightFormat::q8_0 ? 36 : 20);
     EXPECT_EQ(packed.view.row_bytes, row_bytes) << name(c);
@@ -487,8 +489,9 @@ TEST(CpuBackendWeights, QuantizedUploadsFeedMatmulAndEmbedding) {
   }
 }
 
-// The k-quants too: k4_rows16 and k6_rows16 tiles with integer activations on x86-64-v3 and up (Q4_K's 6-bit scales
-// unpacked: 148 bytes per row and super-block; Q6_K at its own 210), their own blocks in place with fp32 activations.
+// The k-quants too: k4_rows16, k5_rows16 and k6_rows16 tiles with integer activations on x86-64-v3 and up (Q4_K's
+// and Q5_K's 6-bit scales unpacked: 148 and 180 bytes per row and super-block; Q6_K at its own 210), their own
+// blocks in place with fp32 activations.
 TEST(CpuBackendWeights, IntegerActivationsHoldKQuantsAsRows16Tiles) {
   if (cpu::best_cpu_isa() == CpuIsa::baseline) GTEST_SKIP() << "no x86-64-v3";
   struct KQuant {
@@ -497,6 +500,7 @@ TEST(CpuBackendWeights, IntegerActivationsHoldKQuantsAsRows16Tiles) {
     int64_t super_block_bytes;
   };
   for (const KQuant k : {KQuant{WeightFormat::q4_k, cpu::PackedLayout::k4_rows16, cpu::PackedLayout::q4_k, 148},
+                         KQuant{WeightFormat::q5_k, cpu::PackedLayout::k5_rows16, cpu::PackedLayout::q5_k, 180},
                          KQuant{WeightFormat::q6_k, cpu::PackedLayout::k6_rows16, cpu::PackedLayout::q6_k, 210}}) {
     const Case c{k.format, 32, 512};
     const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 65);
