@@ -13,7 +13,7 @@
 // integer kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the AVX2
 // and VNNI kernels on the 16-row tiles where the machine has them, with int8 and with int16 (two digits), at 1 to 128
 // rows of x (and from 16 rows BLAS on the dequantized tiles), beside the best level's and AVX2's fp32 fused
-// kernels (engine.activation_dtype: f32) below 32 rows; and Q4_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows
+// kernels (engine.activation_dtype: f32) below 32 rows; and Q4_K, Q5_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows
 // are not multiples of 256), in place (the fp32 kernels) and as 16-row tiles.
 #include <algorithm>
 #include <chrono>
@@ -80,7 +80,8 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
     int digits;  // 0: the fp32 fused kernel on x as it is
   };
   std::vector<Variant> variants;
-  const char* untiled = s.format == WeightFormat::q4_k || s.format == WeightFormat::q6_k ? " in place" : " pairs";
+  const bool k_quant = s.format == WeightFormat::q4_k || s.format == WeightFormat::q5_k || s.format == WeightFormat::q6_k;
+  const char* untiled = k_quant ? " in place" : " pairs";
   variants.push_back({std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())) + untiled + " fp32", cpu::best_cpu_isa(),
                       &pairs, 0});
   if (cpu::best_cpu_isa() > cpu::CpuIsa::avx2 && cpu::cpu_supports(cpu::CpuIsa::avx2)) {  // an AVX2 machine's default
@@ -151,6 +152,7 @@ int main(int argc, char** argv) {
   if (int8) {
     shapes.push_back({"attn_q q4_k (Llama-3-8B)", WeightFormat::q4_k, 4096, 4096});
     shapes.push_back({"ffn_down q4_k (Llama-3-8B)", WeightFormat::q4_k, 4096, 14336});
+    shapes.push_back({"attn_q q5_k (Llama-3-8B)", WeightFormat::q5_k, 4096, 4096});
     shapes.push_back({"ffn_down q6_k (Llama-3-8B)", WeightFormat::q6_k, 4096, 14336});
   }
   constexpr int kMatrices = 16;
