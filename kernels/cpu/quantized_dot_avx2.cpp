@@ -72,6 +72,11 @@ inline __m256i bytes(const uint8_t* p) {
 // d * u + m for 8 unsigned 32-bit integers.
 inline __m256 scaled(__m256i u, __m256 d, __m256 m) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), d, m); }
 
+// The fp32 vector of this level, its lanes, and a value in every lane (quantized_dot_rows.inc's q5_k_row).
+using Vec = __m256;
+constexpr int kLanes = 8;
+inline Vec splat(float v) { return _mm256_set1_ps(v); }
+
 // The integer values of one pair group (kernels/cpu/packed_weight.h) as 8 ymm of fp32 (u, not yet scaled): values
 // 8k .. 8k + 7 in u[k].
 template <bool FourBit>
@@ -193,38 +198,6 @@ void q4_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
       block_weights<true>(block + 16 + 32 * c, 1, _mm256_set1_ps(d * float(sc1)), _mm256_set1_ps(-dmin * float(mn1)),
                           w);
       acc.add(w, x + 256 * b + 64 * c + 32, x_stride);
-    }
-  }
-  acc.store(out, out_stride);
-}
-
-// Q5_K: Q4_K's scales, mins and chunks of nibbles (from byte 48), with each value's fifth bit (32 bytes from byte 16:
-// bit s of byte l for value l of sub-block s) or-ed in as bit 4, a sub-block at a time through 32 bytes on the stack.
-template <int R>
-void q5_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
-  Accumulators<R> acc;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-  for (int64_t b = 0; b < cols / 256; ++b) {
-    const uint8_t* block = row + b * 176;
-    uint16_t d_bits, dmin_bits;
-    std::memcpy(&d_bits, block, 2);
-    std::memcpy(&dmin_bits, block + 2, 2);
-    const float d = _cvtsh_ss(d_bits), dmin = _cvtsh_ss(dmin_bits);
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
-    for (int s = 0; s < 8; ++s) {
-      int scale, min;
-      k_quant_scale_min(block + 4, s, scale, min);
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 48 + 32 * (s / 2)));
-      const __m256i nibbles = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(q, 4) : q, low4);
-      // Bit s to bit 4 (16-bit shifts: a byte's bit 4 comes from its own bits for s < 8).
-      const __m256i fifth = s < 4 ? _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - s))
-                                  : _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s - 4));
-      alignas(32) uint8_t u[32];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(u), _mm256_or_si256(nibbles, _mm256_and_si256(fifth, bit4)));
-      const __m256 d_s = _mm256_set1_ps(d * float(scale)), m_s = _mm256_set1_ps(-dmin * float(min));
-      __m256 w[4];
-      for (int k = 0; k < 4; ++k) w[k] = scaled(bytes(u + 8 * k), d_s, m_s);
-      acc.add(w, x + 256 * b + 32 * s, x_stride);
     }
   }
   acc.store(out, out_stride);

@@ -68,6 +68,11 @@ inline __m512i bytes(const uint8_t* p) {
 // d * u + m for 16 unsigned 32-bit integers.
 inline __m512 scaled(__m512i u, __m512 d, __m512 m) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, m); }
 
+// The fp32 vector of this level, its lanes, and a value in every lane (quantized_dot_rows.inc's q5_k_row).
+using Vec = __m512;
+constexpr int kLanes = 16;
+inline Vec splat(float v) { return _mm512_set1_ps(v); }
+
 // One pair group (kernels/cpu/packed_weight.h) as fp32: 4 zmm; the first 2 for a lone last block.
 template <bool FourBit>
 inline void pair_group(const uint8_t* group, __m512 (&w)[4]) {
@@ -193,45 +198,6 @@ void q4_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
       const __m512i b0 = bytes(p), b1 = bytes(p + 16);
       const __m512 w[4] = {scaled(_mm512_and_si512(b0, low4), d0, m0), scaled(_mm512_and_si512(b1, low4), d0, m0),
                            scaled(_mm512_srli_epi32(b0, 4), d1, m1), scaled(_mm512_srli_epi32(b1, 4), d1, m1)};
-      acc.add(w, x + 256 * b + 64 * c, x_stride);
-    }
-  }
-  acc.store(out, out_stride);
-}
-
-// Q5_K: Q4_K's scales, mins and chunks of nibbles (from byte 48), with each value's fifth bit (32 bytes from byte 16:
-// bit s of byte l for value l of sub-block s) or-ed in as bit 4, two sub-blocks at a time through 64 bytes on the
-// stack.
-template <int R>
-void q5_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
-  Accumulators<R> acc;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-  for (int64_t b = 0; b < cols / 256; ++b) {
-    const uint8_t* block = row + b * 176;
-    uint16_t d_bits, dmin_bits;
-    std::memcpy(&d_bits, block, 2);
-    std::memcpy(&dmin_bits, block + 2, 2);
-    const float d = _cvtsh_ss(d_bits), dmin = _cvtsh_ss(dmin_bits);
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
-    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high ones)
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 48 + 32 * c));
-      alignas(64) uint8_t u[64];
-      __m512 d_s[2], m_s[2];
-      for (int k = 0; k < 2; ++k) {
-        const int s = 2 * c + k;
-        int scale, min;
-        k_quant_scale_min(block + 4, s, scale, min);
-        d_s[k] = _mm512_set1_ps(d * float(scale));
-        m_s[k] = _mm512_set1_ps(-dmin * float(min));
-        const __m256i nibbles = _mm256_and_si256(k ? _mm256_srli_epi16(q, 4) : q, low4);
-        // Bit s to bit 4 (16-bit shifts: a byte's bit 4 comes from its own bits for s < 8).
-        const __m256i fifth = s < 4 ? _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - s))
-                                    : _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s - 4));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u + 32 * k),
-                           _mm256_or_si256(nibbles, _mm256_and_si256(fifth, bit4)));
-      }
-      const __m512 w[4] = {scaled(bytes(u), d_s[0], m_s[0]), scaled(bytes(u + 16), d_s[0], m_s[0]),
-                           scaled(bytes(u + 32), d_s[1], m_s[1]), scaled(bytes(u + 48), d_s[1], m_s[1])};
       acc.add(w, x + 256 * b + 64 * c, x_stride);
     }
   }
