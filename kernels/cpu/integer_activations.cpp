@@ -41,6 +41,7 @@ STRATA_SIMD_CLONES void round_row(const float* x, int64_t r, IntegerActivations&
         const int32_t high = (code[j] + 128) >> 8;  // floor: q_low = q - 256 q_high is in [-128, 127]
         out.q[size_t(at + j)] = int8_t(high);
         out.q_low[size_t(at + j)] = int8_t(code[j] - 256 * high);
+        out.q16[size_t(at + j)] = int16_t(code[j]);
       }
     } else {
       for (int j = 0; j < 32; ++j) out.q[size_t(at + j)] = int8_t(code[j]);
@@ -72,6 +73,7 @@ void round_activations(const float* x, int64_t n, int64_t cols, int digits, Inte
   out.digits = digits;
   out.q.assign(size_t(n * out.groups * 64), 0);
   out.q_low.assign(digits == 2 ? size_t(n * out.groups * 64) : 0, 0);
+  out.q16.assign(digits == 2 ? size_t(n * out.groups * 64) : 0, 0);
   out.scales.assign(size_t(n * out.groups * 4), 0.0f);
   out.half_sums.assign(size_t(n * (cols / 16)), 0.0f);
   // Rows on the compute pool: a prefill chunk has hundreds.

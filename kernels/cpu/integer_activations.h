@@ -22,12 +22,15 @@ struct IntegerActivations {
   std::vector<int8_t> q;          // [rows][groups * 64]: q, or q_high with two digits; a lone last block followed
                                   // by 32 zeros
   std::vector<int8_t> q_low;      // the same for q_low; empty with one digit
+  std::vector<int16_t> q16;       // with two digits, q itself, for kernels that multiply 16-bit values (vpmaddwd:
+                                  // AVX2's pair groups); empty with one digit
   std::vector<float> scales;      // [rows][groups][4]: d0, d1, s0, s1 of the group's two blocks (0 for a missing one)
   std::vector<float> half_sums;   // [rows][cols / 16]: d times the sum of q over each half of each block (Q6_K's
                                   // tiles, whose scales change every 16 values)
 
   const int8_t* row_values(int64_t r) const { return q.data() + r * groups * 64; }
   const int8_t* row_low_values(int64_t r) const { return q_low.data() + r * groups * 64; }
+  const int16_t* row_values16(int64_t r) const { return q16.data() + r * groups * 64; }
   const float* row_scales(int64_t r) const { return scales.data() + r * groups * 4; }
   const float* row_half_sums(int64_t r) const { return half_sums.data() + r * (cols / 16); }
 };

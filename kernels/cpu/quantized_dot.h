@@ -65,11 +65,11 @@ void quantized_dot_baseline(const PackedWeight& w, int64_t row_begin, int64_t ro
 struct IntegerActivations;  // kernels/cpu/integer_activations.h
 
 // The integer kernels, for engine.activation_dtype int8 and int16: rows [row_begin, row_end) of a pair-layout
-// weight (u4_pairs, u8_pairs: Q4_0, Q4_1, Q8_0) against every row of x rounded to int8 (one digit) per block of 32.
-// The 16-row tiles (u4_rows16, u8_rows16, k4_rows16, k5_rows16, k6_rows16; row_begin and row_end multiples of 16) take one or
-// two digits (int16), in the avx512_vnni kernel, the avx2 one (u8_rows16 aside: the CPU backend keeps Q8_0 in pairs
-// there) and the baseline one, their reference. The k-quant layouts used in place have none, nor have the pairs for
-// two digits: quantized_matmul multiplies those with the rounded values in fp32.
+// weight (u4_pairs, u8_pairs: Q4_0, Q4_1, Q8_0) or of a 16-row tile layout (u4_rows16, u8_rows16, k4_rows16,
+// k5_rows16, k6_rows16; row_begin and row_end multiples of 16) against every row of x rounded per block of 32 to
+// one digit (int8) or two (int16), in the avx512_vnni kernel, the avx2 one (u8_rows16 aside: the CPU backend keeps
+// Q8_0 in pairs there) and the baseline one, their reference. The k-quant layouts used in place have none:
+// quantized_matmul multiplies those with the rounded values in fp32.
 // out[a * out_stride + i].
 using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, int64_t row_end,
                                     const IntegerActivations& x, float* out, int64_t out_stride);

@@ -14,6 +14,7 @@
 #if STRATA_QUANTIZED_DOT_X86
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #pragma GCC push_options
@@ -251,8 +252,13 @@ void q6_k_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride
 // are taken back to signed q = u - 128 and multiplied by sign: |q| times x with q's sign, at most 2 * 128 * 127 in
 // a pair; the 128 * sum(x) that this leaves out joins the offset, as (m + 128 d) s. The block scales and offsets of
 // a group for one row are one 128-bit product: [d_w0, d_w1, m_w0, m_w1] * [d0, d1, s0, s1].
+//
+// With two digits (int16) the codes are widened to 16 bits once per group and multiplied with the activations as
+// int16 (IntegerActivations::q16) by vpmaddwd: 16 products an instruction, as many a row as vpmaddubsw's 32 and the
+// widening vpmaddwd of one digit, where vpmaddubsw would need a sign trick that q_low's -128 breaks.
 
-constexpr int kInt8MaxRows = 4;  // activation rows per pass over a weight row
+constexpr int kInt8MaxRows = 4;   // activation rows per pass over a weight row
+constexpr int kInt16MaxRows = 2;  // with two digits: the widened codes take four more registers
 
 template <bool FourBit>
 inline void group_codes(const uint8_t* payload, __m256i& low, __m256i& high) {
@@ -277,6 +283,23 @@ inline __m256 block_dot(__m256i codes, const int8_t* q) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
+// A block's 32 codes as group_codes gives them (u4 unsigned, u8 taken as signed) widened to 16 bits: values 0-15 in
+// w16[0], 16-31 in w16[1].
+template <bool FourBit>
+inline void widen_codes(__m256i codes, __m256i (&w16)[2]) {
+  const __m128i first = _mm256_castsi256_si128(codes), second = _mm256_extracti128_si256(codes, 1);
+  w16[0] = FourBit ? _mm256_cvtepu8_epi16(first) : _mm256_cvtepi8_epi16(first);
+  w16[1] = FourBit ? _mm256_cvtepu8_epi16(second) : _mm256_cvtepi8_epi16(second);
+}
+
+// The 32 products of a block's widened codes and its int16 activations, summed into 8 lanes, as fp32: exact in 32
+// bits (at most 4 x 128 x 32,512 a lane).
+inline __m256 block_dot16(const __m256i (&w16)[2], const int16_t* q) {
+  const __m256i first = _mm256_madd_epi16(w16[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+  const __m256i second = _mm256_madd_epi16(w16[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
+}
+
 // [d_w0, d_w1, m_w0, m_w1] of a group; for u8 codes taken as signed, m_w + 128 d_w (the part vpmaddubsw left out).
 template <bool FourBit>
 inline __m128 group_factors(const uint8_t* group) {
@@ -284,7 +307,7 @@ inline __m128 group_factors(const uint8_t* group) {
   return FourBit ? h : _mm_fmadd_ps(_mm_set1_ps(128.0f), _mm_movelh_ps(_mm_setzero_ps(), h), h);
 }
 
-template <int R, bool FourBit>
+template <int R, bool FourBit, int Digits>
 void int8_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                   float* out, int64_t out_stride) {
   constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
@@ -300,16 +323,28 @@ void int8_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
       const uint8_t* group = row + g * kGroupBytes;
       _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
       const __m128 factors = group_factors<FourBit>(group);
-      __m256i low, high;
+      __m256i low, high, w16[2][2];
       group_codes<FourBit>(group + 8, low, high);
+      if constexpr (Digits == 2) {
+        widen_codes<FourBit>(low, w16[0]);
+        widen_codes<FourBit>(high, w16[1]);
+      }
       for (int r = 0; r < R; ++r) {
         // [d_w0 d0, d_w1 d1, m_w0 s0, m_w1 s1]; a lone last block has d1 = s1 = 0 and zero values.
         const __m128 scaled = _mm_mul_ps(factors, _mm_loadu_ps(x.row_scales(a0 + r) + 4 * g));
         offsets[r] = _mm_add_ps(offsets[r], scaled);
-        const int8_t* q = x.row_values(a0 + r) + 64 * g;
-        acc[r][0] = _mm256_fmadd_ps(block_dot<FourBit>(low, q), _mm256_broadcastss_ps(scaled), acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(block_dot<FourBit>(high, q + 32), _mm256_broadcastss_ps(_mm_movehdup_ps(scaled)),
-                                    acc[r][1]);
+        __m256 dots[2];
+        if constexpr (Digits == 2) {
+          const int16_t* q = x.row_values16(a0 + r) + 64 * g;
+          dots[0] = block_dot16(w16[0], q);
+          dots[1] = block_dot16(w16[1], q + 32);
+        } else {
+          const int8_t* q = x.row_values(a0 + r) + 64 * g;
+          dots[0] = block_dot<FourBit>(low, q);
+          dots[1] = block_dot<FourBit>(high, q + 32);
+        }
+        acc[r][0] = _mm256_fmadd_ps(dots[0], _mm256_broadcastss_ps(scaled), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(dots[1], _mm256_broadcastss_ps(_mm_movehdup_ps(scaled)), acc[r][1]);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -320,16 +355,16 @@ void int8_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
   }
 }
 
-template <int R>
+template <int R, int Digits>
 void int8_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
           int64_t a0, float* out, int64_t out_stride) {
   if constexpr (R > 1) {
-    if (rows < R) return int8_tile<R - 1>(rows, w, row_begin, row_end, x, a0, out, out_stride);
+    if (rows < R) return int8_tile<R - 1, Digits>(rows, w, row_begin, row_end, x, a0, out, out_stride);
   }
   if (w.layout == PackedLayout::u4_pairs) {
-    int8_rows<R, true>(w, row_begin, row_end, x, a0, out, out_stride);
+    int8_rows<R, true, Digits>(w, row_begin, row_end, x, a0, out, out_stride);
   } else {
-    int8_rows<R, false>(w, row_begin, row_end, x, a0, out, out_stride);
+    int8_rows<R, false, Digits>(w, row_begin, row_end, x, a0, out, out_stride);
   }
 }
 
@@ -346,9 +381,14 @@ void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t r
                              float* out, int64_t out_stride) {
   if (w.layout == PackedLayout::u8_rows16) return quantized_dot_int8_baseline(w, row_begin, row_end, x, out, out_stride);
   if (is_rows16(w.layout)) return quantized_dot_rows16_avx2(w, row_begin, row_end, x, out, out_stride);
-  for (int64_t a = 0; a < x.rows; a += kInt8MaxRows) {
-    const int64_t rows = x.rows - a < kInt8MaxRows ? x.rows - a : kInt8MaxRows;
-    int8_tile<kInt8MaxRows>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
+  const int64_t max_rows = x.digits == 2 ? kInt16MaxRows : kInt8MaxRows;
+  for (int64_t a = 0; a < x.rows; a += max_rows) {
+    const int64_t rows = std::min(x.rows - a, max_rows);
+    if (x.digits == 2) {
+      int8_tile<kInt16MaxRows, 2>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
+    } else {
+      int8_tile<kInt8MaxRows, 1>(rows, w, row_begin, row_end, x, a, out + a * out_stride, out_stride);
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 // The integer kernel (engine.activation_dtype: int8 and int16, kernels/cpu/integer_activations.h) for x86-64 with
-// AVX-512 VNNI (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats (one digit only)
-// and on the 16-row tiles of those and the k-quants (one or two digits; kernels/cpu/packed_weight.h).
+// AVX-512 VNNI (Intel from Cascade Lake, AMD from Zen 4), on both layouts of the 32-value formats and on the
+// 16-row tiles of those and the k-quants, with one digit or two (kernels/cpu/packed_weight.h).
 // Everything after the includes is compiled for that level by the pragma below, as in the other levels' files.
 //
 // 16-row tiles, which the CPU backend packs for this level: see rows16_tiles below.
@@ -56,8 +56,8 @@ inline __m512i group_codes(const uint8_t* payload) {
 }
 
 // One group's codes against every row of the tile: acc[r] += (codes . q_r per lane) * [d_w0 d0 x 8, d_w1 d1 x 8],
-// offsets[r] += [., ., m_w0 s0, m_w1 s1].
-template <int R, bool FourBit>
+// offsets[r] += [., ., m_w0 s0, m_w1 s1]; with two digits codes . q = 256 (codes . q_high) + (codes . q_low).
+template <int R, bool FourBit, int Digits>
 inline void group_into(const uint8_t* group, const IntegerActivations& x, int64_t a0, int64_t g, __m512 (&acc)[R],
                        __m128 (&offsets)[R]) {
   // Lanes 0-7 take lane 0 of a group's 4 factors (block 0's), lanes 8-15 lane 1.
@@ -70,13 +70,17 @@ inline void group_into(const uint8_t* group, const IntegerActivations& x, int64_
     const __m128 scaled = _mm_mul_ps(factors, _mm_loadu_ps(x.row_scales(a0 + r) + 4 * g));
     offsets[r] = _mm_add_ps(offsets[r], scaled);
     const __m512i q = _mm512_loadu_si512(x.row_values(a0 + r) + 64 * g);
-    const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, q);
+    __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, q);
+    if constexpr (Digits == 2) {
+      const __m512i low = _mm512_loadu_si512(x.row_low_values(a0 + r) + 64 * g);
+      dots = _mm512_add_epi32(_mm512_slli_epi32(dots, 8), _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, low));
+    }
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
                              _mm512_permutexvar_ps(block_of_lane, _mm512_castps128_ps512(scaled)), acc[r]);
   }
 }
 
-template <int R, bool FourBit>
+template <int R, bool FourBit, int Digits>
 void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                float* out, int64_t out_stride) {
   constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
@@ -93,10 +97,10 @@ void vnni_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
     }
     int64_t g = 0;
     for (; g + 1 < x.groups; g += 2) {
-      group_into<R, FourBit>(row + g * kGroupBytes, x, a0, g, acc[0], offsets[0]);
-      group_into<R, FourBit>(row + (g + 1) * kGroupBytes, x, a0, g + 1, acc[1], offsets[1]);
+      group_into<R, FourBit, Digits>(row + g * kGroupBytes, x, a0, g, acc[0], offsets[0]);
+      group_into<R, FourBit, Digits>(row + (g + 1) * kGroupBytes, x, a0, g + 1, acc[1], offsets[1]);
     }
-    if (g < x.groups) group_into<R, FourBit>(row + g * kGroupBytes, x, a0, g, acc[0], offsets[0]);
+    if (g < x.groups) group_into<R, FourBit, Digits>(row + g * kGroupBytes, x, a0, g, acc[0], offsets[0]);
     for (int r = 0; r < R; ++r) {
       float lanes[4];
       _mm_storeu_ps(lanes, _mm_add_ps(offsets[0][r], offsets[1][r]));
@@ -274,7 +278,6 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
   }
 }
 
-// The pairs take one digit only (quantized_matmul sends them no other).
 template <int R, int Digits>
 void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
                int64_t a0, float* out, int64_t out_stride) {
@@ -282,12 +285,8 @@ void vnni_tile(int64_t rows, const PackedWeight& w, int64_t row_begin, int64_t r
     if (rows < R) return vnni_tile<R - 1, Digits>(rows, w, row_begin, row_end, x, a0, out, out_stride);
   }
   switch (w.layout) {
-    case PackedLayout::u4_pairs:
-      if constexpr (Digits == 1) return vnni_rows<R, true>(w, row_begin, row_end, x, a0, out, out_stride);
-      return;
-    case PackedLayout::u8_pairs:
-      if constexpr (Digits == 1) return vnni_rows<R, false>(w, row_begin, row_end, x, a0, out, out_stride);
-      return;
+    case PackedLayout::u4_pairs: return vnni_rows<R, true, Digits>(w, row_begin, row_end, x, a0, out, out_stride);
+    case PackedLayout::u8_pairs: return vnni_rows<R, false, Digits>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::u4_rows16:
       return rows16_tiles<R, Digits, PackedLayout::u4_rows16>(w, row_begin, row_end, x, a0, out, out_stride);
     case PackedLayout::u8_rows16:

@@ -130,27 +130,32 @@ STRATA_INLINE void portable_dot(const PackedWeight& w, int64_t row_begin, int64_
 
 // The int8 kernel: the sums of quantized_dot_avx2.cpp's, in plain integer loops.
 
-// Block 0 and block 1 of a pair group's codes against 64 activation values: (u . q) of each.
+// Block 0 and block 1 of a pair group's codes against 64 activation values (q = 256 q_high + q_low with two
+// digits, `low` not null): (u . q) of each.
 template <bool FourBit>
-STRATA_INLINE void group_dots(const uint8_t* payload, const int8_t* q, int32_t& dot0, int32_t& dot1) {
+STRATA_INLINE void group_dots(const uint8_t* payload, const int8_t* high, const int8_t* low, int32_t& dot0,
+                              int32_t& dot1) {
   dot0 = dot1 = 0;
   for (int j = 0; j < 32; ++j) {
     const int u0 = FourBit ? payload[j] & 0xF : payload[j];
     const int u1 = FourBit ? payload[j] >> 4 : payload[32 + j];
-    dot0 += u0 * q[j];
-    dot1 += u1 * q[32 + j];
+    dot0 += u0 * (low ? 256 * high[j] + low[j] : high[j]);
+    dot1 += u1 * (low ? 256 * high[32 + j] + low[32 + j] : high[32 + j]);
   }
 }
 
 template <bool FourBit>
-float row_dot(const uint8_t* row, const int8_t* q, const float* scales, int64_t groups) {
+float row_dot(const uint8_t* row, const IntegerActivations& x, int64_t a) {
   constexpr int64_t kGroupBytes = FourBit ? kU4PairBytes : kU8PairBytes;
+  const int8_t* high = x.row_values(a);
+  const int8_t* low = x.digits == 2 ? x.row_low_values(a) : nullptr;
+  const float* scales = x.row_scales(a);
   float sum = 0.0f;
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = 0; g < x.groups; ++g) {
     const uint8_t* group = row + g * kGroupBytes;
     const float* s = scales + 4 * g;  // d0, d1, s0, s1
     int32_t dot0, dot1;
-    group_dots<FourBit>(group + 8, q + 64 * g, dot0, dot1);
+    group_dots<FourBit>(group + 8, high + 64 * g, low ? low + 64 * g : nullptr, dot0, dot1);
     sum += fp16_to_fp32(load_u16(group)) * s[0] * float(dot0) + fp16_to_fp32(load_u16(group + 2)) * s[1] * float(dot1) +
            fp16_to_fp32(load_u16(group + 4)) * s[2] + fp16_to_fp32(load_u16(group + 6)) * s[3];
   }
@@ -192,13 +197,10 @@ void quantized_dot_int8_baseline(const PackedWeight& w, int64_t row_begin, int64
   for (int64_t i = row_begin; i < row_end; ++i) {
     const uint8_t* row = w.data + i * w.row_bytes;
     for (int64_t a = 0; a < x.rows; ++a) {
-      const int8_t* q = x.row_values(a);
-      const float* scales = x.row_scales(a);
       if (is_rows16(w.layout)) {
         out[a * out_stride + i] = rows16_row_dot(w, i, x, a);
       } else {
-        out[a * out_stride + i] = w.layout == PackedLayout::u4_pairs ? row_dot<true>(row, q, scales, x.groups)
-                                                                     : row_dot<false>(row, q, scales, x.groups);
+        out[a * out_stride + i] = w.layout == PackedLayout::u4_pairs ? row_dot<true>(row, x, a) : row_dot<false>(row, x, a);
       }
     }
   }

@@ -40,12 +40,12 @@ const RoundedActivations& round_to_integers(const float* x, int64_t n_rows, int6
   return buffers;
 }
 
-// The rows [begin, end) of w against x as the fused kernels take them: the integer one for a 16-row tile layout,
-// or for a pair layout with one digit, when x is rounded (`rounded` not null), else the fp32 one on x (the rounded
-// values when rounded: the pairs' kernels multiply one digit only).
+// The rows [begin, end) of w against x as the fused kernels take them: the integer one for a 16-row tile or pair
+// layout when x is rounded (`rounded` not null), else the fp32 one on x (the rounded values when rounded: the
+// k-quants' blocks used in place have no integer kernel).
 void fused_rows(const PackedWeight& w, int64_t begin, int64_t end, const float* x, int64_t n_rows,
                 const IntegerActivations* rounded, float* out, CpuIsa isa) {
-  if (rounded != nullptr && (is_rows16(w.layout) || (rounded->digits == 1 && pair_layout(w)))) {
+  if (rounded != nullptr && (is_rows16(w.layout) || pair_layout(w))) {
     quantized_dot_int8(isa)(w, begin, end, *rounded, out, w.rows);
   } else {
     quantized_dot(isa)(w, begin, end, x, n_rows, out, w.rows);

@@ -309,7 +309,9 @@ void expect_integer_kernel_near_reference(CpuIsa isa, std::span<const Case> case
 }
 
 TEST(QuantizedMatmul, Int8KernelsOfEveryLevelMatchTheReferenceOnTheRoundedValues) {
-  for (CpuIsa isa : levels_here()) expect_integer_kernel_near_reference(isa, kCases, cpu::PairPacking::pairs, 1, 23);
+  for (CpuIsa isa : levels_here()) {
+    for (int digits : {1, 2}) expect_integer_kernel_near_reference(isa, kCases, cpu::PairPacking::pairs, digits, 23);
+  }
 }
 
 TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
