@@ -197,7 +197,7 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q4km-epyc-avx512vnni-int8-ea78d88", "q4km-epyc-avx512vnni-int8", "epyc-avx512vnni-int16",
                  "q4km-epyc-avx512vnni-int16", "epyc-avx512vnni-int16-5824a42", "q4km-epyc-avx512vnni-int16-5824a42",
                  "q4km-epyc-avx512vnni-int8-f17136b", "q4km-epyc-at-avx2", "epyc-at-avx2",
-                 "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2")
+                 "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2", "q8-epyc-at-avx2")
 
 CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16-5824a42.json",
@@ -243,11 +243,16 @@ CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-q5km-epyc-avx512vnni.json",
           lambda d: f"on a Q5_K_M file batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-q8-epyc-at-avx2.json",
+          lambda d: f"on a Q8_0 file held to AVX2 batch-1 decode {batch1_span(d)}x, batch-8 "
+                    f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
     Claim("README.md", "cpu-q5km-kept-before-after.json",
           lambda d: f"batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x as fast as with its Q5_K "
                     f"tensors in fp32"),
     *(Claim("bench/results/README.md", source, check)
-      for source in ("cpu-q5km-kept-before-after.json",) for check in (before_after, prefill_before_after)),
+      for source in ("cpu-q5km-kept-before-after.json", "cpu-q8-avx2-level-int16-pairs-before-after.json",
+                     "cpu-avx2-level-int16-pairs-before-after.json")
+      for check in (before_after, prefill_before_after)),
     *(Claim("bench/results/README.md", source, before_after)
       for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json",
                      "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json",
