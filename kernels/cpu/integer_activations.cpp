@@ -37,11 +37,15 @@ STRATA_SIMD_CLONES void round_row(const float* x, int64_t r, IntegerActivations&
     for (int j = 0; j < 32; ++j) code[j] = int32_t(round_to_integer(xb[j] * inverse));
     const int64_t at = r * out.groups * 64 + 32 * b;
     if (out.digits == 2) {
+      // Three outputs that do not overlap (restrict, so that the loop vectorizes).
+      int8_t* __restrict high_out = out.q.data() + at;
+      int8_t* __restrict low_out = out.q_low.data() + at;
+      int16_t* __restrict q16_out = out.q16.data() + at;
       for (int j = 0; j < 32; ++j) {
         const int32_t high = (code[j] + 128) >> 8;  // floor: q_low = q - 256 q_high is in [-128, 127]
-        out.q[size_t(at + j)] = int8_t(high);
-        out.q_low[size_t(at + j)] = int8_t(code[j] - 256 * high);
-        out.q16[size_t(at + j)] = int16_t(code[j]);
+        high_out[j] = int8_t(high);
+        low_out[j] = int8_t(code[j] - 256 * high);
+        q16_out[j] = int16_t(code[j]);
       }
     } else {
       for (int j = 0; j < 32; ++j) out.q[size_t(at + j)] = int8_t(code[j]);
