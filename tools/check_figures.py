@@ -251,7 +251,7 @@ CLAIMS = [
                     f"tensors in fp32"),
     *(Claim("bench/results/README.md", source, check)
       for source in ("cpu-q5km-kept-before-after.json", "cpu-q8-avx2-level-int16-pairs-before-after.json",
-                     "cpu-avx2-level-int16-pairs-before-after.json")
+                     "cpu-avx2-level-int16-pairs-before-after.json", "cpu-int16-q16-restrict-before-after.json")
       for check in (before_after, prefill_before_after)),
     *(Claim("bench/results/README.md", source, before_after)
       for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json",
