@@ -80,7 +80,8 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
     int digits;  // 0: the fp32 fused kernel on x as it is
   };
   std::vector<Variant> variants;
-  const bool k_quant = s.format == WeightFormat::q4_k || s.format == WeightFormat::q5_k || s.format == WeightFormat::q6_k;
+  const bool k_quant =
+      s.format == WeightFormat::q4_k || s.format == WeightFormat::q5_k || s.format == WeightFormat::q6_k;
   const char* untiled = k_quant ? " in place" : " pairs";
   variants.push_back({std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())) + untiled + " fp32", cpu::best_cpu_isa(),
                       &pairs, 0});

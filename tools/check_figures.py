@@ -172,7 +172,8 @@ def integer_peak(d: dict) -> str:
             f"{p['giga_products_per_second_all']:.0f} on both; the int16 tiles reach "
             f"{p['tiles_int16_128_rows']['giga_products_per_second']:.0f} ("
             f"{p['tiles_int16_128_rows']['share_of_peak']:.0%}), the int8 ones "
-            f"{p['tiles_int8_128_rows']['giga_products_per_second']:.0f} ({p['tiles_int8_128_rows']['share_of_peak']:.0%})")
+            f"{p['tiles_int8_128_rows']['giga_products_per_second']:.0f} "
+            f"({p['tiles_int8_128_rows']['share_of_peak']:.0%})")
 
 
 def prefill_before_after(d: dict) -> str:

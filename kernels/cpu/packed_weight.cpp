@@ -122,6 +122,7 @@ void pack_k4_or_k5_rows16_tile(const WeightMatrix& w, int64_t t, uint8_t* dst) {
       // d, dmin, scales, then Q4_K's nibbles, or Q5_K's fifth bits and nibbles
       const uint8_t* src = w.row(kTileRows16 * t + lane) + sb * info.block_bytes;
       const uint8_t* qs = src + (q5 ? 48 : 16);
+      const uint8_t* qh = src + 16;  // Q5_K's fifth bits: bit s of qh[v] for value v of sub-block s
       store_u16(dst + 2 * lane, load_u16(src));
       store_u16(dst + 32 + 2 * lane, load_u16(src + 2));
       for (int s = 0; s < 8; ++s) {
@@ -134,7 +135,7 @@ void pack_k4_or_k5_rows16_tile(const WeightMatrix& w, int64_t t, uint8_t* dst) {
         for (int v = 0; v < 32; ++v) {
           const Rows16Place at = rows16_place(v, lane, true);
           sub[32 + at.byte - 64] |= uint8_t(((nibbles[v] >> (4 * (s % 2))) & 0xF) << at.shift);
-          if (q5) sub[kK5Rows16FifthBits + 4 * lane + v % 4] |= uint8_t(((src[16 + v] >> s) & 1) << (v / 4));
+          if (q5) sub[kK5Rows16FifthBits + 4 * lane + v % 4] |= uint8_t(((qh[v] >> s) & 1) << (v / 4));
         }
       }
     }

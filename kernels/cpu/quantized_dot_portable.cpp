@@ -200,7 +200,8 @@ void quantized_dot_int8_baseline(const PackedWeight& w, int64_t row_begin, int64
       if (is_rows16(w.layout)) {
         out[a * out_stride + i] = rows16_row_dot(w, i, x, a);
       } else {
-        out[a * out_stride + i] = w.layout == PackedLayout::u4_pairs ? row_dot<true>(row, x, a) : row_dot<false>(row, x, a);
+        out[a * out_stride + i] =
+            w.layout == PackedLayout::u4_pairs ? row_dot<true>(row, x, a) : row_dot<false>(row, x, a);
       }
     }
   }
