@@ -65,7 +65,7 @@ std::unique_ptr<ThreadPool> global_pool;
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) {
+ThreadPool::ThreadPool(int n_threads) : shares_(size_t(std::max(1, n_threads))) {
   for (int i = 1; i < std::max(1, n_threads); ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -89,16 +89,21 @@ void ThreadPool::run(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
   std::lock_guard<std::mutex> lock(submit_);
   const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
   // Close the old job's claims before its fields change: a thread that read the old job's last claim could
-  // otherwise pair it with the new job's chunk count, claim a chunk past the old job's end, and run (and count) a
-  // chunk of the new job twice. No claim of the new generation succeeds until it opens below.
-  claim_.store(uint64_t{gen} << 32 | kClosed, std::memory_order_release);
+  // otherwise pair it with the new job's share ends, claim a chunk past the old job's end, and run (and count) a
+  // chunk of the new job twice. No claim of the new generation succeeds until its share opens below.
+  for (Share& share : shares_) share.cursor.store(uint64_t{gen} << 32 | kClosed, std::memory_order_release);
   fn_ = fn;
   ctx_ = ctx;
   n_ = n;
   grain_ = grain;
   n_chunks_.store(n_chunks, std::memory_order_relaxed);
   chunks_done_.store(0, std::memory_order_relaxed);
-  claim_.store(uint64_t{gen} << 32, std::memory_order_release);
+  const int64_t n_shares = int64_t(shares_.size());
+  for (int64_t t = 0; t < n_shares; ++t) {
+    shares_[size_t(t)].end.store(n_chunks * (t + 1) / n_shares, std::memory_order_relaxed);
+    shares_[size_t(t)].cursor.store(uint64_t{gen} << 32 | uint64_t(n_chunks * t / n_shares),
+                                    std::memory_order_release);
+  }
   generation_.store(gen, std::memory_order_release);
   generation_.notify_all();
 
@@ -107,17 +112,16 @@ void ThreadPool::run(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
-void ThreadPool::work_on(uint32_t gen) {
-  tls_in_chunk = true;
+int64_t ThreadPool::drain(Share& share, uint32_t gen) {
+  int64_t ran = 0;
   for (;;) {
-    uint64_t c = claim_.load(std::memory_order_acquire);
-    if (uint32_t(c >> 32) != gen) break;
+    uint64_t c = share.cursor.load(std::memory_order_acquire);
+    if (uint32_t(c >> 32) != gen) return -1;
     const int64_t chunk = int64_t(c & 0xFFFFFFFFu);
-    // n_chunks_ may already belong to a newer job; then claim_ has changed too and the exchange fails.
-    const int64_t n_chunks = n_chunks_.load(std::memory_order_relaxed);
-    if (chunk >= n_chunks) break;
-    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
-    // The job cannot end before this chunk does, so its fields stay as they are until then.
+    // end may already belong to a newer job; then the cursor has changed too and the exchange fails.
+    if (chunk >= share.end.load(std::memory_order_relaxed)) return ran;
+    if (!share.cursor.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+    // The job cannot end before this chunk is counted, so its fields stay as they are until then.
     const int64_t begin = chunk * grain_;
     try {
       fn_(ctx_, begin, std::min(n_, begin + grain_));
@@ -125,7 +129,24 @@ void ThreadPool::work_on(uint32_t gen) {
       std::lock_guard<std::mutex> lock(failure_mutex_);
       if (!failure_) failure_ = std::current_exception();
     }
-    if (chunks_done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_chunks) chunks_done_.notify_one();
+    ++ran;
+  }
+}
+
+void ThreadPool::work_on(uint32_t gen) {
+  tls_in_chunk = true;
+  // The thread's own share first, then the others' in turn; the chunks it ran are counted once, at the end (the
+  // job cannot end, nor another begin, until they are).
+  const size_t n_shares = shares_.size(), own = size_t(tls_thread_index) % n_shares;
+  int64_t ran = 0;
+  for (size_t k = 0; k < n_shares; ++k) {
+    const int64_t r = drain(shares_[(own + k) % n_shares], gen);
+    if (r < 0) break;
+    ran += r;
+  }
+  if (ran > 0) {
+    const int64_t n_chunks = n_chunks_.load(std::memory_order_relaxed);
+    if (chunks_done_.fetch_add(int32_t(ran), std::memory_order_acq_rel) + ran == n_chunks) chunks_done_.notify_one();
   }
   tls_in_chunk = false;
 }

@@ -5,7 +5,10 @@
 // OpenMP's static schedules and barriers, a thread whose core another process holds stalls every op until the
 // scheduler gives it the core back (decoding up to 20x slower on a busy machine, bench/results/README.md). Here:
 //   - work is cut into chunks that threads claim one at a time, so a thread that is not running claims nothing
-//     and the others (the caller included) take its share;
+//     and the others (the caller included) take its share. Each thread first claims from its own contiguous share
+//     of the chunks (a counter on its own cache line), then from the others': a claim costs a cache hit, not a
+//     cache line passed between cores, which at 3,000 chunks a decode step made SmolLM2's batch-1 decode 1.3x as
+//     slow (docs/decisions.md, [cpu-xeon]);
 //   - a waiting thread spins for a bounded time (kSpin below), then yields, then sleeps on a futex, so idle
 //     compute threads leave the cores to whoever needs them, and a blocked caller lets the scheduler move a
 //     descheduled worker onto its core.
@@ -51,15 +54,24 @@ class ThreadPool {
   // Claims and runs chunks of the job of generation `gen` until none is left.
   void work_on(uint32_t gen);
 
+  // One thread's share of the current job's chunks. `cursor` packs the job's generation (high 32 bits) and the
+  // share's next unclaimed chunk (low 32): a thread claims chunk c of generation g by moving it from (g, c) to
+  // (g, c + 1), so a thread that wakes late with an old generation can never take a chunk of a newer job.
+  struct alignas(64) Share {
+    std::atomic<uint64_t> cursor{0};
+    std::atomic<int64_t> end{0};  // one past the share's last chunk
+  };
+  // Claims and runs chunks of `share` until it has none left or the job is over; returns how many it ran, or -1
+  // once the share belongs to another generation.
+  int64_t drain(Share& share, uint32_t gen);
+
   std::vector<std::thread> workers_;
+  std::vector<Share> shares_;  // one per thread, the caller's first
   std::mutex submit_;  // one job at a time
 
-  // The current job. `claim_` packs the job's generation (high 32 bits) and its next unclaimed chunk (low 32):
-  // a thread claims chunk c of generation g by moving claim_ from (g, c) to (g, c + 1), so a thread that wakes
-  // late with an old generation can never take a chunk of a newer job.
-  std::atomic<uint64_t> claim_{0};
+  // The current job.
   std::atomic<uint32_t> generation_{0};  // what sleeping threads wait on
-  std::atomic<int32_t> chunks_done_{0};
+  alignas(64) std::atomic<int32_t> chunks_done_{0};
   ChunkFn fn_ = nullptr;
   void* ctx_ = nullptr;
   int64_t n_ = 0, grain_ = 0;

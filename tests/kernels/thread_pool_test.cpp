@@ -1,8 +1,8 @@
 // The CPU backend's compute threads (kernels/cpu/thread_pool.h): every index of a loop run exactly once, in chunks
 // no larger than asked, with more threads than cores, exceptions, nested loops, jobs from two threads at once,
 // many tiny jobs in a row (a lost wake-up or a stale job would hang or miscount here), jobs of alternating sizes
-// (a stale claim), and pools made and destroyed
-// before their threads have run.
+// (a stale claim), a thread held up in its first chunk (the others take the rest of its share), and pools made and
+// destroyed before their threads have run.
 #include "kernels/cpu/thread_pool.h"
 
 #include <atomic>
@@ -129,6 +129,30 @@ TEST(ThreadPool, AJobNeverRunsAChunkOfTheNextOne) {
   done = true;
   watchdog.join();
   EXPECT_EQ(wrong, 0) << "jobs with a chunk run twice or not at all";
+}
+
+// Each thread starts on its own share of the chunks; one held up in its first chunk (as if the scheduler had
+// paused it) must leave the rest of its share to the others, or the job would wait for it chunk by chunk.
+TEST(ThreadPool, AThreadHeldUpLeavesTheRestOfItsShareToTheOthers) {
+  ThreadPool pool(2);
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    std::atomic<int> by_worker{0}, by_caller{0};
+    std::atomic<bool> worker_held{false};
+    pool.parallel_for(64, 1, [&](int64_t, int64_t) {
+      if (ThreadPool::thread_index() == 0) {
+        by_caller.fetch_add(1);
+        return;
+      }
+      by_worker.fetch_add(1);
+      if (!worker_held.exchange(true)) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    });
+    ASSERT_EQ(by_worker.load() + by_caller.load(), 64);
+    // The worker's share is 32 chunks; held up in its first, it ran few of them (the first and any it had
+    // claimed before the caller got there). A worker that never woke for this job leaves all 64 to the caller.
+    if (by_worker.load() > 0) {
+      EXPECT_GT(by_caller.load(), 32 + 16) << "the caller did not take the held-up thread's share";
+    }
+  }
 }
 
 // A pool destroyed right after its first job, or before any: its threads may not have started yet (the stop they
