@@ -5,7 +5,7 @@
 #
 #   bench/cpu_busy_core.sh [--before-commit 17651ea] [--reps 3] [--out bench/results/cpu-busy-core.json]
 #
-# The commit before is built once in build-before/ (a git worktree; ignored by git). Raw results, the machine and
+# The commit before is built once in build-before-COMMIT/ (a git worktree; ignored by git). Raw results, the machine and
 # every command go to --out. Run it on an otherwise idle machine.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +28,8 @@ done
 
 log() { printf '[busy-core] %s\n' "$*" >&2; }
 
-before_bin=$(bench/build_commit.sh "$BEFORE" build-before)
+before_dir=build-before-$BEFORE
+before_bin=$(bench/build_commit.sh "$BEFORE" "$before_dir")
 
 busy_pid=""
 stop_busy() {
@@ -45,7 +46,7 @@ results=()
 for label in before after; do
   bin=build/strata config=$CONFIG
   # The commit before reads its own configuration file (it would refuse keys added since).
-  [ "$label" = before ] && bin=$before_bin config=build-before/$CONFIG
+  [ "$label" = before ] && bin=$before_bin config=$before_dir/$CONFIG
   for load in idle busy; do
     if [ "$load" = busy ]; then
       taskset -c 1 sh -c 'while :; do :; done' &
