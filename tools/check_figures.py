@@ -198,17 +198,18 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q4km-epyc-avx512vnni-int8-ea78d88", "q4km-epyc-avx512vnni-int8", "epyc-avx512vnni-int16",
                  "q4km-epyc-avx512vnni-int16", "epyc-avx512vnni-int16-5824a42", "q4km-epyc-avx512vnni-int16-5824a42",
                  "q4km-epyc-avx512vnni-int8-f17136b", "q4km-epyc-at-avx2", "epyc-at-avx2",
-                 "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2", "q8-epyc-at-avx2")
+                 "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2", "q8-epyc-at-avx2", "epyc-avx512vnni-pool-shares",
+                 "q4km-epyc-avx512vnni-pool-shares")
 
 CLAIMS = [
-    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16-5824a42.json",
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-pool-shares.json",
           lambda d: f"decodes {decode_span(d)} as fast as llama.cpp on the same file on an AVX-512 EPYC"),
-    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16-5824a42.json",
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-pool-shares.json",
           lambda d: f"on a Q4_K_M file {decode_span(d)} (`bench/results/README.md`)"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
           lambda d: f"{decode_span(d)} with int8 activations"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json", lambda d: f"{decode_span(d)} on an AVX2-only one"),
-    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int16-5824a42.json",
+    Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-pool-shares.json",
           lambda d: f"on an AVX-512 VNNI EPYC with the default int16 activations: batch-1 decode {batch1_span(d)}x, "
                     f"batch-8 {ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x, HTTP "
                     f"{ratios(d)['http_1_stream']:.2f}x and {ratios(d)['http_8_streams']:.2f}x"),
@@ -222,7 +223,7 @@ CLAIMS = [
       for run in LLAMACPP_RUNS),
     *(Claim("bench/results/README.md", f"cpu-vs-llamacpp-{run}.json", lambda d: weight_reads(d))
       for run in LLAMACPP_RUNS),
-    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int16-5824a42.json",
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-pool-shares.json",
           lambda d: f"on a Q4_K_M file with int16 activations batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
     Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-avx512vnni-int8-f17136b.json",
@@ -252,8 +253,13 @@ CLAIMS = [
                     f"tensors in fp32"),
     *(Claim("bench/results/README.md", source, check)
       for source in ("cpu-q5km-kept-before-after.json", "cpu-q8-avx2-level-int16-pairs-before-after.json",
-                     "cpu-avx2-level-int16-pairs-before-after.json", "cpu-int16-q16-restrict-before-after.json")
+                     "cpu-avx2-level-int16-pairs-before-after.json", "cpu-int16-q16-restrict-before-after.json",
+                     "cpu-pool-shares-before-after.json", "cpu-q4km-pool-shares-before-after.json")
       for check in (before_after, prefill_before_after)),
+    Claim("bench/results/README.md", "cpu-busy-core-pool-shares.json",
+          lambda d: f"with a process spinning on core 1, batch-1 decode ran at {d['median']['after busy batch 1']:.1f} "
+                    f"tok/s after and {d['median']['before busy batch 1']:.1f} before, batch 8 at "
+                    f"{d['median']['after busy batch 8']:.1f} and {d['median']['before busy batch 8']:.1f}"),
     *(Claim("bench/results/README.md", source, before_after)
       for source in ("cpu-int16-default-before-after.json", "cpu-q4km-int16-default-before-after.json",
                      "cpu-int16-four-rows-before-after.json", "cpu-q4km-int16-four-rows-before-after.json",

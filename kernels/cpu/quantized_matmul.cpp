@@ -12,7 +12,7 @@ namespace {
 
 // Weight rows per chunk: several chunks per thread, so that a thread the scheduler has paused leaves its share to
 // the others, but chunks of at least 16 rows, so that claiming one costs little beside its work; whole tiles of
-// a 16-row tile layout. Four a thread: SmolLM2's batch-1 decode ran 1.03-1.07x as fast as with eight, where a
+// a 16-row tile layout. Four a thread: SmolLM2's batch-1 decode ran 1.02-1.11x as fast as with eight, where a
 // chunk of its smallest matrices is three tiles (docs/decisions.md, [cpu-xeon]).
 int64_t rows_per_chunk(const PackedWeight& w) {
   const int64_t chunks = int64_t(compute_pool().size()) * 4;
