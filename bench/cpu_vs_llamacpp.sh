@@ -21,7 +21,8 @@
 # --level native-noamx builds llama.cpp natively but without AMX (-mno-amx-*), in build-VERSION-noamx/: on a machine
 # that reports AMX, run both native levels and keep both files, since a VM has been seen to report AMX and trap its
 # tile instructions, where llama.cpp's native build crashes on batched work (Strata's AMX probe, the third line of
-# `strata --version`, says whether this machine grants them).
+# `strata --version`, says whether this machine grants them). A llama.cpp command that fails does not stop the
+# script: the JSON's `failures` name it, how it ended and the end of its stderr, and its cases have no ratio.
 #
 # Run it on an idle machine: on a shared one the numbers mean little (bench/results/README.md).
 # `bench/cpu_vs_llamacpp.sh --help` lists the flags.
@@ -232,24 +233,36 @@ EOF
 RUNS_JSONL=$WORK/runs.jsonl
 : >"$RUNS_JSONL"
 
+# note_run KIND ENGINE RAW_FILE FORMAT T0 LOAD STATUS COMMAND...: appends a command's line to the runs file (its
+# exit status too where it failed; the report keeps the end of RAW_FILE.err then).
+note_run() {
+  "$PYTHON" - "$RUNS_JSONL" "$@" <<'EOF'
+import json, shlex, sys, time
+path, kind, engine, raw, fmt, t0, load, status, *cmd = sys.argv[1:]
+line = {"kind": kind, "engine": engine, "raw": raw, "format": fmt, "command": shlex.join(cmd),
+        "seconds": round(time.time() - float(t0), 2), "load_average_1min_before": float(load)}
+if status != "0":
+    line["exit_status"] = int(status)
+with open(path, "a") as f:
+    f.write(json.dumps(line) + "\n")
+EOF
+}
+
 # record KIND ENGINE RAW_FILE FORMAT COMMAND...: runs COMMAND (stdout to RAW_FILE, stderr to RAW_FILE.err),
-# and notes the command line as run.
+# and notes the command line as run. A llama.cpp command that fails is noted and the script goes on (a VM that
+# reports AMX and traps its tile instructions kills llama.cpp's native build on batched work; the report names
+# the failure and leaves those cases without a ratio); a failing Strata or machine command ends the script.
 record() {
   local kind=$1 engine=$2 raw=$3 format=$4; shift 4
   log "$engine $kind: $*"
-  local t0 load; t0=$(date +%s.%N); load=$(cut -d' ' -f1 /proc/loadavg)
-  if ! "$@" >"$raw" 2>"$raw.err"; then
+  local t0 load status=0; t0=$(date +%s.%N); load=$(cut -d' ' -f1 /proc/loadavg)
+  "$@" >"$raw" 2>"$raw.err" || status=$?
+  if [ "$status" != 0 ]; then
     tail -20 "$raw.err" >&2
-    die "$engine $kind failed: $*"
+    [[ $engine == llama.cpp || $engine == llama-server ]] || die "$engine $kind failed: $*"
+    log "$engine $kind failed (exit status $status); going on without it"
   fi
-  "$PYTHON" - "$RUNS_JSONL" "$kind" "$engine" "$raw" "$format" "$t0" "$load" "$@" <<'EOF'
-import json, shlex, sys, time
-path, kind, engine, raw, fmt, t0, load, *cmd = sys.argv[1:]
-with open(path, "a") as f:
-    f.write(json.dumps({"kind": kind, "engine": engine, "raw": raw, "format": fmt, "command": shlex.join(cmd),
-                        "seconds": round(time.time() - float(t0), 2), "load_average_1min_before": float(load)})
-            + "\n")
-EOF
+  note_run "$kind" "$engine" "$raw" "$format" "$t0" "$load" "$status" "$@"
 }
 
 LB=$LCP_BIN/llama-bench
@@ -294,29 +307,35 @@ done
 
 # HTTP: each server in turn, loaded by the same client.
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_health() {  # wait_health PORT NAME: until GET /health answers 200 (model loaded), or the server exits
+wait_health() {  # wait_health PORT NAME: until GET /health answers 200 (model loaded); fails if the server exits
   local port=$1 name=$2
   for _ in $(seq 600); do
-    kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$WORK/$name.log" >&2; die "$name exited before it was healthy"; }
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      tail -20 "$WORK/$name.log" >&2
+      log "$name exited before it was healthy"
+      return 1
+    fi
     [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$port/health" || true)" = 200 ] && return
     sleep 0.5
   done
   die "$name did not become healthy on port $port in 5 minutes"
 }
 # serve NAME PORT COMMAND...: starts the server, waits for /health, loads it with bench/http_load.py, stops it.
+# A llama-server that dies is noted as record notes a failed llama.cpp command; a Strata one ends the script.
 serve_and_load() {
   local name=$1 port=$2; shift 2
   port_free "$port" || die "port $port is in use (--llama-port / --strata-port)"
   log "$name: $*"
+  local t0 load_avg status=0; t0=$(date +%s.%N); load_avg=$(cut -d' ' -f1 /proc/loadavg)
   "$@" >"$WORK/$name.log" 2>&1 &
   SERVER_PID=$!
-  "$PYTHON" - "$RUNS_JSONL" "$name" "$WORK/$name.log" "$@" <<'EOF'
-import json, shlex, sys
-path, name, log, *cmd = sys.argv[1:]
-open(path, "a").write(json.dumps({"kind": "http-server", "engine": name, "raw": log, "format": "log",
-                                  "command": shlex.join(cmd)}) + "\n")
-EOF
-  wait_health "$port" "$name"
+  if ! wait_health "$port" "$name"; then
+    wait "$SERVER_PID" || status=$?
+    SERVER_PID=""
+    [ "$name" = llama-server ] || die "$name exited before it was healthy"
+  fi
+  note_run http-server "$name" "$WORK/$name.log" log "$t0" "$load_avg" "$status" "$@"
+  [ "$status" = 0 ] || return 0
   local load=("$PYTHON" bench/http_load.py --url "http://127.0.0.1:$port" --model auto
               --tokenizer "$STRATA tokenize --model $MODEL" --prompt-tokens "$PROMPT_TOKENS"
               --max-tokens "$GEN_TOKENS" --streams "1,$BATCH" --rounds "$HTTP_ROUNDS" --out "$WORK/$name-http.json")

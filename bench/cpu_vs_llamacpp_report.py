@@ -12,6 +12,7 @@ import datetime
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,22 @@ def sha256(path: str) -> str | None:
         return h.hexdigest()
     except OSError:
         return None
+
+
+def failure(run: dict) -> dict:
+    """A command that exited with an error (the script goes on after a llama.cpp one): what ran, how it ended, and
+    the end of what it wrote to stderr (a server's log)."""
+    status = run["exit_status"]
+    how = f"exit status {status}"
+    if status > 128:  # the shell's status for a command killed by a signal
+        try:
+            how += f" ({signal.Signals(status - 128).name})"
+        except ValueError:
+            pass
+    err = run["raw"] if run["format"] == "log" else run["raw"] + ".err"
+    tail = read_text(err).splitlines()[-20:] if os.path.exists(err) else []
+    return {"kind": run["kind"], "engine": run["engine"], "command": run["command"], "exit_status": status,
+            "how": how, "stderr_tail": tail}
 
 
 def weight_bytes(model: str) -> int:
@@ -113,11 +130,14 @@ def main() -> int:
     raw: dict[str, list] = {"llama_bench": [], "llama_bench_depth": [], "llama_batched_bench": [],
                             "strata_bench_batch1": [], "strata_bench_batched": [], "llama_server_http": None,
                             "strata_serve_http": None}
-    commands = []
+    commands, failures = [], []
     for run in runs:
         kind, engine, fmt = run["kind"], run["engine"], run["format"]
-        commands.append({k: run[k] for k in ("kind", "engine", "command", "seconds", "load_average_1min_before")
-                         if k in run})
+        commands.append({k: run[k] for k in ("kind", "engine", "command", "seconds", "load_average_1min_before",
+                                             "exit_status") if k in run})
+        if "exit_status" in run:
+            failures.append(failure(run))
+            continue
         if fmt == "log":  # a server's log: keep the lines that say how it runs
             keep = ("CPU_REPACK", "n_ctx", "n_slots", "kv_unified", "n_threads", "threads", "KV pool", "weight")
             lines = [l.rstrip() for l in read_text(run["raw"]).splitlines() if any(k in l for k in keep)]
@@ -257,7 +277,9 @@ def main() -> int:
         notes.append("llama.cpp did not repack some weights for its faster CPU kernels (its log: "
                      + repack[0].split(": ", 1)[-1] + "); the GGUF's quantization type decides that")
 
-    warnings = []
+    warnings = [f"{f['engine']} {f['kind']} failed ({f['how']}): {f['command']}" for f in failures]
+    if failures:
+        warnings.append("what the failed commands measure has no ratio")
     if machine["load_average_at_start"][0] > 0.5:
         warnings.append(f"the machine was not idle (1-minute load average {machine['load_average_at_start'][0]:.2f} "
                         "at start): llama.cpp's spinning thread pool slows down far more than Strata when another "
@@ -313,6 +335,7 @@ def main() -> int:
         "summary": summary,
         "notes": notes,
         "warnings": warnings,
+        "failures": failures,
         "commands": commands,
         "raw": raw,
     }
