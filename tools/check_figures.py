@@ -199,7 +199,8 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q4km-epyc-avx512vnni-int16", "epyc-avx512vnni-int16-5824a42", "q4km-epyc-avx512vnni-int16-5824a42",
                  "q4km-epyc-avx512vnni-int8-f17136b", "q4km-epyc-at-avx2", "epyc-at-avx2",
                  "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2", "q8-epyc-at-avx2", "epyc-avx512vnni-pool-shares",
-                 "q4km-epyc-avx512vnni-pool-shares")
+                 "q4km-epyc-avx512vnni-pool-shares", "q4km-epyc-at-avx2-pool-shares", "epyc-at-avx2-pool-shares",
+                 "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares")
 
 CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-pool-shares.json",
@@ -238,14 +239,15 @@ CLAIMS = [
     *(Claim("bench/results/README.md", source, check)
       for source in ("cpu-avx2-level-int16-vs-f32.json", "cpu-q4km-avx2-level-int16-vs-f32.json")
       for check in (before_after, prefill_before_after)),
-    Claim("README.md", "cpu-vs-llamacpp-epyc-at-avx2.json", lambda d: f"SmolLM2's file {decode_span(d)}"),
-    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-at-avx2.json", lambda d: f"the Q4_K_M one {decode_span(d)})"),
+    Claim("README.md", "cpu-vs-llamacpp-epyc-at-avx2-pool-shares.json", lambda d: f"SmolLM2's file {decode_span(d)}"),
+    Claim("README.md", "cpu-vs-llamacpp-q4km-epyc-at-avx2-pool-shares.json",
+          lambda d: f"the Q4_K_M one {decode_span(d)})"),
     Claim("README.md", "cpu-q4km-avx2-level-int16-vs-f32.json",
           lambda d: f"the Q4_K_M file's batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x"),
-    Claim("README.md", "cpu-vs-llamacpp-q5km-epyc-avx512vnni.json",
+    Claim("README.md", "cpu-vs-llamacpp-q5km-epyc-avx512vnni-pool-shares.json",
           lambda d: f"on a Q5_K_M file batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
-    Claim("README.md", "cpu-vs-llamacpp-q8-epyc-at-avx2.json",
+    Claim("README.md", "cpu-vs-llamacpp-q8-epyc-at-avx2-pool-shares.json",
           lambda d: f"on a Q8_0 file held to AVX2 batch-1 decode {batch1_span(d)}x, batch-8 "
                     f"{ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x"),
     Claim("README.md", "cpu-q5km-kept-before-after.json",
