@@ -7,8 +7,8 @@
 //   - work is cut into chunks that threads claim one at a time, so a thread that is not running claims nothing
 //     and the others (the caller included) take its share. Each thread first claims from its own contiguous share
 //     of the chunks (a counter on its own cache line), then from the others': a claim costs a cache hit, not a
-//     cache line passed between cores, which at 3,000 chunks a decode step made SmolLM2's batch-1 decode 1.3x as
-//     slow (docs/decisions.md, [cpu-xeon]);
+//     cache line passed between cores, which at 3,000 chunks a decode step took about a quarter of SmolLM2's
+//     batch-1 decode speed (docs/decisions.md, [cpu-xeon]);
 //   - a waiting thread spins for a bounded time (kSpin below), then yields, then sleeps on a futex, so idle
 //     compute threads leave the cores to whoever needs them, and a blocked caller lets the scheduler move a
 //     descheduled worker onto its core.
