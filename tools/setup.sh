@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- 1. Debian packages ---------------------------------------------------------------------------
-debs=(build-essential cmake ninja-build pkg-config git unzip python3 python3-venv
+debs=(build-essential cmake ninja-build pkg-config git unzip curl python3 python3-venv
       libboost1.81-dev libyaml-cpp-dev prometheus-cpp-dev nlohmann-json3-dev libicu-dev
       libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev prometheus
       clang libclang-rt-14-dev)  # clang and its libFuzzer/sanitizer runtimes: tools/fuzz.sh
