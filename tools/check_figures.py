@@ -258,6 +258,11 @@ CLAIMS = [
                      "cpu-avx2-level-int16-pairs-before-after.json", "cpu-int16-q16-restrict-before-after.json",
                      "cpu-pool-shares-before-after.json", "cpu-q4km-pool-shares-before-after.json")
       for check in (before_after, prefill_before_after)),
+    Claim("bench/results/README.md", "cpu-decode-profile-before-pool-shares.json",
+          lambda d: f"put the compute pool's waits at {d['groups_percent']['compute pool waits']:.0f}% of the step's "
+                    f"samples"),
+    Claim("bench/results/README.md", "cpu-decode-profile-pool-shares.json",
+          lambda d: f"the waits fell to {d['groups_percent']['compute pool waits']:.0f}%"),
     Claim("bench/results/README.md", "cpu-busy-core-pool-shares.json",
           lambda d: f"with a process spinning on core 1, batch-1 decode ran at {d['median']['after busy batch 1']:.1f} "
                     f"tok/s after and {d['median']['before busy batch 1']:.1f} before, batch 8 at "
