@@ -27,6 +27,7 @@
 #include "daemon/commands/machine_info.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/host_memory.h"
+#include "kernels/cpu/kv_quantization.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_block_layout.h"
 
@@ -55,23 +56,54 @@ void evict_caches() {
 struct Case {
   const Shape& shape;
   int batch, context;
+  KvQuant quant;  // none: full-precision blocks of 16; else KIVI blocks of 32, every one quantized
 };
+
+// Every block of a quantized pool (n_slots 0: each id a quantized block) made of random codes, with scales and
+// mins of a plausible size, as sealed blocks hold.
+void fill_quantized(const KvPoolView& pool, int32_t n_blocks, std::mt19937& rng) {
+  const KvBlockLayout& L = pool.layout;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.01f, 0.2f), min(-2.0f, -0.5f);
+  for (int32_t b = 0; b < n_blocks; ++b) {
+    uint8_t* block = pool.block_quantized(b);
+    for (int64_t i = 0; i < 2 * L.codes_bytes(); ++i) block[i] = uint8_t(byte(rng));
+    auto* scales = reinterpret_cast<uint16_t*>(block + 2 * L.codes_bytes());
+    const int64_t n_scales = (L.quantized_block_bytes() - 2 * L.codes_bytes()) / kKvScaleBytes;
+    for (int64_t i = 0; i < n_scales; ++i) scales[i] = cpu::store_scale(i % 2 == 0 ? scale(rng) : min(rng));
+  }
+}
+
+// Bytes of cache per entry (all KV heads, K and V; a quantized block's codes, scales and mins).
+double entry_bytes(const Case& c) {
+  if (c.quant == KvQuant::none) return 2.0 * c.shape.n_kv_heads * c.shape.head_dim * sizeof(float);
+  const KvBlockLayout layout{c.shape.n_kv_heads, c.shape.head_dim, kKvQuantGroup, DType::f32, c.quant};
+  return double(layout.quantized_block_bytes()) / kKvQuantGroup;
+}
 
 // The op's time per layer (seconds, median of reps passes over the layers) for one case.
 double time_case(const Case& c, int reps, std::mt19937& rng) {
-  const KvBlockLayout layout{c.shape.n_kv_heads, c.shape.head_dim, kBlockSize};
-  const int blocks_per_seq = (c.context + kBlockSize - 1) / kBlockSize;
-  const int64_t layer_bytes = int64_t(c.batch) * blocks_per_seq * layout.elements_per_block() * int64_t(sizeof(float));
+  const bool quantized = c.quant != KvQuant::none;
+  const int block_size = quantized ? kKvQuantGroup : kBlockSize;
+  const KvBlockLayout layout{c.shape.n_kv_heads, c.shape.head_dim, block_size, DType::f32, c.quant};
+  const int blocks_per_seq = (c.context + block_size - 1) / block_size;
+  const int64_t block_bytes = quantized ? layout.quantized_block_bytes() : layout.block_bytes();
+  const int64_t layer_bytes = int64_t(c.batch) * blocks_per_seq * block_bytes;
   const int layers = int(std::clamp<int64_t>(kMaxPoolBytes / layer_bytes, 1, c.shape.layers));
   const int32_t n_blocks = layers * c.batch * blocks_per_seq;
 
   // The pool in memory as the CPU backend maps it (huge pages where granted).
-  const size_t n_floats = size_t(n_blocks) * size_t(layout.elements_per_block());
+  const int64_t slots = quantized ? n_blocks / layout.quantized_per_slot() + 1 : n_blocks;
+  const size_t n_floats = size_t(slots) * size_t(layout.elements_per_block());
   const cpu::HostMapping mapping(n_floats * sizeof(float));
   const std::span<float> memory(reinterpret_cast<float*>(mapping.data()), n_floats);
+  const KvPoolView pool{memory.data(), layout, quantized ? 0 : n_blocks, {}};
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& x : memory) x = normal(rng);
-  const KvPoolView pool{memory.data(), layout, n_blocks, {}};
+  if (quantized) {
+    fill_quantized(pool, n_blocks, rng);
+  } else {
+    for (float& x : memory) x = normal(rng);
+  }
   std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
@@ -128,16 +160,19 @@ int main(int argc, char** argv) {
   const Shape shapes[] = {{"smollm2-135m", 9, 3, 64, 30}, {"llama-3-8b", 32, 8, 128, 32}};
   std::mt19937 rng(1);
   nlohmann::json results = nlohmann::json::array();
-  for (const Shape& shape : shapes) {
-    for (int batch : {1, 8}) {
-      for (int context : {256, 1024, 4096}) {
-        const Case c{shape, batch, context};
-        const double seconds = time_case(c, reps, rng);
-        const double kv_bytes = 2.0 * batch * context * shape.n_kv_heads * shape.head_dim * sizeof(float);
-        results.push_back({{"shape", shape.name}, {"batch", batch}, {"context", context}, {"us", seconds * 1e6},
-                           {"kv_gb_per_s", kv_bytes / seconds / 1e9}});
-        std::cout << shape.name << ", batch " << batch << ", context " << context << ": " << seconds * 1e6
-                  << " us, " << kv_bytes / seconds / 1e9 << " GB/s of cache\n";
+  for (const KvQuant quant : {KvQuant::none, KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
+    for (const Shape& shape : shapes) {
+      for (int batch : {1, 8}) {
+        for (int context : {256, 1024, 4096}) {
+          const Case c{shape, batch, context, quant};
+          const double seconds = time_case(c, reps, rng);
+          const double kv_bytes = double(batch) * context * entry_bytes(c);
+          const std::string kv = quant == KvQuant::none ? "f32" : kv_quant_name(quant);
+          results.push_back({{"shape", shape.name}, {"kv", kv}, {"batch", batch}, {"context", context},
+                             {"us", seconds * 1e6}, {"kv_gb_per_s", kv_bytes / seconds / 1e9}});
+          std::cout << shape.name << ", " << kv << ", batch " << batch << ", context " << context << ": "
+                    << seconds * 1e6 << " us, " << kv_bytes / seconds / 1e9 << " GB/s of cache\n";
+        }
       }
     }
   }
@@ -149,8 +184,7 @@ int main(int argc, char** argv) {
                                  {"commit", build_commit()},
                                  {"machine", machine_json()},
                                  {"threads", cpu::compute_pool().size()},
-                                 {"kv_dtype", "f32"},
-                                 {"block_size", kBlockSize},
+                                 {"block_size", {{"f32", kBlockSize}, {"quantized", kKvQuantGroup}}},
                                  {"results", results}};
   std::ofstream(out_path) << report.dump(1) << "\n";
   std::cout << "wrote " << out_path << "\n";

@@ -32,6 +32,10 @@ void quantize_value_row(const float* v, uint8_t* block, int head, int slot, cons
 // as kv_dequantize writes them (attention reads a quantized block this way).
 void dequantize_keys(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out);
 void dequantize_values(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out);
+// The same for x86-64-v3 (kv_dequantize_avx2.cpp): dequantize_keys and dequantize_values take them where
+// best_cpu_isa() allows AVX2.
+void dequantize_keys_avx2(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out);
+void dequantize_values_avx2(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out);
 
 // A value entry with its codes and per-token scales, as stored (values move without requantization).
 void copy_value_entry(const uint8_t* src_block, int src_slot, uint8_t* dst_block, int dst_slot, int head,

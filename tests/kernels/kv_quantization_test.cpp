@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/quantized_dot.h"
 #include "kernels/kv_block_layout.h"
 
 namespace strata {
@@ -314,11 +315,12 @@ INSTANTIATE_TEST_SUITE_P(Formats, KvQuantRoundTrip, ::testing::Values(KvQuant::i
                          [](const auto& info) { return std::string(kv_quant_name(info.param)); });
 
 // kv_dequantize writes min + code * scale in float arithmetic, which is exact up to the one rounding of the sum:
-// the same float as this test's decode of the bytes. head_dim 96: keys' scales in more than one chunk of 64,
-// three value groups.
-TEST_P(KvQuantRoundTrip, DequantizedBlocksAreTheDocumentedDecodeOfTheirBytes) {
+// the same float as this test's decode of the bytes, on every instruction-set level the machine has (the portable
+// bodies and AVX2's, kernels/cpu/kv_dequantize_avx2.cpp; attention reads quantized blocks through them). head_dim
+// 96: three groups of 32 channels, so three value groups.
+TEST_P(KvQuantRoundTrip, DequantizedBlocksAreTheDocumentedDecodeOfTheirBytesAtEveryLevel) {
   auto be = make_cpu_backend();
-  QuantPool p(*be, quant_layout(GetParam(), 2, 96), 6);
+  QuantPool p(*be, quant_layout(GetParam(), 2, 96), 9);
   const KvBlockLayout& L = p.view.layout;
   for (int b = 0; b < 3; ++b) fill_random(p, b, 20 + uint32_t(b), -4.0f, 3.0f);
   std::vector<int32_t> quantized;
@@ -326,15 +328,23 @@ TEST_P(KvQuantRoundTrip, DequantizedBlocksAreTheDocumentedDecodeOfTheirBytes) {
     quantized.push_back(p.quantized(3 + b / L.quantized_per_slot(), b % L.quantized_per_slot()));
   }
   be->kv_quantize(std::vector<int32_t>{0, 1, 2}, quantized, p.view);
-  be->kv_dequantize(quantized, std::vector<int32_t>{0, 1, 2}, p.view);
-  for (int b = 0; b < 3; ++b) {
-    for (int h = 0; h < L.n_kv_heads; ++h) {
-      for (int t = 0; t < L.block_size; ++t) {
-        for (int c = 0; c < L.head_dim; ++c) {
-          ASSERT_EQ(p.k(b, h, t)[c], float(decoded_key(p.view, quantized[size_t(b)], h, t, c)))
-              << "block " << b << " head " << h << " entry " << t << " key channel " << c;
-          ASSERT_EQ(p.v(b, h, t)[c], float(decoded_value(p.view, quantized[size_t(b)], h, t, c)))
-              << "block " << b << " head " << h << " entry " << t << " value channel " << c;
+  const cpu::CpuIsa best = cpu::best_cpu_isa();
+  for (const cpu::CpuIsa level : {cpu::CpuIsa::baseline, cpu::CpuIsa::avx2}) {
+    if (!cpu::cpu_supports(level)) continue;
+    cpu::limit_cpu_isa(level);
+    be->kv_dequantize(quantized, std::vector<int32_t>{6, 7, 8}, p.view);
+    cpu::limit_cpu_isa(best);
+    for (int b = 0; b < 3; ++b) {
+      for (int h = 0; h < L.n_kv_heads; ++h) {
+        for (int t = 0; t < L.block_size; ++t) {
+          for (int c = 0; c < L.head_dim; ++c) {
+            ASSERT_EQ(p.k(6 + b, h, t)[c], float(decoded_key(p.view, quantized[size_t(b)], h, t, c)))
+                << cpu::cpu_isa_name(level) << ": block " << b << " head " << h << " entry " << t << " key channel "
+                << c;
+            ASSERT_EQ(p.v(6 + b, h, t)[c], float(decoded_value(p.view, quantized[size_t(b)], h, t, c)))
+                << cpu::cpu_isa_name(level) << ": block " << b << " head " << h << " entry " << t
+                << " value channel " << c;
+          }
         }
       }
     }
