@@ -1,6 +1,7 @@
 // The CPU backend's paged attention (kernels/cpu/paged_attention.cpp) on decode steps: one query row per sequence
 // over its whole cache, at SmolLM2-135M's and Llama-3-8B's head shapes, batches of 1 and 8, contexts of 256 to 4,096
-// entries in full-precision blocks of 16 scattered over the pool.
+// entries scattered over the pool: in full-precision blocks of 16, then in KIVI blocks of 32 (int8, int4, int2: every
+// block quantized, random codes), whose rate counts the bytes they hold (codes, scales and mins).
 //
 //   build/bench/decode_attention [--reps 20] [--out FILE]
 //
