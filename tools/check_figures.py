@@ -121,6 +121,31 @@ def decode_attention_change(after: dict) -> str:
             f"{max(share[8]):.2f}; it reads the cache at {min(rates):.1f}-{max(rates):.1f} GB/s")
 
 
+def quantized_attention_change(after: dict) -> str:
+    """build/bench/decode_attention over quantized pools: before / after time ranges per KV format (the before file
+    beside it), and the rates at which the after run reads quantized and f32 blocks."""
+    before = load("cpu-decode-attention-kv-before-dequantize-avx2.json")
+    speedup: dict = {}
+    for a, b in zip(after["results"], before["results"]):
+        speedup.setdefault(a["kv"], []).append(b["us"] / a["us"])
+    span = {kv: f"{min(v):.2f}-{max(v):.2f}" for kv, v in speedup.items()}
+    quantized = [r["kv_gb_per_s"] for r in after["results"] if r["kv"] != "f32"]
+    f32 = [r["kv_gb_per_s"] for r in after["results"] if r["kv"] == "f32"]
+    return (f"the time before over after is int8 {span['int8']}, int4 {span['int4']}, int2 {span['int2']}; the f32 "
+            f"cases, whose code did not change, {span['f32']}: the spread of this VM between two runs. What is left: "
+            f"the quantized blocks are read at {min(quantized):.1f}-{max(quantized):.1f} GB/s of their own bytes, "
+            f"where f32 blocks are read at {min(f32):.1f}-{max(f32):.1f}")
+
+
+def engine_decode_after_context(d: dict, context: int) -> str:
+    """bench/engine_before_after.sh with --context: decode after / before at batch 1 and 8, with the medians."""
+    m = d["median"]
+    return "; ".join(f"batch {b} {m[f'decode batch {b} context {context}: after / before']:.2f}x "
+                     f"({m[f'before decode batch {b} context {context}']:.1f} to "
+                     f"{m[f'after decode batch {b} context {context}']:.1f}" + (" tok/s)" if b == 1 else ")")
+                     for b in (1, 8))
+
+
 def before_after(d: dict) -> str:
     """bench/engine_before_after.sh: decode after / before at batch 1 and 8, with the medians."""
     m = d["median"]
@@ -285,6 +310,9 @@ CLAIMS = [
     Claim("bench/results/README.md", "cpu-decode-split-thp-before-after.json", before_after),
     Claim("bench/results/README.md", "cpu-decode-split-thp-before-after-int8.json", before_after),
     Claim("bench/results/README.md", "cpu-decode-attention-epyc-avx512vnni.json", decode_attention_change),
+    Claim("bench/results/README.md", "cpu-decode-attention-kv-dequantize-avx2.json", quantized_attention_change),
+    Claim("bench/results/README.md", "cpu-kv-int4-dequantize-avx2-before-after.json",
+          lambda d: engine_decode_after_context(d, 4096)),
     Claim("bench/results/README.md", "cpu-int8-decode-profile-epyc-avx512vnni.json",
           lambda d: decode_profile(d, "int8")),
     Claim("bench/results/README.md", "cpu-f32-decode-profile-epyc-avx512vnni.json",
