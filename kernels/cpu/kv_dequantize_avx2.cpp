@@ -17,8 +17,8 @@
 namespace strata::cpu {
 namespace {
 
-// Channels [c, c + 32) of a code row (c a multiple of 32), one a byte, in channel order in two xmm: channel
-// i * 8 / kBits + k sits in bits k * kBits of byte i (put_code).
+// The codes of channels [c, c + 32) of a code row (c a multiple of 32), a byte each, in channel order across two
+// xmm; in the row, channel i * 8 / kBits + k sits in bits k * kBits of byte i (put_code).
 template <int kBits>
 inline void channel_codes(const uint8_t* row, int c, __m128i& first, __m128i& second) {
   if constexpr (kBits == 8) {
@@ -35,7 +35,8 @@ inline void channel_codes(const uint8_t* row, int c, __m128i& first, __m128i& se
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c / 4));
     const __m128i mask = _mm_set1_epi8(0x03);
     const __m128i p0 = _mm_and_si128(bytes, mask), p1 = _mm_and_si128(_mm_srli_epi16(bytes, 2), mask);
-    const __m128i p2 = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask), p3 = _mm_and_si128(_mm_srli_epi16(bytes, 6), mask);
+    const __m128i p2 = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m128i p3 = _mm_and_si128(_mm_srli_epi16(bytes, 6), mask);
     const __m128i p01 = _mm_unpacklo_epi8(p0, p1), p23 = _mm_unpacklo_epi8(p2, p3);  // byte pairs of channels
     first = _mm_unpacklo_epi16(p01, p23);
     second = _mm_unpackhi_epi16(p01, p23);
@@ -55,6 +56,7 @@ inline void dequantize_group(const uint8_t* row, int c, const __m256 (&scale)[4]
   for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + 8 * j, _mm256_fmadd_ps(codes[j], scale[j], min[j]));
 }
 
+// 8 stored scales or mins (fp16) as floats.
 inline __m256 load_scales8(const uint16_t* stored) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(stored)));
 }

@@ -166,7 +166,9 @@ void quantize_value_row(const float* v, uint8_t* block, int head, int slot, cons
 STRATA_SIMD_CLONES
 void dequantize_keys(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out) {
 #if STRATA_QUANTIZED_DOT_X86
-  if (L.quant != KvQuant::none && best_cpu_isa() >= CpuIsa::avx2) return dequantize_keys_avx2(block, head, first, n, L, out);
+  if (L.quant != KvQuant::none && best_cpu_isa() >= CpuIsa::avx2) {
+    return dequantize_keys_avx2(block, head, first, n, L, out);
+  }
 #endif
   switch (L.quant) {
     case KvQuant::int8: return dequantize_keys<8>(block, head, first, n, L, out);
@@ -180,7 +182,9 @@ void dequantize_keys(const uint8_t* block, int head, int first, int n, const KvB
 STRATA_SIMD_CLONES
 void dequantize_values(const uint8_t* block, int head, int first, int n, const KvBlockLayout& L, float* out) {
 #if STRATA_QUANTIZED_DOT_X86
-  if (L.quant != KvQuant::none && best_cpu_isa() >= CpuIsa::avx2) return dequantize_values_avx2(block, head, first, n, L, out);
+  if (L.quant != KvQuant::none && best_cpu_isa() >= CpuIsa::avx2) {
+    return dequantize_values_avx2(block, head, first, n, L, out);
+  }
 #endif
   switch (L.quant) {
     case KvQuant::int8: return dequantize_values<8>(block, head, first, n, L, out);
