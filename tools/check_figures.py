@@ -313,6 +313,7 @@ CLAIMS = [
     Claim("bench/results/README.md", "cpu-decode-attention-kv-dequantize-avx2.json", quantized_attention_change),
     Claim("bench/results/README.md", "cpu-kv-int4-dequantize-avx2-before-after.json",
           lambda d: engine_decode_after_context(d, 4096)),
+    Claim("bench/results/README.md", "cpu-kv-int4-vs-f32-4096.json", lambda d: engine_decode_after_context(d, 4096)),
     Claim("bench/results/README.md", "cpu-int8-decode-profile-epyc-avx512vnni.json",
           lambda d: decode_profile(d, "int8")),
     Claim("bench/results/README.md", "cpu-f32-decode-profile-epyc-avx512vnni.json",
