@@ -8,10 +8,14 @@ greedy decode steps at positions N..N+G-1, each timed after a CUDA synchronisati
     decode tokens/s = B * G / (time of the G steps)
 Prefill: one sequence of P random tokens, one forward pass: prefill tokens/s = P / time.
 Cells whose cache does not fit in the GPU's free memory (or that run out of memory) are skipped with the reason.
-Eager mode (no torch.compile, no CUDA graphs): transformers' default path.
+Eager mode (transformers' default path) unless --compile MODE: then the forward pass is torch.compile'd
+(fullgraph, static shapes: one compilation per batch and cache length) with that mode, "reduce-overhead" replaying
+CUDA graphs (transformers' documented static-cache recipe); each decode cell runs --warmup-steps untimed steps first
+(compilation, graph recording) and prefill stays eager.
 
   python3 tools/bench_torch_reference.py --model llama-3-8b --out torch-8b.json
   python3 tools/bench_torch_reference.py --model llama-3-70b --layers 33 --batch 1,8 --context 1024,4096
+  python3 tools/bench_torch_reference.py --compile reduce-overhead --batch 1,64 --context 1024 --prefill-tokens ''
   python3 tools/bench_torch_reference.py --device cpu --tiny          # a smoke test without a GPU
 """
 import argparse
@@ -92,9 +96,10 @@ def free_bytes(device):
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
 
 
-def decode_cell(model, config, device, batch, context, n_gen, generator):
-    """G timed decode steps after a synthetic context of `context` entries in a static cache of context + G."""
-    length = context + n_gen
+def decode_cell(model, forward, config, device, batch, context, n_gen, n_warmup, generator):
+    """G timed decode steps, after W untimed ones, after a synthetic context of `context` entries in a static cache
+    of context + W + G. `forward` is the model's forward pass, eager or compiled."""
+    length = context + n_warmup + n_gen
     try:
         cache = StaticCache(config=config, max_batch_size=batch, max_cache_len=length, device=device,
                             dtype=torch.bfloat16)
@@ -102,23 +107,26 @@ def decode_cell(model, config, device, batch, context, n_gen, generator):
         cache = StaticCache(config=config, max_cache_len=length)
     tokens = torch.randint(100, config.vocab_size, (batch, 1), device=device, generator=generator)
     with torch.inference_mode():
-        # One step at position 0 makes the cache allocate its tensors (lazily in transformers 5), then the first
-        # `context` entries of every layer get random keys and values.
+        # One eager step at position 0 makes the cache allocate its tensors (lazily in transformers 5: not a side
+        # effect to compile), then the first `context` entries of every layer get random keys and values.
         model(input_ids=tokens, past_key_values=cache, cache_position=torch.tensor([0], device=device),
               use_cache=True)
         for keys, values in cache_tensors(cache):
             keys[:, :, :context].normal_(generator=generator)
             values[:, :, :context].normal_(generator=generator)
         step_seconds = []
-        for i in range(n_gen):
+        for i in range(n_warmup + n_gen):
             position = torch.tensor([context + i], device=device)
             sync(device)
             t0 = time.perf_counter()
-            logits = model(input_ids=tokens, past_key_values=cache, cache_position=position,
-                           position_ids=position.expand(batch, 1), use_cache=True).logits
-            tokens = logits[:, -1:].argmax(-1)
+            if forward is not model.forward:
+                torch.compiler.cudagraph_mark_step_begin()
+            logits = forward(input_ids=tokens, past_key_values=cache, cache_position=position,
+                             position_ids=position.expand(batch, 1), use_cache=True).logits
+            tokens = logits[:, -1:].argmax(-1).clone()  # a graph's output is overwritten by its next replay
             sync(device)
-            step_seconds.append(time.perf_counter() - t0)
+            if i >= n_warmup:
+                step_seconds.append(time.perf_counter() - t0)
     del cache
     seconds = sum(step_seconds)
     step_seconds.sort()
@@ -151,6 +159,11 @@ def main():
     parser.add_argument("--prefill-tokens", default="1024,4096")
     parser.add_argument("--headroom-gib", type=float, default=4.0,
                         help="GPU memory left free beside a cell's KV cache (activations, logits)")
+    parser.add_argument("--compile", default="", metavar="MODE",
+                        help="torch.compile the forward pass with this mode (reduce-overhead, max-autotune); "
+                             "default: eager")
+    parser.add_argument("--warmup-steps", type=int, help="untimed decode steps before each cell's timed ones "
+                        "(default: 3 when compiled, 0 in eager mode)")
     parser.add_argument("--time-limit", type=float, default=0, help="seconds; later cells are skipped (0: none)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", help="JSON file of the results")
@@ -162,6 +175,14 @@ def main():
     config = make_config(name, 0 if args.tiny else args.layers)
     model = make_model(config, device, args.seed)
     generator = torch.Generator(device=device).manual_seed(args.seed)
+    forward = model.forward
+    if args.compile:
+        # Static shapes: a second batch size compiles its own graph instead of a dynamic one (CUDA graphs record
+        # one shape each anyway).
+        torch._dynamo.config.automatic_dynamic_shapes = False
+        torch._dynamo.config.cache_size_limit = 64
+        forward = torch.compile(model.forward, mode=args.compile, fullgraph=True)
+    n_warmup = args.warmup_steps if args.warmup_steps is not None else (3 if args.compile else 0)
     n_params = sum(p.numel() for p in model.parameters())
     report = {
         "command": " ".join([sys.executable] + sys.argv),
@@ -171,8 +192,9 @@ def main():
         "model": {"shape": name, "layers": config.num_hidden_layers, "d_model": config.hidden_size,
                   "heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads,
                   "vocab": config.vocab_size, "parameters": n_params, "weight_bytes": 2 * n_params},
-        "dtype": "bfloat16", "attention": config._attn_implementation, "mode": "eager",
-        "gen_tokens": args.gen_tokens,
+        "dtype": "bfloat16", "attention": config._attn_implementation,
+        "mode": f"torch.compile(mode={args.compile!r}, fullgraph=True)" if args.compile else "eager",
+        "gen_tokens": args.gen_tokens, "warmup_steps": n_warmup,
         "context": "synthetic: the first N entries of a static cache of N + gen_tokens hold random keys and values",
         "setup_seconds": time.perf_counter() - start,
         "decode": [], "prefill": []}
@@ -207,10 +229,17 @@ def main():
             elif free is not None and need + args.headroom_gib * 2**30 > free:
                 row["skipped"] = f"the KV cache needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB are free"
             else:
+                t0 = time.perf_counter()
                 try:
-                    row.update(decode_cell(model, config, device, batch, context, args.gen_tokens, generator))
+                    row.update(decode_cell(model, forward, config, device, batch, context, args.gen_tokens, n_warmup,
+                                           generator))
                 except torch.OutOfMemoryError as e:
                     row["skipped"] = f"out of memory: {str(e).splitlines()[0]}"
+                except Exception as e:  # a compilation that fails says why, and the next cell still runs
+                    if not args.compile:
+                        raise
+                    row["skipped"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                row["cell_seconds"] = time.perf_counter() - t0
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             record("decode", row)

@@ -78,3 +78,17 @@ def test_a_file_without_kernels_is_refused(tmp_path):
     proc, report = run("ncu", "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission\n", tmp_path)
     assert proc.returncode != 0 and "no kernel" in proc.stderr
     assert "profile" not in report
+
+
+def test_a_named_key_keeps_each_profile_beside_the_others(tmp_path):
+    source = tmp_path / "ncu.csv"
+    source.write_text(NCU_CSV)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"runs": []}))
+    for key in ("profile_batch_1", "profile_batch_64"):
+        proc = subprocess.run([sys.executable, str(SCRIPT), "ncu", str(source), str(report), key],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    data = json.loads(report.read_text())
+    assert "profile" not in data
+    assert data["profile_batch_1"]["kernels"] == 6 and data["profile_batch_64"]["kernels"] == 6

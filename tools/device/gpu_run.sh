@@ -15,11 +15,15 @@
 #     bench-70b  strata bench at Llama-3-70B layer shapes, with as many layers as the GPU's memory allows
 #     capacity-8b  [capacity] at Llama-3-8B shapes: a 16 GiB KV pool, 32K-token prompts arriving at once, `full`
 #                against SnapKV at 1,024 a layer on int4 with chunked prefill compression
-#     profile    the GPU time of every kernel of a few batch-1 decode steps at 8B shapes (ncu; nsys's trace where
-#                ncu is refused the counters, with the host's gaps), summed per forward pass, beside the steps'
-#                time without the profiler (tools/device/profile_report.py): does the GPU or the host set the pace?
+#     profile    the GPU time of every kernel of a few decode steps at 8B shapes, batch 1 and 64 (ncu; nsys's
+#                trace where ncu is refused the counters, with the host's gaps), summed per forward pass, beside the
+#                steps' time without the profiler (tools/device/profile_report.py): does the GPU or the host set
+#                the pace?
 #     torch      tools/bench_torch_reference.py at the 8B shapes (PyTorch + transformers, dummy bf16 weights);
 #                STRATA_TORCH_70B=1 adds the 70B layers
+#     torch-compile  the same, torch.compile'd with CUDA graphs (mode reduce-overhead), at the cells of the issue's
+#                goals (batch 1 and 64 at 1K): the peer of [gpu-speed] where the image has
+#                no vLLM, SGLang or TensorRT-LLM (the info stage says which it can import)
 # Everything goes to $OUT (at most 8 files come back from a call: each stage writes STAGE.json, every stage's
 # output goes to gpu_run.log and every command line run to commands.txt), so a call can hold six stages. A call
 # keeps to the sum of its stages' budgets (stage_seconds below; STRATA_CALL_SECONDS overrides): a run that would
@@ -41,7 +45,8 @@ call_start=$(date +%s)
 # Seconds each stage may take; a call may take the sum of its stages' (at most 560, inside the tool's 600), so
 # that the two calls of docs/gpu.md fit a session's 15 minutes of device time with the machine's start.
 declare -A stage_seconds=([join]=20 [info]=30 [tests]=90 [compare]=120 [serve]=60 [bench-8b]=170 [bench-70b]=200
-                          [torch]=100 [profile]=240 [capacity-8b]=300)
+                          [torch]=100 [torch-compile]=150 [profile]=300
+                          [capacity-8b]=300)
 call_budget=0
 for stage in "$@"; do call_budget=$((call_budget + ${stage_seconds[$stage]:-0})); done
 (( call_budget > 560 )) && call_budget=560
@@ -194,7 +199,7 @@ stage_info() {
   local bw
   bw=$(copy_bandwidth) || return 1
   python3 - "$bw" >"$out/info.json" <<'PY'
-import json, platform, subprocess, sys, torch, transformers
+import importlib.util, json, platform, subprocess, sys, torch, transformers
 query = "name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pcie.link.gen.max"
 fields = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
                         text=True).stdout.strip().split(", ")
@@ -205,7 +210,9 @@ print(json.dumps({"gpu": dict(zip(query.split(","), fields)),
                   "transformers": transformers.__version__, "kernel": platform.release(),
                   "copy_bandwidth_gbs": float(sys.argv[1]),
                   "copy_bandwidth_method": "torch: 2 GiB device-to-device copies, mean of 20 after 5 warm-ups, "
-                                           "bytes read plus bytes written"}, indent=1))
+                                           "bytes read plus bytes written",
+                  "serving_engines_importable": {name: importlib.util.find_spec(name) is not None
+                                                 for name in ("vllm", "sglang", "tensorrt_llm")}}, indent=1))
 PY
   echo "profilers: ncu $(find_tool ncu), nsys $(find_tool nsys)" >>"$log"
   if need_bin; then
@@ -370,22 +377,44 @@ stage_torch() {
   done
 }
 
+# The peer in the same call as Strata's bench: the 8B shapes compiled (fullgraph, static shapes, CUDA graphs), each
+# cell compiling its own graph first (untimed), so only the goals' cells.
+stage_torch_compile() {
+  local result=$dev/scratch/torch-compile.json cap
+  mkdir -p "$dev/scratch" && rm -f "$result"
+  cap=$(cap_seconds 150) || { say "torch-compile: no time left"; return 1; }
+  record timeout "$cap" env PYTHONUNBUFFERED=1 python3 tools/bench_torch_reference.py --model llama-3-8b \
+    --compile reduce-overhead --batch 1,64 --context 1024 --gen-tokens 32 --prefill-tokens '' \
+    --time-limit $((cap - 60)) --out "$result" >>"$log" 2>&1 || say "torch-compile: failed or cut short"
+  [[ -f "$result" ]] || return 1
+  cp "$result" "$out/torch-compile.json"
+}
+
 # One pass per kernel (gpu__time_duration needs no replay, so no memory is saved and restored), every kernel of the
 # run: the weights' upload, the prefill and the decode steps, each forward pass starting at its embedding_kernel.
+# Batch 1 (where the host's gaps would show) and batch 64 (where the matrix products and attention of many sequences
+# would), each under the key profile_batch_B of profile.json beside its unprofiled bench report.
 stage_profile() {
   need_bin || return 1
-  local args=(--model preset:llama-3-8b --set kv_cache.memory_mib=16384 --context 1024 --batch 1 --prompt-tokens 64
-              --gen-tokens 6)
+  local batch rc=0
+  for batch in 1 64; do profile_batch "$batch" || rc=1; done
+  return "$rc"
+}
+
+profile_batch() {
+  local batch=$1 key=profile_batch_$1
+  local args=(--model preset:llama-3-8b --set kv_cache.memory_mib=16384 --context 1024 --batch "$batch"
+              --prompt-tokens 64 --gen-tokens 6)
   bench_run profile 60 "${args[@]}" || return 1
   local bench=(env LD_LIBRARY_PATH="$LIBPATH" "$STRATA" bench --config configs/smollm2-cpu.yaml
                --set engine.backend=cuda --out "$dev/scratch/profiled-bench.json" "${args[@]}")
   local ncu nsys cap scratch=$dev/scratch
   ncu=$(find_tool ncu) nsys=$(find_tool nsys)
-  if [[ -n "$ncu" ]] && cap=$(cap_seconds 240); then
+  if [[ -n "$ncu" ]] && cap=$(cap_seconds 150); then
     rm -f "$scratch/ncu.csv"
     record timeout "$cap" "$ncu" --metrics gpu__time_duration.sum --csv --page raw --print-units base \
-      --log-file "$scratch/ncu.csv" "${bench[@]}" >>"$log" 2>&1 || say "profile: ncu exited $?"
-    python3 tools/device/profile_report.py ncu "$scratch/ncu.csv" "$out/profile.json" 2>>"$log" && return 0
+      --log-file "$scratch/ncu.csv" "${bench[@]}" >>"$log" 2>&1 || say "profile: ncu exited $? (batch $batch)"
+    python3 tools/device/profile_report.py ncu "$scratch/ncu.csv" "$out/profile.json" "$key" 2>>"$log" && return 0
     say "profile: ncu gave no kernel times (a container may refuse it the GPU's counters): trying nsys"
   fi
   [[ -n "$nsys" ]] || { say "profile: nsys is not here either (PATH, /usr/local/cuda/bin, /opt/nvidia)"; return 1; }
@@ -396,7 +425,8 @@ stage_profile() {
     --output "$scratch/profile" "${bench[@]}" >>"$log" 2>&1 || say "profile: nsys profile exited $?"
   record "$nsys" stats --report cuda_gpu_trace --format csv --force-export true --output "$scratch/profile" \
     "$scratch/profile.nsys-rep" >>"$log" 2>&1 || say "profile: nsys stats exited $?"
-  python3 tools/device/profile_report.py nsys "$scratch/profile_cuda_gpu_trace.csv" "$out/profile.json" 2>>"$log"
+  python3 tools/device/profile_report.py nsys "$scratch/profile_cuda_gpu_trace.csv" "$out/profile.json" "$key" \
+    2>>"$log"
 }
 
 # strata serve on CUDA, with the engine's defaults and the requests' own compression policies.
@@ -418,6 +448,7 @@ status=0
 for stage in "$@"; do
   case $stage in
     info | tests | compare | serve | profile | torch) fn=stage_$stage ;;
+    torch-compile) fn=stage_torch_compile ;;
     join) fn=stage_join ;;
     bench-8b) fn=stage_bench_8b ;;
     bench-70b) fn=stage_bench_70b ;;

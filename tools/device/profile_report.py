@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The profile stage's kernel times, added to its bench report (tools/device/gpu_run.sh profile).
 
-  profile_report.py ncu  NCU.csv  REPORT.json   ncu --csv --page raw --metrics gpu__time_duration.sum
-  profile_report.py nsys TRACE.csv REPORT.json  nsys stats --report cuda_gpu_trace --format csv
+  profile_report.py ncu  NCU.csv  REPORT.json [KEY]   ncu --csv --page raw --metrics gpu__time_duration.sum
+  profile_report.py nsys TRACE.csv REPORT.json [KEY]  nsys stats --report cuda_gpu_trace --format csv
+
+The result goes under REPORT's key KEY ("profile" unless given), so one report can hold several profiles.
 
 Both split the kernels into forward passes, each starting at an embedding_kernel, and give per pass the kernel
 count, the kernels' time and the ten costliest kernels. nsys's trace has start times too, so its passes also say how
@@ -71,13 +73,14 @@ def nsys_kernels(path):
 
 def main():
     tool, source, report_path = sys.argv[1:4]
+    key = sys.argv[4] if len(sys.argv) > 4 else "profile"
     kernels = list(ncu_kernels(source) if tool == "ncu" else nsys_kernels(source))
     if not kernels:
         sys.exit(f"profile_report.py: no kernel in {source}")
     metric = {"ncu": "ncu gpu__time_duration.sum, every kernel, one pass",
               "nsys": "nsys cuda_gpu_trace: every kernel's start and duration"}[tool]
     report = json.load(open(report_path))
-    report["profile"] = {"tool": tool, "metric": metric, "kernels": len(kernels), "passes": split_passes(kernels)}
+    report[key] = {"tool": tool, "metric": metric, "kernels": len(kernels), "passes": split_passes(kernels)}
     json.dump(report, open(report_path, "w"), indent=1)
 
 
