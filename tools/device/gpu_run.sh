@@ -45,7 +45,7 @@ call_start=$(date +%s)
 # Seconds each stage may take; a call may take the sum of its stages' (at most 560, inside the tool's 600), so
 # that the two calls of docs/gpu.md fit a session's 15 minutes of device time with the machine's start.
 declare -A stage_seconds=([join]=20 [info]=30 [tests]=90 [compare]=120 [serve]=60 [bench-8b]=170 [bench-70b]=200
-                          [torch]=100 [torch-compile]=150 [profile]=300
+                          [torch]=100 [torch-compile]=200 [profile]=300
                           [capacity-8b]=300)
 call_budget=0
 for stage in "$@"; do call_budget=$((call_budget + ${stage_seconds[$stage]:-0})); done
@@ -382,10 +382,10 @@ stage_torch() {
 stage_torch_compile() {
   local result=$dev/scratch/torch-compile.json cap
   mkdir -p "$dev/scratch" && rm -f "$result"
-  cap=$(cap_seconds 150) || { say "torch-compile: no time left"; return 1; }
+  cap=$(cap_seconds 200) || { say "torch-compile: no time left"; return 1; }
   record timeout "$cap" env PYTHONUNBUFFERED=1 python3 tools/bench_torch_reference.py --model llama-3-8b \
     --compile reduce-overhead --batch 1,64 --context 1024 --gen-tokens 32 --prefill-tokens '' \
-    --time-limit $((cap - 60)) --out "$result" >>"$log" 2>&1 || say "torch-compile: failed or cut short"
+    --time-limit $((cap - 40)) --out "$result" >>"$log" 2>&1 || say "torch-compile: failed or cut short"
   [[ -f "$result" ]] || return 1
   cp "$result" "$out/torch-compile.json"
 }
@@ -412,7 +412,7 @@ profile_batch() {
   ncu=$(find_tool ncu) nsys=$(find_tool nsys)
   if [[ -n "$ncu" ]] && cap=$(cap_seconds 150); then
     rm -f "$scratch/ncu.csv"
-    record timeout "$cap" "$ncu" --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+    record timeout "$cap" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base \
       --log-file "$scratch/ncu.csv" "${bench[@]}" >>"$log" 2>&1 || say "profile: ncu exited $? (batch $batch)"
     python3 tools/device/profile_report.py ncu "$scratch/ncu.csv" "$out/profile.json" "$key" 2>>"$log" && return 0
     say "profile: ncu gave no kernel times (a container may refuse it the GPU's counters): trying nsys"

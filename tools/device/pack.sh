@@ -6,9 +6,9 @@
 #                                     (stripped), every shared library they need
 #                                     except glibc's, libcuda and the CUDA libraries the image has (cuBLAS,
 #                                     cuBLASLt, NCCL: tools/device/gpu_run.sh finds them there), and MANIFEST
-#   .device/model-1/, .device/model-2/  models/SmolLM2-135M-Instruct.Q4_1.gguf compressed with xz (98 MB to 90),
-#                                     in two parts, and its .sha256: the first as large as fits beside the binaries
-#                                     in one call, the second alone
+#   .device/model-K/                  models/SmolLM2-135M-Instruct.Q4_1.gguf compressed with xz (98 MB to 90),
+#                                     in parts, each with its .sha256: the first as large as fits beside the binaries
+#                                     in one call, each later one alone
 # Then it checks the pack as the GPU machine will use it (an empty environment, only the carried libraries on
 # LD_LIBRARY_PATH): strata --help, the CPU kernel tests, and a CPU `strata generate` on the joined model; and it
 # prints each carry folder's size and the `run` calls to make.
@@ -69,23 +69,31 @@ missing=$(ldd "$stage/bin/strata" | grep 'not found' || true)
 } >"$stage/MANIFEST"
 (cd "$stage" && XZ_OPT='-9e -T0' tar -cJf "$root/$dev/bin/strata-device.tar.xz" MANIFEST bin lib)
 
-# The model compressed, in two parts, each with its .sha256 (of the model itself): call 1 carries .device/bin and
-# part 1, call 2 part 2 alone (the binaries stay on the warm machine). A call moves at most 64 MiB with the working
-# tree; 63 leaves room for what git does not count. Uncompressed, the model stopped fitting two calls once the tree
-# passed 8 MB (stop 30). The compressed model is kept in .device/ until the model changes.
+# The model compressed, in parts, each with its .sha256 (of the model itself): call 1 carries .device/bin and
+# part 1, each later call the next part alone (the binaries and earlier parts stay on the warm machine). A call
+# moves at most 64 MiB with the working tree; 63 leaves room for what git does not count. Two parts sufficed while
+# the tree was under about 11 MiB; at 21.5 MiB (stop 55: bench/results) it takes three. The compressed model is
+# kept in .device/ until the model changes.
 room=$((63 * 1048576))
 tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 compressed=$dev/$(basename "$model").xz
 [[ -f "$compressed" && "$compressed" -nt "$model" ]] || xz -T0 -6 -c "$model" >"$compressed"
 first=$((room - tree_bytes - $(stat -c %s "$dev/bin/strata-device.tar.xz")))
-second=$(($(stat -c %s "$compressed") - first))
-(( first > 0 && second + tree_bytes < room )) ||
-  fail "the model does not fit two calls: $first bytes beside the binaries, $second bytes left for the second"
-rm -rf "$dev/model-1" "$dev/model-2"
-mkdir -p "$dev/model-1" "$dev/model-2"
-head -c "$first" "$compressed" >"$dev/model-1/$(basename "$compressed").part1-of-2"
-tail -c "$second" "$compressed" >"$dev/model-2/$(basename "$compressed").part2-of-2"
-cp "$model.sha256" "$dev/model-1/" && cp "$model.sha256" "$dev/model-2/"
+later=$((room - tree_bytes))
+total=$(stat -c %s "$compressed")
+(( first > 0 && later > 0 )) || fail "the working tree ($tree_bytes bytes) leaves no room for the model in a call"
+parts=$(( 1 + (total - first + later - 1) / later ))
+rm -rf "$dev"/model-*
+offset=0
+for ((k = 1; k <= parts; k++)); do
+  size=$later
+  (( k == 1 )) && size=$first
+  mkdir -p "$dev/model-$k"
+  dd if="$compressed" of="$dev/model-$k/$(basename "$compressed").part$k-of-$parts" bs=1M iflag=skip_bytes,count_bytes \
+    skip="$offset" count="$size" status=none
+  cp "$model.sha256" "$dev/model-$k/"
+  offset=$((offset + size))
+done
 # The check: unpack as gpu_run.sh does, then run with an empty environment and the carried libraries only.
 check=$dev/check
 mkdir -p "$check"
@@ -99,7 +107,7 @@ for b in "$check"/bin/strata "$check"/bin/tests/*; do
 done
 run_packed() { env -i PATH=/usr/bin:/bin HOME=/tmp LD_LIBRARY_PATH="$lib" "$@"; }
 run_packed "$check/bin/strata" --help >/dev/null || fail "strata --help failed from the pack"
-cat "$dev"/model-{1,2}/*.part*-of-2 >"$check/model.gguf.xz"
+for ((k = 1; k <= parts; k++)); do cat "$dev/model-$k/"*.part$k-of-$parts; done >"$check/model.gguf.xz"
 python3 "$root/tools/device/unxz.py" "$check/model.gguf.xz" "$check/model.gguf"
 echo "$(cut -d' ' -f1 "$model.sha256")  $check/model.gguf" | sha256sum -c --quiet ||
   fail "the joined model does not match $model.sha256"
@@ -114,14 +122,15 @@ rm -rf "$check" "$stage"
 echo "pack.sh: checked: strata --help, kernels_tests (CPU), strata generate on the joined model, from the pack"
 echo "pack.sh: carry folders (a call carries at most 64 MiB with the working tree):"
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
-for d in bin model-1 model-2; do printf '  %-16s %6s MiB\n' "$dev/$d" "$(mib "$(du -sb "$dev/$d" | cut -f1)")"; done
+for d in bin $(cd "$dev" && ls -d model-*); do printf '  %-16s %6s MiB\n' "$dev/$d" "$(mib "$(du -sb "$dev/$d" | cut -f1)")"; done
 printf '  %-16s %6s MiB\n' "working tree" "$(mib "$tree_bytes")"
-cat <<'EOF'
-pack.sh: the device calls, the second right after the first (the machine stays warm about 30 s after a call, and
-what was carried stays there while it is warm); timeout_s 600 each; every command is under 2,000 characters:
-  1. carry [".device/bin", ".device/model-1"]  command: STRATA_CALL_SECONDS=420 tools/device/gpu_run.sh info tests profile bench-8b
-  2. carry [".device/model-2"]                 command: STRATA_TESTS_FILTER='*SmolLm2*' tools/device/gpu_run.sh join tests compare serve
-Call 2 needs the binaries and part 1 that call 1 left there. If it says they are missing, the machine went cold in
-between: carry [".device/bin", ".device/model-1"] with the command "tools/device/gpu_run.sh join" (it reports the
-part still missing), then make call 2 again.
-EOF
+echo "pack.sh: the device calls, each right after the one before (the machine stays warm about 30 s after a call,"
+echo "and what was carried stays there while it is warm); timeout_s 600 each:"
+echo "  1. carry [\".device/bin\", \".device/model-1\"]  command: STRATA_CALL_SECONDS=420 tools/device/gpu_run.sh info tests profile torch-compile"
+for ((k = 2; k < parts; k++)); do
+  echo "  $k. carry [\".device/model-$k\"]                 command: tools/device/gpu_run.sh join"
+done
+echo "  $parts. carry [\".device/model-$parts\"]                 command: STRATA_TESTS_FILTER='*SmolLm2*' tools/device/gpu_run.sh join tests compare serve"
+echo "A later call needs what the calls before it left there. If it says a part is missing, the machine went cold in"
+echo "between: carry [\".device/bin\", \".device/model-1\"] with \"tools/device/gpu_run.sh join\" (it reports the parts"
+echo "still missing), then carry those."
