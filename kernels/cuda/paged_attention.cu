@@ -21,8 +21,8 @@
 // - decode_kernel (sequences with one new row): flash-decoding. The context is cut into splits; block
 //   (split, KV head, head chunk) of kThreads threads reads each key and value of its split once for up to kMaxGroup
 //   query heads of the KV head (GQA; a larger group, such as Llama 3.1 405B's 16, takes several chunks, each
-//   reading the split again). Each warp takes every kWarps-th entry of the split, its lanes holding C contiguous
-//   channels; a score is a warp-wide sum. The warps' states merge in shared memory into one partial (m, l, o) per
+//   reading the split again). Each warp takes every kWarps-th run of kDecodeEntries entries of the split, loading
+//   the run's keys and values together, its lanes holding C contiguous channels; a score is a warp-wide sum. The warps' states merge in shared memory into one partial (m, l, o) per
 //   (split, query head); decode_combine_kernel, block (sequence, query head), merges the splits.
 // - prefill_kernel (sequences with several new rows): block (tile of kTileRows rows, query head) walks the keys
 //   in tiles of kTileKeys, staged in shared memory as fp32. Warp w owns rows w, w + kWarps, ...: lane j scores key
@@ -54,13 +54,14 @@ constexpr int kMaxGroup = 8;           // query heads that one decode_kernel blo
 constexpr int kTileRows = 32;          // prefill: query rows per block
 constexpr int kTileKeys = 32;          // prefill and column sums: keys per shared-memory tile (one per lane)
 constexpr int kRowsPerWarp = kTileRows / kWarps;
-constexpr int kMinSplitKeys = 128;     // decode: the fewest entries a split is given
+constexpr int kMinSplitKeys = 64;      // decode: the fewest entries a split is given
+constexpr int kDecodeEntries = 4;      // decode: entries a warp reads at once
 
 // Blocks per multiprocessor that decode_kernel is built for (__launch_bounds__): the registers its loop fits in
-// without spilling, 80 at head_dim 64 (C = 2) and 128 at head_dim 128. Left to itself, ptxas gives the rarely
-// taken coded-entry reads 12 more registers at head_dim 64, and the kernel one block less per multiprocessor.
+// without spilling with kDecodeEntries entries in flight per warp (ptxas -v, sm_90a: 108 at head_dim 64, C = 2;
+// 156 at head_dim 128). At 6 and 4 blocks (80 and 128 registers) it spilled about 100 bytes.
 template <int C>
-constexpr int kDecodeBlocksPerSm = C == 2 ? 6 : 4;
+constexpr int kDecodeBlocksPerSm = C == 2 ? 4 : 3;
 
 // One sequence of the call as the kernels see it; blocks[table_begin + j] is the encoded offset of its block j.
 struct SeqDesc {
@@ -188,15 +189,16 @@ __device__ inline void reset_softmax(float (&m)[N], float (&l)[N], float (&o)[N]
 // ---- Kernels -----------------------------------------------------------------------------------------------
 
 // Block (i): token rows[i] of k and v (all KV heads, [Hkv * D]) into slot slots[i] of the block at offsets[i].
-// Thread c covers element c of the row: KV head c / D, channel c % D.
+// Thread c covers element c of the row: KV head c / D, channel c % D. A thread per element up to 1024 (at 128
+// threads, the 8 loops of a 1,024-wide row took 9.5 us on an H200 in batch-1 decode).
 __global__ void kv_write_kernel(const float* k, const float* v, const int32_t* rows, const int32_t* slots,
                                 const int64_t* offsets, uint8_t* pool, KvGeometry g) {
-  const int64_t width = int64_t(g.n_kv_heads) * g.head_dim;
-  const float* k_row = k + rows[blockIdx.x] * width;
-  const float* v_row = v + rows[blockIdx.x] * width;
+  const int width = g.n_kv_heads * g.head_dim;
+  const float* k_row = k + int64_t(rows[blockIdx.x]) * width;
+  const float* v_row = v + int64_t(rows[blockIdx.x]) * width;
   const int slot = slots[blockIdx.x];
-  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
-    const int head = int(c / g.head_dim), ch = int(c % g.head_dim);
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    const int head = c / g.head_dim, ch = c % g.head_dim;
     store_bf16(pool, offsets[blockIdx.x], g.k_element(head, slot) + ch, k_row[c]);
     store_bf16(pool, offsets[blockIdx.x], g.v_element(head, slot) + ch, v_row[c]);
   }
@@ -230,23 +232,51 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<C>)
   float m[kMaxGroup], l[kMaxGroup], o[kMaxGroup][C];
   reset_softmax(m, l, o);
 
-  for (int e = item.key_begin + warp; e < item.key_end; e += kWarps) {
-    const int64_t blk = blocks[s.table_begin + e / g.block_size];
-    float k[C], v[C];
-    read_entry<C>(pool, blk, g, rope, kv_head, e % g.block_size, lane, k, v);
+  // Each warp reads kDecodeEntries consecutive entries at once (their loads in flight together: one entry at a
+  // time left a warp waiting on memory, and a batch's attention at a tenth of the bandwidth), then scores them and
+  // folds them into each query head's state in one update.
+  constexpr int E = kDecodeEntries;
+  for (int e0 = item.key_begin + warp * E; e0 < item.key_end; e0 += kWarps * E) {
+    float k[E][C], v[E][C];
+#pragma unroll
+    for (int u = 0; u < E; ++u) {
+      const int e = e0 + u;
+      if (e < item.key_end) {
+        read_entry<C>(pool, blocks[s.table_begin + e / g.block_size], g, rope, kv_head, e % g.block_size, lane, k[u],
+                      v[u]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < C; ++j) k[u][j] = v[u][j] = 0.0f;
+      }
+    }
 #pragma unroll
     for (int gi = 0; gi < kMaxGroup; ++gi) {
       if (gi >= n_group) break;
-      float partial = 0.0f;
+      float score[E];
+      float m_new = m[gi];
 #pragma unroll
-      for (int j = 0; j < C; ++j) partial += qr[gi][j] * k[j];
-      const float score = warp_sum(partial);
-      const float m_new = fmaxf(m[gi], score);
-      const float correction = expf(m[gi] - m_new);  // 0 for the first entry (m = -inf)
-      const float p = expf(score - m_new);
-      l[gi] = l[gi] * correction + p;
+      for (int u = 0; u < E; ++u) {
+        float partial = 0.0f;
 #pragma unroll
-      for (int j = 0; j < C; ++j) o[gi][j] = o[gi][j] * correction + p * v[j];
+        for (int j = 0; j < C; ++j) partial += qr[gi][j] * k[u][j];
+        score[u] = e0 + u < item.key_end ? warp_sum(partial) : -INFINITY;
+        m_new = fmaxf(m_new, score[u]);
+      }
+      const float correction = expf(m[gi] - m_new);  // 0 for the first entries (m = -inf)
+      float p[E], p_sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < E; ++u) {
+        p[u] = expf(score[u] - m_new);  // 0 past the split's end
+        p_sum += p[u];
+      }
+      l[gi] = l[gi] * correction + p_sum;
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        float acc = o[gi][j] * correction;
+#pragma unroll
+        for (int u = 0; u < E; ++u) acc += p[u] * v[u][j];
+        o[gi][j] = acc;
+      }
       m[gi] = m_new;
     }
   }
@@ -551,8 +581,9 @@ AttentionWork attention_work(const CudaContext& ctx, std::span<const AttentionSe
   w.stats_begin.assign(seqs.size(), 0);
   int n_decode = 0;
   for (const AttentionSequence& s : seqs) n_decode += s.n_q == 1;
-  // Enough splits for a few blocks per multiprocessor over the whole call, never under kMinSplitKeys entries.
-  const int target_blocks = 4 * ctx.multiprocessors();
+  // Enough splits for a few waves of blocks over the whole call (at 3 blocks per multiprocessor resident, 4 per
+  // multiprocessor left a batch of 64 with one and a third waves), never under kMinSplitKeys entries.
+  const int target_blocks = 8 * ctx.multiprocessors();
   const int splits_wanted = std::max(1, target_blocks / std::max(1, n_decode * n_kv_heads * head_chunks));
   for (size_t i = 0; i < seqs.size(); ++i) {
     const AttentionSequence& s = seqs[i];
@@ -624,7 +655,8 @@ void kv_write(CudaContext& ctx, const Tensor& k, const Tensor& v, std::span<cons
   if (rows.empty()) return;
   const std::vector<const void*> up = ctx.upload_together(
       {CudaContext::bytes_of(rows), CudaContext::bytes_of(slots), CudaContext::bytes_of(offsets)});
-  kv_write_kernel<<<unsigned(rows.size()), kThreads, 0, ctx.stream()>>>(
+  const int threads = int(std::min<int64_t>(1024, (width + 31) / 32 * 32));
+  kv_write_kernel<<<unsigned(rows.size()), threads, 0, ctx.stream()>>>(
       k.f32(), v.f32(), static_cast<const int32_t*>(up[0]), static_cast<const int32_t*>(up[1]),
       static_cast<const int64_t*>(up[2]), static_cast<uint8_t*>(pool.base), geometry_of(L));
   check_launch("kv_write_kernel");

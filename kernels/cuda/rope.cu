@@ -4,11 +4,12 @@
 // host function (cpu::rope_inv_freq, Llama 3 scaling included), the angle is the fp32 product position * inv_freq,
 // and its cosine and sine are taken in double and rounded to fp32.
 //
-// Launch: one block of kThreads threads per token. The block first fills a table of the token's head_dim / 2
-// cosines and sines in shared memory (one thread per frequency), then rotates the pairs of all heads, one thread
-// per (head, pair).
+// Launch: one block per token, a thread per (head, pair) up to 1024. The block first fills a table of the token's
+// head_dim / 2 cosines and sines in shared memory (one thread per frequency), then rotates the pairs of all heads.
+// (At 256 threads, the 8 loops over Llama-3-8B's 2,048 query pairs took 5.6 us on an H200 in batch-1 decode.)
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,7 +21,7 @@
 namespace strata::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kMaxThreads = 1024;
 
 // Block (t) rotates x[t, :] = n_heads heads of head_dim at position positions[t]. Dynamic shared memory: half
 // cosines, then half sines.
@@ -68,7 +69,8 @@ void rope(CudaContext& ctx, Tensor& x, std::span<const int32_t> positions, int n
   const std::vector<const void*> up =
       ctx.upload_together({CudaContext::bytes_of(inv_freq), CudaContext::bytes_of(positions)});
   const size_t shared = size_t(head_dim) * sizeof(float);
-  rope_kernel<<<unsigned(positions.size()), kThreads, shared, ctx.stream()>>>(
+  const int threads = std::min(kMaxThreads, (n_heads * head_dim / 2 + 31) / 32 * 32);
+  rope_kernel<<<unsigned(positions.size()), threads, shared, ctx.stream()>>>(
       x.f32(), static_cast<const int32_t*>(up[1]), static_cast<const float*>(up[0]), n_heads, head_dim,
       params.style == RopeStyle::interleaved);
   check(cudaGetLastError(), "rope_kernel");

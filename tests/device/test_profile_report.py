@@ -92,3 +92,15 @@ def test_a_named_key_keeps_each_profile_beside_the_others(tmp_path):
     data = json.loads(report.read_text())
     assert "profile" not in data
     assert data["profile_batch_1"]["kernels"] == 6 and data["profile_batch_64"]["kernels"] == 6
+
+
+def test_launch_shapes_keep_one_kernels_matrix_products_apart(tmp_path):
+    proc, report = run("ncu", NCU_CSV, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    first = report["profile"]["passes"][0]
+    # The two gemv launches share a grid: one shape, two launches, their times summed.
+    assert first["top_launches"][0][0] == "strata::cuda::gemv_kernel<4> grid (96,1,1)"
+    assert first["top_launches"][0][1] == pytest.approx(20_000e-9) and first["top_launches"][0][2] == 2
+    proc, report = run("nsys", NSYS_CSV, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report["profile"]["passes"][0]["top_launches"][0][0] == "strata::cuda::gemv_kernel<4> grid (96,1,1)"

@@ -7,7 +7,8 @@
 The result goes under REPORT's key KEY ("profile" unless given), so one report can hold several profiles.
 
 Both split the kernels into forward passes, each starting at an embedding_kernel, and give per pass the kernel
-count, the kernels' time and the ten costliest kernels. nsys's trace has start times too, so its passes also say how
+count, the kernels' time, the ten costliest kernels by name, and the ten costliest launch shapes (name and grid:
+the matrix products of one kernel apart) with their launch counts. nsys's trace has start times too, so its passes also say how
 long each took from its first kernel's start to its last kernel's end, and how much of that no kernel ran (the host
 between kernels): whether the kernels or the host set a decode step's time.
 """
@@ -32,21 +33,27 @@ def short_name(name):
 
 
 def split_passes(kernels):
-    """kernels: (name, start_ns or None, duration_ns) in launch order -> one dict per forward pass."""
+    """kernels: (name, grid, start_ns or None, duration_ns) in launch order -> one dict per forward pass."""
     passes, current = [], None
-    for name, start, duration in kernels:
+    for name, grid, start, duration in kernels:
         if "embedding_kernel" in name or current is None:
-            current = {"kernels": 0, "gpu_seconds": 0.0, "by_kernel": collections.Counter(), "first": start,
+            current = {"kernels": 0, "gpu_seconds": 0.0, "by_kernel": collections.Counter(),
+                       "by_launch": collections.Counter(), "launches": collections.Counter(), "first": start,
                        "end": None}
             passes.append(current)
         current["kernels"] += 1
         current["gpu_seconds"] += duration * 1e-9
         current["by_kernel"][short_name(name)] += duration * 1e-9
+        launch = f"{short_name(name)} grid {grid}"
+        current["by_launch"][launch] += duration * 1e-9
+        current["launches"][launch] += 1
         if start is not None:
             current["end"] = max(current["end"] or 0.0, start + duration)
     out = []
     for p in passes:
-        entry = {"kernels": p["kernels"], "gpu_seconds": p["gpu_seconds"], "top": p["by_kernel"].most_common(10)}
+        entry = {"kernels": p["kernels"], "gpu_seconds": p["gpu_seconds"], "top": p["by_kernel"].most_common(10),
+                 "top_launches": [[launch, seconds, p["launches"][launch]]
+                                  for launch, seconds in p["by_launch"].most_common(10)]}
         if p["first"] is not None:
             entry["span_seconds"] = (p["end"] - p["first"]) * 1e-9
             entry["idle_seconds"] = entry["span_seconds"] - p["gpu_seconds"]
@@ -59,7 +66,7 @@ def ncu_kernels(path):
     for row in csv.DictReader(lines):
         duration = number(row.get("gpu__time_duration.sum", ""))
         if duration is not None:  # not the units row
-            yield row.get("Kernel Name", ""), None, duration
+            yield row.get("Kernel Name", ""), row.get("Grid Size", "").replace(" ", ""), None, duration
 
 
 def nsys_kernels(path):
@@ -68,7 +75,8 @@ def nsys_kernels(path):
         start, duration = number(row.get("Start (ns)", "")), number(row.get("Duration (ns)", ""))
         # The trace holds memory copies and sets too; kernels are the rows with a grid.
         if start is not None and duration is not None and row.get("GrdX", "").strip():
-            yield row.get("Name", ""), start, duration
+            grid = "(" + ",".join(row.get(k, "").strip() for k in ("GrdX", "GrdY", "GrdZ")) + ")"
+            yield row.get("Name", ""), grid, start, duration
 
 
 def main():

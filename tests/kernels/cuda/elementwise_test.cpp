@@ -42,8 +42,9 @@ TEST_F(CudaElementwise, EmbeddingCopiesBf16RowsExactly) {
 
 // An fp32 sum of squares against the exact one: relative 1e-5 is ~100 ulps, far above the rounding error of 1,000
 // terms and far below a bf16 step (2^-9 = 2e-3).
+// Widths: under one warp's 4 columns a thread (576, 1000), the 1,024 threads of 8B shapes, two passes of them (70B).
 TEST_F(CudaElementwise, RmsnormMatchesADoubleReference) {
-  for (int64_t d : {576, 1000}) {
+  for (int64_t d : {576, 1000, 4096, 8192}) {
     const int64_t rows = 5;
     const float eps = 1e-5f;
     const std::vector<float> x = random_values(size_t(rows * d), rng, -3.0f, 3.0f);
@@ -59,6 +60,11 @@ TEST_F(CudaElementwise, RmsnormMatchesADoubleReference) {
     }
     expect_near_all(host(out), want, 1e-6f, 1e-5f, "rmsnorm d=" + std::to_string(d));
   }
+  // A width the kernel's 4 columns a thread cannot cover is refused, not read past.
+  const std::vector<float> x = random_values(2 * 1002, rng), w(1002, 1.0f);
+  Tensor xd = device(x, 2, 1002), out = gpu->alloc(2, 1002, DType::f32);
+  EXPECT_THROW(gpu->rmsnorm(xd, gpu->upload_weight(WeightMatrix{w.data(), WeightFormat::f32, 1, 1002}), 1e-5f, out),
+               std::invalid_argument);
 }
 
 // silu_mul against the exact value: expf and a few fp32 roundings, within 1e-6 relative. add against the exact sum

@@ -79,10 +79,12 @@ TEST_F(CudaKvQuantization, SealedBlocksAreTheCpusAndDequantizeWithinACodeStep) {
 TEST_F(CudaKvQuantization, DequantizingTheCpusBlocksGivesTheCpusValuesInBf16) {
   for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
     SCOPED_TRACE(kv_quant_name(quant));
-    TwinPool pool(quantized_layout(quant), 12);
+    // As many slots as the test above: an int2 block id from slot 4 of 12 lay beyond the f32 pool's end (the first
+    // run on a GPU threw "test pool too small").
+    TwinPool pool(quantized_layout(quant), 24);
     const KvBlockLayout& L = pool.cpu_layout;
     pool.fill(0, rng);
-    const int32_t q = pool.packed_id(4, 0);
+    const int32_t q = pool.packed_id(6, 0);
     pool.seal_on_cpu(*cpu, 0, q);
     const std::vector<int32_t> src = {q}, dst = {1};
     cpu->kv_dequantize(src, dst, pool.cpu);
