@@ -81,7 +81,7 @@ std::unique_ptr<Backend> make_backend(const ServerConfig& config) {
     throw ConfigError(config.file + ": engine.device: " + std::to_string(device) + ", but " + std::to_string(n) +
                       " CUDA device(s) are present");
   }
-  return make_cuda_backend(device);
+  return make_cuda_backend(device, config.engine.cuda_overlap);
 #else
   throw ConfigError(config.file + ": engine.backend: cuda: this build has no CUDA backend (nvcc was not found when "
                     "CMake configured it)");

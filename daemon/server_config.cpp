@@ -167,6 +167,10 @@ const std::map<std::string, Setter>& setters() {
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.engine.device = int(parse_int(t, w, -1, 1023));
        }},
+      {"engine.cuda_overlap",
+       [](ServerConfig& c, const std::string& t, const std::string& w) {
+         c.engine.cuda_overlap = parse_choice(t, w, {"on", "off"}) == "on";
+       }},
       {"kv_cache.block_size",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
          c.kv_cache.block_size = int(parse_int(t, w, 1, 1024));

@@ -56,6 +56,9 @@ struct ServerConfig {
     std::string cpu_kernels = "auto";
     std::string backend = "cpu";            // cpu | cuda (a build with -DSTRATA_CUDA=ON and a GPU)
     int device = -1;                        // CUDA device; -1: the node-local MPI rank modulo the GPUs present
+    // on | off: a CUDA decode step's kernels launched overlapped, each starting while the one before it finishes
+    // (kernels/cuda/overlapped_launch.cuh; Hopper and later, ignored before)
+    bool cuda_overlap = true;
   } engine;
 
   struct KvCache {

@@ -25,7 +25,7 @@ void require_f32(const Tensor& t, const char* what) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : ctx_(device) {}
+  CudaBackend(int device, bool overlap_launches) : ctx_(device, overlap_launches) {}
 
   ~CudaBackend() override {
     cudaSetDevice(ctx_.device());
@@ -239,7 +239,7 @@ std::string cuda_unavailable_reason() {
   return "";
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, bool overlap_launches) {
   const int n = cuda_device_count();
   const std::string name = "cuda device " + std::to_string(device);
   if (device < 0 || device >= n) {
@@ -253,7 +253,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
                              std::to_string(prop.minor) + "; the CUDA backend needs 8.0 or later (bf16)");
   }
   try {
-    return std::make_unique<CudaBackend>(device);
+    return std::make_unique<CudaBackend>(device, overlap_launches);
   } catch (const std::runtime_error& e) {
     throw std::runtime_error(name + " (" + prop.name + "): " + e.what());
   }

@@ -15,8 +15,9 @@ int cuda_device_count();
 std::string cuda_unavailable_reason();
 
 // A backend on device `device` (0 <= device < cuda_device_count()); throws std::runtime_error naming the device
-// when it cannot be used.
-std::unique_ptr<Backend> make_cuda_backend(int device);
+// when it cannot be used. overlap_launches (engine.cuda_overlap): a decode step's kernels launched overlapped where
+// the device allows it (kernels/cuda/overlapped_launch.cuh).
+std::unique_ptr<Backend> make_cuda_backend(int device, bool overlap_launches = true);
 
 // The cudaStream_t (as void*) on which a CUDA backend queues its work, so that NCCL's collectives on its tensors are
 // ordered with it (parallel/nccl_comm.h); throws std::invalid_argument for a backend that is not CUDA.

@@ -23,10 +23,14 @@ size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 }  // namespace
 
-CudaContext::CudaContext(int device) : device_(device) {
+CudaContext::CudaContext(int device, bool overlap_launches) : device_(device) {
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute (multiprocessors)");
+  int major = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+        "cudaDeviceGetAttribute (compute capability)");
+  overlap_launches_ = overlap_launches && major >= 9;
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   check(cublasCreate(&cublas_), "cublasCreate");
   check(cublasSetStream(cublas_, stream_), "cublasSetStream");

@@ -44,7 +44,9 @@ void check(cublasStatus_t s, const char* what);
 
 class CudaContext {
  public:
-  explicit CudaContext(int device);
+  // overlap_launches: the decode kernels are launched overlapped (kernels/cuda/overlapped_launch.cuh) where the
+  // device has programmatic dependent launch (compute capability 9.0 and later).
+  CudaContext(int device, bool overlap_launches);
   ~CudaContext();
   CudaContext(const CudaContext&) = delete;
   CudaContext& operator=(const CudaContext&) = delete;
@@ -54,6 +56,7 @@ class CudaContext {
   int multiprocessors() const { return multiprocessors_; }
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  bool overlaps_launches() const { return overlap_launches_; }
 
   // Starts one Backend op: the previous op's uploads and scratch may be reused from here on.
   void begin_op();
@@ -109,6 +112,7 @@ class CudaContext {
 
   int device_ = 0;
   int multiprocessors_ = 0;
+  bool overlap_launches_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::vector<Chunk> arena_;

@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/overlapped_launch.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -69,6 +70,8 @@ __device__ float block_sum(float x) {
 // fp32 (block_sum). One block of 256 threads striding over a row of 4,096 took 15 us on an H200 (two latency-bound
 // loops of 16 loads); batch-1 decode runs 65 of them a step.
 __global__ void rmsnorm_kernel(const float4* x, const uint2* w, int d4, float eps, float4* out) {
+  allow_dependents();
+  wait_for_inputs();
   const float4* xr = x + int64_t(blockIdx.x) * d4;
   float4* o = out + int64_t(blockIdx.x) * d4;
   float sum_sq = 0.0f;
@@ -87,6 +90,8 @@ __global__ void rmsnorm_kernel(const float4* x, const uint2* w, int d4, float ep
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  allow_dependents();
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     const float g = gate[i];
@@ -95,6 +100,8 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, f
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
+  allow_dependents();
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] += y[i];
 }
@@ -143,10 +150,9 @@ void rmsnorm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps, Tens
   if (x.rows == 0) return;
   const int d4 = int(x.cols / 4);
   const int threads = std::min(1024, (d4 + 31) / 32 * 32);
-  rmsnorm_kernel<<<unsigned(x.rows), threads, 0, ctx.stream()>>>(static_cast<const float4*>(x.data),
-                                                                  reinterpret_cast<const uint2*>(wd), d4, eps,
-                                                                  static_cast<float4*>(out.data));
-  check(cudaGetLastError(), "rmsnorm_kernel");
+  launch_overlapped(ctx, "rmsnorm_kernel", rmsnorm_kernel, unsigned(x.rows), threads, 0,
+                    static_cast<const float4*>(x.data), reinterpret_cast<const uint2*>(wd), d4, eps,
+                    static_cast<float4*>(out.data));
 }
 
 void silu_mul(CudaContext& ctx, const Tensor& gate, const Tensor& up, Tensor& out) {
@@ -155,9 +161,8 @@ void silu_mul(CudaContext& ctx, const Tensor& gate, const Tensor& up, Tensor& ou
   require_f32(out, "silu_mul", "out");
   require(up.size() == gate.size() && out.size() >= gate.size(), "silu_mul: gate, up and out sizes do not match");
   if (gate.size() == 0) return;
-  silu_mul_kernel<<<grid_for(gate.size()), kThreads, 0, ctx.stream()>>>(gate.f32(), up.f32(), gate.size(),
-                                                                          out.f32());
-  check(cudaGetLastError(), "silu_mul_kernel");
+  launch_overlapped(ctx, "silu_mul_kernel", silu_mul_kernel, grid_for(gate.size()), kThreads, 0, gate.f32(),
+                    up.f32(), gate.size(), out.f32());
 }
 
 void add(CudaContext& ctx, Tensor& x, const Tensor& y) {
@@ -165,8 +170,7 @@ void add(CudaContext& ctx, Tensor& x, const Tensor& y) {
   require_f32(y, "add", "y");
   require(y.size() >= x.size(), "add: y is smaller than x");
   if (x.size() == 0) return;
-  add_kernel<<<grid_for(x.size()), kThreads, 0, ctx.stream()>>>(x.f32(), y.f32(), x.size());
-  check(cudaGetLastError(), "add_kernel");
+  launch_overlapped(ctx, "add_kernel", add_kernel, grid_for(x.size()), kThreads, 0, x.f32(), y.f32(), x.size());
 }
 
 void gather_rows(CudaContext& ctx, const Tensor& x, std::span<const int64_t> rows, Tensor& out) {

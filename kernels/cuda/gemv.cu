@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/overlapped_launch.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -34,9 +35,14 @@ __device__ inline float dot8(const uint4& packed, const float4& a, const float4&
          w67.y * b.w;
 }
 
+__device__ inline void prefetch_l2(const char* p, bool in_row) {
+  if (in_row) asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // Warp (global index) takes rows [r, r + kRowsPerWarp) of one weight (fewer at a weight's end). Each row's sum is
 // formed in the same order whatever its neighbour, so a weight's outputs do not depend on what shares the launch.
 __global__ void gemv_kernel(const float* __restrict__ x, int n_in, GemvWeights weights, int total_warps) {
+  allow_dependents();
   const int lane = threadIdx.x % 32;
   int r = blockIdx.x * kWarps + threadIdx.x / 32;
   if (r >= total_warps) return;
@@ -46,6 +52,9 @@ __global__ void gemv_kernel(const float* __restrict__ x, int n_in, GemvWeights w
   const bool second = r + 1 < weights.rows[i];  // warp-uniform
   const auto* w0 = reinterpret_cast<const uint4*>(weights.w[i] + int64_t(r) * n_in);
   const auto* w1 = w0 + (second ? n_in / 8 : 0);
+  // The weights are no output of the kernels before: their first 2 KiB a row go to L2 while those finish.
+  prefetch_l2(reinterpret_cast<const char*>(lane < 16 ? w0 : w1) + (lane % 16) * 128, (lane % 16) * 128 < 2 * n_in);
+  wait_for_inputs();
   const auto* x4 = reinterpret_cast<const float4*>(x);
   float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll 4
@@ -86,8 +95,8 @@ bool gemv(CudaContext& ctx, const Tensor& x, std::span<const Tensor* const> w, s
   }
   if (total_warps > INT32_MAX - kWarps) return false;
   const unsigned blocks = unsigned((total_warps + kWarps - 1) / kWarps);
-  gemv_kernel<<<blocks, kWarps * 32, 0, ctx.stream()>>>(x.f32(), int(x.cols), weights, int(total_warps));
-  check(cudaGetLastError(), "gemv_kernel");
+  launch_overlapped(ctx, "gemv_kernel", gemv_kernel, blocks, kWarps * 32, 0, x.f32(), int(x.cols), weights,
+                    int(total_warps));
   return true;
 }
 

@@ -44,6 +44,7 @@
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kv_device.cuh"
+#include "kernels/cuda/overlapped_launch.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -193,6 +194,8 @@ __device__ inline void reset_softmax(float (&m)[N], float (&l)[N], float (&o)[N]
 // threads, the 8 loops of a 1,024-wide row took 9.5 us on an H200 in batch-1 decode).
 __global__ void kv_write_kernel(const float* k, const float* v, const int32_t* rows, const int32_t* slots,
                                 const int64_t* offsets, uint8_t* pool, KvGeometry g) {
+  allow_dependents();
+  wait_for_inputs();
   const int width = g.n_kv_heads * g.head_dim;
   const float* k_row = k + int64_t(rows[blockIdx.x]) * width;
   const float* v_row = v + int64_t(rows[blockIdx.x]) * width;
@@ -212,6 +215,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<C>)
     decode_kernel(const float* q, const SeqDesc* seqs, const DecodeItem* items, const int64_t* blocks,
                   const uint8_t* pool, KvGeometry g, KeyRopeTable rope, int n_heads, int group, float scale,
                   float* part_m, float* part_l, float* part_o) {
+  allow_dependents();
+  wait_for_inputs();
   constexpr int D = 32 * C;
   const DecodeItem item = items[blockIdx.x];
   const SeqDesc s = seqs[item.seq];
@@ -319,6 +324,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<C>)
 __global__ void decode_combine_kernel(const SeqDesc* seqs, const DecodeSeq* dseqs, const float* part_m,
                                       const float* part_l, const float* part_o, int n_heads, int head_dim,
                                       float* out, float* row_m, float* row_l) {
+  allow_dependents();
+  wait_for_inputs();
   const DecodeSeq ds = dseqs[blockIdx.x];
   const int h = blockIdx.y, c = threadIdx.x;
   float big_m = -INFINITY;
@@ -656,10 +663,9 @@ void kv_write(CudaContext& ctx, const Tensor& k, const Tensor& v, std::span<cons
   const std::vector<const void*> up = ctx.upload_together(
       {CudaContext::bytes_of(rows), CudaContext::bytes_of(slots), CudaContext::bytes_of(offsets)});
   const int threads = int(std::min<int64_t>(1024, (width + 31) / 32 * 32));
-  kv_write_kernel<<<unsigned(rows.size()), threads, 0, ctx.stream()>>>(
-      k.f32(), v.f32(), static_cast<const int32_t*>(up[0]), static_cast<const int32_t*>(up[1]),
-      static_cast<const int64_t*>(up[2]), static_cast<uint8_t*>(pool.base), geometry_of(L));
-  check_launch("kv_write_kernel");
+  launch_overlapped(ctx, "kv_write_kernel", kv_write_kernel, unsigned(rows.size()), threads, 0, k.f32(), v.f32(),
+                    static_cast<const int32_t*>(up[0]), static_cast<const int32_t*>(up[1]),
+                    static_cast<const int64_t*>(up[2]), static_cast<uint8_t*>(pool.base), geometry_of(L));
 }
 
 void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const AttentionSequence> seqs,
@@ -712,13 +718,13 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
       auto* part_l = static_cast<float*>(ctx.scratch(cells * sizeof(float)));
       auto* part_o = static_cast<float*>(ctx.scratch(cells * hd * sizeof(float)));
       const dim3 grid(unsigned(decode_items.size()), unsigned(L.n_kv_heads), unsigned(head_chunks));
-      decode_kernel<C><<<grid, kThreads, 0, ctx.stream()>>>(
-          q.f32(), descs_d, static_cast<const DecodeItem*>(up[2]), blocks_d, pool_d, geo, rope, n_heads, group,
-          scale, part_m, part_l, part_o);
-      check_launch("decode_kernel");
-      decode_combine_kernel<<<dim3(unsigned(decode_seqs.size()), unsigned(n_heads)), hd, 0, ctx.stream()>>>(
-          descs_d, static_cast<const DecodeSeq*>(up[3]), part_m, part_l, part_o, n_heads, hd, out.f32(), row_m, row_l);
-      check_launch("decode_combine_kernel");
+      launch_overlapped(ctx, "decode_kernel", decode_kernel<C>, grid, kThreads, 0, q.f32(), descs_d,
+                        static_cast<const DecodeItem*>(up[2]), blocks_d, pool_d, geo, rope, n_heads, group, scale,
+                        part_m, part_l, part_o);
+      launch_overlapped(ctx, "decode_combine_kernel", decode_combine_kernel,
+                        dim3(unsigned(decode_seqs.size()), unsigned(n_heads)), hd, 0, descs_d,
+                        static_cast<const DecodeSeq*>(up[3]), part_m, part_l, part_o, n_heads, hd, out.f32(), row_m,
+                        row_l);
     }
     if (!prefill_tiles.empty()) {
       const size_t shared = prefill_shared_bytes(32 * C);

@@ -17,6 +17,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/overlapped_launch.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -27,6 +28,8 @@ constexpr int kMaxThreads = 1024;
 // cosines, then half sines.
 __global__ void rope_kernel(float* x, const int32_t* positions, const float* inv_freq, int n_heads, int head_dim,
                             bool interleaved) {
+  allow_dependents();
+  wait_for_inputs();
   extern __shared__ float table[];
   const int half = head_dim / 2;
   float* cos_t = table;
@@ -70,10 +73,9 @@ void rope(CudaContext& ctx, Tensor& x, std::span<const int32_t> positions, int n
       ctx.upload_together({CudaContext::bytes_of(inv_freq), CudaContext::bytes_of(positions)});
   const size_t shared = size_t(head_dim) * sizeof(float);
   const int threads = std::min(kMaxThreads, (n_heads * head_dim / 2 + 31) / 32 * 32);
-  rope_kernel<<<unsigned(positions.size()), threads, shared, ctx.stream()>>>(
-      x.f32(), static_cast<const int32_t*>(up[1]), static_cast<const float*>(up[0]), n_heads, head_dim,
-      params.style == RopeStyle::interleaved);
-  check(cudaGetLastError(), "rope_kernel");
+  launch_overlapped(ctx, "rope_kernel", rope_kernel, unsigned(positions.size()), threads, shared, x.f32(),
+                    static_cast<const int32_t*>(up[1]), static_cast<const float*>(up[0]), n_heads, head_dim,
+                    params.style == RopeStyle::interleaved);
 }
 
 }  // namespace strata::cuda

@@ -345,6 +345,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
       "model.weight_dtype",  "server.host",         "server.port",          "server.threads",      "server.max_body_bytes",
       "server.max_n",        "server.max_prompts",  "engine.max_running",   "engine.max_batch_tokens", "engine.max_waiting",
       "engine.threads",      "engine.activation_dtype", "engine.cpu_kernels", "engine.backend",       "engine.device",
+      "engine.cuda_overlap",
       "kv_cache.block_size", "kv_cache.memory_mib",  "kv_cache.policy",     "kv_cache.layer_overrides",
       "kv_cache.request_policies", "kv_cache.dtype", "kv_cache.pod_blocks", "kv_cache.prefix_caching",
       "kv_cache.prefill_compression", "kv_cache.prefill_chunk", "parallel.tp", "parallel.pp",
@@ -370,7 +371,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
                               : k == "engine.activation_dtype" ? "int8"
                               : k == "engine.cpu_kernels"    ? "baseline"
                               : k == "model.weight_dtype"    ? "q8_0"
-                              : k == "kv_cache.prefix_caching" ? "off"
+                              : k == "kv_cache.prefix_caching" || k == "engine.cuda_overlap" ? "off"
                               : k == "kv_cache.prefill_compression" ? "chunked"
                               : k == "server.ignore_unknown_fields" || k == "server.access_log" ? "true"
                               : k == "server.metrics_require_key" ? "true"

@@ -406,12 +406,17 @@ stage_torch_compile() {
 # run: the weights' upload, the prefill and the decode steps, each forward pass starting at its embedding_kernel.
 # Batch 1 (where the host's gaps would show) and batch 64 (where the matrix products and attention of many sequences
 # would), each under the key profile_batch_B of profile.json beside its unprofiled bench report.
-# The unprofiled runs of both batches come first, so that a call short of time still has their step times.
+# The unprofiled runs of both batches come first, so that a call short of time still has their step times: with
+# the kernels' launches overlapped (the default) and without (engine.cuda_overlap).
 stage_profile() {
   need_bin || return 1
-  local batch rc=0
-  # shellcheck disable=SC2046
-  for batch in 1 64; do bench_run profile 60 $(profile_args "$batch") || rc=1; done
+  local batch overlap rc=0
+  for batch in 1 64; do
+    for overlap in on off; do
+      # shellcheck disable=SC2046
+      bench_run profile 60 $(profile_args "$batch") --set engine.cuda_overlap=$overlap || rc=1
+    done
+  done
   for batch in 1 64; do profile_batch "$batch" || rc=1; done
   return "$rc"
 }
