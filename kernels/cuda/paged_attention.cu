@@ -21,8 +21,8 @@
 // - decode_kernel (sequences with one new row): flash-decoding. The context is cut into splits; block
 //   (split, KV head, head chunk) of kThreads threads reads each key and value of its split once for up to kMaxGroup
 //   query heads of the KV head (GQA; a larger group, such as Llama 3.1 405B's 16, takes several chunks, each
-//   reading the split again). Each warp takes every kWarps-th run of kDecodeEntries entries of the split, loading
-//   the run's keys and values together, its lanes holding C contiguous channels; a score is a warp-wide sum. The warps' states merge in shared memory into one partial (m, l, o) per
+//   reading the split again). Each warp takes every kWarps-th entry of the split, its lanes holding C contiguous
+//   channels; a score is a warp-wide sum. The warps' states merge in shared memory into one partial (m, l, o) per
 //   (split, query head); decode_combine_kernel, block (sequence, query head), merges the splits.
 // - prefill_kernel (sequences with several new rows): block (tile of kTileRows rows, query head) walks the keys
 //   in tiles of kTileKeys, staged in shared memory as fp32. Warp w owns rows w, w + kWarps, ...: lane j scores key
@@ -55,14 +55,16 @@ constexpr int kMaxGroup = 8;           // query heads that one decode_kernel blo
 constexpr int kTileRows = 32;          // prefill: query rows per block
 constexpr int kTileKeys = 32;          // prefill and column sums: keys per shared-memory tile (one per lane)
 constexpr int kRowsPerWarp = kTileRows / kWarps;
-constexpr int kMinSplitKeys = 64;      // decode: the fewest entries a split is given
-constexpr int kDecodeEntries = 4;      // decode: entries a warp reads at once
+constexpr int kMinSplitKeys = 64;      // decode: the fewest entries a split is given (128 left batch 1 at 1K
+                                       // context with 64 blocks for 132 multiprocessors)
 
 // Blocks per multiprocessor that decode_kernel is built for (__launch_bounds__): the registers its loop fits in
-// without spilling with kDecodeEntries entries in flight per warp (ptxas -v, sm_90a: 108 at head_dim 64, C = 2;
-// 156 at head_dim 128). At 6 and 4 blocks (80 and 128 registers) it spilled about 100 bytes.
+// without spilling, 80 at head_dim 64 (C = 2) and 128 at head_dim 128. Left to itself, ptxas gives the rarely
+// taken coded-entry reads 12 more registers at head_dim 64, and the kernel one block less per multiprocessor.
+// (Reading 4 entries a warp at once needed 156 registers at head_dim 128, so 3 blocks: on an H200 batch 64 at 1K
+// and every batch at 32K decoded slower, docs/decisions.md.)
 template <int C>
-constexpr int kDecodeBlocksPerSm = C == 2 ? 4 : 3;
+constexpr int kDecodeBlocksPerSm = C == 2 ? 6 : 4;
 
 // One sequence of the call as the kernels see it; blocks[table_begin + j] is the encoded offset of its block j.
 struct SeqDesc {
@@ -237,51 +239,23 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<C>)
   float m[kMaxGroup], l[kMaxGroup], o[kMaxGroup][C];
   reset_softmax(m, l, o);
 
-  // Each warp reads kDecodeEntries consecutive entries at once (their loads in flight together: one entry at a
-  // time left a warp waiting on memory, and a batch's attention at a tenth of the bandwidth), then scores them and
-  // folds them into each query head's state in one update.
-  constexpr int E = kDecodeEntries;
-  for (int e0 = item.key_begin + warp * E; e0 < item.key_end; e0 += kWarps * E) {
-    float k[E][C], v[E][C];
-#pragma unroll
-    for (int u = 0; u < E; ++u) {
-      const int e = e0 + u;
-      if (e < item.key_end) {
-        read_entry<C>(pool, blocks[s.table_begin + e / g.block_size], g, rope, kv_head, e % g.block_size, lane, k[u],
-                      v[u]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < C; ++j) k[u][j] = v[u][j] = 0.0f;
-      }
-    }
+  for (int e = item.key_begin + warp; e < item.key_end; e += kWarps) {
+    const int64_t blk = blocks[s.table_begin + e / g.block_size];
+    float k[C], v[C];
+    read_entry<C>(pool, blk, g, rope, kv_head, e % g.block_size, lane, k, v);
 #pragma unroll
     for (int gi = 0; gi < kMaxGroup; ++gi) {
       if (gi >= n_group) break;
-      float score[E];
-      float m_new = m[gi];
+      float partial = 0.0f;
 #pragma unroll
-      for (int u = 0; u < E; ++u) {
-        float partial = 0.0f;
+      for (int j = 0; j < C; ++j) partial += qr[gi][j] * k[j];
+      const float score = warp_sum(partial);
+      const float m_new = fmaxf(m[gi], score);
+      const float correction = expf(m[gi] - m_new);  // 0 for the first entry (m = -inf)
+      const float p = expf(score - m_new);
+      l[gi] = l[gi] * correction + p;
 #pragma unroll
-        for (int j = 0; j < C; ++j) partial += qr[gi][j] * k[u][j];
-        score[u] = e0 + u < item.key_end ? warp_sum(partial) : -INFINITY;
-        m_new = fmaxf(m_new, score[u]);
-      }
-      const float correction = expf(m[gi] - m_new);  // 0 for the first entries (m = -inf)
-      float p[E], p_sum = 0.0f;
-#pragma unroll
-      for (int u = 0; u < E; ++u) {
-        p[u] = expf(score[u] - m_new);  // 0 past the split's end
-        p_sum += p[u];
-      }
-      l[gi] = l[gi] * correction + p_sum;
-#pragma unroll
-      for (int j = 0; j < C; ++j) {
-        float acc = o[gi][j] * correction;
-#pragma unroll
-        for (int u = 0; u < E; ++u) acc += p[u] * v[u][j];
-        o[gi][j] = acc;
-      }
+      for (int j = 0; j < C; ++j) o[gi][j] = o[gi][j] * correction + p * v[j];
       m[gi] = m_new;
     }
   }
@@ -588,9 +562,8 @@ AttentionWork attention_work(const CudaContext& ctx, std::span<const AttentionSe
   w.stats_begin.assign(seqs.size(), 0);
   int n_decode = 0;
   for (const AttentionSequence& s : seqs) n_decode += s.n_q == 1;
-  // Enough splits for a few waves of blocks over the whole call (at 3 blocks per multiprocessor resident, 4 per
-  // multiprocessor left a batch of 64 with one and a third waves), never under kMinSplitKeys entries.
-  const int target_blocks = 8 * ctx.multiprocessors();
+  // Enough splits for a few blocks per multiprocessor over the whole call, never under kMinSplitKeys entries.
+  const int target_blocks = 4 * ctx.multiprocessors();
   const int splits_wanted = std::max(1, target_blocks / std::max(1, n_decode * n_kv_heads * head_chunks));
   for (size_t i = 0; i < seqs.size(); ++i) {
     const AttentionSequence& s = seqs[i];
