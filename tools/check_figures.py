@@ -50,6 +50,47 @@ def kv_bytes_ratio(d: dict, context: int) -> float:
     return step[0] / step[1]
 
 
+def unprofiled(d: dict, batch: int, overlap: str | None = None) -> dict:
+    """The profile stage's unprofiled bench result at `batch` (and engine.cuda_overlap=overlap where given)."""
+    return next(r["results"][0] for r in d["runs"] if r["results"][0]["batch"] == batch
+                and (overlap is None or f"engine.cuda_overlap={overlap}" in r["command"]))
+
+
+def peer(d: dict, batch: int) -> float:
+    return next(c["decode_tokens_per_second"] for c in d["decode"] if c["batch"] == batch)
+
+
+def gpu_speed_row(d: dict, batch: int) -> str:
+    """A row of the [gpu-speed] table: overlapped, ordinary, the peer and the ratio (99bdc95's call)."""
+    on, off = unprofiled(d, batch, "on"), unprofiled(d, batch, "off")
+    torch = peer(load("gpu-h200-99bdc95-torch-compile.json"), batch)
+    rate = on["decode_tokens_per_second"]
+    fraction = f" ({on['bandwidth']['fraction_of_copy_bandwidth']:.2f} of the copy bandwidth)" if batch == 1 else ""
+    return (f"| batch {batch}, tok/s | {rate:,.1f}{fraction} | {off['decode_tokens_per_second']:,.1f} | "
+            f"{torch:,.1f} | {rate / torch:.2f}x |")
+
+
+def gpu_speed_median_row(d: dict) -> str:
+    on, off = unprofiled(d, 64, "on"), unprofiled(d, 64, "off")
+    median = on["step_seconds"]["median"]
+    torch = peer(load("gpu-h200-99bdc95-torch-compile.json"), 64)
+    return (f"| batch 64, median step | {median * 1e3:.2f} ms ({64 / median:,.0f} tok/s) | "
+            f"{off['step_seconds']['median'] * 1e3:.2f} ms | | {64 / median / torch:.2f}x on the median |")
+
+
+def gpu_speed_ratios(d: dict) -> tuple[float, float, float, float]:
+    """99bdc95's batch-1 fraction of the copy bandwidth and its ratios to torch.compile (batch 1, 64, 64 median)."""
+    torch = load("gpu-h200-99bdc95-torch-compile.json")
+    one, many = unprofiled(d, 1, "on"), unprofiled(d, 64, "on")
+    return (one["bandwidth"]["fraction_of_copy_bandwidth"], one["decode_tokens_per_second"] / peer(torch, 1),
+            many["decode_tokens_per_second"] / peer(torch, 64), 64 / many["step_seconds"]["median"] / peer(torch, 64))
+
+
+def long_cell(d: dict, run: int, batch: int, context: int) -> float:
+    return next(c["decode_tokens_per_second"] for c in d["runs"][run]["results"]
+                if c["batch"] == batch and c["context"] == context)
+
+
 def router_summary(d: dict) -> str:
     """Cache-aware routing against one replica alone and round-robin (bench/router.py)."""
     return (f"cache-aware routing served {d['cache_aware']['cache_share']:.1%} of the prompt tokens from the "
@@ -356,6 +397,31 @@ CLAIMS = [
     *(Claim("bench/results/README.md", source, lambda d, part=part: shared_compressed(d, part))
       for source in ("cpu-shared-compressed.json", "cpu-shared-compressed-kvzip.json")
       for part in ("memory", "ttft", "answers")),
+    Claim("bench/results/README.md", "gpu-h200-99bdc95-profile.json", lambda d: gpu_speed_row(d, 1)),
+    Claim("bench/results/README.md", "gpu-h200-99bdc95-profile.json", lambda d: gpu_speed_row(d, 64)),
+    Claim("bench/results/README.md", "gpu-h200-99bdc95-profile.json", gpu_speed_median_row),
+    Claim("bench/results/README.md", "gpu-h200-6e43633-torch-compile.json",
+          lambda d: f"the peer decodes at {peer(d, 1):.1f} tok/s at batch 1 and {peer(d, 64):,.0f} at batch 64 (1K "
+                    f"context), against Strata's "
+                    f"{unprofiled(load('gpu-h200-6e43633-profile.json'), 1)['decode_tokens_per_second']:.1f} and "
+                    f"{unprofiled(load('gpu-h200-6e43633-profile.json'), 64)['decode_tokens_per_second']:,.0f}"),
+    Claim("bench/results/README.md", "gpu-h200-99bdc95-bench-8b-long.json",
+          lambda d: f"int4 KV still decodes no faster than bf16 KV ({long_cell(d, 1, 8, 32768):.1f} against "
+                    f"{long_cell(d, 0, 8, 32768):.1f} tok/s at 32K, batch 8), SnapKV at 1,024 keeps "
+                    f"{long_cell(d, 2, 1, 32768):.1f} tok/s at batch 1 and {long_cell(d, 2, 8, 32768):.1f} at batch "
+                    f"8 at 32K"),
+    Claim("bench/results/README.md", "gpu-h200-6e43633-tests.json",
+          lambda d: f"{d['kernels_tests']['tests'] - d['kernels_tests']['failures']} of the "
+                    f"{d['kernels_tests']['tests']} `Cuda*` kernel tests, the {d['parallel_tests']['tests']} NCCL and "
+                    f"the {load('gpu-h200-6e43633-tests-smollm2.json')['kernels_tests']['tests']} SmolLM2 tests pass"),
+    Claim("bench/results/README.md", "gpu-h200-99bdc95-tests.json",
+          lambda d: f"all {d['kernels_tests']['tests']} kernel tests"),
+    Claim("README.md", "gpu-h200-99bdc95-profile.json",
+          lambda d: "reaches {:.2f} of the copy bandwidth (the goal is 0.75) and {:.2f}x torch.compile with CUDA "
+                    "graphs, batch 64 {:.2f}x on the mean and {:.2f}x on the median step".format(*gpu_speed_ratios(d))),
+    Claim("README.md", "gpu-h200-99bdc95-profile.json",
+          lambda d: "and at {1:.2f}x (batch 1) and {2:.2f}x (batch 64) PyTorch compiled with CUDA graphs".format(
+              *gpu_speed_ratios(d))),
     Claim("README.md", "router-cpu.json", router_summary),
     Claim("bench/results/README.md", "router-cpu.json", router_summary),
     *(Claim("bench/results/README.md", "router-cpu.json", lambda d, run=run: router_row(d, run))

@@ -44,7 +44,7 @@ commands=$out/commands.txt
 log=$out/gpu_run.log
 call_start=$(date +%s)
 # Seconds each stage may take; a call may take the sum of its stages' (at most 560, inside the tool's 600), so
-# that the two calls of docs/gpu.md fit a session's 15 minutes of device time with the machine's start.
+# that the calls of docs/gpu.md fit a session's 15 minutes of device time with the machine's start.
 declare -A stage_seconds=([join]=20 [info]=30 [tests]=90 [compare]=120 [serve]=60 [bench-8b]=170 [bench-8b-long]=135
                           [bench-70b]=200 [torch]=100 [torch-compile]=200 [profile]=300 [capacity-8b]=300)
 call_budget=0
@@ -438,7 +438,8 @@ profile_batch() {
     rm -f "$scratch/ncu.csv"
     # The first 2,000 launches are the dummy weights' upload (about 2,000 casts): not profiled, for time.
     record timeout "$cap" "$ncu" --clock-control none --launch-skip 2000 --metrics gpu__time_duration.sum --csv \
-      --page raw --print-units base --log-file "$scratch/ncu.csv" "${bench[@]}" >>"$log" 2>&1 || say "profile: ncu exited $? (batch $batch)"
+      --page raw --print-units base --log-file "$scratch/ncu.csv" "${bench[@]}" >>"$log" 2>&1 ||
+      say "profile: ncu exited $? (batch $batch)"
     python3 tools/device/profile_report.py ncu "$scratch/ncu.csv" "$out/profile.json" "$key" 2>>"$log" && return 0
     say "profile: ncu gave no kernel times (a container may refuse it the GPU's counters): trying nsys"
   fi

@@ -122,15 +122,19 @@ rm -rf "$check" "$stage"
 echo "pack.sh: checked: strata --help, kernels_tests (CPU), strata generate on the joined model, from the pack"
 echo "pack.sh: carry folders (a call carries at most 64 MiB with the working tree):"
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
-for d in bin $(cd "$dev" && ls -d model-*); do printf '  %-16s %6s MiB\n' "$dev/$d" "$(mib "$(du -sb "$dev/$d" | cut -f1)")"; done
+for d in bin $(cd "$dev" && ls -d model-*); do
+  printf '  %-16s %6s MiB\n' "$dev/$d" "$(mib "$(du -sb "$dev/$d" | cut -f1)")"
+done
 printf '  %-16s %6s MiB\n' "working tree" "$(mib "$tree_bytes")"
 echo "pack.sh: the device calls, each right after the one before (the machine stays warm about 30 s after a call,"
 echo "and what was carried stays there while it is warm); timeout_s 600 each:"
-echo "  1. carry [\".device/bin\", \".device/model-1\"]  command: STRATA_CALL_SECONDS=420 tools/device/gpu_run.sh info tests profile torch-compile"
+echo "  1. carry [\".device/bin\", \".device/model-1\"]  command: STRATA_CALL_SECONDS=330"\
+  "tools/device/gpu_run.sh info tests torch-compile profile bench-8b-long"
 for ((k = 2; k < parts; k++)); do
   echo "  $k. carry [\".device/model-$k\"]                 command: tools/device/gpu_run.sh join"
 done
-echo "  $parts. carry [\".device/model-$parts\"]                 command: STRATA_TESTS_FILTER='*SmolLm2*' tools/device/gpu_run.sh join tests compare serve"
+echo "  $parts. carry [\".device/model-$parts\"]                 command: STRATA_TESTS_FILTER='*SmolLm2*'"\
+  "tools/device/gpu_run.sh join tests compare serve"
 echo "A later call needs what the calls before it left there. If it says a part is missing, the machine went cold in"
 echo "between: carry [\".device/bin\", \".device/model-1\"] with \"tools/device/gpu_run.sh join\" (it reports the parts"
 echo "still missing), then carry those."
