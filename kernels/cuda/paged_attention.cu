@@ -18,7 +18,10 @@
 //
 // Kernels (D = head_dim, C = D / 32 channels per lane; D is 64 or 128, a template parameter):
 // - kv_write_kernel: block (token) copies the token's K and V rows, all KV heads, into its slot (bf16).
-// - decode_kernel (sequences with one new row): flash-decoding. The context is cut into splits; block
+// - decode_tiled_kernel (sequences with one new row, every block of the call full-precision): flash-decoding with a
+//   lane per entry: block (split, KV head, head chunk) as decode_kernel's below, each warp scoring a tile of 32
+//   entries at once, their keys read by 16-byte loads, one reduction per query head and tile.
+// - decode_kernel (sequences with one new row, any block format): flash-decoding. The context is cut into splits; block
 //   (split, KV head, head chunk) of kThreads threads reads each key and value of its split once for up to kMaxGroup
 //   query heads of the KV head (GQA; a larger group, such as Llama 3.1 405B's 16, takes several chunks, each
 //   reading the split again). Each warp takes every kWarps-th entry of the split, its lanes holding C contiguous
@@ -55,8 +58,9 @@ constexpr int kMaxGroup = 8;           // query heads that one decode_kernel blo
 constexpr int kTileRows = 32;          // prefill: query rows per block
 constexpr int kTileKeys = 32;          // prefill and column sums: keys per shared-memory tile (one per lane)
 constexpr int kRowsPerWarp = kTileRows / kWarps;
-constexpr int kMinSplitKeys = 64;      // decode: the fewest entries a split is given (128 left batch 1 at 1K
-                                       // context with 64 blocks for 132 multiprocessors)
+constexpr int kMinSplitKeys = 64;      // decode_kernel: the fewest entries a split is given (128 left batch 1 at
+                                       // 1K context with 64 blocks for 132 multiprocessors)
+constexpr int kMinTiledSplitKeys = 32 * kWarps;  // decode_tiled_kernel: a tile of 32 entries for each warp
 
 // Blocks per multiprocessor that decode_kernel is built for (__launch_bounds__): the registers its loop fits in
 // without spilling, 80 at head_dim 64 (C = 2) and 128 at head_dim 128. Left to itself, ptxas gives the rarely
@@ -209,6 +213,47 @@ __global__ void kv_write_kernel(const float* k, const float* v, const int32_t* r
   }
 }
 
+// The end of both decode kernels: the block's warps' states merged into one partial (m, l, o) per query head of the
+// block, written to part_m/part_l [item][h] and part_o [item][h][D] (o not yet divided by l). State (m_w, l_w, o_w)
+// counts with weight exp(m_w - M), M the largest m_w; a warp that saw no entry (a split shorter than the warps'
+// share) has m = -inf and weight 0. Lane j of a warp holds channels [j * C, j * C + C) of o.
+template <int C>
+__device__ void write_split_partials(const float (&m)[kMaxGroup], const float (&l)[kMaxGroup],
+                                     const float (&o)[kMaxGroup][C], int n_group, int head_begin, int n_heads,
+                                     float* part_m, float* part_l, float* part_o) {
+  constexpr int D = 32 * C;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float warp_m[kWarps][kMaxGroup], warp_l[kWarps][kMaxGroup];
+  __shared__ float warp_o[kWarps][kMaxGroup][D];
+#pragma unroll
+  for (int gi = 0; gi < kMaxGroup; ++gi) {
+    if (lane == 0) {
+      warp_m[warp][gi] = m[gi];
+      warp_l[warp][gi] = l[gi];
+    }
+#pragma unroll
+    for (int j = 0; j < C; ++j) warp_o[warp][gi][lane * C + j] = o[gi][j];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < n_group * D; idx += blockDim.x) {
+    const int gi = idx / D, c = idx % D;  // query head head_begin + gi, channel c
+    float big_m = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) big_m = fmaxf(big_m, warp_m[w][gi]);
+    float sum_l = 0.0f, sum_o = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = warp_m[w][gi] == -INFINITY ? 0.0f : expf(warp_m[w][gi] - big_m);
+      sum_l += warp_l[w][gi] * weight;
+      sum_o += warp_o[w][gi][c] * weight;
+    }
+    const int64_t cell = int64_t(blockIdx.x) * n_heads + head_begin + gi;  // [item][h]
+    part_o[cell * D + c] = sum_o;
+    if (c == 0) {
+      part_m[cell] = big_m;
+      part_l[cell] = sum_l;
+    }
+  }
+}
+
 // Block (split i, KV head, chunk z): the partial softmax state of each query head h = KV head * group + z *
 // kMaxGroup + gi (gi < kMaxGroup, h within the KV head's group) over the split's entries, written to part_m/part_l
 // [item][h] and part_o [item][h][D] (o not yet divided by l).
@@ -260,37 +305,108 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<C>)
     }
   }
 
-  // Merge the warps: state (m_w, l_w, o_w) counts with weight exp(m_w - M), M the largest m_w. A warp that saw
-  // no entry (a split shorter than kWarps) has m = -inf and weight 0.
-  __shared__ float warp_m[kWarps][kMaxGroup], warp_l[kWarps][kMaxGroup];
-  __shared__ float warp_o[kWarps][kMaxGroup][D];
-#pragma unroll
-  for (int gi = 0; gi < kMaxGroup; ++gi) {
-    if (lane == 0) {
-      warp_m[warp][gi] = m[gi];
-      warp_l[warp][gi] = l[gi];
-    }
-#pragma unroll
-    for (int j = 0; j < C; ++j) warp_o[warp][gi][lane * C + j] = o[gi][j];
+  write_split_partials<C>(m, l, o, n_group, head_begin, n_heads, part_m, part_l, part_o);
+}
+
+// Block (split i, KV head, chunk z) as decode_kernel's, over full-precision (bf16) blocks only: warp w takes every
+// kWarps-th tile of 32 entries of the split, lane j the tile's entry j. The lane scores its entry's key against
+// the block's query heads (pre-scaled in shared memory, read as broadcasts) in 16-byte loads of the key row; the
+// warp takes each query head's tile maximum and sum in one reduction; then its lanes, over channels as in
+// decode_kernel, add the tile's 32 values weighted by the probabilities, passed by shuffles. A warp has a whole
+// tile's loads in flight where decode_kernel has one entry's, and reduces once per tile where decode_kernel
+// reduces once per entry (decode_kernel read a batch of 64's KV at 0.88 TB/s on an H200).
+template <int C>
+__global__ void __launch_bounds__(kThreads, 4)
+    decode_tiled_kernel(const float* q, const SeqDesc* seqs, const DecodeItem* items, const int64_t* blocks,
+                        const uint8_t* pool, KvGeometry g, int n_heads, int group, float scale, float* part_m,
+                        float* part_l, float* part_o) {
+  allow_dependents();
+  wait_for_inputs();
+  constexpr int D = 32 * C;
+  const DecodeItem item = items[blockIdx.x];
+  const SeqDesc s = seqs[item.seq];
+  const int kv_head = blockIdx.y;
+  const int head_begin = kv_head * group + int(blockIdx.z) * kMaxGroup;
+  const int n_group = min(kMaxGroup, group - int(blockIdx.z) * kMaxGroup);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  __shared__ float4 q_shared[kMaxGroup][D / 4];
+  const float* q_row = q + int64_t(s.q_begin) * n_heads * D;
+  for (int idx = threadIdx.x; idx < kMaxGroup * D; idx += blockDim.x) {
+    const int gi = idx / D, c = idx % D;
+    reinterpret_cast<float*>(q_shared[gi])[c] = gi < n_group ? q_row[(head_begin + gi) * D + c] * scale : 0.0f;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < n_group * D; idx += blockDim.x) {
-    const int gi = idx / D, c = idx % D;  // query head head_begin + gi, channel c
-    float big_m = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) big_m = fmaxf(big_m, warp_m[w][gi]);
-    float sum_l = 0.0f, sum_o = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float weight = warp_m[w][gi] == -INFINITY ? 0.0f : expf(warp_m[w][gi] - big_m);
-      sum_l += warp_l[w][gi] * weight;
-      sum_o += warp_o[w][gi][c] * weight;
+
+  float m[kMaxGroup], l[kMaxGroup], o[kMaxGroup][C];
+  reset_softmax(m, l, o);
+  for (int t0 = item.key_begin + 32 * warp; t0 < item.key_end; t0 += 32 * kWarps) {
+    const int e = t0 + lane;
+    const bool valid = e < item.key_end;
+    // This lane's entry: its key row's and value row's element offsets in the pool (bf16 elements from the base).
+    int64_t k_at = 0, v_at = 0;
+    if (valid) {
+      const int64_t blk = blocks[s.table_begin + e / g.block_size] / 2;  // full-precision: a byte offset, even
+      k_at = blk + g.k_element(kv_head, e % g.block_size);
+      v_at = blk + g.v_element(kv_head, e % g.block_size);
     }
-    const int64_t cell = int64_t(blockIdx.x) * n_heads + head_begin + gi;  // [item][h]
-    part_o[cell * D + c] = sum_o;
-    if (c == 0) {
-      part_m[cell] = big_m;
-      part_l[cell] = sum_l;
+    float score[kMaxGroup];
+#pragma unroll
+    for (int gi = 0; gi < kMaxGroup; ++gi) score[gi] = 0.0f;
+    if (valid) {
+      const auto* k_row = reinterpret_cast<const uint4*>(reinterpret_cast<const __nv_bfloat16*>(pool) + k_at);
+#pragma unroll 4
+      for (int c8 = 0; c8 < D / 8; ++c8) {
+        const uint4 packed = k_row[c8];
+        const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+        const float2 k01 = __bfloat1622float2(pairs[0]), k23 = __bfloat1622float2(pairs[1]);
+        const float2 k45 = __bfloat1622float2(pairs[2]), k67 = __bfloat1622float2(pairs[3]);
+#pragma unroll
+        for (int gi = 0; gi < kMaxGroup; ++gi) {
+          if (gi >= n_group) break;
+          const float4 a = q_shared[gi][2 * c8], b = q_shared[gi][2 * c8 + 1];
+          score[gi] += a.x * k01.x + a.y * k01.y + a.z * k23.x + a.w * k23.y + b.x * k45.x + b.y * k45.y +
+                       b.z * k67.x + b.w * k67.y;
+        }
+      }
+    }
+    float p[kMaxGroup];
+#pragma unroll
+    for (int gi = 0; gi < kMaxGroup; ++gi) {
+      p[gi] = 0.0f;
+      if (gi >= n_group) continue;
+      const float m_new = fmaxf(m[gi], warp_max(valid ? score[gi] : -INFINITY));  // finite: lane 0's entry is valid
+      const float correction = expf(m[gi] - m_new);                                // 0 for the first tile
+      p[gi] = valid ? expf(score[gi] - m_new) : 0.0f;
+      l[gi] = l[gi] * correction + warp_sum(p[gi]);
+      m[gi] = m_new;
+#pragma unroll
+      for (int j = 0; j < C; ++j) o[gi][j] *= correction;
+    }
+    // The tile's values, entry by entry (the loop bound is the same in every lane), the lanes over channels.
+    const int n_entries = min(32, item.key_end - t0);
+#pragma unroll 8
+    for (int jj = 0; jj < n_entries; ++jj) {
+      const int64_t at = __shfl_sync(0xffffffffu, v_at, jj);
+      const auto* vp = reinterpret_cast<const __nv_bfloat162*>(reinterpret_cast<const __nv_bfloat16*>(pool) + at +
+                                                                lane * C);
+      float v[C];
+#pragma unroll
+      for (int j = 0; j < C / 2; ++j) {
+        const float2 vf = __bfloat1622float2(vp[j]);
+        v[2 * j] = vf.x;
+        v[2 * j + 1] = vf.y;
+      }
+#pragma unroll
+      for (int gi = 0; gi < kMaxGroup; ++gi) {
+        if (gi >= n_group) break;
+        const float pj = __shfl_sync(0xffffffffu, p[gi], jj);
+#pragma unroll
+        for (int j = 0; j < C; ++j) o[gi][j] += pj * v[j];
+      }
     }
   }
+  write_split_partials<C>(m, l, o, n_group, head_begin, n_heads, part_m, part_l, part_o);
 }
 
 // Block (decode sequence, query head h), thread c: merges the sequence's splits as the warps were merged above,
@@ -556,20 +672,20 @@ struct AttentionWork {
 };
 
 AttentionWork attention_work(const CudaContext& ctx, std::span<const AttentionSequence> seqs, int n_kv_heads,
-                             int n_heads, int head_chunks) {
+                             int n_heads, int head_chunks, int min_split_keys) {
   AttentionWork w;
   w.sums_offset.assign(seqs.size(), 0);
   w.stats_begin.assign(seqs.size(), 0);
   int n_decode = 0;
   for (const AttentionSequence& s : seqs) n_decode += s.n_q == 1;
-  // Enough splits for a few blocks per multiprocessor over the whole call, never under kMinSplitKeys entries.
+  // Enough splits for a few blocks per multiprocessor over the whole call, never under min_split_keys entries.
   const int target_blocks = 4 * ctx.multiprocessors();
   const int splits_wanted = std::max(1, target_blocks / std::max(1, n_decode * n_kv_heads * head_chunks));
   for (size_t i = 0; i < seqs.size(); ++i) {
     const AttentionSequence& s = seqs[i];
     const int n_keys = s.n_ctx_before + s.n_q;
     if (s.n_q == 1) {
-      const int splits = std::clamp((n_keys + kMinSplitKeys - 1) / kMinSplitKeys, 1, splits_wanted);
+      const int splits = std::clamp((n_keys + min_split_keys - 1) / min_split_keys, 1, splits_wanted);
       const int chunk = (n_keys + splits - 1) / splits;
       w.decode_seqs.push_back(DecodeSeq{int32_t(i), int32_t(w.decode_items.size()), 0, 0});
       for (int b = 0; b < n_keys; b += chunk) {
@@ -661,7 +777,11 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
   std::vector<SeqDesc> descs;
   const std::vector<int64_t> blocks = resolve_tables(seqs, pool, descs, "paged_attention");
 
-  const AttentionWork work = attention_work(ctx, seqs, L.n_kv_heads, n_heads, head_chunks);
+  // Decode splits go to decode_tiled_kernel where every block of the call is a full-precision one, to decode_kernel
+  // where some are quantized or coded.
+  const bool tiled = std::none_of(blocks.begin(), blocks.end(), [](int64_t b) { return b < 0; });
+  const AttentionWork work =
+      attention_work(ctx, seqs, L.n_kv_heads, n_heads, head_chunks, tiled ? kMinTiledSplitKeys : kMinSplitKeys);
   const std::vector<DecodeItem>& decode_items = work.decode_items;
   const std::vector<DecodeSeq>& decode_seqs = work.decode_seqs;
   const std::vector<TileItem>& prefill_tiles = work.prefill_tiles;
@@ -691,9 +811,15 @@ void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const Attentio
       auto* part_l = static_cast<float*>(ctx.scratch(cells * sizeof(float)));
       auto* part_o = static_cast<float*>(ctx.scratch(cells * hd * sizeof(float)));
       const dim3 grid(unsigned(decode_items.size()), unsigned(L.n_kv_heads), unsigned(head_chunks));
-      launch_overlapped(ctx, "decode_kernel", decode_kernel<C>, grid, kThreads, 0, q.f32(), descs_d,
-                        static_cast<const DecodeItem*>(up[2]), blocks_d, pool_d, geo, rope, n_heads, group, scale,
-                        part_m, part_l, part_o);
+      if (tiled) {
+        launch_overlapped(ctx, "decode_tiled_kernel", decode_tiled_kernel<C>, grid, kThreads, 0, q.f32(), descs_d,
+                          static_cast<const DecodeItem*>(up[2]), blocks_d, pool_d, geo, n_heads, group, scale,
+                          part_m, part_l, part_o);
+      } else {
+        launch_overlapped(ctx, "decode_kernel", decode_kernel<C>, grid, kThreads, 0, q.f32(), descs_d,
+                          static_cast<const DecodeItem*>(up[2]), blocks_d, pool_d, geo, rope, n_heads, group, scale,
+                          part_m, part_l, part_o);
+      }
       launch_overlapped(ctx, "decode_combine_kernel", decode_combine_kernel,
                         dim3(unsigned(decode_seqs.size()), unsigned(n_heads)), hd, 0, descs_d,
                         static_cast<const DecodeSeq*>(up[3]), part_m, part_l, part_o, n_heads, hd, out.f32(), row_m,
