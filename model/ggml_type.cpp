@@ -66,17 +66,23 @@ uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] 
 // Block structs are packed byte arrays in the file; reading fields byte-wise keeps this independent of the
 // host's alignment rules (the data of a row may start at any offset). The formats the kernels compute with
 // (kernels/weight_format.h) are dequantized there; the others here.
+
+// The 32 codes of a Q5_0 block in element order, as q - 16.
+void q5_0_codes(const uint8_t* b, int8_t* codes) {
+  const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | (static_cast<uint32_t>(b[5]) << 24);
+  const uint8_t* qs = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    codes[j] = static_cast<int8_t>(((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
+    codes[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+  }
+}
+
 void dequantize_q5_0(const uint8_t* b, float* y, int64_t n_blocks) {
+  int8_t codes[32];
   for (int64_t i = 0; i < n_blocks; ++i, b += 22, y += 32) {
     const float d = fp16_to_fp32(load_u16(b));
-    const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | (static_cast<uint32_t>(b[5]) << 24);
-    const uint8_t* qs = b + 6;
-    for (int j = 0; j < 16; ++j) {
-      const int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-      const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-      y[j] = static_cast<float>(lo - 16) * d;
-      y[j + 16] = static_cast<float>(hi - 16) * d;
-    }
+    q5_0_codes(b, codes);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(codes[j]) * d;
   }
 }
 
@@ -157,6 +163,14 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elemen
     case GgmlType::q5_1: dequantize_q5_1(b, dst, n_blocks); break;
     default:
       throw std::invalid_argument("cannot dequantize ggml type " + std::string(t.name));
+  }
+}
+
+void q5_0_as_q8_0(const uint8_t* src, uint8_t* dst, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, src += 22, dst += 34) {
+    dst[0] = src[0];  // d, fp16, as it is
+    dst[1] = src[1];
+    q5_0_codes(src, reinterpret_cast<int8_t*>(dst + 2));
   }
 }
 

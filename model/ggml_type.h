@@ -36,4 +36,8 @@ uint64_t ggml_row_bytes(GgmlType type, int64_t n_elements);
 // Throws std::invalid_argument for a type without dequantization support.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elements);
 
+// n_blocks Q5_0 blocks (x = d * (q - 16), q 5 bits) rewritten as Q8_0 blocks of the same values: d kept, each code
+// q - 16 as an int8. Exact, unlike a requantization, which would rescale each block to the int8 range.
+void q5_0_as_q8_0(const uint8_t* src, uint8_t* dst, int64_t n_blocks);
+
 }  // namespace strata

@@ -492,11 +492,12 @@ void dequantize_slice(const TensorView& t, const GgmlTypeTraits& traits, const S
   }
 }
 
-// The format a slice is kept in under `dtype` (norms, 1-D, are always f32).
+// The format a slice is kept in under `dtype` (norms, 1-D, are always f32). Q5_0 becomes Q8_0 under auto too: the
+// same values exactly (q5_0_as_q8_0), at 34 bytes a block of 32 where f32 would take 128.
 WeightFormat target_format(const TensorView& t, const Slice& s, WeightDtype dtype, bool norm) {
   if (norm || dtype == WeightDtype::f32) return WeightFormat::f32;
   if (dtype == WeightDtype::q8_0) return s.n_cols % 32 == 0 ? WeightFormat::q8_0 : WeightFormat::f32;
-  const std::optional<WeightFormat> own = weight_format_of(t.type);
+  const std::optional<WeightFormat> own = t.type == GgmlType::q5_0 ? WeightFormat::q8_0 : weight_format_of(t.type);
   if (!own) return WeightFormat::f32;
   const int64_t block = weight_format_info(*own).block_elements;
   return s.col_begin % block == 0 && s.n_cols % block == 0 ? *own : WeightFormat::f32;
@@ -544,6 +545,14 @@ WeightMatrix read_slice(const TensorView& t, const Slice& s, WeightDtype dtype, 
   if (format == WeightFormat::f32) {
     auto* dst = reinterpret_cast<float*>(new_buffer(owned, out.bytes()));
     dequantize_slice(t, *traits, s, dst);
+    out.data = dst;
+    return out;
+  }
+  if (t.type == GgmlType::q5_0 && s.col_begin % 32 == 0) {  // whole blocks (n_cols % 32 == 0: target_format)
+    uint8_t* dst = new_buffer(owned, out.bytes());
+    for (int64_t i = 0; i < s.n_rows; ++i) {
+      q5_0_as_q8_0(first_row + i * row_bytes + s.col_begin / 32 * 22, dst + i * out.row_bytes(), s.n_cols / 32);
+    }
     out.data = dst;
     return out;
   }

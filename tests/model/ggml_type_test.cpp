@@ -161,6 +161,32 @@ TEST(GgmlType, Q8_0HandComputed) {
   EXPECT_EQ(y[33], -1.5f);
 }
 
+// The loader keeps Q5_0 as Q8_0 (model/model_loader.cpp): the same d, each code q - 16. Hand-computed codes at
+// both ends of the 5-bit range, then random blocks (every bit pattern of the codes, random finite d): the Q8_0
+// blocks dequantize to the Q5_0 blocks' values exactly.
+TEST(GgmlType, Q5_0AsQ8_0HoldsTheSameValues) {
+  std::vector<uint8_t> b(22, 0x00);
+  put_f16(b, 0, 0xB400);  // d = -0.25
+  b[2] = 0x01;            // qh bit 0: element 0's fifth bit
+  b[6 + 0] = 0x0F;        // element 0: 15 | 16 = 31 -> 15; element 16: 0 -> -16
+  std::vector<uint8_t> q8(34);
+  q5_0_as_q8_0(b.data(), q8.data(), 1);
+  EXPECT_EQ(q8[0], 0x00);
+  EXPECT_EQ(q8[1], 0xB4);
+  EXPECT_EQ(static_cast<int8_t>(q8[2 + 0]), 15);
+  EXPECT_EQ(static_cast<int8_t>(q8[2 + 16]), -16);
+  EXPECT_EQ(dequantize(GgmlType::q8_0, q8, 32), dequantize(GgmlType::q5_0, b, 32));
+
+  constexpr int kBlocks = 64;
+  std::vector<uint8_t> blocks(22 * kBlocks);
+  uint32_t state = 12345;
+  for (uint8_t& x : blocks) x = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
+  for (int i = 0; i < kBlocks; ++i) put_f16(blocks, 22 * i, static_cast<uint16_t>(0x2000 + 97 * i));  // finite d
+  std::vector<uint8_t> converted(34 * kBlocks);
+  q5_0_as_q8_0(blocks.data(), converted.data(), kBlocks);
+  EXPECT_EQ(dequantize(GgmlType::q8_0, converted, 32 * kBlocks), dequantize(GgmlType::q5_0, blocks, 32 * kBlocks));
+}
+
 TEST(GgmlType, Q4_KHandComputed) {
   std::vector<uint8_t> b(144, 0x00);
   put_f16(b, 0, 0x3C00);  // d = 1

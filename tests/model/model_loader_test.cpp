@@ -267,6 +267,17 @@ std::vector<uint8_t> encode(uint32_t type_id, int tensor, int64_t rows, int64_t 
       } else if (type_id == 30) {  // bf16: the top half
         out.push_back(static_cast<uint8_t>((bits >> 16) & 0xFF));
         out.push_back(static_cast<uint8_t>(bits >> 24));
+      } else if (type_id == 6) {  // q5_0 with d = 1/8: code v * 8 + 16, written a block at a time
+        if (c % 32 != 0) continue;
+        uint8_t block[22] = {0x00, 0x30};
+        uint32_t qh = 0;
+        for (int j = 0; j < 32; ++j) {
+          const int q = static_cast<int>(value(tensor, r, c + j) * 8) + 16;
+          qh |= static_cast<uint32_t>(q >> 4) << j;
+          block[6 + j % 16] |= static_cast<uint8_t>((q & 0xF) << (j < 16 ? 0 : 4));
+        }
+        for (int k = 0; k < 4; ++k) block[2 + k] = static_cast<uint8_t>(qh >> (8 * k));
+        out.insert(out.end(), block, block + 22);
       } else {  // q8_0 with d = 1/8
         if (c % 32 == 0) {
           out.push_back(0x00);
@@ -282,7 +293,7 @@ std::vector<uint8_t> encode(uint32_t type_id, int tensor, int64_t rows, int64_t 
 struct TinyTensor {
   std::string gguf_name, hf_name;
   int64_t rows, cols;
-  uint32_t type_id;  // in the GGUF; safetensors use F32/F16/BF16 by the same rule, q8_0 -> BF16
+  uint32_t type_id;  // in the GGUF; safetensors use F32/F16/BF16 by the same rule, q8_0 and q5_0 -> BF16
 };
 
 std::vector<TinyTensor> tiny_tensors() {
@@ -294,7 +305,7 @@ std::vector<TinyTensor> tiny_tensors() {
     t.push_back({g + "attn_norm.weight", h + "input_layernorm.weight", 1, kD, 0});
     t.push_back({g + "attn_q.weight", h + "self_attn.q_proj.weight", kHeads * kHeadDim, kD, 8});
     t.push_back({g + "attn_k.weight", h + "self_attn.k_proj.weight", kKv * kHeadDim, kD, 1});
-    t.push_back({g + "attn_v.weight", h + "self_attn.v_proj.weight", kKv * kHeadDim, kD, 0});
+    t.push_back({g + "attn_v.weight", h + "self_attn.v_proj.weight", kKv * kHeadDim, kD, 6});
     t.push_back({g + "attn_output.weight", h + "self_attn.o_proj.weight", kD, kHeads * kHeadDim, 8});
     t.push_back({g + "ffn_norm.weight", h + "post_attention_layernorm.weight", 1, kD, 0});
     t.push_back({g + "ffn_gate.weight", h + "mlp.gate_proj.weight", kFf, kD, 1});
@@ -395,6 +406,7 @@ TEST(LoadGgufWeights, AutoKeepsTheFilesFormats) {
   EXPECT_EQ(w.output.data, file->tensor("output.weight").data);
   EXPECT_EQ(w.layers[0].wq.format, WeightFormat::q8_0);
   EXPECT_EQ(w.layers[0].wk.format, WeightFormat::f32);  // f16 in the file
+  EXPECT_EQ(w.layers[0].wv.format, WeightFormat::q8_0);  // q5_0 in the file: the same values (expect_tiny_values)
   EXPECT_EQ(w.layers[0].ffn_norm.data, file->tensor("blk.0.ffn_norm.weight").data);
   expect_tiny_values(w);
   for (int rank = 0; rank < 2; ++rank) {
@@ -487,7 +499,7 @@ void write_tiny_hf_dir(const std::filesystem::path& dir) {
   const std::vector<TinyTensor> tensors = tiny_tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TinyTensor& t = tensors[i];
-    const uint32_t type_id = t.type_id == 8 ? 30 : t.type_id;
+    const uint32_t type_id = t.type_id == 8 || t.type_id == 6 ? 30 : t.type_id;
     const char* dtype = type_id == 0 ? "F32" : type_id == 1 ? "F16" : "BF16";
     std::vector<int64_t> shape = {t.rows, t.cols};
     if (t.rows == 1) shape = {t.cols};
