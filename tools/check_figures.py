@@ -422,6 +422,14 @@ CLAIMS = [
     Claim("README.md", "gpu-h200-99bdc95-profile.json",
           lambda d: "and at {1:.2f}x (batch 1) and {2:.2f}x (batch 64) PyTorch compiled with CUDA graphs".format(
               *gpu_speed_ratios(d))),
+    Claim("bench/results/README.md", "cpu-q5_0-as-q8_0-before-after.json",
+          lambda d: "batch-1 decode {:.1f} to {:.1f} tok/s ({:.2f}x), batch-8 decode {:.1f} to {:.1f} ({:.2f}x), "
+                    "prefill of 128 tokens {:.2f}x at batch 1 and {:.2f}x at batch 8".format(
+                        *(d["median"][k] for k in ("before decode batch 1", "after decode batch 1",
+                                                   "decode batch 1: after / before", "before decode batch 8",
+                                                   "after decode batch 8", "decode batch 8: after / before",
+                                                   "prefill batch 1: after / before",
+                                                   "prefill batch 8: after / before")))),
     Claim("README.md", "router-cpu.json", router_summary),
     Claim("bench/results/README.md", "router-cpu.json", router_summary),
     *(Claim("bench/results/README.md", "router-cpu.json", lambda d, run=run: router_row(d, run))

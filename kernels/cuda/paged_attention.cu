@@ -314,7 +314,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<C>)
 // warp takes each query head's tile maximum and sum in one reduction; then its lanes, over channels as in
 // decode_kernel, add the tile's 32 values weighted by the probabilities, passed by shuffles. A warp has a whole
 // tile's loads in flight where decode_kernel has one entry's, and reduces once per tile where decode_kernel
-// reduces once per entry (decode_kernel read a batch of 64's KV at 0.88 TB/s on an H200).
+// reduces once per entry (decode_kernel read a batch of 64's KV at 0.88 TB/s on an H200). Long: one tile loop whose
+// phases share the lanes' scores, probabilities and softmax states in registers.
 template <int C>
 __global__ void __launch_bounds__(kThreads, 4)
     decode_tiled_kernel(const float* q, const SeqDesc* seqs, const DecodeItem* items, const int64_t* blocks,
