@@ -266,7 +266,7 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q4km-epyc-avx512vnni-int8-f17136b", "q4km-epyc-at-avx2", "epyc-at-avx2",
                  "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2", "q8-epyc-at-avx2", "epyc-avx512vnni-pool-shares",
                  "q4km-epyc-avx512vnni-pool-shares", "q4km-epyc-at-avx2-pool-shares", "epyc-at-avx2-pool-shares",
-                 "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares")
+                 "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares", "q5_0-epyc-avx512vnni")
 
 CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-pool-shares.json",
