@@ -213,6 +213,19 @@ __global__ void kv_write_kernel(const float* k, const float* v, const int32_t* r
   }
 }
 
+// The work of decode block (split blockIdx.x, KV head blockIdx.y, head chunk blockIdx.z): its split, its sequence,
+// and its query heads [head_begin, head_begin + n_group) of KV head kv_head (kMaxGroup a chunk).
+struct DecodeBlock {
+  DecodeItem item;
+  SeqDesc s;
+  int kv_head, head_begin, n_group;
+};
+__device__ inline DecodeBlock decode_block(const SeqDesc* seqs, const DecodeItem* items, int group) {
+  const DecodeItem item = items[blockIdx.x];
+  const int kv_head = blockIdx.y, chunk = int(blockIdx.z) * kMaxGroup;
+  return DecodeBlock{item, seqs[item.seq], kv_head, kv_head * group + chunk, min(kMaxGroup, group - chunk)};
+}
+
 // The end of both decode kernels: the block's warps' states merged into one partial (m, l, o) per query head of the
 // block, written to part_m/part_l [item][h] and part_o [item][h][D] (o not yet divided by l). State (m_w, l_w, o_w)
 // counts with weight exp(m_w - M), M the largest m_w; a warp that saw no entry (a split shorter than the warps'
@@ -265,11 +278,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<C>)
   allow_dependents();
   wait_for_inputs();
   constexpr int D = 32 * C;
-  const DecodeItem item = items[blockIdx.x];
-  const SeqDesc s = seqs[item.seq];
-  const int kv_head = blockIdx.y;
-  const int head_begin = kv_head * group + int(blockIdx.z) * kMaxGroup;
-  const int n_group = min(kMaxGroup, group - int(blockIdx.z) * kMaxGroup);  // query heads of this block
+  const auto [item, s, kv_head, head_begin, n_group] = decode_block(seqs, items, group);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   // This block's query heads, pre-scaled, this lane's channels.
@@ -324,11 +333,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   allow_dependents();
   wait_for_inputs();
   constexpr int D = 32 * C;
-  const DecodeItem item = items[blockIdx.x];
-  const SeqDesc s = seqs[item.seq];
-  const int kv_head = blockIdx.y;
-  const int head_begin = kv_head * group + int(blockIdx.z) * kMaxGroup;
-  const int n_group = min(kMaxGroup, group - int(blockIdx.z) * kMaxGroup);
+  const auto [item, s, kv_head, head_begin, n_group] = decode_block(seqs, items, group);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   __shared__ float4 q_shared[kMaxGroup][D / 4];
