@@ -763,6 +763,8 @@ void kv_write(CudaContext& ctx, const Tensor& k, const Tensor& v, std::span<cons
                     static_cast<const int64_t*>(up[2]), static_cast<uint8_t*>(pool.base), geometry_of(L));
 }
 
+// Long: one upload of every array the call's kernels read, then the launches of its three phases (decode splits,
+// prefill tiles, column sums), which share those arrays and the rows' (m, l).
 void paged_attention(CudaContext& ctx, const Tensor& q, std::span<const AttentionSequence> seqs,
                      const KvPoolView& pool, int n_heads, float scale, Tensor& out) {
   require_bf16_pool(pool, "paged_attention");

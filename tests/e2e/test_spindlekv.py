@@ -63,15 +63,17 @@ def test_spindlekv_runs_in_a_batch_with_other_policies(server, model_name):
 
 
 def consistent_snapshot(base_url):
-    """kv_state, /metrics, kv_state until both views show the same step (decoding goes on meanwhile)."""
-    for _ in range(50):
+    """kv_state, /metrics, kv_state until both views show the same step (decoding goes on meanwhile). The three
+    requests must fall inside one decode step (about 10 ms here), so many tries: 50 of them 50 ms apart once missed
+    on a loaded machine."""
+    for _ in range(400):
         before = requests.get(f"{base_url}/v1/kv_state", timeout=30).json()
         samples = metrics(base_url)
         after = requests.get(f"{base_url}/v1/kv_state", timeout=30).json()
         if before["sequences"] and after["sequences"] and \
                 before["sequences"][0]["uncompressed_tokens"] == after["sequences"][0]["uncompressed_tokens"]:
             return before, samples
-        time.sleep(0.05)
+        time.sleep(0.01)
     raise AssertionError("no consistent snapshot of /v1/kv_state and /metrics")
 
 
@@ -79,7 +81,7 @@ def test_spindlekv_layers_hold_the_schedule_and_report_codebooks(server, model_n
     wait_idle(server.base_url)
     ids = prompt_ids(PROMPT_TOKENS)
     assert len(ids) == PROMPT_TOKENS
-    body = {"model": model_name, "prompt": ids, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+    body = {"model": model_name, "prompt": ids, "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
             "stream": True, "kv_compression": {"policy": "spindlekv"}}
     with requests.post(f"{server.base_url}/v1/completions", json=body, stream=True, timeout=600) as response:
         assert response.status_code == 200, response.text[:500]
