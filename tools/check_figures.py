@@ -276,6 +276,8 @@ CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
           lambda d: f"{decode_span(d)} with int8 activations"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json", lambda d: f"{decode_span(d)} on an AVX2-only one"),
+    Claim("README.md", "cpu-vs-llamacpp-q5_0-epyc-avx512vnni.json",
+          lambda d: f"on a Q5_0 file (kept as Q8_0 of the same values) {decode_span(d)}"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-pool-shares.json",
           lambda d: f"on an AVX-512 VNNI EPYC with the default int16 activations: batch-1 decode {batch1_span(d)}x, "
                     f"batch-8 {ratios(d)['batch8_decode']:.2f}x, prefill {ratios(d)['prefill_128']:.2f}x, HTTP "
