@@ -96,9 +96,9 @@ def free_bytes(device):
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
 
 
-def decode_cell(model, forward, config, device, batch, context, n_gen, n_warmup, generator):
+def decode_cell(model, compiled, config, device, batch, context, n_gen, n_warmup, generator):
     """G timed decode steps, after W untimed ones, after a synthetic context of `context` entries in a static cache
-    of context + W + G. `forward` is the model's forward pass, eager or compiled."""
+    of context + W + G. `compiled` is the model's compiled forward pass, or None for eager mode."""
     length = context + n_warmup + n_gen
     try:
         cache = StaticCache(config=config, max_batch_size=batch, max_cache_len=length, device=device,
@@ -115,14 +115,15 @@ def decode_cell(model, forward, config, device, batch, context, n_gen, n_warmup,
             keys[:, :, :context].normal_(generator=generator)
             values[:, :, :context].normal_(generator=generator)
         step_seconds = []
+        step = model if compiled is None else compiled
         for i in range(n_warmup + n_gen):
             position = torch.tensor([context + i], device=device)
             sync(device)
             t0 = time.perf_counter()
-            if forward is not model.forward:
+            if compiled is not None:
                 torch.compiler.cudagraph_mark_step_begin()
-            logits = forward(input_ids=tokens, past_key_values=cache, cache_position=position,
-                             position_ids=position.expand(batch, 1), use_cache=True).logits
+            logits = step(input_ids=tokens, past_key_values=cache, cache_position=position,
+                          position_ids=position.expand(batch, 1), use_cache=True).logits
             tokens = logits[:, -1:].argmax(-1).clone()  # a graph's output is overwritten by its next replay
             sync(device)
             if i >= n_warmup:
@@ -175,13 +176,13 @@ def main():
     config = make_config(name, 0 if args.tiny else args.layers)
     model = make_model(config, device, args.seed)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    forward = model.forward
+    compiled = None
     if args.compile:
         # Static shapes: a second batch size compiles its own graph instead of a dynamic one (CUDA graphs record
         # one shape each anyway).
         torch._dynamo.config.automatic_dynamic_shapes = False
         torch._dynamo.config.cache_size_limit = 64
-        forward = torch.compile(model.forward, mode=args.compile, fullgraph=True)
+        compiled = torch.compile(model.forward, mode=args.compile, fullgraph=True)
     n_warmup = args.warmup_steps if args.warmup_steps is not None else (3 if args.compile else 0)
     n_params = sum(p.numel() for p in model.parameters())
     report = {
@@ -195,7 +196,8 @@ def main():
         "dtype": "bfloat16", "attention": config._attn_implementation,
         "mode": f"torch.compile(mode={args.compile!r}, fullgraph=True)" if args.compile else "eager",
         "gen_tokens": args.gen_tokens, "warmup_steps": n_warmup,
-        "context": "synthetic: the first N entries of a static cache of N + gen_tokens hold random keys and values",
+        "context": "synthetic: the first N entries of a static cache of N + warmup_steps + gen_tokens hold random "
+                   "keys and values",
         "setup_seconds": time.perf_counter() - start,
         "decode": [], "prefill": []}
 
@@ -222,7 +224,7 @@ def main():
     for context in numbers(args.context):
         for batch in numbers(args.batch):
             row = {"batch": batch, "context": context}
-            need = kv_bytes(config, batch, context + args.gen_tokens)
+            need = kv_bytes(config, batch, context + n_warmup + args.gen_tokens)
             free = free_bytes(device)
             if out_of_time():
                 row["skipped"] = "time limit"
@@ -231,7 +233,7 @@ def main():
             else:
                 t0 = time.perf_counter()
                 try:
-                    row.update(decode_cell(model, forward, config, device, batch, context, args.gen_tokens, n_warmup,
+                    row.update(decode_cell(model, compiled, config, device, batch, context, args.gen_tokens, n_warmup,
                                            generator))
                 except torch.OutOfMemoryError as e:
                     row["skipped"] = f"out of memory: {str(e).splitlines()[0]}"

@@ -21,9 +21,9 @@
 // - decode_tiled_kernel (sequences with one new row, every block of the call full-precision): flash-decoding with a
 //   lane per entry: block (split, KV head, head chunk) as decode_kernel's below, each warp scoring a tile of 32
 //   entries at once, their keys read by 16-byte loads, one reduction per query head and tile.
-// - decode_kernel (sequences with one new row, any block format): flash-decoding. The context is cut into splits; block
-//   (split, KV head, head chunk) of kThreads threads reads each key and value of its split once for up to kMaxGroup
-//   query heads of the KV head (GQA; a larger group, such as Llama 3.1 405B's 16, takes several chunks, each
+// - decode_kernel (sequences with one new row, any block format): flash-decoding. The context is cut into splits;
+//   block (split, KV head, head chunk) of kThreads threads reads each key and value of its split once for up to
+//   kMaxGroup query heads of the KV head (GQA; a larger group, such as Llama 3.1 405B's 16, takes several chunks, each
 //   reading the split again). Each warp takes every kWarps-th entry of the split, its lanes holding C contiguous
 //   channels; a score is a warp-wide sum. The warps' states merge in shared memory into one partial (m, l, o) per
 //   (split, query head); decode_combine_kernel, block (sequence, query head), merges the splits.

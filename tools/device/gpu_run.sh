@@ -23,8 +23,8 @@
 #     torch      tools/bench_torch_reference.py at the 8B shapes (PyTorch + transformers, dummy bf16 weights);
 #                STRATA_TORCH_70B=1 adds the 70B layers
 #     torch-compile  the same, torch.compile'd with CUDA graphs (mode reduce-overhead), at the cells of the issue's
-#                goals (batch 1 and 64 at 1K): the peer of [gpu-speed] where the image has
-#                no vLLM, SGLang or TensorRT-LLM (the info stage says which it can import)
+#                goals (batch 1 and 64 at 1K): the peer of [gpu-speed] where the image has no vLLM, SGLang or
+#                TensorRT-LLM (the info stage says which it can import)
 # Everything goes to $OUT (at most 8 files come back from a call: each stage writes STAGE.json, every stage's
 # output goes to gpu_run.log and every command line run to commands.txt), so a call can hold six stages. A call
 # keeps to the sum of its stages' budgets (stage_seconds below; STRATA_CALL_SECONDS overrides): a run that would
@@ -310,10 +310,13 @@ print(json.dumps(report, indent=1))
 PY
 }
 
+# The 8B benches' KV pool: what the GPU holds beyond the bf16 weights (16 GB) and 6 GiB for activations and cuBLAS.
+kv_pool_8b_mib() { echo $(( $(gpu_memory_mib) - 15400 - 6144 )); }
+
 stage_bench_8b() {
   need_bin || return 1
-  # The KV pool: what the GPU holds beyond the bf16 weights (16 GB) and 6 GiB for activations and cuBLAS.
-  local pool=$(( $(gpu_memory_mib) - 15400 - 6144 ))
+  local pool
+  pool=$(kv_pool_8b_mib)
   local common=(--model preset:llama-3-8b --set "kv_cache.memory_mib=$pool" --set engine.max_running=64)
   # In order of importance: a stage cut short by the call's time skips the last runs.
   bench_run bench-8b 100 "${common[@]}" --context 1024,4096,16384,32768 --batch 1,8,32,64 --prompt-tokens 64 \
@@ -330,7 +333,8 @@ stage_bench_8b() {
 # and 32K, batch 1 and 8 ([gpu-speed] item 3's goals).
 stage_bench_8b_long() {
   need_bin || return 1
-  local pool=$(( $(gpu_memory_mib) - 15400 - 6144 ))
+  local pool
+  pool=$(kv_pool_8b_mib)
   local common=(--model preset:llama-3-8b --set "kv_cache.memory_mib=$pool" --set engine.max_running=64
                 --context "16384,32768" --batch "1,8" --prompt-tokens 64 --gen-tokens 32)
   bench_run bench-8b-long 45 "${common[@]}"

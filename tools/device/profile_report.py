@@ -8,9 +8,9 @@ The result goes under REPORT's key KEY ("profile" unless given), so one report c
 
 Both split the kernels into forward passes, each starting at an embedding_kernel, and give per pass the kernel
 count, the kernels' time, the ten costliest kernels by name, and the ten costliest launch shapes (name and grid:
-the matrix products of one kernel apart) with their launch counts. nsys's trace has start times too, so its passes also say how
-long each took from its first kernel's start to its last kernel's end, and how much of that no kernel ran (the host
-between kernels): whether the kernels or the host set a decode step's time.
+the matrix products of one kernel apart) with their launch counts. nsys's trace has start times too, so its passes
+also say how long each took from its first kernel's start to its last kernel's end, and how much of that no kernel
+ran (the host between kernels): whether the kernels or the host set a decode step's time.
 """
 import collections
 import csv
