@@ -175,6 +175,13 @@ class CudaBackend final : public Backend {
     ctx_.begin_op();
     cuda::kv_merge(ctx_, block_table, merges, pool, head);
   }
+  bool has_kv_key_forms() const override { return true; }
+  void kv_key_forms(std::span<const int32_t> block_table, int head, std::span<const float> linear,
+                    std::span<const float> quadratic, const KvPoolView& pool, std::span<float> forms,
+                    std::span<float> value_norms) override {
+    ctx_.begin_op();
+    cuda::kv_key_forms(ctx_, block_table, head, linear, quadratic, pool, forms, value_norms);
+  }
   int kv_codebook_build(std::span<const int32_t> block_table, int head, KvPart part,
                         std::span<const int32_t> positions, float threshold, const KvPoolView& pool,
                         std::span<int32_t> assignment, std::span<int32_t> centres) override {

@@ -2,8 +2,8 @@
 // The CUDA twins of Backend's ops (kernels/backend.h is the contract; kernels/cpu/ the reference), each a free
 // function that takes the backend's CudaContext and then exactly the Backend method's parameters. Each checks its
 // shapes on the host (std::invalid_argument naming the op), then queues its kernels on ctx.stream(); none of them
-// waits for the device but those with host outputs (sample_rows, the KV searches and codebook ops), which download
-// them before returning. The caller (CudaBackend) starts each op with ctx.begin_op().
+// waits for the device but those with host outputs (sample_rows, the KV searches, key forms and codebook ops),
+// which download them before returning. The caller (CudaBackend) starts each op with ctx.begin_op().
 //
 // Storage: activations are f32, weights bf16 (upload_weight). KV blocks (kernels/kv_block_layout.h): full-precision
 // blocks are bf16, quantized blocks have the CPU's byte layout (codes, fp16 scales and mins). Block tables, kept
@@ -17,7 +17,7 @@
 // add, gather_rows, the f32 -> bf16 cast), token_sampling.cu (sample_rows), matmul.cu (cuBLAS; gemv.cu for one
 // row of x), rope.cu,
 // paged_attention.cu (kv_write, paged attention, column sums), kv_compaction.cu, kv_quantization.cu,
-// kv_merge_ops.cu, pod_ops.cu, kv_codebook.cu; what the KV ops share is kv_device.cuh.
+// kv_merge_ops.cu, kv_key_forms.cu, pod_ops.cu, kv_codebook.cu; what the KV ops share is kv_device.cuh.
 #include <cstdint>
 #include <span>
 
@@ -68,6 +68,9 @@ void kv_nearest_keys(CudaContext& ctx, std::span<const int32_t> block_table, int
                      std::span<float> best_similarity, std::span<int32_t> best_candidate);
 void kv_merge(CudaContext& ctx, std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool,
               int head);
+void kv_key_forms(CudaContext& ctx, std::span<const int32_t> block_table, int head, std::span<const float> linear,
+                  std::span<const float> quadratic, const KvPoolView& pool, std::span<float> forms,
+                  std::span<float> value_norms);
 
 int kv_codebook_build(CudaContext& ctx, std::span<const int32_t> block_table, int head, KvPart part,
                       std::span<const int32_t> positions, float threshold, const KvPoolView& pool,

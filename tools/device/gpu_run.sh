@@ -8,7 +8,7 @@
 #                *Cuda* or *Nccl* of the others: NCCL in a world of one); those on SmolLM2 (*SmolLm2*) only
 #                once the model is joined. STRATA_TESTS_FILTER=F runs kernels_tests' F alone.
 #     compare    SmolLM2 output, engine.backend=cuda against cpu, over several prompts (greedy, a seeded draw,
-#                SpindleKV): where they differ
+#                SpindleKV, Expected Attention): where they differ
 #     serve      strata serve on CUDA: a chat request and a streamed completion, each with a compression policy,
 #                then /metrics's per-layer KV series (tools/device/serve_check.py)
 #     bench-8b   strata bench at Llama-3-8B shapes: decode at batch 1-64 and context 1K-32K, policies, prefill
@@ -262,11 +262,13 @@ stage_compare() {
                  "def fibonacci(n):" "Once upon a time, in a small village by the mountains,"
                  "Translate to French: The weather is nice today.")
   # Greedy over every prompt; then, over the first two, a seeded draw (the device's sampler against the host's
-  # rule, the same uniform numbers) and SpindleKV (the device's codebooks and coded attention).
+  # rule, the same uniform numbers), SpindleKV (the device's codebooks and coded attention) and Expected Attention
+  # (the device's key forms: the prompt cut to 24 entries a layer).
   local -A variant_args=([greedy]="" [sampled]="--temperature 0.8 --top-p 0.95 --seed 7"
-                         [spindlekv]="--set kv_cache.policy=spindlekv:ratio=0.4,window=8")
-  local -A variant_prompts=([greedy]=${#prompts[@]} [sampled]=2 [spindlekv]=2)
-  for variant in greedy sampled spindlekv; do
+                         [spindlekv]="--set kv_cache.policy=spindlekv:ratio=0.4,window=8"
+                         [expected_attention]="--set kv_cache.policy=expected_attention:budget=24,sinks=2")
+  local -A variant_prompts=([greedy]=${#prompts[@]} [sampled]=2 [spindlekv]=2 [expected_attention]=2)
+  for variant in greedy sampled spindlekv expected_attention; do
     for ((i = 0; i < variant_prompts[$variant]; i++)); do
       for backend in cpu cuda; do
         cap=$(cap_seconds 30) || { say "compare: no time left for $variant prompt $i"; break 3; }
@@ -288,8 +290,9 @@ def read(path):
     except (OSError, ValueError):
         return []
 report = {"method": "strata generate --chat --max-tokens 64 --ignore-eos --json, cpu vs cuda: greedy; sampled "
-                    "(--temperature 0.8 --top-p 0.95 --seed 7); spindlekv (ratio 0.4, window 8, greedy)"}
-for variant in ("greedy", "sampled", "spindlekv"):
+                    "(--temperature 0.8 --top-p 0.95 --seed 7); spindlekv (ratio 0.4, window 8, greedy); "
+                    "expected_attention (budget 24, sinks 2, greedy)"}
+for variant in ("greedy", "sampled", "spindlekv", "expected_attention"):
     rows = []
     for i, prompt in enumerate(prompts):
         if not os.path.exists(f"{scratch}/{variant}.{i}.cpu.jsonl"):
