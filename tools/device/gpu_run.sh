@@ -263,10 +263,11 @@ stage_compare() {
                  "Translate to French: The weather is nice today.")
   # Greedy over every prompt; then, over the first two, a seeded draw (the device's sampler against the host's
   # rule, the same uniform numbers), SpindleKV (the device's codebooks and coded attention) and Expected Attention
-  # (the device's key forms: the prompt cut to 24 entries a layer).
+  # (the device's key forms: the prompt cut to 28 entries a layer at its end).
   local -A variant_args=([greedy]="" [sampled]="--temperature 0.8 --top-p 0.95 --seed 7"
                          [spindlekv]="--set kv_cache.policy=spindlekv:ratio=0.4,window=8"
-                         [expected_attention]="--set kv_cache.policy=expected_attention:budget=24,sinks=2")
+                         [expected_attention]="--set kv_cache.policy=expected_attention:budget=28,sinks=2
+                                               --set kv_cache.prefill_compression=end")
   local -A variant_prompts=([greedy]=${#prompts[@]} [sampled]=2 [spindlekv]=2 [expected_attention]=2)
   for variant in greedy sampled spindlekv expected_attention; do
     for ((i = 0; i < variant_prompts[$variant]; i++)); do
@@ -291,7 +292,7 @@ def read(path):
         return []
 report = {"method": "strata generate --chat --max-tokens 64 --ignore-eos --json, cpu vs cuda: greedy; sampled "
                     "(--temperature 0.8 --top-p 0.95 --seed 7); spindlekv (ratio 0.4, window 8, greedy); "
-                    "expected_attention (budget 24, sinks 2, greedy)"}
+                    "expected_attention (budget 28, sinks 2, end mode, greedy)"}
 for variant in ("greedy", "sampled", "spindlekv", "expected_attention"):
     rows = []
     for i, prompt in enumerate(prompts):
