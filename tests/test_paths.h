@@ -8,11 +8,9 @@
 
 #include <gtest/gtest.h>
 
-namespace strata::test {
+#include "tests/source_path.h"
 
-inline std::string source_path(const std::string& relative) {
-  return std::string(STRATA_SOURCE_DIR) + "/" + relative;
-}
+namespace strata::test {
 
 inline std::string smollm2_gguf_path() {
   std::string path = source_path("models/SmolLM2-135M-Instruct.Q4_1.gguf");

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/test_paths.h"
+#include "tests/source_path.h"
 
 namespace strata::test {
 
