@@ -76,17 +76,7 @@ void CudaContext::begin_op() {
     check(cudaEventSynchronize(f.done), "cudaEventSynchronize (staging frame)");
     f.pending = false;
   }
-  if (f.chunks.size() > 1) {
-    size_t total = 0;
-    for (Chunk& c : f.chunks) {
-      total += c.size;
-      check(cudaFreeHost(c.data), "cudaFreeHost (staging)");
-    }
-    f.chunks.clear();
-    Chunk merged{nullptr, total};
-    check(cudaMallocHost(reinterpret_cast<void**>(&merged.data), total), "cudaMallocHost (staging)");
-    f.chunks.push_back(merged);
-  }
+  f.current = 0;
   f.used = 0;
 }
 
@@ -108,15 +98,22 @@ char* CudaContext::arena_alloc(size_t bytes) {
 char* CudaContext::staging_alloc(size_t bytes) {
   Frame& f = frames_[frame_];
   const size_t need = align_up(bytes == 0 ? 1 : bytes, kAlign);
-  if (f.chunks.empty() || f.used + need > f.chunks.back().size) {
-    // The frame's existing chunks may still be read by queued copies: add one, never replace.
-    const size_t size = std::max(need, f.chunks.empty() ? kFirstStagingChunk : 2 * f.chunks.back().size);
+  while (f.current < f.chunks.size() && f.used + need > f.chunks[f.current].size) {
+    ++f.current;  // too full for this allocation: the op goes on in the next chunk
+    f.used = 0;
+  }
+  if (f.current == f.chunks.size()) {
+    // Kept until the context goes: cudaFreeHost would wait for the whole device. A new chunk is at least as large
+    // as any other frame's largest, since the ops that outgrew that one come round to this frame too.
+    const size_t size = std::max({need, f.chunks.empty() ? kFirstStagingChunk : 2 * f.chunks.back().size,
+                                  staging_largest_chunk_});
     Chunk c{nullptr, size};
     check(cudaMallocHost(reinterpret_cast<void**>(&c.data), size), "cudaMallocHost (staging)");
     f.chunks.push_back(c);
     f.used = 0;
+    staging_largest_chunk_ = std::max(staging_largest_chunk_, size);
   }
-  char* p = f.chunks.back().data + f.used;
+  char* p = f.chunks[f.current].data + f.used;
   f.used += need;
   return p;
 }

@@ -20,9 +20,10 @@
 //   a few microseconds of GPU time and shorter than their launch, others (the large matrix products) much
 //   longer, so the host must be able to queue several layers while a long product runs, or the GPU idles
 //   during the short ops that follow (on an H200, 128 frames instead of 4, with each op's uploads in one copy,
-//   made Llama-3-8B's decode 3 to 8% faster). A frame that overflows grows the same way as the arena (extra
-//   chunks for the rest of the op; one merged chunk once its event has passed). Frames take pinned memory only
-//   once an op uploads through them.
+//   made Llama-3-8B's decode 3 to 8% faster). A frame that overflows takes a further chunk, and its ops use its
+//   chunks in turn from then on. Chunks are freed only with the context: cudaFreeHost waits for the whole device,
+//   and merging a frame's chunks as the arena does put such waits into the first steps of a larger batch. Frames
+//   take pinned memory only once an op uploads through them.
 //
 // A context belongs to one backend and is used from one thread at a time.
 #include <cublas_v2.h>
@@ -96,7 +97,8 @@ class CudaContext {
   };
   struct Frame {
     std::vector<Chunk> chunks;
-    size_t used = 0;               // bytes used in chunks.back()
+    size_t current = 0;            // the chunk the op allocates from
+    size_t used = 0;               // bytes used in chunks[current]
     cudaEvent_t done = nullptr;    // recorded after the last copy out of this frame
     bool pending = false;          // `done` was recorded and may not have passed yet
   };
@@ -118,7 +120,8 @@ class CudaContext {
   std::vector<Chunk> arena_;
   size_t arena_used_ = 0;
   std::array<Frame, kFrames> frames_;
-  int frame_ = 0;  // the staging frame of the current op
+  int frame_ = 0;                     // the staging frame of the current op
+  size_t staging_largest_chunk_ = 0;  // of any frame
 };
 
 }  // namespace strata::cuda
