@@ -128,7 +128,7 @@ done
 printf '  %-16s %6s MiB\n' "working tree" "$(mib "$tree_bytes")"
 echo "pack.sh: the device calls, each right after the one before (the machine stays warm about 30 s after a call,"
 echo "and what was carried stays there while it is warm); timeout_s 600 each:"
-echo "  1. carry [\".device/bin\", \".device/model-1\"]  command: STRATA_CALL_SECONDS=330"\
+echo "  1. carry [\".device/bin\", \".device/model-1\"]  command: STRATA_CALL_SECONDS=360"\
   "tools/device/gpu_run.sh info tests torch-compile profile bench-8b-long"
 for ((k = 2; k < parts; k++)); do
   echo "  $k. carry [\".device/model-$k\"]                 command: tools/device/gpu_run.sh join"
