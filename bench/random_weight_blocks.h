@@ -22,7 +22,8 @@ inline std::vector<uint8_t> random_weight_blocks(WeightFormat format, int64_t ro
       continue;
     }
     std::memcpy(&data[at], &scale, 2);
-    if (format == WeightFormat::q4_1 || format == WeightFormat::q4_k || format == WeightFormat::q5_k) {
+    if (format == WeightFormat::q4_1 || format == WeightFormat::q5_1 || format == WeightFormat::q4_k ||
+        format == WeightFormat::q5_k) {
       std::memcpy(&data[at + 2], &scale, 2);
     }
   }

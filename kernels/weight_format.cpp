@@ -11,7 +11,7 @@ namespace {
 
 constexpr WeightFormatInfo kInfo[] = {
     {"f32", 1, 4}, {"q8_0", 32, 34}, {"q4_0", 32, 18}, {"q4_1", 32, 20}, {"q4_k", 256, 144}, {"q6_k", 256, 210},
-    {"q5_k", 256, 176},
+    {"q5_k", 256, 176}, {"q5_1", 32, 24},
 };
 
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
@@ -55,6 +55,17 @@ void dequantize_q4_k(const uint8_t* b, float* y, int64_t n_blocks) {
 
 void dequantize_q5_k(const uint8_t* b, float* y, int64_t n_blocks) {
   for (int64_t i = 0; i < n_blocks; ++i, b += 176, y += 256) dequantize_k_quant_block(b, b + 48, b + 16, y);
+}
+
+// Value j < 16 of a block is the low nibble of qs[j], j + 16 the high one; bit j of qh is value j's fifth bit.
+void dequantize_q5_1(const uint8_t* b, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, b += 24, y += 32) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const float m = fp16_to_fp32(load_u16(b + 2));
+    uint8_t u[32];
+    q5_1_values(b, u);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(u[j]) * d + m;
+  }
 }
 
 void dequantize_q6_k(const uint8_t* b, float* y, int64_t n_blocks) {
@@ -115,6 +126,7 @@ void dequantize_weight_row(WeightFormat format, const void* src, float* dst, int
     case WeightFormat::q4_k: dequantize_q4_k(b, dst, n_blocks); break;
     case WeightFormat::q5_k: dequantize_q5_k(b, dst, n_blocks); break;
     case WeightFormat::q6_k: dequantize_q6_k(b, dst, n_blocks); break;
+    case WeightFormat::q5_1: dequantize_q5_1(b, dst, n_blocks); break;
   }
 }
 
@@ -180,6 +192,15 @@ void dequantize_k_quant_block(const uint8_t* block, const uint8_t* qs, const uin
       y[l] = d0 * static_cast<float>(lo) - m0;
       y[l + 32] = d1 * static_cast<float>(hi) - m1;
     }
+  }
+}
+
+void q5_1_values(const uint8_t* block, uint8_t* u) {
+  const uint32_t qh = block[4] | (block[5] << 8) | (block[6] << 16) | (static_cast<uint32_t>(block[7]) << 24);
+  const uint8_t* qs = block + 8;
+  for (int j = 0; j < 16; ++j) {
+    u[j] = static_cast<uint8_t>((qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+    u[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
   }
 }
 

@@ -5,6 +5,7 @@
 //   q8_0  32 per block, 34 bytes: f16 d, i8 q[32]                              y = d * q
 //   q4_0  32 per block, 18 bytes: f16 d, u8 qs[16] (low nibbles first half)   y = d * (q - 8)
 //   q4_1  32 per block, 20 bytes: f16 d, f16 m, u8 qs[16]                     y = d * q + m
+//   q5_1  32 per block, 24 bytes: f16 d, f16 m, u32 qh (fifth bits), u8 qs[16]  y = d * q + m
 //   q4_k  256 per block, 144 bytes: 8 sub-blocks of 32 with 6-bit scales and mins
 //   q5_k  256 per block, 176 bytes: q4_k's scales and mins, and a fifth bit per value
 //   q6_k  256 per block, 210 bytes: 16 sub-blocks of 16 with int8 scales, 6-bit values
@@ -14,7 +15,7 @@
 
 namespace strata {
 
-enum class WeightFormat : uint8_t { f32, q8_0, q4_0, q4_1, q4_k, q6_k, q5_k };
+enum class WeightFormat : uint8_t { f32, q8_0, q4_0, q4_1, q4_k, q6_k, q5_k, q5_1 };
 
 struct WeightFormatInfo {
   std::string_view name;
@@ -59,6 +60,9 @@ inline float fp16_to_fp32(uint16_t h) {
 }
 float bf16_to_fp32(uint16_t bits);
 uint16_t fp32_to_fp16(float value);
+
+// The 32 five-bit values of the Q5_1 block at `block` (its nibbles and fifth bits put together).
+void q5_1_values(const uint8_t* block, uint8_t* u);
 
 // The 6-bit scale and min of sub-block s packed in the 12 scale bytes of a Q4_K (or Q5_K) block.
 void k_quant_scale_min(const uint8_t* scales, int s, int& scale, int& min);

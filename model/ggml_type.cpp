@@ -86,22 +86,6 @@ void dequantize_q5_0(const uint8_t* b, float* y, int64_t n_blocks) {
   }
 }
 
-void dequantize_q5_1(const uint8_t* b, float* y, int64_t n_blocks) {
-  for (int64_t i = 0; i < n_blocks; ++i, b += 24, y += 32) {
-    const float d = fp16_to_fp32(load_u16(b));
-    const float m = fp16_to_fp32(load_u16(b + 2));
-    const uint32_t qh = b[4] | (b[5] << 8) | (b[6] << 16) | (static_cast<uint32_t>(b[7]) << 24);
-    const uint8_t* qs = b + 8;
-    for (int j = 0; j < 16; ++j) {
-      const int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-      const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-      y[j] = static_cast<float>(lo) * d + m;
-      y[j + 16] = static_cast<float>(hi) * d + m;
-    }
-  }
-}
-
-
 }  // namespace
 
 const GgmlTypeTraits* ggml_type_traits(uint32_t type_id) {
@@ -118,6 +102,7 @@ std::optional<WeightFormat> weight_format_of(GgmlType type) {
     case GgmlType::q4_k: return WeightFormat::q4_k;
     case GgmlType::q5_k: return WeightFormat::q5_k;
     case GgmlType::q6_k: return WeightFormat::q6_k;
+    case GgmlType::q5_1: return WeightFormat::q5_1;
     default: return std::nullopt;
   }
 }
@@ -160,7 +145,7 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elemen
     case GgmlType::q5_k: dequantize_weight_row(WeightFormat::q5_k, src, dst, n_elements); break;
     case GgmlType::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, dst, n_elements); break;
     case GgmlType::q5_0: dequantize_q5_0(b, dst, n_blocks); break;
-    case GgmlType::q5_1: dequantize_q5_1(b, dst, n_blocks); break;
+    case GgmlType::q5_1: dequantize_weight_row(WeightFormat::q5_1, src, dst, n_elements); break;
     default:
       throw std::invalid_argument("cannot dequantize ggml type " + std::string(t.name));
   }

@@ -51,6 +51,11 @@ UnsignedBlock unsigned_block(WeightFormat format, const uint8_t* b) {
       out.m = signed_offset(out.d, 128.0f, "q8_0");
       for (int j = 0; j < 32; ++j) out.u[j] = uint8_t(b[2 + j] ^ 0x80);  // q + 128
       break;
+    case WeightFormat::q5_1:  // five bits held as eight: Q8_0's layouts, with the block's own offset
+      out.d = load_u16(b);
+      out.m = load_u16(b + 2);
+      q5_1_values(b, out.u);
+      break;
     default:
       throw std::logic_error("unsigned_block: not a 32-value format");
   }
@@ -225,9 +230,10 @@ PackedShape packed_shape(const WeightMatrix& w, PairPacking packing) {
       return {PackedLayout::q6_k, w.row_bytes()};
     case WeightFormat::q4_0:
     case WeightFormat::q4_1:
-    case WeightFormat::q8_0: break;
+    case WeightFormat::q8_0:
+    case WeightFormat::q5_1: break;
   }
-  const bool four_bit = w.format != WeightFormat::q8_0;
+  const bool four_bit = !held_as_u8(w.format);
   if (packing == PairPacking::rows16 && w.rows % kTileRows16 == 0) {
     return {four_bit ? PackedLayout::u4_rows16 : PackedLayout::u8_rows16,
             w.cols / 32 * (four_bit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes) / kTileRows16};

@@ -7,7 +7,9 @@
 //                 or 4 gives the 64 values in order. Q4_0's m is -8d, exact in f16. 40 bytes per 64 values.
 //   q8_0       -> u8_pairs: repacked. Groups of 64 values: f16 d0, d1, m0 = -128 d0, m1 = -128 d1, then u = q + 128
 //                 as 64 bytes (72 bytes per 64 values).
-//   q4_0, q4_1 -> u4_rows16, q8_0 -> u8_rows16: instead of the pairs, where pack_weight is asked for row tiles (int8
+//   q5_1       -> u8_pairs: likewise, with each block's own d and m and u its five-bit value (72 bytes per 64
+//                 values against the file's 48: no u5 layout, and exact, where f32 took 256).
+//   q4_0, q4_1 -> u4_rows16, q8_0 and q5_1 -> u8_rows16: instead of the pairs, where pack_weight is asked for row tiles (int8
 //                 activations on an AVX-512 VNNI machine) and the rows are a multiple of 16: tiles of 16 rows, and
 //                 in a tile, per block of 32 values, the 16 rows' f16 d (32 bytes), their f16 m (32 bytes), then
 //                 the values 4 at a time across the rows: byte 4 * row + k of 64-byte vector c holds value 4c + k
@@ -47,6 +49,9 @@
 #include "kernels/weight_format.h"
 
 namespace strata::cpu {
+
+// The formats held as 8-bit values (u8_pairs, u8_rows16); the other 32-value ones as 4-bit.
+inline bool held_as_u8(WeightFormat format) { return format == WeightFormat::q8_0 || format == WeightFormat::q5_1; }
 
 enum class PackedLayout : uint8_t {
   f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, k4_rows16, k5_rows16, k6_rows16, q4_k, q5_k, q6_k

@@ -80,6 +80,7 @@ const Case kCases[] = {
     {WeightFormat::q8_0, 37, 96},  {WeightFormat::q8_0, 70, 576}, {WeightFormat::q4_0, 37, 96},
     {WeightFormat::q4_0, 33, 576}, {WeightFormat::q4_1, 37, 96},  {WeightFormat::q4_1, 40, 1536},
     {WeightFormat::q4_k, 35, 512}, {WeightFormat::q5_k, 35, 512}, {WeightFormat::q6_k, 35, 512},
+    {WeightFormat::q5_1, 37, 96},  {WeightFormat::q5_1, 40, 576},
 };
 
 // Rows a multiple of 16, for the 16-row tiles of the int8 VNNI kernel: an odd block count, a second tile; the
@@ -88,7 +89,8 @@ const Case kRows16Cases[] = {
     {WeightFormat::q8_0, 48, 96},   {WeightFormat::q4_0, 32, 576}, {WeightFormat::q4_1, 16, 96},
     {WeightFormat::q4_1, 64, 1536}, {WeightFormat::q8_0, 32, 1536}, {WeightFormat::q4_k, 16, 256},
     {WeightFormat::q4_k, 48, 768},  {WeightFormat::q5_k, 16, 256},  {WeightFormat::q5_k, 48, 768},
-    {WeightFormat::q6_k, 16, 256},  {WeightFormat::q6_k, 32, 768},
+    {WeightFormat::q6_k, 16, 256},  {WeightFormat::q6_k, 32, 768},  {WeightFormat::q5_1, 16, 96},
+    {WeightFormat::q5_1, 48, 576},
 };
 
 int digits_of(ActivationDtype dtype) { return dtype == ActivationDtype::int16 ? 2 : 1; }
@@ -320,12 +322,12 @@ TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
     const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
     const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
     ASSERT_TRUE(cpu::is_rows16(packed.view.layout)) << name(c);
-    // 20 (u4) or 36 (u8) bytes per row and block of 32, as a pair group's half; Q4_K 148 per super-block, its own
+    // 20 (u4) or 36 (u8: Q8_0, Q5_1) bytes per row and block of 32, as a pair group's half; Q4_K 148 per super-block, its own
     // 144 and 4 for the scales unpacked to bytes; Q5_K 180, its own 176 and the same 4; Q6_K its own 210.
     const int64_t row_bytes = c.format == WeightFormat::q4_k   ? c.cols / 256 * 148
                               : c.format == WeightFormat::q5_k ? c.cols / 256 * 180
                               : c.format == WeightFormat::q6_k ? c.cols / 256 * 210
-                                                               : c.cols / 32 * (c.format == WeightFormat::q8_0 ? 36 : 20);
+                                                               : c.cols / 32 * (cpu::held_as_u8(c.format) ? 36 : 20);
     EXPECT_EQ(packed.view.row_bytes, row_bytes) << name(c);
     expect_dequantizes_to_format_values(packed.view, w, name(c));
   }
@@ -349,7 +351,7 @@ TEST(QuantizedMatmul, Avx2AndVnniTileKernelsGiveTheSameFloats) {
     GTEST_SKIP() << "not an AVX-512 VNNI machine";
   }
   for (const Case& c : kRows16Cases) {
-    if (c.format == WeightFormat::q8_0) continue;  // no Q8_0 tiles at the AVX2 level (the baseline kernel's)
+    if (cpu::held_as_u8(c.format)) continue;  // no u8 tiles at the AVX2 level (the baseline kernel's)
     const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 71);
     const cpu::OwnedPackedWeight packed =
         cpu::pack_weight(WeightMatrix{blocks.data(), c.format, c.rows, c.cols}, cpu::PairPacking::rows16);

@@ -27,6 +27,7 @@ inline std::vector<uint8_t> random_blocks(WeightFormat format, int64_t rows, int
       case WeightFormat::q8_0: put_f16(b, scale(rng)); break;
       case WeightFormat::q4_0: put_f16(b, scale(rng)); break;
       case WeightFormat::q4_1: put_f16(b, scale(rng)), put_f16(b + 2, -8.0f * scale(rng)); break;
+      case WeightFormat::q5_1: put_f16(b, scale(rng) / 2), put_f16(b + 2, -8.0f * scale(rng)); break;
       case WeightFormat::q4_k: put_f16(b, scale(rng) / 16), put_f16(b + 2, scale(rng) / 16); break;
       case WeightFormat::q5_k: put_f16(b, scale(rng) / 32), put_f16(b + 2, scale(rng) / 32); break;
       case WeightFormat::q6_k:

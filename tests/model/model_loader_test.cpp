@@ -278,6 +278,17 @@ std::vector<uint8_t> encode(uint32_t type_id, int tensor, int64_t rows, int64_t 
         }
         for (int k = 0; k < 4; ++k) block[2 + k] = static_cast<uint8_t>(qh >> (8 * k));
         out.insert(out.end(), block, block + 22);
+      } else if (type_id == 7) {  // q5_1 with d = 1/8 and m = -2: code v * 8 + 16, a block at a time
+        if (c % 32 != 0) continue;
+        uint8_t block[24] = {0x00, 0x30, 0x00, 0xC0};
+        uint32_t qh = 0;
+        for (int j = 0; j < 32; ++j) {
+          const int q = static_cast<int>(value(tensor, r, c + j) * 8) + 16;
+          qh |= static_cast<uint32_t>(q >> 4) << j;
+          block[8 + j % 16] |= static_cast<uint8_t>((q & 0xF) << (j < 16 ? 0 : 4));
+        }
+        for (int k = 0; k < 4; ++k) block[4 + k] = static_cast<uint8_t>(qh >> (8 * k));
+        out.insert(out.end(), block, block + 24);
       } else {  // q8_0 with d = 1/8
         if (c % 32 == 0) {
           out.push_back(0x00);
@@ -293,7 +304,7 @@ std::vector<uint8_t> encode(uint32_t type_id, int tensor, int64_t rows, int64_t 
 struct TinyTensor {
   std::string gguf_name, hf_name;
   int64_t rows, cols;
-  uint32_t type_id;  // in the GGUF; safetensors use F32/F16/BF16 by the same rule, q8_0 and q5_0 -> BF16
+  uint32_t type_id;  // in the GGUF; safetensors use F32/F16/BF16 by the same rule, q8_0, q5_0 and q5_1 -> BF16
 };
 
 std::vector<TinyTensor> tiny_tensors() {
@@ -310,7 +321,7 @@ std::vector<TinyTensor> tiny_tensors() {
     t.push_back({g + "ffn_norm.weight", h + "post_attention_layernorm.weight", 1, kD, 0});
     t.push_back({g + "ffn_gate.weight", h + "mlp.gate_proj.weight", kFf, kD, 1});
     t.push_back({g + "ffn_up.weight", h + "mlp.up_proj.weight", kFf, kD, 0});
-    t.push_back({g + "ffn_down.weight", h + "mlp.down_proj.weight", kD, kFf, 1});
+    t.push_back({g + "ffn_down.weight", h + "mlp.down_proj.weight", kD, kFf, l == 1 ? 7u : 1u});
   }
   return t;
 }
@@ -407,6 +418,8 @@ TEST(LoadGgufWeights, AutoKeepsTheFilesFormats) {
   EXPECT_EQ(w.layers[0].wq.format, WeightFormat::q8_0);
   EXPECT_EQ(w.layers[0].wk.format, WeightFormat::f32);  // f16 in the file
   EXPECT_EQ(w.layers[0].wv.format, WeightFormat::q8_0);  // q5_0 in the file: the same values (expect_tiny_values)
+  EXPECT_EQ(w.layers[1].w_down.format, WeightFormat::q5_1);  // kept as it is
+  EXPECT_EQ(w.layers[1].w_down.data, file->tensor("blk.1.ffn_down.weight").data);
   EXPECT_EQ(w.layers[0].ffn_norm.data, file->tensor("blk.0.ffn_norm.weight").data);
   expect_tiny_values(w);
   for (int rank = 0; rank < 2; ++rank) {
@@ -499,7 +512,7 @@ void write_tiny_hf_dir(const std::filesystem::path& dir) {
   const std::vector<TinyTensor> tensors = tiny_tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TinyTensor& t = tensors[i];
-    const uint32_t type_id = t.type_id == 8 || t.type_id == 6 ? 30 : t.type_id;
+    const uint32_t type_id = t.type_id == 8 || t.type_id == 6 || t.type_id == 7 ? 30 : t.type_id;
     const char* dtype = type_id == 0 ? "F32" : type_id == 1 ? "F16" : "BF16";
     std::vector<int64_t> shape = {t.rows, t.cols};
     if (t.rows == 1) shape = {t.cols};
