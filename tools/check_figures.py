@@ -266,7 +266,8 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q4km-epyc-avx512vnni-int8-f17136b", "q4km-epyc-at-avx2", "epyc-at-avx2",
                  "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2", "q8-epyc-at-avx2", "epyc-avx512vnni-pool-shares",
                  "q4km-epyc-avx512vnni-pool-shares", "q4km-epyc-at-avx2-pool-shares", "epyc-at-avx2-pool-shares",
-                 "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares", "q5_0-epyc-avx512vnni")
+                 "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares", "q5_0-epyc-avx512vnni",
+                 "smollm2-q5km-epyc-avx512vnni")
 
 WEIGHT_BYTES = {"f32": "4", "bf16": "2", "e4m3/row": "1 (+ a scale a row)", "e4m3/128": "1.03", "e4m3/32": "1.13",
                 "int8/row": "1 (+ a scale a row)", "int8/128": "1.03", "q8_0": "1.06"}
@@ -302,6 +303,11 @@ CLAIMS = [
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-int8.json",
           lambda d: f"{decode_span(d)} with int8 activations"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx2.json", lambda d: f"{decode_span(d)} on an AVX2-only one"),
+    Claim("README.md", "cpu-vs-llamacpp-smollm2-q5km-epyc-avx512vnni.json", lambda d: (
+        f"batch-1 decode {batch1_span(d)}x, batch-8 {ratios(d)['batch8_decode']:.2f}x, prefill "
+        f"{ratios(d)['prefill_128']:.2f}x")),
+    Claim("README.md", "cpu-q5_1-kept-before-after.json",
+          lambda d: f"{d['median']['decode batch 1: after / before']:.2f}x its decode before"),
     Claim("README.md", "cpu-vs-llamacpp-q5_0-epyc-avx512vnni.json",
           lambda d: f"on a Q5_0 file (kept as Q8_0 of the same values) {decode_span(d)}"),
     Claim("README.md", "cpu-vs-llamacpp-epyc-avx512vnni-pool-shares.json",
@@ -465,6 +471,10 @@ CLAIMS = [
     *(Claim("bench/results/README.md", "weight-rounding-quality-smollm2.json",
             lambda d, scheme=scheme: weight_rounding_row(d, scheme)) for scheme in WEIGHT_BYTES),
     Claim("bench/results/README.md", "weight-rounding-quality-smollm2.json", weight_rounding_prose),
+    Claim("bench/results/README.md", "cpu-q5_1-kept-before-after.json", lambda d: (
+        f"batch-1 decode {d['median']['before decode batch 1']:.1f} to {d['median']['after decode batch 1']:.1f} tok/s "
+        f"({d['median']['decode batch 1: after / before']:.2f}x), batch-8 decode {d['median']['before decode batch 8']:.1f}"
+        f" to {d['median']['after decode batch 8']:.1f} ({d['median']['decode batch 8: after / before']:.2f}x)")),
 ]
 
 
