@@ -250,6 +250,24 @@ float value(int tensor, int64_t row, int64_t col) {
 
 constexpr int kD = 32, kHeads = 4, kKv = 2, kHeadDim = 8, kFf = 64, kVocab = 16, kLayers = 2;
 
+// A Q5_0 block (f16 d = 1/8) or a Q5_1 one (d = 1/8, m = -2) of the 32 values v(j), each k / 8 with |k| <= 8, as
+// the codes v * 8 + 16: the header, the fifth bits (qh), then the low nibbles (qs).
+template <class Values>
+void append_q5_block(std::vector<uint8_t>& out, bool with_offset, Values v) {
+  std::vector<uint8_t> block = {0x00, 0x30};
+  if (with_offset) block.insert(block.end(), {0x00, 0xC0});
+  const size_t qh_at = block.size();
+  block.resize(qh_at + 4 + 16, 0);
+  uint32_t qh = 0;
+  for (int j = 0; j < 32; ++j) {
+    const int q = static_cast<int>(v(j) * 8) + 16;
+    qh |= static_cast<uint32_t>(q >> 4) << j;
+    block[qh_at + 4 + j % 16] |= static_cast<uint8_t>((q & 0xF) << (j < 16 ? 0 : 4));
+  }
+  for (int k = 0; k < 4; ++k) block[qh_at + k] = static_cast<uint8_t>(qh >> (8 * k));
+  out.insert(out.end(), block.begin(), block.end());
+}
+
 std::vector<uint8_t> encode(uint32_t type_id, int tensor, int64_t rows, int64_t cols) {
   std::vector<uint8_t> out;
   for (int64_t r = 0; r < rows; ++r) {
@@ -267,28 +285,8 @@ std::vector<uint8_t> encode(uint32_t type_id, int tensor, int64_t rows, int64_t 
       } else if (type_id == 30) {  // bf16: the top half
         out.push_back(static_cast<uint8_t>((bits >> 16) & 0xFF));
         out.push_back(static_cast<uint8_t>(bits >> 24));
-      } else if (type_id == 6) {  // q5_0 with d = 1/8: code v * 8 + 16, written a block at a time
-        if (c % 32 != 0) continue;
-        uint8_t block[22] = {0x00, 0x30};
-        uint32_t qh = 0;
-        for (int j = 0; j < 32; ++j) {
-          const int q = static_cast<int>(value(tensor, r, c + j) * 8) + 16;
-          qh |= static_cast<uint32_t>(q >> 4) << j;
-          block[6 + j % 16] |= static_cast<uint8_t>((q & 0xF) << (j < 16 ? 0 : 4));
-        }
-        for (int k = 0; k < 4; ++k) block[2 + k] = static_cast<uint8_t>(qh >> (8 * k));
-        out.insert(out.end(), block, block + 22);
-      } else if (type_id == 7) {  // q5_1 with d = 1/8 and m = -2: code v * 8 + 16, a block at a time
-        if (c % 32 != 0) continue;
-        uint8_t block[24] = {0x00, 0x30, 0x00, 0xC0};
-        uint32_t qh = 0;
-        for (int j = 0; j < 32; ++j) {
-          const int q = static_cast<int>(value(tensor, r, c + j) * 8) + 16;
-          qh |= static_cast<uint32_t>(q >> 4) << j;
-          block[8 + j % 16] |= static_cast<uint8_t>((q & 0xF) << (j < 16 ? 0 : 4));
-        }
-        for (int k = 0; k < 4; ++k) block[4 + k] = static_cast<uint8_t>(qh >> (8 * k));
-        out.insert(out.end(), block, block + 24);
+      } else if (type_id == 6 || type_id == 7) {  // q5_0 (d = 1/8) or q5_1 (d = 1/8, m = -2): code v * 8 + 16
+        if (c % 32 == 0) append_q5_block(out, type_id == 7, [&](int j) { return value(tensor, r, c + j); });
       } else {  // q8_0 with d = 1/8
         if (c % 32 == 0) {
           out.push_back(0x00);
