@@ -57,7 +57,6 @@ void dequantize_q5_k(const uint8_t* b, float* y, int64_t n_blocks) {
   for (int64_t i = 0; i < n_blocks; ++i, b += 176, y += 256) dequantize_k_quant_block(b, b + 48, b + 16, y);
 }
 
-// Value j < 16 of a block is the low nibble of qs[j], j + 16 the high one; bit j of qh is value j's fifth bit.
 void dequantize_q5_1(const uint8_t* b, float* y, int64_t n_blocks) {
   for (int64_t i = 0; i < n_blocks; ++i, b += 24, y += 32) {
     const float d = fp16_to_fp32(load_u16(b));
@@ -195,9 +194,9 @@ void dequantize_k_quant_block(const uint8_t* block, const uint8_t* qs, const uin
   }
 }
 
-void q5_1_values(const uint8_t* block, uint8_t* u) {
-  const uint32_t qh = block[4] | (block[5] << 8) | (block[6] << 16) | (static_cast<uint32_t>(block[7]) << 24);
-  const uint8_t* qs = block + 8;
+void five_bit_values(const uint8_t* qh_bytes, const uint8_t* qs, uint8_t* u) {
+  const uint32_t qh = qh_bytes[0] | (qh_bytes[1] << 8) | (qh_bytes[2] << 16) |
+                      (static_cast<uint32_t>(qh_bytes[3]) << 24);
   for (int j = 0; j < 16; ++j) {
     u[j] = static_cast<uint8_t>((qs[j] & 0xF) | (((qh >> j) & 1) << 4));
     u[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));

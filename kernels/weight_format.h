@@ -61,8 +61,11 @@ inline float fp16_to_fp32(uint16_t h) {
 float bf16_to_fp32(uint16_t bits);
 uint16_t fp32_to_fp16(float value);
 
-// The 32 five-bit values of the Q5_1 block at `block` (its nibbles and fifth bits put together).
-void q5_1_values(const uint8_t* block, uint8_t* u);
+// The 32 five-bit values of a Q5_0 or Q5_1 block from its fifth bits (qh: 4 bytes, bit j for value j) and its
+// nibbles (qs: value j < 16 in the low nibble of qs[j], value j + 16 in the high one).
+void five_bit_values(const uint8_t* qh, const uint8_t* qs, uint8_t* u);
+// A Q5_1 block's: its qh at byte 4 (after d and m), its qs at byte 8.
+inline void q5_1_values(const uint8_t* block, uint8_t* u) { five_bit_values(block + 4, block + 8, u); }
 
 // The 6-bit scale and min of sub-block s packed in the 12 scale bytes of a Q4_K (or Q5_K) block.
 void k_quant_scale_min(const uint8_t* scales, int s, int& scale, int& min);

@@ -67,14 +67,11 @@ uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] 
 // host's alignment rules (the data of a row may start at any offset). The formats the kernels compute with
 // (kernels/weight_format.h) are dequantized there; the others here.
 
-// The 32 codes of a Q5_0 block in element order, as q - 16.
+// The 32 codes of a Q5_0 block in element order, as q - 16 (its qh at byte 2, after d; its qs at byte 6).
 void q5_0_codes(const uint8_t* b, int8_t* codes) {
-  const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | (static_cast<uint32_t>(b[5]) << 24);
-  const uint8_t* qs = b + 6;
-  for (int j = 0; j < 16; ++j) {
-    codes[j] = static_cast<int8_t>(((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
-    codes[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-  }
+  uint8_t q[32];
+  five_bit_values(b + 2, b + 6, q);
+  for (int j = 0; j < 32; ++j) codes[j] = static_cast<int8_t>(q[j] - 16);
 }
 
 void dequantize_q5_0(const uint8_t* b, float* y, int64_t n_blocks) {

@@ -9,14 +9,14 @@
 //                 as 64 bytes (72 bytes per 64 values).
 //   q5_1       -> u8_pairs: likewise, with each block's own d and m and u its five-bit value (72 bytes per 64
 //                 values against the file's 48: no u5 layout, and exact, where f32 took 256).
-//   q4_0, q4_1 -> u4_rows16, q8_0 and q5_1 -> u8_rows16: instead of the pairs, where pack_weight is asked for row tiles (int8
-//                 activations on an AVX-512 VNNI machine) and the rows are a multiple of 16: tiles of 16 rows, and
-//                 in a tile, per block of 32 values, the 16 rows' f16 d (32 bytes), their f16 m (32 bytes), then
-//                 the values 4 at a time across the rows: byte 4 * row + k of 64-byte vector c holds value 4c + k
-//                 of that row (u8: c < 8; u4: c < 4, value 16 + 4c + k in the high nibble). One vpdpbusd then
-//                 multiplies 4 values of 16 rows with 4 activation bytes broadcast, each lane summing its own row
-//                 (kernels/cpu/quantized_dot_avx512_vnni.cpp). 20 (u4) or 36 (u8) bytes per row and block, as the
-//                 pairs.
+//   q4_0, q4_1 -> u4_rows16, q8_0 and q5_1 -> u8_rows16: instead of the pairs, where pack_weight is asked for row
+//                 tiles (int8 activations on an AVX-512 VNNI machine) and the rows are a multiple of 16: tiles of 16
+//                 rows, and in a tile, per block of 32 values, the 16 rows' f16 d (32 bytes), their f16 m (32
+//                 bytes), then the values 4 at a time across the rows: byte 4 * row + k of 64-byte vector c holds
+//                 value 4c + k of that row (u8: c < 8; u4: c < 4, value 16 + 4c + k in the high nibble). One
+//                 vpdpbusd then multiplies 4 values of 16 rows with 4 activation bytes broadcast, each lane summing
+//                 its own row (kernels/cpu/quantized_dot_avx512_vnni.cpp). 20 (u4) or 36 (u8) bytes per row and
+//                 block, as the pairs.
 //   q4_k       -> q4_k: the file's blocks as they are. Each 32 bytes of nibbles are already a u4 group of 64
 //                 (sub-blocks 2c, 2c + 1); d = d_super * scale, m = -dmin * min per sub-block of 32.
 //   q4_k       -> k4_rows16: instead, where pack_weight is asked for row tiles and the rows are a multiple of 16:
