@@ -4,14 +4,14 @@
 // kDequantizedTileMinRows (docs/decisions.md).
 //
 //   build/bench/quantized_matmul_paths [--reps 30] [--out bench/results/cpu-quantized-matmul-paths.json]
-//   build/bench/quantized_matmul_paths --int8 [--reps 30] [--out FILE]
+//   build/bench/quantized_matmul_paths --int8 [--reps 30] [--out FILE] [--only MATRIX_NAME_PART]
 //
 // Without --out it only prints (a run that wrote the committed results by default once overwrote them).
 //
 // Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
 // from memory as in a real step; on the compute pool's threads (every core). With --int8 it times instead the
-// integer kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the AVX2
-// and VNNI kernels on the 16-row tiles where the machine has them, with int8 and with int16 (two digits), at 1 to 128
+// integer kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the AVX2,
+// VNNI and AMX kernels on the 16-row tiles where the machine has them, with int8 and with int16 (two digits), at 1 to 128
 // rows of x (and from 16 rows BLAS on the dequantized tiles), beside the best level's and AVX2's fp32 fused
 // kernels (engine.activation_dtype: f32) below 32 rows; and Q4_K, Q5_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows
 // are not multiples of 256), in place (the fp32 kernels) and as 16-row tiles.
@@ -95,9 +95,10 @@ nlohmann::json time_int8_kernels(const Shape& s, std::mt19937& rng, int reps) {
     variants.push_back({"avx2 rows16", cpu::CpuIsa::avx2, &tiles, 1});
     variants.push_back({"avx2 rows16 int16", cpu::CpuIsa::avx2, &tiles, 2});
   }
-  if (cpu::cpu_supports(cpu::CpuIsa::avx512_vnni)) {
-    variants.push_back({"avx512_vnni rows16", cpu::CpuIsa::avx512_vnni, &tiles, 1});
-    variants.push_back({"avx512_vnni rows16 int16", cpu::CpuIsa::avx512_vnni, &tiles, 2});
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::avx512_vnni, cpu::CpuIsa::amx}) {
+    if (!cpu::cpu_supports(isa)) continue;
+    variants.push_back({std::string(cpu::cpu_isa_name(isa)) + " rows16", isa, &tiles, 1});
+    variants.push_back({std::string(cpu::cpu_isa_name(isa)) + " rows16 int16", isa, &tiles, 2});
   }
   nlohmann::json results = nlohmann::json::array();
   for (int64_t rows : {1, 2, 4, 8, 16, 32, 64, 128}) {
@@ -141,9 +142,11 @@ int main(int argc, char** argv) {
   int reps = 30;
   std::string out_path;
   bool int8 = false;
+  std::string only;  // times only the matrices whose name holds it
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--int8") int8 = true;
+    else if (flag == "--only" && i + 1 < argc) only = argv[++i];
     else if (flag == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else if (flag == "--out" && i + 1 < argc) out_path = argv[++i];
   }
@@ -160,6 +163,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   nlohmann::json results = nlohmann::json::array();
   for (const Shape& s : shapes) {
+    if (std::string(s.name).find(only) == std::string::npos) continue;
     if (int8) {
       for (nlohmann::json& r : time_int8_kernels(s, rng, reps)) results.push_back(std::move(r));
       continue;

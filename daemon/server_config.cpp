@@ -157,7 +157,7 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"engine.cpu_kernels",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
-         c.engine.cpu_kernels = parse_choice(t, w, {"auto", "baseline", "avx2", "avx512", "avx512_vnni"});
+         c.engine.cpu_kernels = parse_choice(t, w, {"auto", "baseline", "avx2", "avx512", "avx512_vnni", "amx"});
        }},
       {"engine.backend",
        [](ServerConfig& c, const std::string& t, const std::string& w) {

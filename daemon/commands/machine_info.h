@@ -6,7 +6,8 @@
 
 namespace strata {
 
-// {"cpu": "<model name>", "hardware_threads": N, "cpu_kernels": "avx512_vnni" | "avx512" | "avx2" | "baseline",
+// {"cpu": "<model name>", "hardware_threads": N, "cpu_kernels": "amx" | "avx512_vnni" | "avx512" | "avx2" |
+//  "baseline",
 //  "amx": "absent (...)"}: the level the quantized CPU kernels run at (kernels/cpu/quantized_dot.h), which decides
 // their speed as much as the model name, and what the AMX probe found (kernels/cpu/amx_probe.h)
 nlohmann::json machine_json();

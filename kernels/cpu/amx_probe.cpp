@@ -26,12 +26,13 @@ constexpr int kRows = 16, kRowBytes = 64;
 uint8_t probe_a(int m, int k) { return uint8_t((m + 3 * k) % 7); }
 int8_t probe_b(int k, int n) { return int8_t((5 * k + n) % 9 - 4); }
 
-__attribute__((target("amx-tile,amx-int8"))) void tile_product(const uint8_t* a, const int8_t* b, int32_t* c) {
+__attribute__((target("amx-tile,amx-int8"))) void tile_product(const uint8_t* a, const int8_t* b, int32_t* c,
+                                                                int rows) {
   alignas(64) uint8_t config[64] = {};
   config[0] = 1;  // palette 1; then per tile its bytes per row (16 bits at 16 + 2t) and its rows (8 bits at 48 + t)
   for (int t = 0; t < 3; ++t) {
     config[16 + 2 * t] = kRowBytes;
-    config[48 + t] = kRows;
+    config[48 + t] = uint8_t(rows);
   }
   _tile_loadconfig(config);
   _tile_zero(0);
@@ -52,7 +53,7 @@ void on_probe_signal(int signal) {
 }
 
 // Runs the tile product with SIGILL and SIGSEGV caught; 0, or the signal it raised.
-int tile_product_caught(const uint8_t* a, const int8_t* b, int32_t* c) {
+int tile_product_caught(const uint8_t* a, const int8_t* b, int32_t* c, int rows) {
   struct sigaction action = {}, old_ill = {}, old_segv = {};
   action.sa_handler = on_probe_signal;
   sigemptyset(&action.sa_mask);
@@ -62,7 +63,7 @@ int tile_product_caught(const uint8_t* a, const int8_t* b, int32_t* c) {
   const int signal = sigsetjmp(jump, 1);
   if (signal == 0) {
     probe_jump = &jump;
-    tile_product(a, b, c);
+    tile_product(a, b, c, rows);
   }
   probe_jump = nullptr;
   sigaction(SIGILL, &old_ill, nullptr);
@@ -81,13 +82,13 @@ AmxProbe probe() {
   }
   std::string reason;
   if (!run_tile_probe(reason)) return {AmxState::trapped, reason};
-  return {AmxState::usable, "a tile product ran; no AMX kernel yet, the avx512_vnni tiles multiply"};
+  return {AmxState::usable, "a tile product ran: the amx level's kernel multiplies the 16-row tiles"};
 }
 #endif
 
 }  // namespace
 
-bool run_tile_probe(std::string& reason) {
+bool run_tile_probe(std::string& reason, int rows) {
 #if STRATA_AMX_PROBE
   alignas(64) uint8_t a[kRows * kRowBytes];
   alignas(64) int8_t b[kRows * kRowBytes];
@@ -98,7 +99,7 @@ bool run_tile_probe(std::string& reason) {
   for (int k = 0; k < kRowBytes; ++k) {
     for (int n = 0; n < kRows; ++n) b[(k / 4) * kRowBytes + 4 * n + k % 4] = probe_b(k, n);
   }
-  const int signal = tile_product_caught(a, b, c);
+  const int signal = tile_product_caught(a, b, c, rows);
   if (signal != 0) {
     reason = std::string("a tile instruction raised ") + (signal == SIGILL ? "SIGILL" : "SIGSEGV");
     return false;

@@ -8,9 +8,9 @@
 //            instructions (llama.cpp's AMX build crashed there on batched work), so the probe runs one under a
 //            signal handler before anything relies on it;
 //   usable   the probe's product ran and gave its answer.
-// No kernel multiplies with AMX yet: the team's machines have not granted it (the probe says so where results are
-// read: `strata --version`, the start-up line, strata_build_info{amx}, machine.amx in bench and eval JSON), and a
-// kernel that has never run is not written. Where it is usable, the AVX-512 VNNI tiles run meanwhile.
+// Where it is usable the CPU kernels' best level is `amx` (kernels/cpu/quantized_dot_amx.cpp); elsewhere the
+// AVX-512 VNNI tiles multiply. The probe's answer is printed where results are read: `strata --version`, the
+// start-up line, strata_build_info{amx}, machine.amx in bench and eval JSON.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -30,9 +30,11 @@ std::string_view amx_state_name(AmxState state);
 // "absent (the CPU reports no AMX-TILE/AMX-INT8)": the state and its reason, as reports print it.
 std::string amx_summary();
 
-// The probe's last step alone, whatever CPUID says: a tile product of zeros under a SIGILL/SIGSEGV handler. True
-// if it ran and gave zeros; false with the signal (or the wrong answer) in `reason`, the process unharmed. The
-// tests run it where the CPU has no AMX, so that the trap is taken for real.
-bool run_tile_probe(std::string& reason);
+// The probe's last step alone, whatever CPUID says: a tile product under a SIGILL/SIGSEGV handler, its tiles
+// configured with `rows` rows (16; more than 16 is a configuration the CPU refuses, as llama.cpp's AMX build met on
+// an AMX VM, which made it crash). True if it ran and gave its answer; false with the signal (or the wrong answer)
+// in `reason`, the process unharmed. The tests run it where the CPU has no AMX, and with 17 rows where it has, so
+// that the trap is taken for real either way.
+bool run_tile_probe(std::string& reason, int rows = 16);
 
 }  // namespace strata::cpu

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "kernels/cpu/amx_probe.h"
+
 namespace strata::cpu {
 
 bool cpu_supports(CpuIsa isa) {
@@ -13,6 +15,7 @@ bool cpu_supports(CpuIsa isa) {
     case CpuIsa::avx2: return __builtin_cpu_supports("x86-64-v3");
     case CpuIsa::avx512: return __builtin_cpu_supports("x86-64-v4");  // AVX-512 F, BW, DQ, VL besides v3
     case CpuIsa::avx512_vnni: return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni");
+    case CpuIsa::amx: return cpu_supports(CpuIsa::avx512_vnni) && amx_probe().state == AmxState::usable;
   }
   return false;
 #else
@@ -21,21 +24,22 @@ bool cpu_supports(CpuIsa isa) {
 }
 
 namespace {
-std::atomic<CpuIsa> isa_limit{CpuIsa::avx512_vnni};
+std::atomic<CpuIsa> isa_limit{CpuIsa::amx};
 }  // namespace
 
 CpuIsa best_cpu_isa() {
-  static const CpuIsa best = cpu_supports(CpuIsa::avx512_vnni) ? CpuIsa::avx512_vnni
-                             : cpu_supports(CpuIsa::avx512)    ? CpuIsa::avx512
-                             : cpu_supports(CpuIsa::avx2)      ? CpuIsa::avx2
-                                                               : CpuIsa::baseline;
+  static const CpuIsa best = cpu_supports(CpuIsa::amx)           ? CpuIsa::amx
+                             : cpu_supports(CpuIsa::avx512_vnni) ? CpuIsa::avx512_vnni
+                             : cpu_supports(CpuIsa::avx512)      ? CpuIsa::avx512
+                             : cpu_supports(CpuIsa::avx2)        ? CpuIsa::avx2
+                                                                 : CpuIsa::baseline;
   return std::min(best, isa_limit.load());
 }
 
 void limit_cpu_isa(CpuIsa most) { isa_limit = most; }
 
 bool cpu_isa_from_name(std::string_view name, CpuIsa& isa) {
-  for (CpuIsa level : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_vnni}) {
+  for (CpuIsa level : kCpuIsas) {
     if (cpu_isa_name(level) == name) {
       isa = level;
       return true;
@@ -50,6 +54,7 @@ std::string_view cpu_isa_name(CpuIsa isa) {
     case CpuIsa::avx2: return "avx2";
     case CpuIsa::avx512: return "avx512";
     case CpuIsa::avx512_vnni: return "avx512_vnni";
+    case CpuIsa::amx: return "amx";
   }
   return "unknown";
 }
@@ -60,7 +65,8 @@ QuantizedDotFn quantized_dot(CpuIsa isa) {
 #if STRATA_QUANTIZED_DOT_X86
     case CpuIsa::avx2: return quantized_dot_avx2;
     case CpuIsa::avx512:
-    case CpuIsa::avx512_vnni: return quantized_dot_avx512;  // VNNI multiplies integers: the fp32 kernels are AVX-512's
+    case CpuIsa::avx512_vnni:
+    case CpuIsa::amx: return quantized_dot_avx512;  // VNNI and AMX multiply integers: the fp32 kernels are AVX-512's
 #endif
     default: return nullptr;
   }
@@ -73,6 +79,7 @@ QuantizedDotInt8Fn quantized_dot_int8(CpuIsa isa) {
     case CpuIsa::avx2:
     case CpuIsa::avx512: return quantized_dot_int8_avx2;
     case CpuIsa::avx512_vnni: return quantized_dot_int8_avx512_vnni;
+    case CpuIsa::amx: return quantized_dot_int8_amx;
 #endif
     default: return nullptr;
   }

@@ -3,6 +3,9 @@
 // against fp32 activation rows, the weights dequantized in registers as they are read. One implementation per
 // x86-64 level, all in one binary; the best the machine has is used, and the tests run every one the machine can
 // (tests/kernels/quantized_matmul_test.cpp):
+//   amx       avx512_vnni's kernels, and for prefill chunks and batched decode an integer kernel with AMX tile
+//             products (kernels/cpu/quantized_dot_amx.cpp) on the 16-row tiles: Intel from Sapphire Rapids, where
+//             Linux grants the tiles and a probe product runs (kernels/cpu/amx_probe.h);
 //   avx512_vnni  avx512's fp32 kernels, and an int8 kernel of its own (kernels/cpu/quantized_dot_avx512_vnni.cpp)
 //             on the 16-row tiles the CPU backend packs for it, 4 values of 16 rows per vpdpbusd: Intel from
 //             Cascade Lake, AMD from Zen 4;
@@ -33,7 +36,9 @@
 
 namespace strata::cpu {
 
-enum class CpuIsa : uint8_t { baseline, avx2, avx512, avx512_vnni };
+enum class CpuIsa : uint8_t { baseline, avx2, avx512, avx512_vnni, amx };
+// Every level, from the least.
+inline constexpr CpuIsa kCpuIsas[] = {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_vnni, CpuIsa::amx};
 
 // out[a * out_stride + i] = dot(weight row i, x row a) for weight rows i in [row_begin, row_end) and the n_x rows
 // of x (w.cols floats each). The weight's layout is any but f32.
@@ -46,7 +51,7 @@ bool cpu_supports(CpuIsa isa);
 CpuIsa best_cpu_isa();
 void limit_cpu_isa(CpuIsa most);
 std::string_view cpu_isa_name(CpuIsa isa);
-// The level of that name (baseline, avx2, avx512, avx512_vnni); false if none.
+// The level of that name (baseline, avx2, avx512, avx512_vnni, amx); false if none.
 bool cpu_isa_from_name(std::string_view name, CpuIsa& isa);
 
 // The kernel of `isa` (which the machine must support); nullptr where this build has none (avx512 and avx2 off
@@ -75,7 +80,13 @@ using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, in
                                     const IntegerActivations& x, float* out, int64_t out_stride);
 // The int8 kernel of `isa` (which the machine must support); an AVX-512 machine without VNNI runs the AVX2 one.
 QuantizedDotInt8Fn quantized_dot_int8(CpuIsa isa);
+// Rows of x from which the amx level's kernel multiplies with tiles (fewer go to the VNNI kernel): where it became
+// the faster on SmolLM2's ffn_up at 2 digits (12 rows; 24 with one), bench/quantized_matmul_paths --int8.
+constexpr int64_t kAmxMinRows = 16;
 #if STRATA_QUANTIZED_DOT_X86
+// With AMX: u4_rows16, u8_rows16, k4_rows16 and k5_rows16 from kAmxMinRows rows of x; the rest the VNNI kernel's.
+void quantized_dot_int8_amx(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
+                            float* out, int64_t out_stride);
 void quantized_dot_int8_avx512_vnni(const PackedWeight& w, int64_t row_begin, int64_t row_end,
                                     const IntegerActivations& x, float* out, int64_t out_stride);
 void quantized_dot_int8_avx2(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,

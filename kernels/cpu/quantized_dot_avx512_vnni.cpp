@@ -45,6 +45,8 @@ constexpr int64_t kPrefetchBytes = 1024;
 // 1.10-1.22x as fast); never asking made prefill 0.88-0.90x as fast (bench/results/cpu-*tiles-*-before-after.json).
 constexpr int64_t kTilePrefetchMinRows = 8;
 
+#include "kernels/cpu/rows16_blocks_avx512.inc"
+
 template <bool FourBit>
 inline __m512i group_codes(const uint8_t* payload) {
   if (FourBit) {  // byte j: value j in the low nibble, value 32 + j in the high one
@@ -129,35 +131,15 @@ inline __m512i codes_dot(const __m512i (&codes)[8], const int8_t* q) {
 }
 
 // The 16-row tiles (kernels/cpu/packed_weight.h): per block of 32 values, 8 vectors of codes, each 4 values of
-// the 16 rows, multiplied with 4 bytes of an activation row broadcast; lane j sums weight row j. So 512 products
-// (a block of 16 rows) cost an activation row 8 vpdpbusd, a conversion, a multiply and two multiply-adds, where
-// the pair groups cost it 7 instructions for every 64; the weight side (4 or 8 loads, 8 masks for u4, and for
-// k4_rows16 the scales and mins) is shared by the tile's activation rows. Block b (at `values`, its codes) of the
-// 16 rows with their d_w and m_w: acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r. With two digits (int16
+// the 16 rows (rows16_block_codes), multiplied with 4 bytes of an activation row broadcast; lane j sums weight row
+// j. So 512 products (a block of 16 rows) cost an activation row 8 vpdpbusd, a conversion, a multiply and two
+// multiply-adds, where the pair groups cost it 7 instructions for every 64; the weight side (4 or 8 loads, 8 masks
+// for u4, and for k4_rows16 the scales and mins) is shared by the tile's activation rows. Block b of the 16 rows
+// with their d_w and m_w: acc[r] += d_w * d_r (u . q_r), offsets[r] += m_w * s_r. With two digits (int16
 // activations) each digit takes its 8 vpdpbusd and u . q = 256 (u . q_high) + (u . q_low), exact in 32 bits.
-// k5_rows16's fifth bits (at `fifth`, 64 bytes: bit c of a byte for code vector c) are or-ed into bit 4 of the
-// codes, a shift and a ternary logic op per vector.
-template <int R, int Digits, bool FourBit, bool FifthBit = false>
-inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const IntegerActivations& x, int64_t a0,
-                              int64_t b, __m512 (&acc)[R], __m512 (&offsets)[R], const uint8_t* fifth = nullptr) {
-  __m512i codes[8];
-  if (FourBit) {
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(values + 64 * c);
-      codes[c] = _mm512_and_si512(v, nibble);
-      codes[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-    }
-    if constexpr (FifthBit) {
-      const __m512i bits = _mm512_loadu_si512(fifth), bit_4 = _mm512_set1_epi8(0x10);
-      for (int c = 0; c < 8; ++c) {  // bit c of each byte to bit 4; shifts within 16-bit lanes keep a byte's own
-        const __m512i at_4 = c < 4 ? _mm512_slli_epi16(bits, 4 - c) : _mm512_srli_epi16(bits, c - 4);
-        codes[c] = _mm512_ternarylogic_epi32(codes[c], at_4, bit_4, 0xF8);  // codes | (at_4 & 0x10)
-      }
-    }
-  } else {
-    for (int c = 0; c < 8; ++c) codes[c] = _mm512_loadu_si512(values + 64 * c);
-  }
+template <int R, int Digits>
+inline void rows16_block_into(const __m512i (&codes)[8], __m512 d, __m512 m, const IntegerActivations& x, int64_t a0,
+                              int64_t b, __m512 (&acc)[R], __m512 (&offsets)[R]) {
   for (int r = 0; r < R; ++r) {
     const float* scales = x.row_scales(a0 + r) + 4 * (b / 2);  // d0, d1, s0, s1 of the block's pair
     __m512 sum;
@@ -173,14 +155,6 @@ inline void rows16_block_into(const uint8_t* values, __m512 d, __m512 m, const I
   }
 }
 
-// 16 bytes (one per row of a tile) as fp32, unsigned or signed.
-inline __m512 row_bytes_ps(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m512 row_signed_bytes_ps(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
 // A block of 32 values of k6_rows16 (kernels/cpu/packed_weight.h) at `sub`, of the 16 rows with their d_super: the
 // 6-bit codes are the low nibbles with the high 2 bits or-ed in (a shift and a ternary logic op per vector); each
 // half of 16 values has its own scale, so the products sum in two chains, one per half, and the -32 of
@@ -190,15 +164,11 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const IntegerActiv
                           __m512 (&acc)[R], __m512 (&offsets)[R]) {
   const __m512 d_half[2] = {_mm512_mul_ps(d_super, row_signed_bytes_ps(sub)),
                             _mm512_mul_ps(d_super, row_signed_bytes_ps(sub + 16))};
-  const __m512i nibble = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
+  const __m512i high_bits = _mm512_set1_epi8(0x30);
   const __m512i high[2] = {_mm512_loadu_si512(sub + kK6Rows16HighBits),
                            _mm512_loadu_si512(sub + kK6Rows16HighBits + 64)};
   __m512i codes[8];
-  for (int c = 0; c < 4; ++c) {
-    const __m512i v = _mm512_loadu_si512(sub + 32 + 64 * c);
-    codes[c] = _mm512_and_si512(v, nibble);
-    codes[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-  }
+  rows16_block_codes<true, false>(sub + 32, nullptr, codes);
   for (int c = 0; c < 8; ++c) {  // bits 2 (c % 4) of high[c / 4] to bits 4-5
     const __m512i h = high[c / 4];
     const __m512i at_4 = c % 4 == 0 ? _mm512_slli_epi16(h, 4)
@@ -224,8 +194,8 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const IntegerActiv
   }
 }
 
-// The tiles of [row_begin, row_end) against rows a0 .. a0 + R of x; u4_rows16 and u8_rows16 hold each block's f16
-// d and m, k4_rows16 and k5_rows16 a super-block's d_super and dmin and each sub-block's scales and mins.
+// The tiles of [row_begin, row_end) against rows a0 .. a0 + R of x, block by block (for_each_rows16_block; k6_rows16
+// by its halves).
 template <int R, int Digits, PackedLayout Layout>
 void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                   float* out, int64_t out_stride) {
@@ -244,33 +214,11 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
           k6_block_into<R, Digits>(sub, d_super, x, a0, 8 * sb + j, acc, offsets);
         }
       }
-    } else if constexpr (Layout == PackedLayout::k4_rows16 || Layout == PackedLayout::k5_rows16) {
-      constexpr bool kK5 = Layout == PackedLayout::k5_rows16;
-      constexpr int64_t kSuperBytes = kK5 ? kK5Rows16SuperBytes : kK4Rows16SuperBytes;
-      constexpr int64_t kSubBytes = kK5 ? kK5Rows16SubBytes : kK4Rows16SubBytes;
-      for (int64_t sb = 0; sb < w.cols / 256; ++sb) {
-        const uint8_t* super = tile + sb * kSuperBytes;
-        const __m512 d_super = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32)));
-        for (int64_t j = 0; j < 8; ++j) {
-          const uint8_t* sub = super + 64 + j * kSubBytes;
-          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
-          const __m512 d = _mm512_mul_ps(d_super, row_bytes_ps(sub));
-          const __m512 m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, row_bytes_ps(sub + 16)));
-          rows16_block_into<R, Digits, true, kK5>(sub + 32, d, m, x, a0, 8 * sb + j, acc, offsets,
-                                                  sub + kK5Rows16FifthBits);
-        }
-      }
     } else {
-      constexpr bool kFourBit = Layout == PackedLayout::u4_rows16;
-      constexpr int64_t kBlockBytes = kFourBit ? kU4Rows16BlockBytes : kU8Rows16BlockBytes;
-      for (int64_t b = 0; b < w.cols / 32; ++b) {
-        const uint8_t* block = tile + b * kBlockBytes;
-        if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
-        rows16_block_into<R, Digits, kFourBit>(block + 64, d, m, x, a0, b, acc, offsets);
-      }
+      const auto block_into = [&](const __m512i (&codes)[8], __m512 d, __m512 m, int64_t b) {
+        rows16_block_into<R, Digits>(codes, d, m, x, a0, b, acc, offsets);
+      };
+      for_each_rows16_block<Layout>(tile, w.cols, prefetch, block_into);
     }
     for (int r = 0; r < R; ++r) {
       _mm512_storeu_ps(out + r * out_stride + t * kTileRows16, _mm512_add_ps(acc[r], offsets[r]));

@@ -73,7 +73,7 @@ def test_auto_is_int16_where_the_machine_has_an_integer_tile_kernel_and_f32_else
         s.stop()
 
 
-LEVELS = ["baseline", "avx2", "avx512", "avx512_vnni"]
+LEVELS = ["baseline", "avx2", "avx512", "avx512_vnni", "amx"]
 
 
 def test_cpu_kernels_runs_a_level_below_the_machines_best_and_auto_follows_it():

@@ -33,11 +33,14 @@ def cpu_flags():
 def expected_cpu_kernels():
     """The level kernels/cpu/quantized_dot.cpp should pick, read from the kernel's own flags: x86-64-v4 needs
     AVX-512 F, BW, DQ and VL; x86-64-v3 AVX2, FMA, F16C, BMI1/2, MOVBE and LZCNT (abm in /proc/cpuinfo); the
-    avx512_vnni level v4 and AVX-512 VNNI."""
+    avx512_vnni level v4 and AVX-512 VNNI; the amx level that, and the AMX probe finding the tiles usable (whether
+    Linux grants them and the VM runs them is the probe's to find: the third line of `strata --version`)."""
     flags = cpu_flags()
     v3 = {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"} <= flags
     if v3 and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        return "avx512_vnni" if "avx512_vnni" in flags else "avx512"
+        if "avx512_vnni" not in flags:
+            return "avx512"
+        return "amx" if version_lines()[2].startswith("amx: usable ") else "avx512_vnni"
     return "avx2" if v3 else "baseline"
 
 

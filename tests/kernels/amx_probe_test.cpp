@@ -53,6 +53,22 @@ TEST(AmxProbe, ATileProductWithoutAmxTrapsAndTheProcessGoesOn) {
   }
 }
 
+// Where the tiles run, a configuration of 17 rows (beyond the palette's 16) makes the CPU raise a fault at the
+// configuration (SIGSEGV), as an AMX build that a VM refuses meets it: the probe reports it, the process goes on,
+// and a real product runs after it.
+TEST(AmxProbe, AFaultingTileConfigurationIsCaughtAndTheProcessGoesOn) {
+  if (!cpu_reports_amx() || amx_probe().state != AmxState::usable) {
+    GTEST_SKIP() << "AMX is not usable here: " << amx_summary();
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::string reason;
+    EXPECT_FALSE(run_tile_probe(reason, 17));
+    EXPECT_EQ(reason, "a tile instruction raised SIGSEGV");
+  }
+  std::string reason;
+  EXPECT_TRUE(run_tile_probe(reason)) << reason;
+}
+
 TEST(AmxProbe, WhereAmxIsReportedTheStateMatchesTheTileProduct) {
   if (!cpu_reports_amx()) GTEST_SKIP() << "the CPU reports no AMX";
   const AmxProbe& probe = amx_probe();

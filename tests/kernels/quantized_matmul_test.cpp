@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/amx_probe.h"
 #include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/quantized_dot.h"
@@ -122,11 +123,11 @@ TEST(PackedWeight, DequantizesToTheFormatsOwnValues) {
   }
 }
 
-// The levels whose integer kernels multiply 16-row tiles: the VNNI one, the AVX2 one (which AVX-512 without VNNI
-// runs too), and the baseline one, their reference.
+// The levels whose integer kernels multiply 16-row tiles: the AMX one, the VNNI one, the AVX2 one (which AVX-512
+// without VNNI runs too), and the baseline one, their reference.
 std::vector<CpuIsa> rows16_levels_here() {
   std::vector<CpuIsa> levels = {CpuIsa::baseline};
-  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512_vnni}) {
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512_vnni, CpuIsa::amx}) {
     if (cpu::cpu_supports(isa) && cpu::quantized_dot(isa) != nullptr) {
       levels.push_back(isa);
     } else {
@@ -138,7 +139,7 @@ std::vector<CpuIsa> rows16_levels_here() {
 
 std::vector<CpuIsa> levels_here() {
   std::vector<CpuIsa> levels;
-  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_vnni}) {
+  for (CpuIsa isa : cpu::kCpuIsas) {
     if (cpu::cpu_supports(isa) && cpu::quantized_dot(isa) != nullptr) {
       levels.push_back(isa);
     } else {
@@ -288,14 +289,15 @@ TEST(IntegerActivations, RoundedValuesLieWithinHalfAStepOfTheInput) {
 }
 
 // The integer kernel of `isa` against the reference on the rounded values (one digit, int8, or two, int16), for
-// every case packed as `packing`, at every row tile of every level and a second tile.
+// every case packed as `packing`, at every row tile of every level and a second tile (AMX's of 16 rows: whole,
+// with a part, and several).
 void expect_integer_kernel_near_reference(CpuIsa isa, std::span<const Case> cases, cpu::PairPacking packing,
                                           int digits, uint32_t seed) {
   for (const Case& c : cases) {
     const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, seed);
     const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
     const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, packing);
-    for (int64_t n_x : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {
+    for (int64_t n_x : {1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 37}) {
       const std::vector<float> x = random_activations(n_x, c.cols, seed + 1);
       cpu::IntegerActivations rounded;
       std::vector<float> x_hat(x.size());
@@ -364,6 +366,31 @@ TEST(QuantizedMatmul, Avx2AndVnniTileKernelsGiveTheSameFloats) {
         cpu::quantized_dot_int8(CpuIsa::avx2)(packed.view, 0, c.rows, rounded, avx2.data(), c.rows);
         cpu::quantized_dot_int8(CpuIsa::avx512_vnni)(packed.view, 0, c.rows, rounded, vnni.data(), c.rows);
         EXPECT_EQ(avx2, vnni) << name(c) << ", " << digits << " digits, rows of x " << n_x;
+      }
+    }
+  }
+}
+
+// The AMX kernel sums each block exactly in 32 bits, as the VNNI one does, and converts, scales and adds in the
+// same order: the two give the same floats, digit for digit, from kAmxMinRows rows of x (fewer go to the VNNI
+// kernel): one activation tile, a part of one, several; ten weight tiles of 48 blocks, more than it makes at once.
+TEST(QuantizedMatmul, AmxAndVnniTileKernelsGiveTheSameFloats) {
+  if (!cpu::cpu_supports(CpuIsa::amx)) GTEST_SKIP() << "AMX is not usable here: " << cpu::amx_summary();
+  std::vector<Case> cases(std::begin(kRows16Cases), std::end(kRows16Cases));
+  cases.push_back({WeightFormat::q4_0, 160, 1536});
+  for (const Case& c : cases) {
+    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 73);
+    const cpu::OwnedPackedWeight packed =
+        cpu::pack_weight(WeightMatrix{blocks.data(), c.format, c.rows, c.cols}, cpu::PairPacking::rows16);
+    for (int digits : {1, 2}) {
+      for (int64_t n_x : {cpu::kAmxMinRows, cpu::kAmxMinRows + 5, int64_t(29), int64_t(37)}) {
+        const std::vector<float> x = random_activations(n_x, c.cols, 74);
+        cpu::IntegerActivations rounded;
+        cpu::round_activations(x.data(), n_x, c.cols, digits, rounded, nullptr);
+        std::vector<float> vnni(size_t(n_x * c.rows), NAN), amx(vnni.size(), NAN);
+        cpu::quantized_dot_int8(CpuIsa::avx512_vnni)(packed.view, 0, c.rows, rounded, vnni.data(), c.rows);
+        cpu::quantized_dot_int8(CpuIsa::amx)(packed.view, 0, c.rows, rounded, amx.data(), c.rows);
+        EXPECT_EQ(vnni, amx) << name(c) << ", " << digits << " digits, rows of x " << n_x;
       }
     }
   }
@@ -521,7 +548,7 @@ TEST(CpuBackendWeights, IntegerActivationsHoldKQuantsAsRows16Tiles) {
 // engine.cpu_kernels sets it): Q4_0 and Q4_1 from AVX2, Q8_0 on VNNI only; none at baseline.
 TEST(CpuBackendWeights, IntegerActivationsHoldTheFormatsTheLevelsKernelsTile) {
   const CpuIsa best = cpu::best_cpu_isa();
-  for (CpuIsa level : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_vnni}) {
+  for (CpuIsa level : cpu::kCpuIsas) {
     if (!cpu::cpu_supports(level)) continue;
     cpu::limit_cpu_isa(level);
     ASSERT_EQ(cpu::best_cpu_isa(), level);
@@ -529,12 +556,12 @@ TEST(CpuBackendWeights, IntegerActivationsHoldTheFormatsTheLevelsKernelsTile) {
     for (WeightFormat format : {WeightFormat::q4_0, WeightFormat::q4_1, WeightFormat::q8_0}) {
       const std::vector<uint8_t> blocks = random_blocks(format, 32, 96, 66);
       const Tensor t = be->upload_weight(WeightMatrix{blocks.data(), format, 32, 96});
-      const bool tiles = level == CpuIsa::avx512_vnni || (level != CpuIsa::baseline && format != WeightFormat::q8_0);
+      const bool tiles = level >= CpuIsa::avx512_vnni || (level != CpuIsa::baseline && format != WeightFormat::q8_0);
       EXPECT_EQ(cpu::is_rows16(static_cast<const cpu::PackedWeight*>(t.data)->layout), tiles)
           << weight_format_info(format).name << " at " << cpu::cpu_isa_name(level);
     }
   }
-  cpu::limit_cpu_isa(CpuIsa::avx512_vnni);  // no limit: the machine's best again
+  cpu::limit_cpu_isa(CpuIsa::amx);  // no limit: the machine's best again
   EXPECT_EQ(cpu::best_cpu_isa(), best);
 }
 

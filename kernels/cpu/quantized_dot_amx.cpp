@@ -1,0 +1,288 @@
+// The integer kernel with AMX tiles (Intel from Sapphire Rapids, where kernels/cpu/amx_probe.h finds them usable)
+// on the 16-row tiles of the formats with one scale per block of 32 values (u4_rows16, u8_rows16, k4_rows16,
+// k5_rows16: kernels/cpu/packed_weight.h), for prefill chunks and batched decode; fewer rows of x, k6_rows16 and
+// the pair layouts go to the AVX-512 VNNI kernel.
+//
+// One tile product (TDPBSUD) multiplies up to 16 activation rows with a block of 16 weight rows: A holds the
+// rows' 32 int8 digits of the block as they lie in IntegerActivations (a row of the tile per activation row), B the
+// block's codes as 8 rows of 64 bytes, 4 values of each of the 16 weight rows a row, which is the order
+// rows16_block_codes gives (the tiles' own for u8; the nibbles unpacked for u4), and C their 16 x 16 sums in 32
+// bits, exact. A block's scales differ per weight row and per activation row, so each block's C is stored and its
+// sums converted and scaled in fp32 as the VNNI kernel does, in the same order: acc[r] += d_w * d_r (u . q_r)
+// block after block, then offsets m_w * s_r summed block after block, and acc + offsets. So the two kernels give
+// the same floats (tests/kernels/quantized_matmul_test.cpp). With two digits (int16 activations) each digit takes
+// its tile product and u . q = 256 (u . q_high) + (u . q_low).
+//
+// Each 16-row weight tile's blocks are made once (codes, d and m) into a buffer that every 16 activation rows
+// read, for up to kStagedBytes of weight tiles at a time; where the VNNI kernel redoes them for every 4 rows.
+#include "kernels/cpu/integer_activations.h"
+#include "kernels/cpu/quantized_dot.h"
+
+#if STRATA_QUANTIZED_DOT_X86
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma,amx-tile,amx-int8")
+// GCC 12 takes the self-initialised _mm512_undefined_* inside its own intrinsics for uninitialised reads.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace strata::cpu {
+namespace {
+
+// How far ahead of the block being made the loop asks for the weights, as the VNNI kernel's prefill does.
+constexpr int64_t kPrefetchBytes = 1024;
+
+#include "kernels/cpu/rows16_blocks_avx512.inc"
+
+// One block of a 16-row weight tile as the tile products read it: its codes as an AMX B tile (8 rows of 64 bytes)
+// and the 16 rows' d and m.
+struct StagedBlock {
+  alignas(64) uint8_t codes[8 * 64];
+  float d[16];
+  float m[16];
+};
+// Weight tiles made at a time: their blocks stay in L2 while every activation tile reads them.
+constexpr int64_t kStagedBytes = 256 * 1024;
+
+// The eight tiles, each kind twice so that a product need not wait for the last one to free its operands: A,
+// 16 activation rows' 32 digits of a block (tiles 0 and 1, in turn per product); B, a block's codes (2 and 3, in
+// turn per block); C, the sums (4 to 7, in turn per product). A product is one digit of one block: with two digits
+// a block's high digits go to A 0 and C 4 or 6, its low digits to A 1 and C 5 or 7. The tile intrinsics below
+// take literal numbers: GCC's paste their tile operand into the instruction's text.
+constexpr int kATiles[] = {0, 1}, kBTiles[] = {2, 3}, kCTiles[] = {4, 5, 6, 7};
+
+// The 64-byte tile configuration (palette 1) for `rows` activation rows.
+void configure_tiles(int rows) {
+  struct alignas(64) Config {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t bytes_per_row[16] = {};
+    uint8_t rows[16] = {};
+  } config;
+  for (int t : kATiles) {
+    config.bytes_per_row[t] = 32;
+    config.rows[t] = uint8_t(rows);
+  }
+  for (int t : kBTiles) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 8;
+  }
+  for (int t : kCTiles) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = uint8_t(rows);
+  }
+  _tile_loadconfig(&config);
+}
+
+// Tiles [t_begin, t_end) of w, made into `staged` (w.cols / 32 blocks a tile).
+template <PackedLayout Layout>
+void stage_tiles(const PackedWeight& w, int64_t t_begin, int64_t t_end, StagedBlock* staged) {
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    StagedBlock* blocks = staged + (t - t_begin) * (w.cols / 32);
+    const auto stage = [&](const __m512i (&codes)[8], __m512 d, __m512 m, int64_t b) {
+      for (int c = 0; c < 8; ++c) _mm512_store_si512(blocks[b].codes + 64 * c, codes[c]);
+      _mm512_storeu_ps(blocks[b].d, d);
+      _mm512_storeu_ps(blocks[b].m, m);
+    };
+    for_each_rows16_block<Layout>(w.data + t * kTileRows16 * w.row_bytes, w.cols, true, stage);
+  }
+}
+
+// Product `Step` (of 4 in turn): C tile 4 + Step = A tile Step % 2, loaded with the digits at `a` (rows `stride`
+// bytes apart), times the codes in B tile 2 + B; stored to `sums` (16 x 16 int32).
+#define STRATA_AMX_PRODUCT(a_tile, b_tile, c_tile)  \
+  _tile_zero(c_tile);                               \
+  _tile_loadd(a_tile, a, stride);                   \
+  _tile_dpbsud(c_tile, a_tile, b_tile);             \
+  _tile_stored(c_tile, sums, 64);
+template <int Step, int B>
+inline void product(const int8_t* a, int64_t stride, int32_t (*sums)[16]) {
+  static_assert(Step >= 0 && Step < 4 && (B == 0 || B == 1));
+  if constexpr (Step == 0 && B == 0) { STRATA_AMX_PRODUCT(0, 2, 4) }
+  if constexpr (Step == 0 && B == 1) { STRATA_AMX_PRODUCT(0, 3, 4) }
+  if constexpr (Step == 1 && B == 0) { STRATA_AMX_PRODUCT(1, 2, 5) }
+  if constexpr (Step == 1 && B == 1) { STRATA_AMX_PRODUCT(1, 3, 5) }
+  if constexpr (Step == 2 && B == 0) { STRATA_AMX_PRODUCT(0, 2, 6) }
+  if constexpr (Step == 2 && B == 1) { STRATA_AMX_PRODUCT(0, 3, 6) }
+  if constexpr (Step == 3 && B == 0) { STRATA_AMX_PRODUCT(1, 2, 7) }
+  if constexpr (Step == 3 && B == 1) { STRATA_AMX_PRODUCT(1, 3, 7) }
+}
+#undef STRATA_AMX_PRODUCT
+
+// An activation tile: up to 16 rows of x from a0, their digits where IntegerActivations holds them, and each
+// block's scales laid out by block (d[16 b + r], s[16 b + r]), so that the loops over the rows read them at fixed
+// offsets; rows beyond the tile's are zeros.
+struct ActivationTile {
+  const int8_t* q = nullptr;
+  const int8_t* q_low = nullptr;
+  int64_t stride = 0;
+  std::vector<float> d, s;
+};
+
+void gather_activation_tile(const IntegerActivations& x, int64_t a0, int rows, ActivationTile& tile) {
+  const int64_t n_blocks = x.cols / 32;
+  tile.q = x.row_values(a0);
+  tile.q_low = x.digits == 2 ? x.row_low_values(a0) : nullptr;
+  tile.stride = x.groups * 64;
+  tile.d.assign(size_t(16 * n_blocks), 0.0f);
+  tile.s.assign(size_t(16 * n_blocks), 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    const float* scales = x.row_scales(a0 + r);  // per pair of blocks: d0, d1, s0, s1
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      tile.d[size_t(16 * b + r)] = scales[4 * (b / 2) + b % 2];
+      tile.s[size_t(16 * b + r)] = scales[4 * (b / 2) + 2 + b % 2];
+    }
+  }
+}
+
+// Blocks whose products are stored before any is read: a tile store reaches the vector loads that read it back
+// only once it has retired, so each block's sums read right after its products stalled the loop (measured: the
+// kernel was no faster than the VNNI one at 128 rows of x).
+constexpr int64_t kBlocksAtOnce = 8;
+
+// Blocks [b0, b1) of one staged weight tile times the activation tile: their products' sums into
+// sums[b - b0][digit].
+template <int Digits>
+void block_products(const StagedBlock* blocks, int64_t b0, int64_t b1, const ActivationTile& x,
+                    int32_t (*sums)[Digits][16][16]) {
+  for (int64_t b = b0; b < b1; ++b) {
+    int32_t(*high)[16] = sums[b - b0][0];
+    const int8_t* q = x.q + 32 * b;
+    if (b % 2 == 0) {
+      _tile_loadd(2, blocks[b].codes, 64);
+    } else {
+      _tile_loadd(3, blocks[b].codes, 64);
+    }
+    if constexpr (Digits == 2) {
+      const int8_t* q_low = x.q_low + 32 * b;
+      if (b % 2 == 0) {
+        product<0, 0>(q, x.stride, high);
+        product<1, 0>(q_low, x.stride, sums[b - b0][1]);
+      } else {
+        product<2, 1>(q, x.stride, high);
+        product<3, 1>(q_low, x.stride, sums[b - b0][1]);
+      }
+    } else {
+      switch (b % 4) {
+        case 0: product<0, 0>(q, x.stride, high); break;
+        case 1: product<1, 1>(q, x.stride, high); break;
+        case 2: product<2, 0>(q, x.stride, high); break;
+        default: product<3, 1>(q, x.stride, high); break;
+      }
+    }
+  }
+}
+
+// R rows of x (R <= 16, the configured tile rows) against one staged weight tile, into out's 16 columns: the VNNI
+// kernel's arithmetic on the sums the tile products give, in its order (acc, then the offsets, then their sum).
+template <int R, int Digits>
+void activation_tile(const StagedBlock* blocks, int64_t n_blocks, const ActivationTile& x, float* out,
+                     int64_t out_stride) {
+  alignas(64) int32_t sums[kBlocksAtOnce][Digits][16][16];
+  __m512 acc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += kBlocksAtOnce) {
+    const int64_t b1 = std::min(n_blocks, b0 + kBlocksAtOnce);
+    block_products<Digits>(blocks, b0, b1, x, sums);
+    for (int64_t b = b0; b < b1; ++b) {
+      const __m512 d = _mm512_loadu_ps(blocks[b].d);
+      const float* d_x = x.d.data() + 16 * b;
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        __m512i dots = _mm512_load_si512(sums[b - b0][0][r]);
+        if constexpr (Digits == 2) {
+          dots = _mm512_add_epi32(_mm512_slli_epi32(dots, 8), _mm512_load_si512(sums[b - b0][1][r]));
+        }
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(d, _mm512_set1_ps(d_x[r])), acc[r]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride, acc[r]);
+  __m512 offsets[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) offsets[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m512 m = _mm512_loadu_ps(blocks[b].m);
+    const float* s_x = x.s.data() + 16 * b;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) offsets[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(s_x[r]), offsets[r]);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(out + r * out_stride, _mm512_add_ps(_mm512_loadu_ps(out + r * out_stride), offsets[r]));
+  }
+}
+
+template <int R, int Digits>
+void activation_tile_of(int rows, const StagedBlock* blocks, int64_t n_blocks, const ActivationTile& x, float* out,
+                        int64_t out_stride) {
+  if constexpr (R > 1) {
+    if (rows < R) return activation_tile_of<R - 1, Digits>(rows, blocks, n_blocks, x, out, out_stride);
+  }
+  activation_tile<R, Digits>(blocks, n_blocks, x, out, out_stride);
+}
+
+template <PackedLayout Layout, int Digits>
+void amx_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, float* out,
+               int64_t out_stride) {
+  thread_local std::vector<StagedBlock> staged;
+  thread_local ActivationTile activations;
+  const int64_t n_blocks = w.cols / 32;
+  const int64_t tiles_at_once = std::max<int64_t>(1, kStagedBytes / int64_t(n_blocks * sizeof(StagedBlock)));
+  int configured_rows = 0;
+  for (int64_t t0 = row_begin / kTileRows16; t0 < row_end / kTileRows16; t0 += tiles_at_once) {
+    const int64_t t1 = std::min(t0 + tiles_at_once, row_end / kTileRows16);
+    staged.resize(size_t((t1 - t0) * n_blocks));
+    stage_tiles<Layout>(w, t0, t1, staged.data());
+    for (int64_t a0 = 0; a0 < x.rows; a0 += 16) {
+      const int rows = int(std::min<int64_t>(16, x.rows - a0));
+      if (rows != configured_rows) {
+        configure_tiles(rows);
+        configured_rows = rows;
+      }
+      gather_activation_tile(x, a0, rows, activations);
+      for (int64_t t = t0; t < t1; ++t) {
+        activation_tile_of<16, Digits>(rows, staged.data() + (t - t0) * n_blocks, n_blocks, activations,
+                                       out + a0 * out_stride + t * kTileRows16, out_stride);
+      }
+    }
+  }
+  if (configured_rows != 0) _tile_release();
+}
+
+template <PackedLayout Layout>
+void amx_tiles_of(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, float* out,
+                  int64_t out_stride) {
+  if (x.digits == 2) return amx_tiles<Layout, 2>(w, row_begin, row_end, x, out, out_stride);
+  amx_tiles<Layout, 1>(w, row_begin, row_end, x, out, out_stride);
+}
+
+}  // namespace
+
+void quantized_dot_int8_amx(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x,
+                            float* out, int64_t out_stride) {
+  if (x.rows >= kAmxMinRows) {
+    switch (w.layout) {
+      case PackedLayout::u4_rows16: return amx_tiles_of<PackedLayout::u4_rows16>(w, row_begin, row_end, x, out, out_stride);
+      case PackedLayout::u8_rows16: return amx_tiles_of<PackedLayout::u8_rows16>(w, row_begin, row_end, x, out, out_stride);
+      case PackedLayout::k4_rows16: return amx_tiles_of<PackedLayout::k4_rows16>(w, row_begin, row_end, x, out, out_stride);
+      case PackedLayout::k5_rows16: return amx_tiles_of<PackedLayout::k5_rows16>(w, row_begin, row_end, x, out, out_stride);
+      default: break;
+    }
+  }
+  quantized_dot_int8_avx512_vnni(w, row_begin, row_end, x, out, out_stride);
+}
+
+}  // namespace strata::cpu
+
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#endif
