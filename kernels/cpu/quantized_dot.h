@@ -81,7 +81,7 @@ using QuantizedDotInt8Fn = void (*)(const PackedWeight& w, int64_t row_begin, in
 // The int8 kernel of `isa` (which the machine must support); an AVX-512 machine without VNNI runs the AVX2 one.
 QuantizedDotInt8Fn quantized_dot_int8(CpuIsa isa);
 // Rows of x from which the amx level's kernel multiplies with tiles (fewer go to the VNNI kernel): where it became
-// the faster on SmolLM2's ffn_up at 2 digits (12 rows; 24 with one), bench/quantized_matmul_paths --int8.
+// the faster on SmolLM2's ffn_up, one thread (at 12 rows with two digits, at 16 with one; docs/decisions.md).
 constexpr int64_t kAmxMinRows = 16;
 #if STRATA_QUANTIZED_DOT_X86
 // With AMX: u4_rows16, u8_rows16, k4_rows16 and k5_rows16 from kAmxMinRows rows of x; the rest the VNNI kernel's.

@@ -93,14 +93,13 @@ void stage_tiles(const PackedWeight& w, int64_t t_begin, int64_t t_end, StagedBl
 }
 
 // Product `Step` (of 4 in turn): C tile 4 + Step = A tile Step % 2, loaded with the digits at `a` (rows `stride`
-// bytes apart), times the codes in B tile 2 + B; stored to `sums` (16 x 16 int32).
-#define STRATA_AMX_PRODUCT(a_tile, b_tile, c_tile)  \
-  _tile_zero(c_tile);                               \
-  _tile_loadd(a_tile, a, stride);                   \
-  _tile_dpbsud(c_tile, a_tile, b_tile);             \
-  _tile_stored(c_tile, sums, 64);
+// bytes apart), times the codes in B tile 2 + B; then, apart, C tile 4 + Step stored to `sums` (16 x 16 int32).
+#define STRATA_AMX_PRODUCT(a_tile, b_tile, c_tile) \
+  _tile_zero(c_tile);                              \
+  _tile_loadd(a_tile, a, stride);                  \
+  _tile_dpbsud(c_tile, a_tile, b_tile);
 template <int Step, int B>
-inline void product(const int8_t* a, int64_t stride, int32_t (*sums)[16]) {
+inline void product(const int8_t* a, int64_t stride) {
   static_assert(Step >= 0 && Step < 4 && (B == 0 || B == 1));
   if constexpr (Step == 0 && B == 0) { STRATA_AMX_PRODUCT(0, 2, 4) }
   if constexpr (Step == 0 && B == 1) { STRATA_AMX_PRODUCT(0, 3, 4) }
@@ -112,6 +111,13 @@ inline void product(const int8_t* a, int64_t stride, int32_t (*sums)[16]) {
   if constexpr (Step == 3 && B == 1) { STRATA_AMX_PRODUCT(1, 3, 7) }
 }
 #undef STRATA_AMX_PRODUCT
+template <int Step>
+inline void store_sums(int32_t (*sums)[16]) {
+  if constexpr (Step == 0) _tile_stored(4, sums, 64);
+  if constexpr (Step == 1) _tile_stored(5, sums, 64);
+  if constexpr (Step == 2) _tile_stored(6, sums, 64);
+  if constexpr (Step == 3) _tile_stored(7, sums, 64);
+}
 
 // An activation tile: up to 16 rows of x from a0, their digits where IntegerActivations holds them, and each
 // block's scales laid out by block (d[16 b + r], s[16 b + r]), so that the loops over the rows read them at fixed
@@ -144,37 +150,66 @@ void gather_activation_tile(const IntegerActivations& x, int64_t a0, int rows, A
 // kernel was no faster than the VNNI one at 128 rows of x).
 constexpr int64_t kBlocksAtOnce = 8;
 
+// Block b's products: with two digits steps 0 and 1 (even b) or 2 and 3, with one step b % 4.
+template <int Digits>
+inline void issue_block(const StagedBlock& block, int64_t b, const ActivationTile& x) {
+  const int8_t* q = x.q + 32 * b;
+  if (b % 2 == 0) {
+    _tile_loadd(2, block.codes, 64);
+  } else {
+    _tile_loadd(3, block.codes, 64);
+  }
+  if constexpr (Digits == 2) {
+    const int8_t* q_low = x.q_low + 32 * b;
+    if (b % 2 == 0) {
+      product<0, 0>(q, x.stride);
+      product<1, 0>(q_low, x.stride);
+    } else {
+      product<2, 1>(q, x.stride);
+      product<3, 1>(q_low, x.stride);
+    }
+  } else {
+    switch (b % 4) {
+      case 0: product<0, 0>(q, x.stride); break;
+      case 1: product<1, 1>(q, x.stride); break;
+      case 2: product<2, 0>(q, x.stride); break;
+      default: product<3, 1>(q, x.stride); break;
+    }
+  }
+}
+
+template <int Digits>
+inline void store_block(int64_t b, int32_t (*sums)[16][16]) {
+  if constexpr (Digits == 2) {
+    if (b % 2 == 0) {
+      store_sums<0>(sums[0]);
+      store_sums<1>(sums[1]);
+    } else {
+      store_sums<2>(sums[0]);
+      store_sums<3>(sums[1]);
+    }
+  } else {
+    switch (b % 4) {
+      case 0: store_sums<0>(sums[0]); break;
+      case 1: store_sums<1>(sums[0]); break;
+      case 2: store_sums<2>(sums[0]); break;
+      default: store_sums<3>(sums[0]); break;
+    }
+  }
+}
+
 // Blocks [b0, b1) of one staged weight tile times the activation tile: their products' sums into
-// sums[b - b0][digit].
+// sums[b - b0][digit]. A block's sums are stored after the next block's products are issued, so that the store
+// does not hold those back while it waits for its own products.
 template <int Digits>
 void block_products(const StagedBlock* blocks, int64_t b0, int64_t b1, const ActivationTile& x,
                     int32_t (*sums)[Digits][16][16]) {
+  constexpr int64_t kLag = Digits == 2 ? 1 : 2;  // blocks whose products are in flight: the C tiles hold 2 or 4
   for (int64_t b = b0; b < b1; ++b) {
-    int32_t(*high)[16] = sums[b - b0][0];
-    const int8_t* q = x.q + 32 * b;
-    if (b % 2 == 0) {
-      _tile_loadd(2, blocks[b].codes, 64);
-    } else {
-      _tile_loadd(3, blocks[b].codes, 64);
-    }
-    if constexpr (Digits == 2) {
-      const int8_t* q_low = x.q_low + 32 * b;
-      if (b % 2 == 0) {
-        product<0, 0>(q, x.stride, high);
-        product<1, 0>(q_low, x.stride, sums[b - b0][1]);
-      } else {
-        product<2, 1>(q, x.stride, high);
-        product<3, 1>(q_low, x.stride, sums[b - b0][1]);
-      }
-    } else {
-      switch (b % 4) {
-        case 0: product<0, 0>(q, x.stride, high); break;
-        case 1: product<1, 1>(q, x.stride, high); break;
-        case 2: product<2, 0>(q, x.stride, high); break;
-        default: product<3, 1>(q, x.stride, high); break;
-      }
-    }
+    issue_block<Digits>(blocks[b], b, x);
+    if (b - kLag >= b0) store_block<Digits>(b - kLag, sums[b - kLag - b0]);
   }
+  for (int64_t b = std::max(b0, b1 - kLag); b < b1; ++b) store_block<Digits>(b, sums[b - b0]);
 }
 
 // R rows of x (R <= 16, the configured tile rows) against one staged weight tile, into out's 16 columns: the VNNI
