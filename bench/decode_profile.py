@@ -26,7 +26,8 @@ from bench_support import BINARY, ROOT, commit, machine  # noqa: E402
 
 # Which group a symbol belongs to, by the first pattern it matches.
 GROUPS = [
-    ("weight products", r"rows16_tiles|vnni_rows|vnni_tile|int8_rows|pair_row|q4_k_row|q6_k_row|quantized_dot|sgemm|"
+    ("weight products", r"rows16_tiles|vnni_rows|vnni_tile|amx_tiles|activation_tile|block_products|int8_rows|pair_row|"
+                        r"q4_k_row|q6_k_row|quantized_dot|sgemm|"
                         r"weight_row|portable_dot"),
     ("attention", r"row_scores|rows_values|chunk_scores|softmax|exp_shifted|paged_attention|tile_scores|block_scores|"
                   r"sum_values|span_partials|combine_spans"),

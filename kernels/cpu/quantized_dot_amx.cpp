@@ -78,17 +78,17 @@ void configure_tiles(int rows) {
   _tile_loadconfig(&config);
 }
 
-// Tiles [t_begin, t_end) of w, made into `staged` (w.cols / 32 blocks a tile).
+// Blocks [k0, k1) of tiles [t_begin, t_end) of w, made into `staged` (k1 - k0 blocks a tile).
 template <PackedLayout Layout>
-void stage_tiles(const PackedWeight& w, int64_t t_begin, int64_t t_end, StagedBlock* staged) {
+void stage_tiles(const PackedWeight& w, int64_t t_begin, int64_t t_end, int64_t k0, int64_t k1, StagedBlock* staged) {
   for (int64_t t = t_begin; t < t_end; ++t) {
-    StagedBlock* blocks = staged + (t - t_begin) * (w.cols / 32);
+    StagedBlock* blocks = staged + (t - t_begin) * (k1 - k0) - k0;
     const auto stage = [&](const __m512i (&codes)[8], __m512 d, __m512 m, int64_t b) {
       for (int c = 0; c < 8; ++c) _mm512_store_si512(blocks[b].codes + 64 * c, codes[c]);
       _mm512_storeu_ps(blocks[b].d, d);
       _mm512_storeu_ps(blocks[b].m, m);
     };
-    for_each_rows16_block<Layout>(w.data + t * kTileRows16 * w.row_bytes, w.cols, true, stage);
+    for_each_rows16_block<Layout>(w.data + t * kTileRows16 * w.row_bytes, k0, k1, true, stage);
   }
 }
 
@@ -119,9 +119,9 @@ inline void store_sums(int32_t (*sums)[16]) {
   if constexpr (Step == 3) _tile_stored(7, sums, 64);
 }
 
-// An activation tile: up to 16 rows of x from a0, their digits where IntegerActivations holds them, and each
-// block's scales laid out by block (d[16 b + r], s[16 b + r]), so that the loops over the rows read them at fixed
-// offsets; rows beyond the tile's are zeros.
+// An activation tile over blocks [k0, k1): up to 16 rows of x from a0, their digits from block k0 where
+// IntegerActivations holds them, and each block's scales laid out by block (d[16 (b - k0) + r], likewise s), so that
+// the loops over the rows read them at fixed offsets; rows beyond the tile's are zeros.
 struct ActivationTile {
   const int8_t* q = nullptr;
   const int8_t* q_low = nullptr;
@@ -129,26 +129,30 @@ struct ActivationTile {
   std::vector<float> d, s;
 };
 
-void gather_activation_tile(const IntegerActivations& x, int64_t a0, int rows, ActivationTile& tile) {
-  const int64_t n_blocks = x.cols / 32;
-  tile.q = x.row_values(a0);
-  tile.q_low = x.digits == 2 ? x.row_low_values(a0) : nullptr;
+void gather_activation_tile(const IntegerActivations& x, int64_t a0, int rows, int64_t k0, int64_t k1,
+                            ActivationTile& tile) {
+  tile.q = x.row_values(a0) + 32 * k0;
+  tile.q_low = x.digits == 2 ? x.row_low_values(a0) + 32 * k0 : nullptr;
   tile.stride = x.groups * 64;
-  tile.d.assign(size_t(16 * n_blocks), 0.0f);
-  tile.s.assign(size_t(16 * n_blocks), 0.0f);
+  tile.d.assign(size_t(16 * (k1 - k0)), 0.0f);
+  tile.s.assign(size_t(16 * (k1 - k0)), 0.0f);
   for (int r = 0; r < rows; ++r) {
     const float* scales = x.row_scales(a0 + r);  // per pair of blocks: d0, d1, s0, s1
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      tile.d[size_t(16 * b + r)] = scales[4 * (b / 2) + b % 2];
-      tile.s[size_t(16 * b + r)] = scales[4 * (b / 2) + 2 + b % 2];
+    for (int64_t b = k0; b < k1; ++b) {
+      tile.d[size_t(16 * (b - k0) + r)] = scales[4 * (b / 2) + b % 2];
+      tile.s[size_t(16 * (b - k0) + r)] = scales[4 * (b / 2) + 2 + b % 2];
     }
   }
 }
 
 // Blocks whose products are stored before any is read: a tile store reaches the vector loads that read it back
-// only once it has retired, so each block's sums read right after its products stalled the loop (measured: the
-// kernel was no faster than the VNNI one at 128 rows of x).
+// only once it has retired, so each block's sums read right after its products stalled the loop.
 constexpr int64_t kBlocksAtOnce = 8;
+// Blocks of a pass (2,048 values): the weight tiles are made and multiplied a pass at a time, so that the
+// activations' digits of a pass (32 or 64 KiB an activation tile, 512 KiB for 128 rows) stay in L2 while several
+// weight tiles read them. Whole rows of Llama-3-8B's ffn_down (14,336 values: 3.5 MiB of digits at 128 rows) were
+// read again for every weight tile, and the kernel was no faster than the VNNI one there.
+constexpr int64_t kBlocksPerPass = 64;
 
 // Block b's products: with two digits steps 0 and 1 (even b) or 2 and 3, with one step b % 4.
 template <int Digits>
@@ -212,15 +216,17 @@ void block_products(const StagedBlock* blocks, int64_t b0, int64_t b1, const Act
   for (int64_t b = std::max(b0, b1 - kLag); b < b1; ++b) store_block<Digits>(b, sums[b - b0]);
 }
 
-// R rows of x (R <= 16, the configured tile rows) against one staged weight tile, into out's 16 columns: the VNNI
-// kernel's arithmetic on the sums the tile products give, in its order (acc, then the offsets, then their sum).
+// R rows of x (R <= 16, the configured tile rows) against blocks [k0, k0 + n_blocks) of one staged weight tile (from
+// `blocks`, the activation tile gathered over the same blocks), into out's 16 columns: the VNNI kernel's arithmetic
+// on the sums the tile products give, in its order; its running sums acc kept in `out` between passes (zeros before
+// the first).
 template <int R, int Digits>
-void activation_tile(const StagedBlock* blocks, int64_t n_blocks, const ActivationTile& x, float* out,
+void activation_tile(const StagedBlock* blocks, int64_t n_blocks, const ActivationTile& x, bool first, float* out,
                      int64_t out_stride) {
   alignas(64) int32_t sums[kBlocksAtOnce][Digits][16][16];
   __m512 acc[R];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * out_stride);
   for (int64_t b0 = 0; b0 < n_blocks; b0 += kBlocksAtOnce) {
     const int64_t b1 = std::min(n_blocks, b0 + kBlocksAtOnce);
     block_products<Digits>(blocks, b0, b1, x, sums);
@@ -239,52 +245,77 @@ void activation_tile(const StagedBlock* blocks, int64_t n_blocks, const Activati
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride, acc[r]);
-  __m512 offsets[R];
+}
+
+// The offsets m_w * s_r over a pass's blocks, added to the running sums at `offsets` (zeros before the first pass),
+// as the VNNI kernel sums them apart from acc.
+template <int R>
+void add_offsets(const StagedBlock* blocks, int64_t n_blocks, const ActivationTile& x, bool first, float* offsets,
+                 int64_t offsets_stride) {
+  __m512 sum[R];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) offsets[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) sum[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(offsets + r * offsets_stride);
   for (int64_t b = 0; b < n_blocks; ++b) {
     const __m512 m = _mm512_loadu_ps(blocks[b].m);
     const float* s_x = x.s.data() + 16 * b;
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) offsets[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(s_x[r]), offsets[r]);
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(s_x[r]), sum[r]);
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(out + r * out_stride, _mm512_add_ps(_mm512_loadu_ps(out + r * out_stride), offsets[r]));
-  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(offsets + r * offsets_stride, sum[r]);
 }
 
+// activation_tile and add_offsets with R = rows (1 to 16).
 template <int R, int Digits>
-void activation_tile_of(int rows, const StagedBlock* blocks, int64_t n_blocks, const ActivationTile& x, float* out,
-                        int64_t out_stride) {
+void activation_tile_of(int rows, const StagedBlock* blocks, int64_t n_blocks, const ActivationTile& x, bool first,
+                        float* out, int64_t out_stride, float* offsets, int64_t offsets_stride) {
   if constexpr (R > 1) {
-    if (rows < R) return activation_tile_of<R - 1, Digits>(rows, blocks, n_blocks, x, out, out_stride);
+    if (rows < R) {
+      return activation_tile_of<R - 1, Digits>(rows, blocks, n_blocks, x, first, out, out_stride, offsets,
+                                               offsets_stride);
+    }
   }
-  activation_tile<R, Digits>(blocks, n_blocks, x, out, out_stride);
+  activation_tile<R, Digits>(blocks, n_blocks, x, first, out, out_stride);
+  add_offsets<R>(blocks, n_blocks, x, first, offsets, offsets_stride);
 }
 
+// Rows [row_begin, row_end) of w against every row of x: a group of weight tiles at a time (as many as kStagedBytes
+// holds a pass of), pass after pass of kBlocksPerPass blocks, each made for the group and multiplied with every
+// activation tile; acc runs in `out` and the offsets in a buffer of their own until out = acc + offsets.
 template <PackedLayout Layout, int Digits>
 void amx_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, float* out,
                int64_t out_stride) {
   thread_local std::vector<StagedBlock> staged;
+  thread_local std::vector<float> offsets;
   thread_local ActivationTile activations;
-  const int64_t n_blocks = w.cols / 32;
-  const int64_t tiles_at_once = std::max<int64_t>(1, kStagedBytes / int64_t(n_blocks * sizeof(StagedBlock)));
+  const int64_t n_blocks = w.cols / 32, pass_blocks = std::min(n_blocks, kBlocksPerPass);
+  const int64_t tiles_at_once = std::max<int64_t>(1, kStagedBytes / int64_t(pass_blocks * sizeof(StagedBlock)));
   int configured_rows = 0;
   for (int64_t t0 = row_begin / kTileRows16; t0 < row_end / kTileRows16; t0 += tiles_at_once) {
-    const int64_t t1 = std::min(t0 + tiles_at_once, row_end / kTileRows16);
-    staged.resize(size_t((t1 - t0) * n_blocks));
-    stage_tiles<Layout>(w, t0, t1, staged.data());
-    for (int64_t a0 = 0; a0 < x.rows; a0 += 16) {
-      const int rows = int(std::min<int64_t>(16, x.rows - a0));
-      if (rows != configured_rows) {
-        configure_tiles(rows);
-        configured_rows = rows;
+    const int64_t t1 = std::min(t0 + tiles_at_once, row_end / kTileRows16), columns = (t1 - t0) * kTileRows16;
+    staged.resize(size_t((t1 - t0) * pass_blocks));
+    offsets.resize(size_t(x.rows * columns));
+    for (int64_t k0 = 0; k0 < n_blocks; k0 += kBlocksPerPass) {
+      const int64_t k1 = std::min(n_blocks, k0 + kBlocksPerPass);
+      stage_tiles<Layout>(w, t0, t1, k0, k1, staged.data());
+      for (int64_t a0 = 0; a0 < x.rows; a0 += 16) {
+        const int rows = int(std::min<int64_t>(16, x.rows - a0));
+        if (rows != configured_rows) {
+          configure_tiles(rows);
+          configured_rows = rows;
+        }
+        gather_activation_tile(x, a0, rows, k0, k1, activations);
+        for (int64_t t = t0; t < t1; ++t) {
+          activation_tile_of<16, Digits>(rows, staged.data() + (t - t0) * (k1 - k0), k1 - k0, activations, k0 == 0,
+                                         out + a0 * out_stride + t * kTileRows16, out_stride,
+                                         offsets.data() + a0 * columns + (t - t0) * kTileRows16, columns);
+        }
       }
-      gather_activation_tile(x, a0, rows, activations);
-      for (int64_t t = t0; t < t1; ++t) {
-        activation_tile_of<16, Digits>(rows, staged.data() + (t - t0) * n_blocks, n_blocks, activations,
-                                       out + a0 * out_stride + t * kTileRows16, out_stride);
+    }
+    for (int64_t a = 0; a < x.rows; ++a) {
+      float* row = out + a * out_stride + t0 * kTileRows16;
+      for (int64_t c = 0; c < columns; c += 16) {
+        _mm512_storeu_ps(row + c, _mm512_add_ps(_mm512_loadu_ps(row + c), _mm512_loadu_ps(&offsets[size_t(a * columns + c)])));
       }
     }
   }

@@ -218,7 +218,7 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
       const auto block_into = [&](const __m512i (&codes)[8], __m512 d, __m512 m, int64_t b) {
         rows16_block_into<R, Digits>(codes, d, m, x, a0, b, acc, offsets);
       };
-      for_each_rows16_block<Layout>(tile, w.cols, prefetch, block_into);
+      for_each_rows16_block<Layout>(tile, 0, w.cols / 32, prefetch, block_into);
     }
     for (int r = 0; r < R; ++r) {
       _mm512_storeu_ps(out + r * out_stride + t * kTileRows16, _mm512_add_ps(acc[r], offsets[r]));

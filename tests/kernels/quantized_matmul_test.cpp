@@ -373,11 +373,14 @@ TEST(QuantizedMatmul, Avx2AndVnniTileKernelsGiveTheSameFloats) {
 
 // The AMX kernel sums each block exactly in 32 bits, as the VNNI one does, and converts, scales and adds in the
 // same order: the two give the same floats, digit for digit, from kAmxMinRows rows of x (fewer go to the VNNI
-// kernel): one activation tile, a part of one, several; ten weight tiles of 48 blocks, more than it makes at once.
+// kernel): one activation tile, a part of one, several; ten weight tiles of 48 blocks, more than it makes at once;
+// rows of 72 and 80 blocks, more than one pass over the activation tiles.
 TEST(QuantizedMatmul, AmxAndVnniTileKernelsGiveTheSameFloats) {
   if (!cpu::cpu_supports(CpuIsa::amx)) GTEST_SKIP() << "AMX is not usable here: " << cpu::amx_summary();
   std::vector<Case> cases(std::begin(kRows16Cases), std::end(kRows16Cases));
   cases.push_back({WeightFormat::q4_0, 160, 1536});
+  cases.push_back({WeightFormat::q4_k, 32, 2304});
+  cases.push_back({WeightFormat::q8_0, 32, 2560});
   for (const Case& c : cases) {
     const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 73);
     const cpu::OwnedPackedWeight packed =
