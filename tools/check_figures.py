@@ -242,6 +242,22 @@ def integer_peak(d: dict) -> str:
             f"({p['tiles_int8_128_rows']['share_of_peak']:.0%})")
 
 
+def amx_kernels(d: dict) -> str:
+    """build/bench/quantized_matmul_paths --int8 where AMX runs: the VNNI tiles' time over the AMX kernel's (Q6_K's
+    tiles left out: the amx level sends them to the VNNI kernel)."""
+    t = {key: k for key, k in kernel_times(d).items() if "q6_k" not in key[0]}
+    spans = {(rows, dtype): time_ratios(t, f"avx512_vnni rows16{dtype}", f"amx rows16{dtype}", (rows,))
+             for rows in (16, 128) for dtype in ("", " int16")}
+    return (f"the VNNI kernel takes {spans[128, ' int16']} the AMX kernel's time at 128 rows of x with int16 "
+            f"activations ({spans[128, '']} with int8) and {spans[16, ' int16']} at 16 rows ({spans[16, '']})")
+
+
+def prefill_span(*runs: dict) -> str:
+    """bench/engine_before_after.sh: prefill after / before at batch 1 and 8, low-high."""
+    values = [d["median"][f"prefill batch {b}: after / before"] for d in runs for b in (1, 8)]
+    return f"{min(values):.2f}-{max(values):.2f}x"
+
+
 def prefill_before_after(d: dict) -> str:
     m = d["median"]
     return (f"prefill of 128 tokens {m['prefill batch 1: after / before']:.2f}x at batch 1 and "
@@ -267,7 +283,7 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2", "q8-epyc-at-avx2", "epyc-avx512vnni-pool-shares",
                  "q4km-epyc-avx512vnni-pool-shares", "q4km-epyc-at-avx2-pool-shares", "epyc-at-avx2-pool-shares",
                  "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares", "q5_0-epyc-avx512vnni",
-                 "smollm2-q5km-epyc-avx512vnni")
+                 "smollm2-q5km-epyc-avx512vnni", "xeon-amx-noamx", "q4km-xeon-amx-noamx", "xeon-amx-noamx-int8")
 
 WEIGHT_BYTES = {"f32": "4", "bf16": "2", "e4m3/row": "1 (+ a scale a row)", "e4m3/128": "1.03", "e4m3/32": "1.13",
                 "int8/row": "1 (+ a scale a row)", "int8/128": "1.03", "q8_0": "1.06"}
@@ -479,6 +495,22 @@ CLAIMS = [
     *(Claim("bench/results/README.md", "weight-rounding-quality-smollm2.json",
             lambda d, i=i: weight_rounding_prose(d)[i]) for i in range(6)),
     Claim("bench/results/README.md", "cpu-q5_1-kept-before-after.json", q5_1_before_after),
+    Claim("bench/results/README.md", "cpu-int8-kernels-xeon-amx.json", amx_kernels),
+    *(Claim("README.md", source, lambda d, what=what: f"{what} {prefill_span(d)}")
+      for source, what in (("cpu-amx-before-after-xeon.json", "prefill"),
+                           ("cpu-amx-q4km-before-after-xeon.json", "on a Q4_K_M file"))),
+    *(Claim("bench/results/README.md", source, check)
+      for source in ("cpu-amx-before-after-xeon.json", "cpu-amx-q4km-before-after-xeon.json")
+      for check in (before_after, prefill_before_after)),
+    Claim("README.md", "cpu-vs-llamacpp-xeon-amx-noamx.json",
+          lambda d: f"SmolLM2's file batch-1 decode {batch1_span(d)}x, batch-8 {ratios(d)['batch8_decode']:.2f}x, "
+                    f"prefill {ratios(d)['prefill_128']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-q4km-xeon-amx-noamx.json",
+          lambda d: f"the Q4_K_M one {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+                    f"{ratios(d)['prefill_128']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-xeon-amx-noamx-int8.json",
+          lambda d: f"with int8 activations {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+                    f"{ratios(d)['prefill_128']:.2f}x"),
 ]
 
 

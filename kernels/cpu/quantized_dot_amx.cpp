@@ -14,7 +14,8 @@
 // its tile product and u . q = 256 (u . q_high) + (u . q_low).
 //
 // Each 16-row weight tile's blocks are made once (codes, d and m) into a buffer that every 16 activation rows
-// read, for up to kStagedBytes of weight tiles at a time; where the VNNI kernel redoes them for every 4 rows.
+// read, where the VNNI kernel redoes them for every 4 rows: a pass of kBlocksPerPass blocks of a group of weight
+// tiles at a time (amx_tiles).
 #include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/quantized_dot.h"
 
@@ -46,7 +47,7 @@ struct StagedBlock {
   float d[16];
   float m[16];
 };
-// Weight tiles made at a time: their blocks stay in L2 while every activation tile reads them.
+// The made blocks of a group of weight tiles in one pass: they stay in L2 while every activation tile reads them.
 constexpr int64_t kStagedBytes = 256 * 1024;
 
 // The eight tiles, each kind twice so that a product need not wait for the last one to free its operands: A,

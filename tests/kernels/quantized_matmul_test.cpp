@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <span>
 #include <string>
@@ -346,6 +347,26 @@ TEST(QuantizedMatmul, IntegerKernelsOnRows16TilesMatchTheReferenceOnTheRoundedVa
   }
 }
 
+// The integer kernels of levels `a` and `b` on c's 16-row tiles give the same floats, digit for digit, with one
+// digit and two, at each of `rows_of_x`.
+void expect_same_floats(CpuIsa a, CpuIsa b, const Case& c, std::initializer_list<int64_t> rows_of_x, uint32_t seed) {
+  const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, seed);
+  const cpu::OwnedPackedWeight packed =
+      cpu::pack_weight(WeightMatrix{blocks.data(), c.format, c.rows, c.cols}, cpu::PairPacking::rows16);
+  for (int digits : {1, 2}) {
+    for (int64_t n_x : rows_of_x) {
+      const std::vector<float> x = random_activations(n_x, c.cols, seed + 1);
+      cpu::IntegerActivations rounded;
+      cpu::round_activations(x.data(), n_x, c.cols, digits, rounded, nullptr);
+      std::vector<float> out_a(size_t(n_x * c.rows), NAN), out_b(out_a.size(), NAN);
+      cpu::quantized_dot_int8(a)(packed.view, 0, c.rows, rounded, out_a.data(), c.rows);
+      cpu::quantized_dot_int8(b)(packed.view, 0, c.rows, rounded, out_b.data(), c.rows);
+      EXPECT_EQ(out_a, out_b) << name(c) << " on " << cpu::cpu_isa_name(a) << " and " << cpu::cpu_isa_name(b) << ", "
+                              << digits << " digits, rows of x " << n_x;
+    }
+  }
+}
+
 // The AVX2 tile kernel sums every block exactly in 32 bits and then converts, scales and adds in the VNNI kernel's
 // order: on a machine with both, the two give the same floats, digit for digit, at every row count.
 TEST(QuantizedMatmul, Avx2AndVnniTileKernelsGiveTheSameFloats) {
@@ -354,20 +375,7 @@ TEST(QuantizedMatmul, Avx2AndVnniTileKernelsGiveTheSameFloats) {
   }
   for (const Case& c : kRows16Cases) {
     if (cpu::held_as_u8(c.format)) continue;  // no u8 tiles at the AVX2 level (the baseline kernel's)
-    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 71);
-    const cpu::OwnedPackedWeight packed =
-        cpu::pack_weight(WeightMatrix{blocks.data(), c.format, c.rows, c.cols}, cpu::PairPacking::rows16);
-    for (int digits : {1, 2}) {
-      for (int64_t n_x : {1, 3, 8, 13}) {
-        const std::vector<float> x = random_activations(n_x, c.cols, 72);
-        cpu::IntegerActivations rounded;
-        cpu::round_activations(x.data(), n_x, c.cols, digits, rounded, nullptr);
-        std::vector<float> avx2(size_t(n_x * c.rows), NAN), vnni(avx2.size(), NAN);
-        cpu::quantized_dot_int8(CpuIsa::avx2)(packed.view, 0, c.rows, rounded, avx2.data(), c.rows);
-        cpu::quantized_dot_int8(CpuIsa::avx512_vnni)(packed.view, 0, c.rows, rounded, vnni.data(), c.rows);
-        EXPECT_EQ(avx2, vnni) << name(c) << ", " << digits << " digits, rows of x " << n_x;
-      }
-    }
+    expect_same_floats(CpuIsa::avx2, CpuIsa::avx512_vnni, c, {1, 3, 8, 13}, 71);
   }
 }
 
@@ -382,20 +390,7 @@ TEST(QuantizedMatmul, AmxAndVnniTileKernelsGiveTheSameFloats) {
   cases.push_back({WeightFormat::q4_k, 32, 2304});
   cases.push_back({WeightFormat::q8_0, 32, 2560});
   for (const Case& c : cases) {
-    const std::vector<uint8_t> blocks = random_blocks(c.format, c.rows, c.cols, 73);
-    const cpu::OwnedPackedWeight packed =
-        cpu::pack_weight(WeightMatrix{blocks.data(), c.format, c.rows, c.cols}, cpu::PairPacking::rows16);
-    for (int digits : {1, 2}) {
-      for (int64_t n_x : {cpu::kAmxMinRows, cpu::kAmxMinRows + 5, int64_t(29), int64_t(37)}) {
-        const std::vector<float> x = random_activations(n_x, c.cols, 74);
-        cpu::IntegerActivations rounded;
-        cpu::round_activations(x.data(), n_x, c.cols, digits, rounded, nullptr);
-        std::vector<float> vnni(size_t(n_x * c.rows), NAN), amx(vnni.size(), NAN);
-        cpu::quantized_dot_int8(CpuIsa::avx512_vnni)(packed.view, 0, c.rows, rounded, vnni.data(), c.rows);
-        cpu::quantized_dot_int8(CpuIsa::amx)(packed.view, 0, c.rows, rounded, amx.data(), c.rows);
-        EXPECT_EQ(vnni, amx) << name(c) << ", " << digits << " digits, rows of x " << n_x;
-      }
-    }
+    expect_same_floats(CpuIsa::avx512_vnni, CpuIsa::amx, c, {cpu::kAmxMinRows, cpu::kAmxMinRows + 5, 29, 37}, 73);
   }
 }
 
