@@ -11,8 +11,8 @@
 // Each (shape, rows, path) takes the median of --reps timings of 16 matrices in turn, so that the weights come
 // from memory as in a real step; on the compute pool's threads (every core). With --int8 it times instead the
 // integer kernels (engine.activation_dtype: int8) of every level the machine has on the pair layouts, and the AVX2,
-// VNNI and AMX kernels on the 16-row tiles where the machine has them, with int8 and with int16 (two digits), at 1 to 128
-// rows of x (and from 16 rows BLAS on the dequantized tiles), beside the best level's and AVX2's fp32 fused
+// VNNI and AMX kernels on the 16-row tiles where the machine has them, with int8 and with int16 (two digits), at 1
+// to 128 rows of x (and from 16 rows BLAS on the dequantized tiles), beside the best level's and AVX2's fp32 fused
 // kernels (engine.activation_dtype: f32) below 32 rows; and Q4_K, Q5_K and Q6_K at Llama-3-8B's shapes (SmolLM2's rows
 // are not multiples of 256), in place (the fp32 kernels) and as 16-row tiles.
 #include <algorithm>

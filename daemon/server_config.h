@@ -51,8 +51,8 @@ struct ServerConfig {
     // (kernels/backend.h); auto is int16 where the CPU kernels run at avx2 or above, f32 at baseline
     // (daemon/runtime.cpp)
     std::string activation_dtype = "auto";
-    // auto | baseline | avx2 | avx512 | avx512_vnni | amx: the most the CPU kernels may use (kernels/cpu/quantized_dot.h);
-    // auto is the best this machine has
+    // auto | baseline | avx2 | avx512 | avx512_vnni | amx: the most the CPU kernels may use
+    // (kernels/cpu/quantized_dot.h); auto is the best this machine has
     std::string cpu_kernels = "auto";
     std::string backend = "cpu";            // cpu | cuda (a build with -DSTRATA_CUDA=ON and a GPU)
     int device = -1;                        // CUDA device; -1: the node-local MPI rank modulo the GPUs present

@@ -252,9 +252,9 @@ def amx_kernels(d: dict) -> str:
             f"activations ({spans[128, '']} with int8) and {spans[16, ' int16']} at 16 rows ({spans[16, '']})")
 
 
-def prefill_span(*runs: dict) -> str:
+def prefill_span(d: dict) -> str:
     """bench/engine_before_after.sh: prefill after / before at batch 1 and 8, low-high."""
-    values = [d["median"][f"prefill batch {b}: after / before"] for d in runs for b in (1, 8)]
+    values = [d["median"][f"prefill batch {b}: after / before"] for b in (1, 8)]
     return f"{min(values):.2f}-{max(values):.2f}x"
 
 

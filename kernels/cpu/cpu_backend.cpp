@@ -223,8 +223,9 @@ class CpuBackend final : public Backend {
   static const cpu::PackedWeight& packed(const Tensor& t) { return *static_cast<const cpu::PackedWeight*>(t.data); }
 
   // Integer activations read the 32-value formats and the k-quants as 16-row tiles on an AVX-512 VNNI machine
-  // (kernels/cpu/quantized_dot_avx512_vnni.cpp, and quantized_dot_amx.cpp with AMX), and all but those held as 8-bit values (Q8_0, Q5_1) on an
-  // x86-64-v3 one (AVX2, quantized_dot_avx2_tiles.cpp, where Q8_0's pairs are faster); everything else as pairs.
+  // (kernels/cpu/quantized_dot_avx512_vnni.cpp, and quantized_dot_amx.cpp with AMX), and all but those held as
+  // 8-bit values (Q8_0, Q5_1) on an x86-64-v3 one (AVX2, quantized_dot_avx2_tiles.cpp, where Q8_0's pairs are
+  // faster); everything else as pairs.
   cpu::PairPacking pair_packing(WeightFormat format) const {
     const cpu::CpuIsa isa = cpu::best_cpu_isa();
     const bool tiles =

@@ -155,52 +155,45 @@ constexpr int64_t kBlocksAtOnce = 8;
 // read again for every weight tile, and the kernel was no faster than the VNNI one there.
 constexpr int64_t kBlocksPerPass = 64;
 
-// Block b's products: with two digits steps 0 and 1 (even b) or 2 and 3, with one step b % 4.
+// Calls f.template operator()<Step, B>(digit) for each product of block b, one per digit: with two digits steps 0
+// and 1 (even b) or 2 and 3, with one step b % 4; its codes in B tile b % 2. Issuing and storing read it alike.
+template <int Digits, class F>
+inline void for_each_product(int64_t b, F&& f) {
+  if constexpr (Digits == 2) {
+    if (b % 2 == 0) {
+      f.template operator()<0, 0>(0);
+      f.template operator()<1, 0>(1);
+    } else {
+      f.template operator()<2, 1>(0);
+      f.template operator()<3, 1>(1);
+    }
+  } else {
+    switch (b % 4) {
+      case 0: f.template operator()<0, 0>(0); break;
+      case 1: f.template operator()<1, 1>(0); break;
+      case 2: f.template operator()<2, 0>(0); break;
+      default: f.template operator()<3, 1>(0); break;
+    }
+  }
+}
+
+// Block b's codes into its B tile and its products issued.
 template <int Digits>
 inline void issue_block(const StagedBlock& block, int64_t b, const ActivationTile& x) {
-  const int8_t* q = x.q + 32 * b;
   if (b % 2 == 0) {
     _tile_loadd(2, block.codes, 64);
   } else {
     _tile_loadd(3, block.codes, 64);
   }
-  if constexpr (Digits == 2) {
-    const int8_t* q_low = x.q_low + 32 * b;
-    if (b % 2 == 0) {
-      product<0, 0>(q, x.stride);
-      product<1, 0>(q_low, x.stride);
-    } else {
-      product<2, 1>(q, x.stride);
-      product<3, 1>(q_low, x.stride);
-    }
-  } else {
-    switch (b % 4) {
-      case 0: product<0, 0>(q, x.stride); break;
-      case 1: product<1, 1>(q, x.stride); break;
-      case 2: product<2, 0>(q, x.stride); break;
-      default: product<3, 1>(q, x.stride); break;
-    }
-  }
+  for_each_product<Digits>(b, [&]<int Step, int B>(int digit) {
+    product<Step, B>((digit == 0 ? x.q : x.q_low) + 32 * b, x.stride);
+  });
 }
 
+// Block b's sums stored to sums[digit].
 template <int Digits>
 inline void store_block(int64_t b, int32_t (*sums)[16][16]) {
-  if constexpr (Digits == 2) {
-    if (b % 2 == 0) {
-      store_sums<0>(sums[0]);
-      store_sums<1>(sums[1]);
-    } else {
-      store_sums<2>(sums[0]);
-      store_sums<3>(sums[1]);
-    }
-  } else {
-    switch (b % 4) {
-      case 0: store_sums<0>(sums[0]); break;
-      case 1: store_sums<1>(sums[0]); break;
-      case 2: store_sums<2>(sums[0]); break;
-      default: store_sums<3>(sums[0]); break;
-    }
-  }
+  for_each_product<Digits>(b, [&]<int Step, int>(int digit) { store_sums<Step>(sums[digit]); });
 }
 
 // Blocks [b0, b1) of one staged weight tile times the activation tile: their products' sums into
@@ -316,7 +309,8 @@ void amx_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
     for (int64_t a = 0; a < x.rows; ++a) {
       float* row = out + a * out_stride + t0 * kTileRows16;
       for (int64_t c = 0; c < columns; c += 16) {
-        _mm512_storeu_ps(row + c, _mm512_add_ps(_mm512_loadu_ps(row + c), _mm512_loadu_ps(&offsets[size_t(a * columns + c)])));
+        const __m512 offset = _mm512_loadu_ps(&offsets[size_t(a * columns + c)]);
+        _mm512_storeu_ps(row + c, _mm512_add_ps(_mm512_loadu_ps(row + c), offset));
       }
     }
   }
@@ -336,10 +330,14 @@ void quantized_dot_int8_amx(const PackedWeight& w, int64_t row_begin, int64_t ro
                             float* out, int64_t out_stride) {
   if (x.rows >= kAmxMinRows) {
     switch (w.layout) {
-      case PackedLayout::u4_rows16: return amx_tiles_of<PackedLayout::u4_rows16>(w, row_begin, row_end, x, out, out_stride);
-      case PackedLayout::u8_rows16: return amx_tiles_of<PackedLayout::u8_rows16>(w, row_begin, row_end, x, out, out_stride);
-      case PackedLayout::k4_rows16: return amx_tiles_of<PackedLayout::k4_rows16>(w, row_begin, row_end, x, out, out_stride);
-      case PackedLayout::k5_rows16: return amx_tiles_of<PackedLayout::k5_rows16>(w, row_begin, row_end, x, out, out_stride);
+      case PackedLayout::u4_rows16:
+        return amx_tiles_of<PackedLayout::u4_rows16>(w, row_begin, row_end, x, out, out_stride);
+      case PackedLayout::u8_rows16:
+        return amx_tiles_of<PackedLayout::u8_rows16>(w, row_begin, row_end, x, out, out_stride);
+      case PackedLayout::k4_rows16:
+        return amx_tiles_of<PackedLayout::k4_rows16>(w, row_begin, row_end, x, out, out_stride);
+      case PackedLayout::k5_rows16:
+        return amx_tiles_of<PackedLayout::k5_rows16>(w, row_begin, row_end, x, out, out_stride);
       default: break;
     }
   }

@@ -325,8 +325,9 @@ TEST(PackedWeight, Rows16TilesDequantizeToTheFormatsOwnValuesAtThePairsSize) {
     const WeightMatrix w{blocks.data(), c.format, c.rows, c.cols};
     const cpu::OwnedPackedWeight packed = cpu::pack_weight(w, cpu::PairPacking::rows16);
     ASSERT_TRUE(cpu::is_rows16(packed.view.layout)) << name(c);
-    // 20 (u4) or 36 (u8: Q8_0, Q5_1) bytes per row and block of 32, as a pair group's half; Q4_K 148 per super-block, its own
-    // 144 and 4 for the scales unpacked to bytes; Q5_K 180, its own 176 and the same 4; Q6_K its own 210.
+    // 20 (u4) or 36 (u8: Q8_0, Q5_1) bytes per row and block of 32, as a pair group's half; Q4_K 148 per
+    // super-block, its own 144 and 4 for the scales unpacked to bytes; Q5_K 180, its own 176 and the same 4; Q6_K
+    // its own 210.
     const int64_t row_bytes = c.format == WeightFormat::q4_k   ? c.cols / 256 * 148
                               : c.format == WeightFormat::q5_k ? c.cols / 256 * 180
                               : c.format == WeightFormat::q6_k ? c.cols / 256 * 210
