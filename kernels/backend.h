@@ -74,6 +74,9 @@ class Backend {
   virtual void matmul_shared_input(const Tensor& x, std::span<const Tensor* const> w, std::span<Tensor* const> out) {
     for (size_t i = 0; i < w.size(); ++i) matmul(x, *w[i], *out[i]);
   }
+  // A hint: the next matmul (or matmul_shared_input) reads w, and the ops before it do not; a backend may start
+  // reading w into its caches meanwhile (the CPU backend's idle threads do). By default nothing.
+  virtual void prefetch_weights(std::span<const Tensor* const> w) { (void)w; }
   // Rotates every head of x in place, token t at positions[t].     x [T, n_heads * Dh]
   virtual void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
                     const RopeParams& params) = 0;

@@ -406,20 +406,30 @@ void LlamaModel::run_layer(int local_layer, std::span<const BatchSequence> batch
   Tensor* qkv[] = {&q, &k, &v};
   backend_.matmul_shared_input(h, qkv_weights, qkv);
   add_query_moments(local_layer, batch, seqs, q);
+  const Tensor* wo[] = {&lw.wo};
+  backend_.prefetch_weights(wo);
   backend_.rope(q, positions, n_heads_local_, c.head_dim, rope_);
   backend_.rope(k, positions, n_kv_heads_local_, c.head_dim, rope_);
   backend_.kv_write(k, v, seqs, pool);
   attention(local_layer, batch, cache, seqs, q, attn);
   backend_.matmul(attn, lw.wo, o);
   tp_all_reduce(o);
+  const Tensor* mlp_weights[] = {&lw.w_gate, &lw.w_up};
+  backend_.prefetch_weights(mlp_weights);
   backend_.add(x, o);
 
   backend_.rmsnorm(x, lw.ffn_norm, c.rms_eps, h);
-  const Tensor* mlp_weights[] = {&lw.w_gate, &lw.w_up};
   Tensor* gate_up[] = {&gate, &up};
   backend_.matmul_shared_input(h, mlp_weights, gate_up);
+  const Tensor* w_down[] = {&lw.w_down};
+  backend_.prefetch_weights(w_down);
   backend_.silu_mul(gate, up, act);
   backend_.matmul(act, lw.w_down, down);
+  if (size_t(local_layer + 1) < layers_.size()) {
+    const UploadedLayer& next = layers_[size_t(local_layer + 1)];
+    const Tensor* next_qkv[] = {&next.wq, &next.wk, &next.wv};
+    backend_.prefetch_weights(next_qkv);
+  }
   tp_all_reduce(down);
   backend_.add(x, down);
 }

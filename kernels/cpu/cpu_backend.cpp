@@ -17,6 +17,7 @@
 #include "kernels/cpu/packed_weight.h"
 #include "kernels/cpu/pod_ops.h"
 #include "kernels/cpu/quantized_matmul.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace strata {
 namespace {
@@ -108,6 +109,19 @@ class CpuBackend final : public Backend {
       outputs.push_back(out[i]->f32());
     }
     cpu::quantized_matmul_shared_input(x.f32(), x.rows, weights, outputs, activations_);
+  }
+  void prefetch_weights(std::span<const Tensor* const> w) override {
+    cpu::ThreadPool::ByteRange ranges[cpu::ThreadPool::kMaxReadAheadRanges];
+    const size_t n = std::min(w.size(), std::size(ranges));
+    for (size_t i = 0; i < n; ++i) {
+      if (w[i]->dtype == DType::packed) {
+        const cpu::PackedWeight& p = packed(*w[i]);
+        ranges[i] = {p.data, p.rows * p.row_bytes};  // every layout's rows lie at data + row * row_bytes
+      } else {
+        ranges[i] = {static_cast<const uint8_t*>(w[i]->data), w[i]->bytes()};
+      }
+    }
+    cpu::compute_pool().read_ahead(std::span(ranges, n));
   }
   void rope(Tensor& x, std::span<const int32_t> positions, int n_heads, int head_dim,
             const RopeParams& params) override {

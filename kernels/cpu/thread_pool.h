@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -42,6 +43,18 @@ class ThreadPool {
     using Fn = std::remove_reference_t<F>;
     run(n, grain, [](void* ctx, int64_t b, int64_t e) { (*static_cast<Fn*>(ctx))(b, e); }, &fn);
   }
+
+  // A hint: the next job reads these bytes (the first kMaxReadAheadRanges ranges, in order, as one run). Each of
+  // the pool's own threads that is waiting for work (spinning or yielding, not asleep) reads the part of them its
+  // own share of an even split would claim into its L2 cache (up to half of it), until the next job begins; the
+  // caller goes on at once. What a decode step does between two weight products (norms, rounding, adds) leaves the
+  // memory idle otherwise (docs/decisions.md, [cpu-xeon]).
+  struct ByteRange {
+    const uint8_t* data = nullptr;
+    int64_t bytes = 0;
+  };
+  static constexpr size_t kMaxReadAheadRanges = 4;
+  void read_ahead(std::span<const ByteRange> ranges);
 
   // The index of the calling thread within the pool that runs it: 0 for a caller, 1..size()-1 for the pool's
   // own threads. Ops that keep per-thread scratch index it with this (size() entries).
@@ -79,6 +92,13 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::mutex failure_mutex_;
   std::exception_ptr failure_;
+
+  // The ranges of the latest read_ahead, which a waiting thread reads while the caller may be writing newer ones:
+  // each field atomic (a thread that reads a torn set only prefetches other bytes; prefetches never fault).
+  void read_ahead_share(int index, uint32_t gen);
+  std::atomic<uint32_t> read_ahead_seq_{0};
+  std::atomic<const uint8_t*> read_ahead_data_[kMaxReadAheadRanges] = {};
+  std::atomic<int64_t> read_ahead_bytes_[kMaxReadAheadRanges] = {};
 };
 
 // The process-wide pool of the CPU backend's ops. Its size is engine.threads (set_compute_threads; 0 or never set:

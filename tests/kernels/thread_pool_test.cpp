@@ -1,8 +1,8 @@
 // The CPU backend's compute threads (kernels/cpu/thread_pool.h): every index of a loop run exactly once, in chunks
 // no larger than asked, with more threads than cores, exceptions, nested loops, jobs from two threads at once,
 // many tiny jobs in a row (a lost wake-up or a stale job would hang or miscount here), jobs of alternating sizes
-// (a stale claim), a thread held up in its first chunk (the others take the rest of its share), and pools made and
-// destroyed before their threads have run.
+// (a stale claim), a thread held up in its first chunk (the others take the rest of its share), pools made and
+// destroyed before their threads have run, and read-ahead hints between jobs (they change no job's work).
 #include "kernels/cpu/thread_pool.h"
 
 #include <atomic>
@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -161,6 +162,27 @@ TEST(ThreadPool, PoolsMadeAndDestroyedAtOnce) {
   for (int round = 0; round < 200; ++round) {
     ThreadPool pool(1 + round % 4);
     if (round % 2 == 0) expect_each_index_once(pool, 50, 5);
+  }
+}
+
+// read_ahead between jobs: hints of any size (more ranges than are taken, ranges larger than what a thread reads
+// ahead), hints that no job follows for long (the threads asleep), a pool destroyed right after a hint. The jobs
+// still run every index once and nothing hangs.
+TEST(ThreadPool, ReadAheadHintsBetweenJobsChangeNothing) {
+  std::vector<uint8_t> bytes(size_t(16) << 20, 1);
+  std::vector<ThreadPool::ByteRange> ranges;
+  for (int i = 0; i < 6; ++i) ranges.push_back({bytes.data() + i * 4096, int64_t(bytes.size()) / 8 - i * 4096});
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int job = 0; job < 3000; ++job) {
+      pool.read_ahead(std::span(ranges).first(size_t(job % 7)));
+      if (job % 1000 == 999) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // asleep when it comes
+      expect_each_index_once(pool, 1 + job % 200, 1 + job % 13);
+    }
+  }
+  for (int round = 0; round < 200; ++round) {
+    ThreadPool pool(1 + round % 4);
+    pool.read_ahead(ranges);
   }
 }
 
