@@ -4,12 +4,14 @@ functions do (the weight products, attention, the compute pool's waits, the rest
 step reads can be set against the time the weight products take ([cpu-xeon]: the share of the read bandwidth).
 
   .venv/bin/python bench/decode_profile.py [--set engine.activation_dtype=int8] [--prompt-tokens 16]
-      [--gen-tokens 320] [--read-gbs 33.0] [--out bench/results/FILE.json]
+      [--gen-tokens 320] [--read-gbs 33.0] [--binary build-before-COMMIT/build/strata] [--out bench/results/FILE.json]
 
 Needs `perf` (Debian package linux-perf). --read-gbs (build/bench/read_bandwidth's figure) adds the rate at which
 the weight products stream the weights while they run, as a share of it: weight bytes per step / (their share of
 the samples x seconds per step): an upper bound, since a thread that has finished its share of a product waits in
-the pool while the product's wall time goes on. Run it on an idle machine.
+the pool while the product's wall time goes on. The groups are also given for each thread (the main one first), as
+shares of that thread's samples. --binary profiles another build (bench/build_commit.sh makes one per commit). Run
+it on an idle machine.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ GROUPS = [
                         r"weight_row|portable_dot"),
     ("attention", r"row_scores|rows_values|chunk_scores|softmax|exp_shifted|paged_attention|tile_scores|block_scores|"
                   r"sum_values|span_partials|combine_spans"),
+    ("read-ahead", r"ThreadPool::read_ahead"),
     ("compute pool waits", r"ThreadPool::(worker_loop|run|work_on)|sched_yield|futex|__schedule"),
     ("activation rounding", r"round_row|round_activations|round_to_integers"),
 ]
@@ -51,10 +54,11 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--gen-tokens", type=int, default=320)
     ap.add_argument("--read-gbs", type=float, default=None)
+    ap.add_argument("--binary", default=str(BINARY))
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
-    bench = [str(BINARY), "bench", "--config", a.config, "--batch", "1", "--prompt-tokens", str(a.prompt_tokens),
+    bench = [a.binary, "bench", "--config", a.config, "--batch", "1", "--prompt-tokens", str(a.prompt_tokens),
              "--gen-tokens", str(a.gen_tokens), *[x for s in a.sets for x in ("--set", s)]]
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "bench.json"
@@ -70,19 +74,30 @@ def main() -> int:
                                  capture_output=True, text=True).stdout.splitlines()
         end = max(float(line.split(":")[0]) for line in samples if products.search(line))
         window = f"{end - run['decode_seconds']:.6f},{end:.6f}"
-        report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "--stdio",
-                                 "--time", window], cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    shares = {}
+        report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "pid,symbol",
+                                 "--stdio", "--time", window], cwd=ROOT, check=True, capture_output=True,
+                                text=True).stdout
+    shares, by_thread = {}, {}
     for line in report.splitlines():
-        m = re.match(r"\s*([0-9.]+)%\s+\[[.k]\]\s+(.*?)(\s{2,}|$)", line)
+        m = re.match(r"\s*([0-9.]+)%\s+(\d+):\S+\s+\[[.k]\]\s+(.*?)(\s{2,}|$)", line)
         if m:
-            shares[m.group(2)] = shares.get(m.group(2), 0.0) + float(m.group(1))
+            share, thread, symbol = float(m.group(1)), int(m.group(2)), m.group(3)
+            shares[symbol] = shares.get(symbol, 0.0) + share
+            by_thread.setdefault(thread, {})
+            by_thread[thread][symbol] = by_thread[thread].get(symbol, 0.0) + share
     groups = grouped(shares)
+    # Each thread's groups as shares of its own samples; the lowest id is the process's own (main) thread.
+    threads = {f"thread {i}" + (" (main)" if i == 0 else ""): grouped(
+        {k: 100 * v / sum(by_thread[t].values()) for k, v in by_thread[t].items()})
+        for i, t in enumerate(sorted(by_thread)) if sum(by_thread[t].values()) >= 1.0}
+    version = subprocess.run([a.binary, "--version"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
     out = {"what": "perf samples of strata bench's batch-1 decode, grouped (bench/decode_profile.py)",
            "command": " ".join(sys.argv), "perf_command": " ".join(record[:2]) + " -o FILE strata bench ...",
-           "bench_command": " ".join(bench), "commit": commit(), "machine": machine(),
+           "bench_command": " ".join(bench), "commit": commit(), "binary_version": version.splitlines()[0],
+           "machine": machine(),
            "decode_tokens_per_second": run["decode_tokens_per_second"],
            "weight_bytes_per_step": run["bandwidth"]["weight_bytes_per_step"], "groups_percent": groups,
+           "groups_percent_of_each_thread": threads,
            "top_symbols_percent": dict(sorted(shares.items(), key=lambda kv: -kv[1])[:20])}
     if a.read_gbs:
         # Every thread works on the same product at a time, so the products' share of the samples is their share
@@ -92,7 +107,8 @@ def main() -> int:
         out["weight_products_stream_share_of_read_bandwidth"] = round(
             run["bandwidth"]["weight_bytes_per_step"] / busy / 1e9 / a.read_gbs, 3)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: out[k] for k in ("decode_tokens_per_second", "groups_percent")}, indent=1))
+    print(json.dumps({k: out[k] for k in ("decode_tokens_per_second", "groups_percent",
+                                          "groups_percent_of_each_thread")}, indent=1))
     return 0
 
 
