@@ -151,6 +151,17 @@ def decode_profile(d: dict, activations: str) -> str:
             f"{g['compute pool waits']:.0f}%")
 
 
+def thread_waits(d: dict) -> str:
+    """bench/decode_profile.py by thread: the pool's thread's waits (and read-ahead, where it has any), the main one's."""
+    threads = d["groups_percent_of_each_thread"]
+    main, pool = threads["thread 0 (main)"], threads["thread 1"]
+    if pool["read-ahead"] == 0:
+        return (f"the pool's thread waited {pool['compute pool waits']:.0f}% of its samples (the main thread "
+                f"{main['compute pool waits']:.0f}%)")
+    return (f"the pool's thread waits {pool['compute pool waits']:.0f}% of its samples and reads ahead "
+            f"{pool['read-ahead']:.0f}% (the main thread waits {main['compute pool waits']:.0f}%)")
+
+
 def decode_attention_change(after: dict) -> str:
     """build/bench/decode_attention after / before (the before file beside it) per batch, the after's cache rate."""
     before = load("cpu-decode-attention-before-epyc-avx512vnni.json")
@@ -283,7 +294,8 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q5km-epyc-avx512vnni", "q5km-epyc-at-avx2", "q8-epyc-at-avx2", "epyc-avx512vnni-pool-shares",
                  "q4km-epyc-avx512vnni-pool-shares", "q4km-epyc-at-avx2-pool-shares", "epyc-at-avx2-pool-shares",
                  "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares", "q5_0-epyc-avx512vnni",
-                 "smollm2-q5km-epyc-avx512vnni", "xeon-amx-noamx", "q4km-xeon-amx-noamx", "xeon-amx-noamx-int8")
+                 "smollm2-q5km-epyc-avx512vnni", "xeon-amx-noamx", "q4km-xeon-amx-noamx", "xeon-amx-noamx-int8",
+                 "xeon-amx-noamx-readahead")
 
 WEIGHT_BYTES = {"f32": "4", "bf16": "2", "e4m3/row": "1 (+ a scale a row)", "e4m3/128": "1.03", "e4m3/32": "1.13",
                 "int8/row": "1 (+ a scale a row)", "int8/128": "1.03", "q8_0": "1.06"}
@@ -496,6 +508,14 @@ CLAIMS = [
             lambda d, i=i: weight_rounding_prose(d)[i]) for i in range(6)),
     Claim("bench/results/README.md", "cpu-q5_1-kept-before-after.json", q5_1_before_after),
     Claim("bench/results/README.md", "cpu-int8-kernels-xeon-amx.json", amx_kernels),
+    *(Claim("bench/results/README.md", source, check)
+      for source in ("cpu-decode-profile-xeon-before-read-ahead.json", "cpu-decode-profile-xeon-read-ahead.json")
+      for check in (lambda d: decode_profile(d, "int16"), thread_waits)),
+    *(Claim("bench/results/README.md", source, check)
+      for source in ("cpu-read-ahead-before-after-xeon.json", "cpu-read-ahead-q4km-before-after-xeon.json")
+      for check in (before_after, prefill_before_after)),
+    Claim("README.md", "cpu-read-ahead-before-after-xeon.json",
+          lambda d: f"batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x as fast on SmolLM2's file"),
     *(Claim("README.md", source, lambda d, what=what: f"{what} {prefill_span(d)}")
       for source, what in (("cpu-amx-before-after-xeon.json", "prefill"),
                            ("cpu-amx-q4km-before-after-xeon.json", "on a Q4_K_M file"))),
