@@ -89,7 +89,8 @@ void stage_tiles(const PackedWeight& w, int64_t t_begin, int64_t t_end, int64_t 
       _mm512_storeu_ps(blocks[b].d, d);
       _mm512_storeu_ps(blocks[b].m, m);
     };
-    for_each_rows16_block<Layout>(w.data + t * kTileRows16 * w.row_bytes, k0, k1, true, stage);
+    for_each_rows16_block<Layout>(w.data + t * kTileRows16 * w.row_bytes, k0, k1, WeightPrefetch::near,
+                                  stage);
   }
 }
 

@@ -40,10 +40,17 @@ constexpr int kMaxRows = 8;
 constexpr int kMaxRowsTwoDigits = 4;
 // How far ahead of the block being multiplied the loops ask for the weights, as the fp32 kernels do.
 constexpr int64_t kPrefetchBytes = 1024;
-// The tiles ask only where more than 8 rows of x (a prefill chunk) bound the loop by its products. In decode, bound
-// by the weights' stream, the hardware's prefetchers keep up and asking slowed it (without, batch-1 decode ran
-// 1.10-1.22x as fast); never asking made prefill 0.88-0.90x as fast (bench/results/cpu-*tiles-*-before-after.json).
+// The tiles ask near (WeightPrefetch::near) where more than 8 rows of x (a prefill chunk) bound the loop by its
+// products: never asking made prefill 0.88-0.90x as fast (bench/results/cpu-*tiles-*-before-after.json). In decode,
+// bound by the weights' stream, asking near slowed the AMD EPYC (without, batch-1 decode ran 1.10-1.22x as fast),
+// whose hardware prefetchers keep up. On Intel's server cores they keep too few lines in flight: asking far
+// (every line 8 KiB ahead into L2) made SmolLM2's batch-1 decode on a Xeon 1.5x as fast (docs/decisions.md,
+// [cpu-xeon]); not yet measured on an AMD core, so there decode does not ask.
 constexpr int64_t kTilePrefetchMinRows = 8;
+const bool kDecodeAsksFar = [] {
+  __builtin_cpu_init();  // a static initializer may run before the one that would have called it
+  return __builtin_cpu_is("intel");
+}();
 
 #include "kernels/cpu/rows16_blocks_avx512.inc"
 
@@ -199,7 +206,9 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const IntegerActiv
 template <int R, int Digits, PackedLayout Layout>
 void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                   float* out, int64_t out_stride) {
-  const bool prefetch = x.rows > kTilePrefetchMinRows;
+  const WeightPrefetch prefetch = x.rows > kTilePrefetchMinRows ? WeightPrefetch::near
+                                  : kDecodeAsksFar                ? WeightPrefetch::far
+                                                                  : WeightPrefetch::none;
   for (int64_t t = row_begin / kTileRows16; t < row_end / kTileRows16; ++t) {
     const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
     __m512 acc[R], offsets[R];
@@ -210,7 +219,7 @@ void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, con
         const __m512 d_super = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 32 + j * kK6Rows16SubBytes;
-          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
+          prefetch_ahead<kK6Rows16SubBytes>(sub, prefetch);
           k6_block_into<R, Digits>(sub, d_super, x, a0, 8 * sb + j, acc, offsets);
         }
       }
