@@ -255,7 +255,9 @@ void prepare_block(const KvPoolView& pool, int32_t id, int kv_head, int block, i
                     ready.values.data() + ready.value_offset(kv_head, block, L.block_size, hd));
 }
 
-void prefetch_bytes(const void* at, int64_t n) {
+// This and prefetch_block inlined always: GCC 12 takes a function that only prefetches for one without effects and
+// drops its calls (docs/decisions.md, [cpu-xeon]); without this, decode attention asked for nothing.
+[[gnu::always_inline]] inline void prefetch_bytes(const void* at, int64_t n) {
   const auto* bytes = static_cast<const char*>(at);
   for (int64_t offset = 0; offset < n; offset += 64) __builtin_prefetch(bytes + offset);
 }
@@ -263,7 +265,7 @@ void prefetch_bytes(const void* at, int64_t n) {
 // Asks for the keys (or values) of KV head `head` in a full-precision or quantized block ahead of their use: blocks
 // are a few KiB apart from one another, too short a run for the hardware prefetcher to find on its own, and a
 // quantized block keeps its codes, scales and mins in three places.
-void prefetch_block(const KvPoolView& pool, int32_t id, int head, bool values) {
+[[gnu::always_inline]] inline void prefetch_block(const KvPoolView& pool, int32_t id, int head, bool values) {
   const KvBlockLayout& L = pool.layout;
   if (pool.is_coded(id)) return;
   if (!pool.is_quantized(id)) {
