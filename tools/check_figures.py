@@ -135,6 +135,11 @@ def weight_reads(d: dict) -> str:
             f"{100 * r['llama.cpp']:.0f}%)")
 
 
+def read_share(d: dict) -> str:
+    """Strata's batch-1 weight reads as a percentage of the read bandwidth its run measured."""
+    return f"{100 * d['summary']['batch1_decode_weight_reads_of_bandwidth']['strata']:.0f}"
+
+
 def int8_before_after(d: dict) -> str:
     """bench/engine_before_after.sh: decode after / before at batch 1 and 8."""
     m = d["median"]
@@ -152,7 +157,7 @@ def decode_profile(d: dict, activations: str) -> str:
 
 
 def thread_waits(d: dict) -> str:
-    """bench/decode_profile.py by thread: the pool's thread's waits (and read-ahead, where it has any), the main one's."""
+    """bench/decode_profile.py by thread: the pool's thread's waits (and read-ahead, if any), the main thread's."""
     threads = d["groups_percent_of_each_thread"]
     main, pool = threads["thread 0 (main)"], threads["thread 1"]
     if pool["read-ahead"] == 0:
@@ -295,7 +300,8 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q4km-epyc-avx512vnni-pool-shares", "q4km-epyc-at-avx2-pool-shares", "epyc-at-avx2-pool-shares",
                  "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares", "q5_0-epyc-avx512vnni",
                  "smollm2-q5km-epyc-avx512vnni", "xeon-amx-noamx", "q4km-xeon-amx-noamx", "xeon-amx-noamx-int8",
-                 "xeon-amx-noamx-readahead")
+                 "xeon-amx-noamx-readahead", "xeon-amx-noamx-far-prefetch", "q4km-xeon-amx-noamx-far-prefetch",
+                 "q4km-xeon-amx-noamx-attention-prefetch")
 
 WEIGHT_BYTES = {"f32": "4", "bf16": "2", "e4m3/row": "1 (+ a scale a row)", "e4m3/128": "1.03", "e4m3/32": "1.13",
                 "int8/row": "1 (+ a scale a row)", "int8/128": "1.03", "q8_0": "1.06"}
@@ -512,8 +518,10 @@ CLAIMS = [
       for source in ("cpu-decode-profile-xeon-before-read-ahead.json", "cpu-decode-profile-xeon-read-ahead.json")
       for check in (lambda d: decode_profile(d, "int16"), thread_waits)),
     *(Claim("bench/results/README.md", source, check)
-      for source in ("cpu-read-ahead-before-after-xeon.json", "cpu-read-ahead-q4km-before-after-xeon.json")
+      for source in ("cpu-read-ahead-before-after-xeon.json", "cpu-read-ahead-q4km-before-after-xeon.json",
+                     "cpu-far-prefetch-before-after-xeon.json", "cpu-far-prefetch-q4km-before-after-xeon.json")
       for check in (before_after, prefill_before_after)),
+    Claim("bench/results/README.md", "cpu-attention-prefetch-before-after-xeon.json", before_after),
     Claim("README.md", "cpu-read-ahead-before-after-xeon.json",
           lambda d: f"batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x as fast on SmolLM2's file"),
     *(Claim("README.md", source, lambda d, what=what: f"{what} {prefill_span(d)}")
@@ -522,6 +530,14 @@ CLAIMS = [
     *(Claim("bench/results/README.md", source, check)
       for source in ("cpu-amx-before-after-xeon.json", "cpu-amx-q4km-before-after-xeon.json")
       for check in (before_after, prefill_before_after)),
+    Claim("README.md", "cpu-vs-llamacpp-xeon-amx-noamx-far-prefetch.json",
+          lambda d: f"SmolLM2's file batch-1 decode {batch1_span(d)}x, batch-8 {ratios(d)['batch8_decode']:.2f}x, "
+                    f"prefill {ratios(d)['prefill_128']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-xeon-amx-noamx-far-prefetch.json",
+          lambda d: f"reading the weights at {read_share(d)}% of the read bandwidth measured"),
+    Claim("README.md", "cpu-vs-llamacpp-q4km-xeon-amx-noamx-attention-prefetch.json",
+          lambda d: f"Q4_K_M one {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+                    f"{ratios(d)['prefill_128']:.2f}x (at {read_share(d)}% of it)"),
     Claim("README.md", "cpu-vs-llamacpp-xeon-amx-noamx.json",
           lambda d: f"SmolLM2's file batch-1 decode {batch1_span(d)}x, batch-8 {ratios(d)['batch8_decode']:.2f}x, "
                     f"prefill {ratios(d)['prefill_128']:.2f}x"),

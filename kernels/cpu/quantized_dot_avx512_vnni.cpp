@@ -44,7 +44,7 @@ constexpr int64_t kPrefetchBytes = 1024;
 // products: never asking made prefill 0.88-0.90x as fast (bench/results/cpu-*tiles-*-before-after.json). In decode,
 // bound by the weights' stream, asking near slowed the AMD EPYC (without, batch-1 decode ran 1.10-1.22x as fast),
 // whose hardware prefetchers keep up. On Intel's server cores they keep too few lines in flight: asking far
-// (every line 8 KiB ahead into L2) made SmolLM2's batch-1 decode on a Xeon 1.5x as fast (docs/decisions.md,
+// (every line 8 KiB ahead into L2) made SmolLM2's batch-1 decode on a Xeon 1.56x as fast (docs/decisions.md,
 // [cpu-xeon]); not yet measured on an AMD core, so there decode does not ask.
 constexpr int64_t kTilePrefetchMinRows = 8;
 const bool kDecodeAsksFar = [] {
