@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "kernels/cpu/amx_probe.h"
+#include "kernels/cpu/weight_prefetch.h"
 
 namespace strata::cpu {
 
@@ -26,6 +27,19 @@ bool cpu_supports(CpuIsa isa) {
 namespace {
 std::atomic<CpuIsa> isa_limit{CpuIsa::amx};
 }  // namespace
+
+WeightPrefetch tile_prefetch(int64_t rows_of_x) {
+  if (rows_of_x > 8) return WeightPrefetch::near;
+#if STRATA_QUANTIZED_DOT_X86
+  static const bool intel = [] {
+    __builtin_cpu_init();  // a static initializer may run before the one that would have called it
+    return __builtin_cpu_is("intel");
+  }();
+  return intel ? WeightPrefetch::far : WeightPrefetch::none;
+#else
+  return WeightPrefetch::none;
+#endif
+}
 
 CpuIsa best_cpu_isa() {
   static const CpuIsa best = cpu_supports(CpuIsa::amx)           ? CpuIsa::amx

@@ -18,6 +18,7 @@
 // tiles at a time (amx_tiles).
 #include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/quantized_dot.h"
+#include "kernels/cpu/weight_prefetch.h"
 
 #if STRATA_QUANTIZED_DOT_X86
 #include <immintrin.h>
@@ -34,9 +35,6 @@
 
 namespace strata::cpu {
 namespace {
-
-// How far ahead of the block being made the loop asks for the weights, as the VNNI kernel's prefill does.
-constexpr int64_t kPrefetchBytes = 1024;
 
 #include "kernels/cpu/rows16_blocks_avx512.inc"
 

@@ -17,6 +17,7 @@
 // pairs at this level (CpuBackend::pair_packing); a u8 tile (the tests') takes the baseline kernel.
 #include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/quantized_dot.h"
+#include "kernels/cpu/weight_prefetch.h"
 
 #if STRATA_QUANTIZED_DOT_X86
 #include <immintrin.h>
@@ -32,9 +33,6 @@ namespace {
 // Activation rows per pass over a tile's half: its 8 code vectors and the rows' sums and offsets share the 16
 // registers.
 constexpr int kMaxRows = 2;
-// As the VNNI tiles: prefetch only for prefill chunks (more than 8 rows of x).
-constexpr int64_t kPrefetchBytes = 1024;
-constexpr int64_t kTilePrefetchMinRows = 8;
 
 inline __m256i broadcast_four(const int8_t* q) {
   int32_t four;
@@ -154,7 +152,7 @@ inline void k6_block_into(const uint8_t* sub, int half, __m256 d_super, const In
 template <int R, int Digits, PackedLayout Layout, int Halves>
 void tile_halves(const PackedWeight& w, int64_t row_begin, int64_t row_end, int first, const IntegerActivations& x,
                  int64_t a0, float* out, int64_t out_stride) {
-  const bool prefetch = x.rows > kTilePrefetchMinRows;
+  const WeightPrefetch prefetch = tile_prefetch(x.rows);
   for (int64_t t = row_begin / kTileRows16; t < row_end / kTileRows16; ++t) {
     const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
     __m256 acc[Halves][R], offsets[Halves][R];
@@ -168,7 +166,7 @@ void tile_halves(const PackedWeight& w, int64_t row_begin, int64_t row_end, int 
         for (int h = 0; h < Halves; ++h) d_super[h] = row_halves_ps(super + 16 * (first + h));
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 32 + j * kK6Rows16SubBytes;
-          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
+          prefetch_ahead<kK6Rows16SubBytes>(sub, prefetch);
           for (int h = 0; h < Halves; ++h) {
             k6_block_into<R, Digits>(sub, first + h, d_super[h], x, a0, 8 * sb + j, acc[h], offsets[h]);
           }
@@ -187,7 +185,7 @@ void tile_halves(const PackedWeight& w, int64_t row_begin, int64_t row_end, int 
         }
         for (int64_t j = 0; j < 8; ++j) {
           const uint8_t* sub = super + 64 + j * kSubBytes;
-          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchBytes), _MM_HINT_T0);
+          prefetch_ahead<kSubBytes>(sub, prefetch);
           for (int h = 0; h < Halves; ++h) {
             const int half = first + h;
             const __m256 d = _mm256_mul_ps(d_super[h], row_bytes_ps(sub + 8 * half));
@@ -201,7 +199,7 @@ void tile_halves(const PackedWeight& w, int64_t row_begin, int64_t row_end, int 
     } else {
       for (int64_t b = 0; b < w.cols / 32; ++b) {
         const uint8_t* block = tile + b * kU4Rows16BlockBytes;
-        if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
+        prefetch_ahead<kU4Rows16BlockBytes>(block, prefetch);
         for (int h = 0; h < Halves; ++h) {
           const int half = first + h;
           block_into<R, Digits>(block + 64, half, row_halves_ps(block + 16 * half),

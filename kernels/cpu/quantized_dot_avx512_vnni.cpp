@@ -17,6 +17,7 @@
 // the other levels give).
 #include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/quantized_dot.h"
+#include "kernels/cpu/weight_prefetch.h"
 
 #if STRATA_QUANTIZED_DOT_X86
 #include <immintrin.h>
@@ -38,19 +39,9 @@ constexpr int kMaxRows = 8;
 // With two digits (int16) 4 rows a pass: each row's block takes twice the vpdpbusd chains, and 4 rows a pass made
 // batch-8 decode 1.06-1.08x and SmolLM2's prefill 1.22x as fast as 8 (bench/results/cpu-int16-four-rows-*.json).
 constexpr int kMaxRowsTwoDigits = 4;
-// How far ahead of the block being multiplied the loops ask for the weights, as the fp32 kernels do.
+// How far ahead of the group being multiplied the pairs' loop asks for the weights, as the fp32 kernels do (the
+// tiles: kernels/cpu/weight_prefetch.h).
 constexpr int64_t kPrefetchBytes = 1024;
-// The tiles ask near (WeightPrefetch::near) where more than 8 rows of x (a prefill chunk) bound the loop by its
-// products: never asking made prefill 0.88-0.90x as fast (bench/results/cpu-*tiles-*-before-after.json). In decode,
-// bound by the weights' stream, asking near slowed the AMD EPYC (without, batch-1 decode ran 1.10-1.22x as fast),
-// whose hardware prefetchers keep up. On Intel's server cores they keep too few lines in flight: asking far
-// (every line 8 KiB ahead into L2) made SmolLM2's batch-1 decode on a Xeon 1.56x as fast (docs/decisions.md,
-// [cpu-xeon]); not yet measured on an AMD core, so there decode does not ask.
-constexpr int64_t kTilePrefetchMinRows = 8;
-const bool kDecodeAsksFar = [] {
-  __builtin_cpu_init();  // a static initializer may run before the one that would have called it
-  return __builtin_cpu_is("intel");
-}();
 
 #include "kernels/cpu/rows16_blocks_avx512.inc"
 
@@ -206,9 +197,7 @@ inline void k6_block_into(const uint8_t* sub, __m512 d_super, const IntegerActiv
 template <int R, int Digits, PackedLayout Layout>
 void rows16_tiles(const PackedWeight& w, int64_t row_begin, int64_t row_end, const IntegerActivations& x, int64_t a0,
                   float* out, int64_t out_stride) {
-  const WeightPrefetch prefetch = x.rows > kTilePrefetchMinRows ? WeightPrefetch::near
-                                  : kDecodeAsksFar                ? WeightPrefetch::far
-                                                                  : WeightPrefetch::none;
+  const WeightPrefetch prefetch = tile_prefetch(x.rows);
   for (int64_t t = row_begin / kTileRows16; t < row_end / kTileRows16; ++t) {
     const uint8_t* tile = w.data + t * kTileRows16 * w.row_bytes;
     __m512 acc[R], offsets[R];
