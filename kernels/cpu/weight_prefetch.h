@@ -5,7 +5,7 @@
 //         into L1 (never asking made prefill 0.88-0.90x as fast: bench/results/cpu-*tiles-*-before-after.json);
 //   far   decode on Intel CPUs, bound by the weights' stream, where a core left to its hardware prefetchers keeps
 //         too few lines in flight: every line of a block kFarPrefetchBytes ahead into L2 (on a Xeon, SmolLM2's
-//         batch-1 decode 1.56x as fast with the VNNI kernel, the Q4_K_M file's 1.2x with the AVX2 one);
+//         batch-1 decode 1.56x as fast with the VNNI kernel, the Q4_K_M file's 1.25x with the AVX2 one);
 //   none  decode elsewhere: on the AMD EPYC, whose prefetchers keep up, asking near slowed batch-1 decode (without,
 //         1.10-1.22x as fast); asking far is not measured on an AMD core yet.
 #include <cstdint>
