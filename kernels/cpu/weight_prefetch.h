@@ -19,8 +19,10 @@ constexpr int64_t kFarPrefetchBytes = 8192;
 // How a tile loop over `rows_of_x` rows of x asks on this machine.
 WeightPrefetch tile_prefetch(int64_t rows_of_x);
 
-// The asking for a block of `Bytes` bytes at p. Inlined always: GCC 12 takes a function that only prefetches for
-// one without effects and drops its calls that it has not inlined yet (the far asking once vanished so).
+// The asking for a block of `Bytes` bytes at p; far, it runs past the end of a chunk (into the next one, most often
+// the same thread's) and of a matrix, which costs nothing where nothing is mapped: a prefetch never faults. Inlined
+// always: GCC 12 takes a function that only prefetches for one without effects and drops its calls that it has not
+// inlined yet (the far asking once vanished so).
 template <int64_t Bytes>
 [[gnu::always_inline]] inline void prefetch_ahead(const uint8_t* p, WeightPrefetch how) {
   if (how == WeightPrefetch::near) {
