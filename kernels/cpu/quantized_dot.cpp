@@ -28,16 +28,15 @@ namespace {
 std::atomic<CpuIsa> isa_limit{CpuIsa::amx};
 }  // namespace
 
-WeightPrefetch tile_prefetch(int64_t rows_of_x) {
-  if (rows_of_x > 8) return WeightPrefetch::near;
+WeightPrefetch decode_prefetch(WeightPrefetch elsewhere) {
 #if STRATA_QUANTIZED_DOT_X86
   static const bool intel = [] {
     __builtin_cpu_init();  // a static initializer may run before the one that would have called it
     return __builtin_cpu_is("intel");
   }();
-  return intel ? WeightPrefetch::far : WeightPrefetch::none;
+  return intel ? WeightPrefetch::far : elsewhere;
 #else
-  return WeightPrefetch::none;
+  return elsewhere;
 #endif
 }
 

@@ -10,6 +10,7 @@
 // The arithmetic is the fp32 reference's up to the order of the sums.
 #include "kernels/cpu/integer_activations.h"
 #include "kernels/cpu/quantized_dot.h"
+#include "kernels/cpu/weight_prefetch.h"
 
 #if STRATA_QUANTIZED_DOT_X86
 #include <immintrin.h>
@@ -26,7 +27,7 @@ namespace {
 // Activation rows per pass over a weight row: the weights are taken 32 at a time (4 ymm), so that 8 rows' sums fit
 // in the 16 registers beside them.
 constexpr int kMaxRows = 8;
-// How far ahead a lone row's loop asks for the weights, as on AVX-512 (quantized_dot_avx512.cpp).
+// How far ahead the integer pairs' loop asks for the weights (a lone row's fp32 loop: kernels/cpu/weight_prefetch.h).
 constexpr int64_t kPrefetchBytes = 1024;
 
 inline float horizontal_sum(__m256 v) {
@@ -138,9 +139,10 @@ float pair_row_single(const uint8_t* row, int64_t cols, const float* x, const fl
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   __m128 offsets = _mm_setzero_ps();
   const int64_t groups = (cols + 63) / 64;
+  const WeightPrefetch prefetch = decode_prefetch(WeightPrefetch::near);  // into the next rows too
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* group = row + g * kGroupBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
+    prefetch_ahead<kGroupBytes>(group, prefetch);
     const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
     offsets = _mm_fmadd_ps(h, _mm_loadu_ps(block_sums + 4 * g), offsets);
     __m256 u[8];

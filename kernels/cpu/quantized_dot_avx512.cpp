@@ -7,6 +7,7 @@
 // its own: the weights are read from memory once per call whatever the number of rows, and the arithmetic is the
 // fp32 reference's up to the order of the sums.
 #include "kernels/cpu/quantized_dot.h"
+#include "kernels/cpu/weight_prefetch.h"
 
 #if STRATA_QUANTIZED_DOT_X86
 #include <immintrin.h>
@@ -24,10 +25,6 @@ namespace strata::cpu {
 namespace {
 
 constexpr int kMaxRows = 4;  // activation rows per pass over a weight row (more spill the accumulators)
-// How far ahead of the group being multiplied a lone row's loop asks for the weights (rows follow one another in
-// memory, so this reaches into the next rows): a layer's matrices are too small for the hardware prefetcher to
-// reach full speed on its own.
-constexpr int64_t kPrefetchBytes = 1024;
 
 // Per activation row, independent sums (more than one: a fused multiply-add takes 4 cycles to feed the next).
 template <int R>
@@ -139,9 +136,10 @@ float pair_row_single(const uint8_t* row, int64_t cols, const float* x, const fl
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   __m128 offsets = _mm_setzero_ps();
   const int64_t groups = (cols + 63) / 64;
+  const WeightPrefetch prefetch = decode_prefetch(WeightPrefetch::near);  // into the next rows too
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* group = row + g * kGroupBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
+    prefetch_ahead<kGroupBytes>(group, prefetch);
     const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
     offsets = _mm_fmadd_ps(h, _mm_loadu_ps(block_sums + 4 * g), offsets);
     __m512 u[4];

@@ -1,13 +1,16 @@
 #pragma once
-// How the integer kernels' loops over 16-row tiles (AVX-512 VNNI, AVX2, and the AMX kernel's making of blocks) ask
-// for the weights ahead of the block they read (docs/decisions.md, [cpu-xeon]):
+// How the kernels' loops over quantized weights ask for them ahead of the block they read (docs/decisions.md,
+// [cpu-xeon]): the integer kernels' 16-row tiles (AVX-512 VNNI, AVX2, and the AMX kernel's making of blocks), and the
+// fp32 kernels' lone row (AVX-512, AVX2: decode of one sequence with engine.activation_dtype f32):
 //   near  prefill chunks (more than 8 rows of x), bound by their products: one line a block kNearPrefetchBytes ahead
 //         into L1 (never asking made prefill 0.88-0.90x as fast: bench/results/cpu-*tiles-*-before-after.json);
 //   far   decode on Intel CPUs, bound by the weights' stream, where a core left to its hardware prefetchers keeps
 //         too few lines in flight: every line of a block kFarPrefetchBytes ahead into L2 (on a Xeon, SmolLM2's
 //         batch-1 decode 1.56x as fast with the VNNI kernel, the Q4_K_M file's 1.25x with the AVX2 one);
-//   none  decode elsewhere: on the AMD EPYC, whose prefetchers keep up, asking near slowed batch-1 decode (without,
-//         1.10-1.22x as fast); asking far is not measured on an AMD core yet.
+//   none  the tiles' decode elsewhere: on the AMD EPYC, whose prefetchers keep up, asking near slowed batch-1
+//         decode (without, 1.10-1.22x as fast). The fp32 lone row asks near there, as it always had (a layer's
+//         matrices were too small for the prefetchers to reach full speed on their own). Asking far is not
+//         measured on an AMD core yet.
 #include <cstdint>
 
 namespace strata::cpu {
@@ -16,8 +19,12 @@ enum class WeightPrefetch : uint8_t { none, near, far };
 constexpr int64_t kNearPrefetchBytes = 1024;
 constexpr int64_t kFarPrefetchBytes = 8192;
 
-// How a tile loop over `rows_of_x` rows of x asks on this machine.
-WeightPrefetch tile_prefetch(int64_t rows_of_x);
+// How a decode loop asks on this machine: far on an Intel CPU, else `elsewhere`.
+WeightPrefetch decode_prefetch(WeightPrefetch elsewhere);
+// How a tile loop over `rows_of_x` rows of x asks.
+inline WeightPrefetch tile_prefetch(int64_t rows_of_x) {
+  return rows_of_x > 8 ? WeightPrefetch::near : decode_prefetch(WeightPrefetch::none);
+}
 
 // The asking for a block of `Bytes` bytes at p; far, it runs past the end of a chunk (into the next one, most often
 // the same thread's) and of a matrix, which costs nothing where nothing is mapped: a prefetch never faults. Inlined
