@@ -523,6 +523,7 @@ CLAIMS = [
       for check in (before_after, prefill_before_after)),
     Claim("bench/results/README.md", "cpu-attention-prefetch-before-after-xeon.json", before_after),
     Claim("bench/results/README.md", "cpu-far-prefetch-avx2-q4km-before-after-xeon.json", before_after),
+    Claim("bench/results/README.md", "cpu-far-prefetch-f32-before-after-xeon.json", before_after),
     Claim("README.md", "cpu-read-ahead-before-after-xeon.json",
           lambda d: f"batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x as fast on SmolLM2's file"),
     *(Claim("README.md", source, lambda d, what=what: f"{what} {prefill_span(d)}")
