@@ -27,8 +27,6 @@ namespace {
 // Activation rows per pass over a weight row: the weights are taken 32 at a time (4 ymm), so that 8 rows' sums fit
 // in the 16 registers beside them.
 constexpr int kMaxRows = 8;
-// How far ahead the integer pairs' loop asks for the weights (a lone row's fp32 loop: kernels/cpu/weight_prefetch.h).
-constexpr int64_t kPrefetchBytes = 1024;
 
 inline float horizontal_sum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -323,7 +321,7 @@ void int8_rows(const PackedWeight& w, int64_t row_begin, int64_t row_end, const 
     }
     for (int64_t g = 0; g < x.groups; ++g) {
       const uint8_t* group = row + g * kGroupBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
+      prefetch_ahead<kGroupBytes>(group, WeightPrefetch::near);
       const __m128 factors = group_factors<FourBit>(group);
       __m256i low, high, w16[2][2];
       group_codes<FourBit>(group + 8, low, high);

@@ -39,9 +39,6 @@ constexpr int kMaxRows = 8;
 // With two digits (int16) 4 rows a pass: each row's block takes twice the vpdpbusd chains, and 4 rows a pass made
 // batch-8 decode 1.06-1.08x and SmolLM2's prefill 1.22x as fast as 8 (bench/results/cpu-int16-four-rows-*.json).
 constexpr int kMaxRowsTwoDigits = 4;
-// How far ahead of the group being multiplied the pairs' loop asks for the weights, as the fp32 kernels do (the
-// tiles: kernels/cpu/weight_prefetch.h).
-constexpr int64_t kPrefetchBytes = 1024;
 
 #include "kernels/cpu/rows16_blocks_avx512.inc"
 
@@ -62,7 +59,7 @@ inline void group_into(const uint8_t* group, const IntegerActivations& x, int64_
                        __m128 (&offsets)[R]) {
   // Lanes 0-7 take lane 0 of a group's 4 factors (block 0's), lanes 8-15 lane 1.
   const __m512i block_of_lane = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
+  prefetch_ahead<FourBit ? kU4PairBytes : kU8PairBytes>(group, WeightPrefetch::near);
   const __m128 factors = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group)));  // d0 d1 m0 m1
   const __m512i codes = group_codes<FourBit>(group + 8);
   for (int r = 0; r < R; ++r) {

@@ -1,7 +1,8 @@
 #pragma once
 // How the kernels' loops over quantized weights ask for them ahead of the block they read (docs/decisions.md,
-// [cpu-xeon]): the integer kernels' 16-row tiles (AVX-512 VNNI, AVX2, and the AMX kernel's making of blocks), and the
-// fp32 kernels' lone row (AVX-512, AVX2: decode of one sequence with engine.activation_dtype f32):
+// [cpu-xeon]): the integer kernels' 16-row tiles (AVX-512 VNNI, AVX2, and the AMX kernel's making of blocks), the
+// fp32 kernels' lone row (AVX-512, AVX2: decode of one sequence with engine.activation_dtype f32), and the integer
+// kernels' pairs, which always ask near:
 //   near  prefill chunks (more than 8 rows of x), bound by their products: one line a block kNearPrefetchBytes ahead
 //         into L1 (never asking made prefill 0.88-0.90x as fast: bench/results/cpu-*tiles-*-before-after.json);
 //   far   decode on Intel CPUs, bound by the weights' stream, where a core left to its hardware prefetchers keeps
