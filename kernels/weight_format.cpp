@@ -11,7 +11,7 @@ namespace {
 
 constexpr WeightFormatInfo kInfo[] = {
     {"f32", 1, 4}, {"q8_0", 32, 34}, {"q4_0", 32, 18}, {"q4_1", 32, 20}, {"q4_k", 256, 144}, {"q6_k", 256, 210},
-    {"q5_k", 256, 176}, {"q5_1", 32, 24},
+    {"q5_k", 256, 176}, {"q5_1", 32, 24},   {"f16", 1, 2},      {"bf16", 1, 2},
 };
 
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
@@ -126,6 +126,12 @@ void dequantize_weight_row(WeightFormat format, const void* src, float* dst, int
     case WeightFormat::q5_k: dequantize_q5_k(b, dst, n_blocks); break;
     case WeightFormat::q6_k: dequantize_q6_k(b, dst, n_blocks); break;
     case WeightFormat::q5_1: dequantize_q5_1(b, dst, n_blocks); break;
+    case WeightFormat::f16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(b + 2 * i));
+      break;
+    case WeightFormat::bf16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(b + 2 * i));
+      break;
   }
 }
 

@@ -1,7 +1,8 @@
 #pragma once
-// The formats a weight matrix can be handed to a backend in: fp32, or one of the GGML block formats the CPU
-// kernels compute with directly (../shared/specs/model_format.md, section 2, has every layout). A row is a
-// contiguous run of whole blocks; y = the dequantized value:
+// The formats a weight matrix can be handed to a backend in: fp32, IEEE half or bfloat16, or one of the GGML block
+// formats the CPU kernels compute with directly (../shared/specs/model_format.md, section 2, has every layout). A
+// row is a contiguous run of whole blocks; y = the dequantized value:
+//   f16, bf16  one value per 2 bytes (little-endian), y its fp32 value exactly
 //   q8_0  32 per block, 34 bytes: f16 d, i8 q[32]                              y = d * q
 //   q4_0  32 per block, 18 bytes: f16 d, u8 qs[16] (low nibbles first half)   y = d * (q - 8)
 //   q4_1  32 per block, 20 bytes: f16 d, f16 m, u8 qs[16]                     y = d * q + m
@@ -15,7 +16,7 @@
 
 namespace strata {
 
-enum class WeightFormat : uint8_t { f32, q8_0, q4_0, q4_1, q4_k, q6_k, q5_k, q5_1 };
+enum class WeightFormat : uint8_t { f32, q8_0, q4_0, q4_1, q4_k, q6_k, q5_k, q5_1, f16, bf16 };
 
 struct WeightFormatInfo {
   std::string_view name;

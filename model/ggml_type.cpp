@@ -100,6 +100,8 @@ std::optional<WeightFormat> weight_format_of(GgmlType type) {
     case GgmlType::q5_k: return WeightFormat::q5_k;
     case GgmlType::q6_k: return WeightFormat::q6_k;
     case GgmlType::q5_1: return WeightFormat::q5_1;
+    case GgmlType::f16: return WeightFormat::f16;
+    case GgmlType::bf16: return WeightFormat::bf16;
     default: return std::nullopt;
   }
 }
@@ -129,12 +131,8 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n_elemen
   const int64_t n_blocks = n_elements / t.block_elements;
   switch (type) {
     case GgmlType::f32: std::memcpy(dst, src, static_cast<size_t>(n_elements) * sizeof(float)); break;
-    case GgmlType::f16:
-      for (int64_t i = 0; i < n_elements; ++i) dst[i] = fp16_to_fp32(load_u16(b + 2 * i));
-      break;
-    case GgmlType::bf16:
-      for (int64_t i = 0; i < n_elements; ++i) dst[i] = bf16_to_fp32(load_u16(b + 2 * i));
-      break;
+    case GgmlType::f16: dequantize_weight_row(WeightFormat::f16, src, dst, n_elements); break;
+    case GgmlType::bf16: dequantize_weight_row(WeightFormat::bf16, src, dst, n_elements); break;
     case GgmlType::q4_0: dequantize_weight_row(WeightFormat::q4_0, src, dst, n_elements); break;
     case GgmlType::q4_1: dequantize_weight_row(WeightFormat::q4_1, src, dst, n_elements); break;
     case GgmlType::q8_0: dequantize_weight_row(WeightFormat::q8_0, src, dst, n_elements); break;

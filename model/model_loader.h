@@ -39,7 +39,7 @@ ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& 
                                WeightDtype dtype = WeightDtype::automatic);
 
 // A Hugging Face model directory: config.json plus one or more *.safetensors (F32, F16 or BF16), HF layout
-// (half-split RoPE). F16 and BF16 become f32 under auto (the kernels have no 16-bit format).
+// (half-split RoPE). F16 and BF16 stay as they are under auto, used in place (the CUDA backend makes bf16 of all).
 ModelWeights load_safetensors_weights(const std::string& model_dir, const ShardSpec& shard,
                                       WeightDtype dtype = WeightDtype::automatic);
 

@@ -28,9 +28,9 @@ struct ShardSpec {
 
 // model.weight_dtype: the formats the matrices are kept in.
 enum class WeightDtype {
-  automatic,  // "auto": each tensor in its file's format where the kernels have one (f32, q8_0, q4_0, q4_1, q4_k,
-              // q5_k, q6_k, q5_1); q5_0 as q8_0 (the same values); f32 for the others (f16, bf16, ...) and for a
-              // slice that splits blocks
+  automatic,  // "auto": each tensor in its file's format where the kernels have one (f32, f16, bf16, q8_0, q4_0,
+              // q4_1, q4_k, q5_k, q6_k, q5_1); q5_0 as q8_0 (the same values); f32 for the others and for a slice
+              // that splits blocks
   f32,        // every matrix dequantized to fp32: the reference path
   q8_0,       // every matrix in Q8_0 (requantized from the file's values unless already Q8_0; Q5_0 converted exactly)
 };

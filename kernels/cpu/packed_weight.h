@@ -39,6 +39,8 @@
 //                 u4_rows16 block holds them (256 bytes), and their high 2 bits (128 bytes: value 4c + k of row r,
 //                 c < 8, at bits 2 (c % 4) of byte 4r + k of 64-byte vector c / 4). So y = d_super * scale *
 //                 (u - 32), u = low | high << 4; 210 bytes per row and super-block, the file's.
+//   f16, bf16  -> f16, bf16: the file's values as they are, widened to fp32 in registers by the fused kernels (half
+//                 the bytes of fp32 for a decode step to read) and in the fp32 tiles for prefill.
 //   f32        -> f32: the caller's floats as they are (BLAS).
 // The repacked layouts cost no more memory than the file's blocks (Q4_1, Q8_0) or 11% more (Q4_0), and save the
 // kernels the scattered loads of interleaved headers.
@@ -54,7 +56,7 @@ namespace strata::cpu {
 inline bool held_as_u8(WeightFormat format) { return format == WeightFormat::q8_0 || format == WeightFormat::q5_1; }
 
 enum class PackedLayout : uint8_t {
-  f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, k4_rows16, k5_rows16, k6_rows16, q4_k, q5_k, q6_k
+  f32, u4_pairs, u8_pairs, u4_rows16, u8_rows16, k4_rows16, k5_rows16, k6_rows16, q4_k, q5_k, q6_k, f16, bf16
 };
 
 // A plain view: the kernels' translation units compiled for other instruction sets see no inline code here.
@@ -88,6 +90,9 @@ constexpr int64_t kK6Rows16HighBits = 32 + 256;  // where a block's high bits st
 constexpr int64_t kK6Rows16SuperBytes = 32 + 8 * kK6Rows16SubBytes;
 
 bool is_rows16(PackedLayout layout);
+// The 16-bit float layouts, which multiply fp32 activations whatever engine.activation_dtype says (as f32 weights
+// do): they have no integer kernel, and rounding x would only lose what their values keep.
+inline bool is_half(PackedLayout layout) { return layout == PackedLayout::f16 || layout == PackedLayout::bf16; }
 
 // A packed matrix with the memory its repacked layouts need (none for the layouts used in place, or when an
 // arena holds it).

@@ -77,6 +77,14 @@ using Vec = __m256;
 constexpr int kLanes = 8;
 inline Vec splat(float v) { return _mm256_set1_ps(v); }
 
+// kLanes f16 or bf16 values (16 bytes) widened to fp32: F16C's conversion, or bf16's bits moved to fp32's top half.
+template <bool Bf16>
+inline __m256 halves(const uint8_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (Bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
 // The integer values of one pair group (kernels/cpu/packed_weight.h) as 8 ymm of fp32 (u, not yet scaled): values
 // 8k .. 8k + 7 in u[k].
 template <bool FourBit>

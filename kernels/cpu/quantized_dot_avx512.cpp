@@ -70,6 +70,14 @@ using Vec = __m512;
 constexpr int kLanes = 16;
 inline Vec splat(float v) { return _mm512_set1_ps(v); }
 
+// kLanes f16 or bf16 values (32 bytes) widened to fp32: F16C's conversion, or bf16's bits moved to fp32's top half.
+template <bool Bf16>
+inline __m512 halves(const uint8_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (Bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_cvtph_ps(h);
+}
+
 // One pair group (kernels/cpu/packed_weight.h) as fp32: 4 zmm; the first 2 for a lone last block.
 template <bool FourBit>
 inline void pair_group(const uint8_t* group, __m512 (&w)[4]) {

@@ -107,6 +107,16 @@ STRATA_INLINE void weight_row(const PackedWeight& w, int64_t i, const float* x, 
         add_products(values, 256, x + 256 * b, w.cols, n_x, sums);
       }
       break;
+    case PackedLayout::f16:
+    case PackedLayout::bf16: {
+      const WeightFormat format = w.layout == PackedLayout::f16 ? WeightFormat::f16 : WeightFormat::bf16;
+      for (int64_t j = 0; j < w.cols; j += 256) {
+        const int n = w.cols - j >= 256 ? 256 : int(w.cols - j);
+        dequantize_weight_row(format, row + 2 * j, values, n);
+        add_products(values, n, x + j, w.cols, n_x, sums);
+      }
+      break;
+    }
     case PackedLayout::f32:        // not a quantized layout: matmul never sends it here
     case PackedLayout::u4_rows16:  // multiplied with int8 activations only (quantized_matmul_fused refuses them)
     case PackedLayout::u8_rows16:

@@ -65,7 +65,7 @@ bool on_dequantized_tiles(const PackedWeight& w, int64_t n_rows, bool rounded) {
 
 void quantized_matmul(const float* x, int64_t n_rows, const PackedWeight& w, float* out,
                       ActivationDtype activations, CpuIsa isa) {
-  if (activations != ActivationDtype::f32 && n_rows > 0) {
+  if (activations != ActivationDtype::f32 && n_rows > 0 && !is_half(w.layout)) {
     const RoundedActivations& r = round_to_integers(x, n_rows, w.cols, activations);
     if (on_dequantized_tiles(w, n_rows, true)) {
       quantized_matmul_tiles(r.values.data(), n_rows, w, out);
@@ -100,12 +100,17 @@ void quantized_matmul_integer(const IntegerActivations& x, const float* x_hat, c
 void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<const PackedWeight* const> w,
                                    std::span<float* const> out, ActivationDtype activations, CpuIsa isa) {
   if (n_rows == 0) return;
+  // What each matrix multiplies: x rounded to integers (the values and the digits) where asked, but x itself for
+  // the 16-bit float layouts (is_half).
   const IntegerActivations* rounded = nullptr;
+  const float* x_hat = x;
   if (activations != ActivationDtype::f32 && !w.empty()) {
     const RoundedActivations& r = round_to_integers(x, n_rows, w[0]->cols, activations);
     rounded = &r.rounded;
-    x = r.values.data();
+    x_hat = r.values.data();
   }
+  auto input = [&](const PackedWeight& m) { return is_half(m.layout) ? x : x_hat; };
+  auto digits = [&](const PackedWeight& m) { return is_half(m.layout) ? nullptr : rounded; };
   // Each matrix's rows cut as quantized_matmul_fused cuts them, all the chunks in one loop; the matrices that run
   // on dequantized tiles each on their own first.
   struct Chunk {
@@ -114,8 +119,8 @@ void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<con
   };
   std::vector<Chunk> chunks;
   for (size_t i = 0; i < w.size(); ++i) {
-    if (on_dequantized_tiles(*w[i], n_rows, rounded != nullptr)) {
-      quantized_matmul_tiles(x, n_rows, *w[i], out[i]);
+    if (on_dequantized_tiles(*w[i], n_rows, digits(*w[i]) != nullptr)) {
+      quantized_matmul_tiles(input(*w[i]), n_rows, *w[i], out[i]);
       continue;
     }
     const int64_t step = rows_per_chunk(*w[i]);
@@ -124,7 +129,8 @@ void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<con
   parallel_for(int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const Chunk& chunk = chunks[size_t(c)];
-      fused_rows(*w[chunk.matrix], chunk.begin, chunk.end, x, n_rows, rounded, out[chunk.matrix], isa);
+      const PackedWeight& m = *w[chunk.matrix];
+      fused_rows(m, chunk.begin, chunk.end, input(m), n_rows, digits(m), out[chunk.matrix], isa);
     }
   });
 }

@@ -9,7 +9,7 @@
 // (kernels/cpu/integer_activations.h) and every path multiplies the rounded values: the 16-row tiles, and the pair
 // layouts with int8, in integer arithmetic; the pairs with int16, the k-quant layouts' fused kernels and the fp32
 // tiles in fp32 on d * q. So a row's result does not depend on the path beyond the order of sums, as with fp32
-// activations.
+// activations. The f16 and bf16 layouts (is_half) multiply x itself on every path, as fp32 weights do.
 #include <cstdint>
 #include <span>
 

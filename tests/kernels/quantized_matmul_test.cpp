@@ -83,6 +83,14 @@ const Case kCases[] = {
     {WeightFormat::q4_0, 33, 576}, {WeightFormat::q4_1, 37, 96},  {WeightFormat::q4_1, 40, 1536},
     {WeightFormat::q4_k, 35, 512}, {WeightFormat::q5_k, 35, 512}, {WeightFormat::q6_k, 35, 512},
     {WeightFormat::q5_1, 37, 96},  {WeightFormat::q5_1, 40, 576},
+    {WeightFormat::f16, 37, 96},   {WeightFormat::f16, 40, 576},  {WeightFormat::bf16, 37, 96},
+    {WeightFormat::bf16, 33, 1536},
+};
+
+// f16 and bf16 rows of any length: a remainder of single vectors and of values one by one (100 = 64 + 32 + 4 on
+// AVX-512, 96 + 4 on AVX2), and rows shorter than a vector.
+const Case kHalfAnyLengthCases[] = {
+    {WeightFormat::f16, 5, 100}, {WeightFormat::bf16, 3, 100}, {WeightFormat::f16, 4, 7}, {WeightFormat::bf16, 2, 23},
 };
 
 // Rows a multiple of 16, for the 16-row tiles of the int8 VNNI kernel: an odd block count, a second tile; the
@@ -165,6 +173,29 @@ TEST(QuantizedMatmul, FusedKernelsOfEveryLevelMatchTheReference) {
                                   std::to_string(n_x));
       }
     }
+  }
+}
+
+TEST(QuantizedMatmul, HalfRowsOfAnyLengthMatchTheReference) {
+  for (const Case& c : kHalfAnyLengthCases) {
+    const std::vector<uint8_t> values = random_blocks(c.format, c.rows, c.cols, 25);
+    const WeightMatrix w{values.data(), c.format, c.rows, c.cols};
+    const cpu::OwnedPackedWeight packed = cpu::pack_weight(w);
+    for (CpuIsa isa : levels_here()) {
+      for (int64_t n_x : {1, 3, 9}) {
+        const std::vector<float> x = random_activations(n_x, c.cols, 26);
+        std::vector<float> out(size_t(n_x * c.rows), NAN);
+        cpu::quantized_matmul_fused(x.data(), n_x, packed.view, out.data(), isa);
+        expect_near_reference(out, reference(w, x, n_x),
+                              name(c) + " on " + std::string(cpu::cpu_isa_name(isa)) + ", rows of x " +
+                                  std::to_string(n_x));
+      }
+    }
+    const int64_t n_x = cpu::kDequantizedTileMinRows + 1;
+    const std::vector<float> x = random_activations(n_x, c.cols, 27);
+    std::vector<float> out(size_t(n_x * c.rows), NAN);
+    cpu::quantized_matmul(x.data(), n_x, packed.view, out.data());  // many rows: the fp32 tiles
+    expect_near_reference(out, reference(w, x, n_x), name(c) + " in fp32 tiles");
   }
 }
 
@@ -430,7 +461,8 @@ TEST(QuantizedMatmul, Rows16TilesTakeEveryPathAndThreadCount) {
 }
 
 // Through quantized_matmul every path (the int8 kernels for few rows, the fp32 kernels on the rounded values for the
-// k-quants and for int16 on pairs, fp32 tiles for many rows) multiplies the same rounded values.
+// k-quants and for int16 on pairs, fp32 tiles for many rows) multiplies the same rounded values; f16 and bf16
+// weights multiply x itself on every path.
 TEST(QuantizedMatmul, IntegerActivationsTakeEveryPathToTheRoundedValues) {
   for (ActivationDtype dtype : {ActivationDtype::int8, ActivationDtype::int16}) {
     for (const Case& c : kCases) {
@@ -445,7 +477,7 @@ TEST(QuantizedMatmul, IntegerActivationsTakeEveryPathToTheRoundedValues) {
         std::vector<float> out(size_t(n_x * c.rows), NAN);
         cpu::quantized_matmul(x.data(), n_x, packed.view, out.data(), dtype);
         const std::string what = name(c) + " " + dtype_name(dtype) + ", rows of x " + std::to_string(n_x);
-        expect_near_reference(out, reference(w, x_hat, n_x), what);
+        expect_near_reference(out, reference(w, cpu::is_half(packed.view.layout) ? x : x_hat, n_x), what);
         // and through the shared-input door, as the backend calls it for Q, K and V
         const cpu::PackedWeight* weights[] = {&packed.view};
         std::vector<float> shared(out.size(), NAN);

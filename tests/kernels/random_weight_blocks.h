@@ -1,6 +1,6 @@
 #pragma once
 // Random but valid blocks of the quantized weight formats (kernels/weight_format.h), for the kernel tests of both
-// backends: scales of a realistic size, every bit of the values random.
+// backends: scales of a realistic size, every bit of the values random; f16 and bf16 values drawn from a normal.
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -21,6 +21,17 @@ inline std::vector<uint8_t> random_blocks(WeightFormat format, int64_t rows, int
     const uint16_t h = fp32_to_fp16(v);
     std::memcpy(p, &h, 2);
   };
+  if (format == WeightFormat::f16 || format == WeightFormat::bf16) {  // finite values of a weight's size
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    for (size_t at = 0; at < data.size(); at += 2) {
+      const float v = normal(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      const uint16_t h = format == WeightFormat::f16 ? fp32_to_fp16(v) : uint16_t(bits >> 16);
+      std::memcpy(&data[at], &h, 2);
+    }
+    return data;
+  }
   for (size_t at = 0; at < data.size(); at += size_t(info.block_bytes)) {
     uint8_t* b = data.data() + at;
     switch (format) {
@@ -34,7 +45,9 @@ inline std::vector<uint8_t> random_blocks(WeightFormat format, int64_t rows, int
         put_f16(b + 208, scale(rng) / 32);
         for (int s = 0; s < 16; ++s) b[192 + s] = uint8_t(int8_t(byte(rng) % 128 - 64));
         break;
-      case WeightFormat::f32: break;
+      case WeightFormat::f32:
+      case WeightFormat::f16:
+      case WeightFormat::bf16: break;
     }
   }
   return data;

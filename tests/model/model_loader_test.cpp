@@ -405,8 +405,8 @@ TEST(LoadGgufWeights, TinyModelEveryShard) {
   EXPECT_EQ(w.keep_alive.get(), file.get());
 }
 
-// model.weight_dtype auto: matrices stay in their file's format where the kernels have one (here q8_0), used in
-// place when whole rows are taken; other formats (f16) and column slices that split a block become f32.
+// model.weight_dtype auto: matrices stay in their file's format where the kernels have one (here q8_0, f16), used
+// in place when whole rows are taken; column slices that split a block become f32.
 TEST(LoadGgufWeights, AutoKeepsTheFilesFormats) {
   TempFile f(tiny_gguf());
   auto file = GgufFile::open(f.path());
@@ -414,7 +414,8 @@ TEST(LoadGgufWeights, AutoKeepsTheFilesFormats) {
   EXPECT_EQ(w.output.format, WeightFormat::q8_0);
   EXPECT_EQ(w.output.data, file->tensor("output.weight").data);
   EXPECT_EQ(w.layers[0].wq.format, WeightFormat::q8_0);
-  EXPECT_EQ(w.layers[0].wk.format, WeightFormat::f32);  // f16 in the file
+  EXPECT_EQ(w.layers[0].wk.format, WeightFormat::f16);  // kept as it is, in place
+  EXPECT_EQ(w.layers[0].wk.data, file->tensor("blk.0.attn_k.weight").data);
   EXPECT_EQ(w.layers[0].wv.format, WeightFormat::q8_0);  // q5_0 in the file: the same values (expect_tiny_values)
   EXPECT_EQ(w.layers[1].w_down.format, WeightFormat::q5_1);  // kept as it is
   EXPECT_EQ(w.layers[1].w_down.data, file->tensor("blk.1.ffn_down.weight").data);
@@ -538,13 +539,21 @@ TEST(LoadSafetensorsWeights, TinyModelEveryShard) {
   }
 }
 
-// BF16 and F16 have no kernels: f32 under auto; q8_0 requantizes them.
+// BF16 and F16 stay as they are under auto (wq is BF16 in the files, wk F16), also in a TP rank's column slice (wo
+// is BF16); q8_0 requantizes them.
 TEST(LoadSafetensorsWeights, WeightDtypes) {
   test::TempDir dir;
   write_tiny_hf_dir(dir.path());
   const ModelWeights automatic = load_safetensors_weights(dir.path().string(), ShardSpec{});
-  EXPECT_EQ(automatic.layers[0].wq.format, WeightFormat::f32);
+  EXPECT_EQ(automatic.layers[0].wq.format, WeightFormat::bf16);
+  EXPECT_EQ(automatic.layers[0].wk.format, WeightFormat::f16);
   expect_tiny_values(automatic);
+  ShardSpec rank_1;
+  rank_1.tp_size = 2, rank_1.tp_rank = 1;
+  const ModelWeights part = load_safetensors_weights(dir.path().string(), rank_1);
+  EXPECT_EQ(part.layers[0].wo.format, WeightFormat::bf16);
+  EXPECT_EQ(part.layers[0].wo.cols, kD / 2);
+  expect_tiny_values(part);
   const ModelWeights q8 = load_safetensors_weights(dir.path().string(), ShardSpec{}, WeightDtype::q8_0);
   EXPECT_EQ(q8.layers[0].wq.format, WeightFormat::q8_0);
   EXPECT_EQ(q8.output.format, WeightFormat::q8_0);
