@@ -301,7 +301,7 @@ LLAMACPP_RUNS = ("epyc-avx512vnni", "epyc-avx512vnni-int8", "epyc-avx512vnni-b9e
                  "q5km-epyc-avx512vnni-pool-shares", "q8-epyc-at-avx2-pool-shares", "q5_0-epyc-avx512vnni",
                  "smollm2-q5km-epyc-avx512vnni", "xeon-amx-noamx", "q4km-xeon-amx-noamx", "xeon-amx-noamx-int8",
                  "xeon-amx-noamx-readahead", "xeon-amx-noamx-far-prefetch", "q4km-xeon-amx-noamx-far-prefetch",
-                 "q4km-xeon-amx-noamx-attention-prefetch")
+                 "q4km-xeon-amx-noamx-attention-prefetch", "f16-xeon-amx-noamx")
 
 WEIGHT_BYTES = {"f32": "4", "bf16": "2", "e4m3/row": "1 (+ a scale a row)", "e4m3/128": "1.03", "e4m3/32": "1.13",
                 "int8/row": "1 (+ a scale a row)", "int8/128": "1.03", "q8_0": "1.06"}
@@ -524,6 +524,17 @@ CLAIMS = [
     Claim("bench/results/README.md", "cpu-attention-prefetch-before-after-xeon.json", before_after),
     Claim("bench/results/README.md", "cpu-far-prefetch-avx2-q4km-before-after-xeon.json", before_after),
     Claim("bench/results/README.md", "cpu-far-prefetch-f32-before-after-xeon.json", before_after),
+    *(Claim("bench/results/README.md", source, check)
+      for source in ("cpu-half-weights-f16-before-after-xeon.json", "cpu-prefill-tiles-f32-before-after-xeon.json")
+      for check in (before_after, prefill_before_after)),
+    Claim("bench/results/README.md", "cpu-vs-llamacpp-f16-xeon-amx-noamx.json",
+          lambda d: f"The prefill of a batch of 8 prompts: "
+                    f"{d['summary']['batch8_prefill_tokens_per_second']['ratio_strata_over_llamacpp']:.2f}x"),
+    Claim("README.md", "cpu-vs-llamacpp-f16-xeon-amx-noamx.json",
+          lambda d: f"SmolLM2 written as F16 {batch1_span(d)}x, {ratios(d)['batch8_decode']:.2f}x and "
+                    f"{ratios(d)['prefill_128']:.2f}x"),
+    Claim("README.md", "cpu-half-weights-f16-before-after-xeon.json",
+          lambda d: f"batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x as fast);"),
     Claim("README.md", "cpu-read-ahead-before-after-xeon.json",
           lambda d: f"batch-1 decode {d['median']['decode batch 1: after / before']:.2f}x as fast on SmolLM2's file"),
     *(Claim("README.md", source, lambda d, what=what: f"{what} {prefill_span(d)}")

@@ -22,7 +22,6 @@
 
 #include <gtest/gtest.h>
 
-#include "cache/kv_cache.h"
 #include "kernels/cpu/quantized_matmul.h"
 #include "model/llama_model.h"
 #include "tests/model/reference_logits.h"
@@ -40,7 +39,9 @@ uint16_t round_to_half(float v, WeightFormat half) {
   return uint16_t((bits + 0x7FFF + (bits >> 16 & 1)) >> 16);  // bf16, to nearest even (SmolLM2 has no NaN)
 }
 
-float half_value(uint16_t h, WeightFormat half) { return half == WeightFormat::f16 ? fp16_to_fp32(h) : bf16_to_fp32(h); }
+float half_value(uint16_t h, WeightFormat half) {
+  return half == WeightFormat::f16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+}
 
 // m (fp32) rounded to `half`, held in that format or widened back to fp32, in storage owned by `w`.
 WeightMatrix rounded(const WeightMatrix& m, WeightFormat half, bool held, ModelWeights& w) {
@@ -76,15 +77,8 @@ ModelWeights rounded_weights(const ModelWeights& f32, WeightFormat half, bool he
   return w;
 }
 
-struct Model {
-  std::unique_ptr<ModelWeights> weights;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<BlockPool> pool;  // declared last: released first
-};
-
-Model make_model(WeightFormat half, bool held, ActivationDtype activations = ActivationDtype::f32) {
-  Model m;
+test::SmolLm2 make_model(WeightFormat half, bool held, ActivationDtype activations = ActivationDtype::f32) {
+  test::SmolLm2 m;
   m.weights = std::make_unique<ModelWeights>(rounded_weights(*test::smollm2(WeightDtype::f32).weights, half, held));
   m.backend = make_cpu_backend(activations);
   m.model = std::make_unique<LlamaModel>(*m.backend, *m.weights);
@@ -92,22 +86,9 @@ Model make_model(WeightFormat half, bool held, ActivationDtype activations = Act
   return m;
 }
 
-// Logits at every prompt position, the prompt fed `step` tokens at a time.
-std::vector<float> prompt_logits(Model& m, const std::vector<int32_t>& ids, int step) {
-  KvCache cache(*m.pool, 0, m.model->config().n_layers);
-  std::vector<float> all, chunk;
-  for (size_t start = 0; start < ids.size(); start += size_t(step)) {
-    const size_t len = std::min(size_t(step), ids.size() - start);
-    const BatchSequence seq{1, std::span<const int32_t>(ids).subspan(start, len), int(start), LogitsMode::all};
-    m.model->forward({&seq, 1}, cache, chunk);
-    all.insert(all.end(), chunk.begin(), chunk.end());
-  }
-  return all;
-}
-
 void expect_held_matches_widened_and_reference(WeightFormat half, double reference_share) {
   const std::string format(weight_format_info(half).name);
-  Model held = make_model(half, true), widened = make_model(half, false);
+  test::SmolLm2 held = make_model(half, true), widened = make_model(half, false);
   EXPECT_EQ(held.backend->uploaded_weight_bytes(held.weights->layers[0].w_up),
             held.weights->layers[0].w_up.size() * 2);  // the file's bytes, not fp32's
   const int64_t vocab = held.model->config().vocab_size;
@@ -117,14 +98,16 @@ void expect_held_matches_widened_and_reference(WeightFormat half, double referen
     double largest_difference = 0;
     for (const char* name : kPrompts) {
       const test::ReferenceLogits ref = test::load_reference_logits(name);
-      const std::vector<float> a = prompt_logits(held, ref.prompt_ids, step);
-      const std::vector<float> b = prompt_logits(widened, ref.prompt_ids, step);
+      const std::vector<float> a = test::prompt_logits(held, ref.prompt_ids, step);
+      const std::vector<float> b = test::prompt_logits(widened, ref.prompt_ids, step);
       for (size_t t = 0; t < ref.prompt_ids.size(); ++t) {
         const int64_t top = test::argmax(a.data() + int64_t(t) * vocab, vocab);
         same_as_widened += top == test::argmax(b.data() + int64_t(t) * vocab, vocab);
         same_as_reference += top == ref.top_ids[t * test::kReferenceTopK];
       }
-      for (size_t k = 0; k < a.size(); ++k) largest_difference = std::max(largest_difference, double(std::fabs(a[k] - b[k])));
+      for (size_t k = 0; k < a.size(); ++k) {
+        largest_difference = std::max(largest_difference, double(std::fabs(a[k] - b[k])));
+      }
       positions += int(ref.prompt_ids.size());
     }
     std::cout << "[ half ] " << format << ", steps of " << step << ": top-1 equal to the widened model's at "
@@ -144,11 +127,11 @@ TEST(HalfWeights, Bf16HeldMatchesItsWidenedValuesAndTheReference) {
 }
 
 TEST(HalfWeights, IntegerActivationsLeaveThemAlone) {
-  Model plain = make_model(WeightFormat::bf16, true);
-  Model int16 = make_model(WeightFormat::bf16, true, ActivationDtype::int16);
+  test::SmolLm2 plain = make_model(WeightFormat::bf16, true);
+  test::SmolLm2 int16 = make_model(WeightFormat::bf16, true, ActivationDtype::int16);
   const test::ReferenceLogits ref = test::load_reference_logits("chat_capital");
   for (int step : {8, 100}) {
-    EXPECT_EQ(prompt_logits(int16, ref.prompt_ids, step), prompt_logits(plain, ref.prompt_ids, step))
+    EXPECT_EQ(test::prompt_logits(int16, ref.prompt_ids, step), test::prompt_logits(plain, ref.prompt_ids, step))
         << "steps of " << step;
   }
 }

@@ -35,19 +35,6 @@ namespace {
 
 const char* const kPrompts[] = {"short_text", "chat_capital", "code_digits", "long_text"};
 
-// Logits at every prompt position, the prompt fed `step` tokens at a time.
-std::vector<float> prompt_logits(test::SmolLm2& m, const std::vector<int32_t>& ids, int step) {
-  KvCache cache(*m.pool, 0, m.model->config().n_layers);
-  std::vector<float> all, chunk;
-  for (size_t start = 0; start < ids.size(); start += size_t(step)) {
-    const size_t len = std::min(size_t(step), ids.size() - start);
-    const BatchSequence seq{1, std::span<const int32_t>(ids).subspan(start, len), int(start), LogitsMode::all};
-    m.model->forward({&seq, 1}, cache, chunk);
-    all.insert(all.end(), chunk.begin(), chunk.end());
-  }
-  return all;
-}
-
 // Mean negative log-likelihood of ids[t + 1] under the logits at position t.
 double mean_nll(const std::vector<float>& logits, const std::vector<int32_t>& ids, int64_t vocab) {
   double sum = 0;
@@ -68,7 +55,7 @@ void expect_top1_agreement(test::SmolLm2& m, const char* dtype_name, double shar
     int positions = 0, equal = 0;
     for (const char* name : kPrompts) {
       const test::ReferenceLogits ref = test::load_reference_logits(name);
-      const std::vector<float> logits = prompt_logits(m, ref.prompt_ids, step);
+      const std::vector<float> logits = test::prompt_logits(m, ref.prompt_ids, step);
       int prompt_equal = 0;
       for (size_t t = 0; t < ref.prompt_ids.size(); ++t) {
         prompt_equal += test::argmax(logits.data() + int64_t(t) * vocab, vocab) == ref.top_ids[t * test::kReferenceTopK];
@@ -111,17 +98,17 @@ TEST(QuantizedWeights, Top1AgreesWithTransformersUnderInt16ActivationsAtTheAvx2L
 TEST(QuantizedWeights, PerplexityWithinOnePercentOfFp32) {
   const test::ReferenceLogits ref = test::load_reference_logits("long_text");
   const int64_t vocab = test::smollm2().model->config().vocab_size;
-  const double exact = std::exp(mean_nll(prompt_logits(test::smollm2(WeightDtype::f32), ref.prompt_ids, 8),
+  const double exact = std::exp(mean_nll(test::prompt_logits(test::smollm2(WeightDtype::f32), ref.prompt_ids, 8),
                                          ref.prompt_ids, vocab));
   for (WeightDtype dtype : {WeightDtype::automatic, WeightDtype::q8_0}) {
-    const double ppl = std::exp(mean_nll(prompt_logits(test::smollm2(dtype), ref.prompt_ids, 8), ref.prompt_ids, vocab));
+    const double ppl = std::exp(mean_nll(test::prompt_logits(test::smollm2(dtype), ref.prompt_ids, 8), ref.prompt_ids, vocab));
     std::cout << "[ quantized ] long_text perplexity: f32 " << exact << ", "
               << (dtype == WeightDtype::q8_0 ? "q8_0 " : "auto ") << ppl << std::endl;
     EXPECT_NEAR(ppl / exact, 1.0, 0.01);
   }
   for (ActivationDtype dtype : {ActivationDtype::int8, ActivationDtype::int16}) {
     const bool int16 = dtype == ActivationDtype::int16;
-    const double ppl = std::exp(mean_nll(prompt_logits(test::smollm2_integer_activations(dtype), ref.prompt_ids, 8),
+    const double ppl = std::exp(mean_nll(test::prompt_logits(test::smollm2_integer_activations(dtype), ref.prompt_ids, 8),
                                          ref.prompt_ids, vocab));
     std::cout << "[ quantized ] long_text perplexity: auto + " << (int16 ? "int16" : "int8") << " activations " << ppl
               << std::endl;

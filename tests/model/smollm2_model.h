@@ -4,9 +4,14 @@
 // tokens (KVzip's reference holds a 1,000-token prompt and its 1,027 scoring rows beside another 1,000-token
 // prompt). The suites that compare with fp32 references use WeightDtype::f32; the quantized weights (the default
 // everywhere else) have their own checks (tests/model/llama_quantized_reference_test.cpp).
+#include <algorithm>
+#include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/kv_cache.h"
 #include "kernels/backend.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
@@ -57,6 +62,19 @@ inline SmolLm2& smollm2_integer_activations(ActivationDtype activations) {
   }
   static SmolLm2 m = load_smollm2(WeightDtype::automatic, ActivationDtype::int8);
   return m;
+}
+
+// Logits at every prompt position, the prompt fed `step` tokens at a time.
+inline std::vector<float> prompt_logits(SmolLm2& m, const std::vector<int32_t>& ids, int step) {
+  KvCache cache(*m.pool, 0, m.model->config().n_layers);
+  std::vector<float> all, chunk;
+  for (size_t start = 0; start < ids.size(); start += size_t(step)) {
+    const size_t len = std::min(size_t(step), ids.size() - start);
+    const BatchSequence seq{1, std::span<const int32_t>(ids).subspan(start, len), int(start), LogitsMode::all};
+    m.model->forward({&seq, 1}, cache, chunk);
+    all.insert(all.end(), chunk.begin(), chunk.end());
+  }
+  return all;
 }
 
 }  // namespace strata::test
