@@ -11,6 +11,7 @@ test suite). Add a claim where a document quotes a new figure.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,9 +276,11 @@ def prefill_span(d: dict) -> str:
 
 
 def prefill_before_after(d: dict) -> str:
+    """bench/engine_before_after.sh: prefill after / before at batch 1 and 8, of the prompts its command gave."""
     m = d["median"]
-    return (f"prefill of 128 tokens {m['prefill batch 1: after / before']:.2f}x at batch 1 and "
-            f"{m['prefill batch 8: after / before']:.2f}x at batch 8")
+    tokens = re.search(r"--prompt-tokens (\d+)", d["command"])
+    return (f"prefill of {tokens.group(1) if tokens else 128} tokens {m['prefill batch 1: after / before']:.2f}x at "
+            f"batch 1 and {m['prefill batch 8: after / before']:.2f}x at batch 8")
 
 
 def load(name: str) -> dict:
