@@ -33,6 +33,7 @@
 #include "daemon/build_commit.h"
 #include "daemon/commands/machine_info.h"
 #include "kernels/backend.h"
+#include "kernels/weight_format.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
@@ -82,19 +83,6 @@ void check_round_e4m3() {
   if (round_e4m3(1e6f) != 448.0f || round_e4m3(-500.0f) != -448.0f) fail("does not saturate at 448");
 }
 
-uint16_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-float round_bf16(float x) {
-  const uint32_t u = uint32_t(bf16_bits(x)) << 16;
-  float y;
-  std::memcpy(&y, &u, sizeof y);
-  return y;
-}
-
 struct Scheme {
   std::string name;
   enum Kind { none, bf16, e4m3, int8, q8_0 } kind;
@@ -105,7 +93,7 @@ struct Scheme {
 void round_values(const Scheme& scheme, float* x, int64_t n) {
   if (scheme.kind == Scheme::none) return;
   if (scheme.kind == Scheme::bf16) {
-    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+    for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
     return;
   }
   if (scheme.kind == Scheme::q8_0) {

@@ -89,7 +89,7 @@ const std::map<std::string, Setter>& setters() {
       {"model.system_prompt", [](ServerConfig& c, const std::string& t, const std::string&) { c.model.system_prompt = t; }},
       {"model.weight_dtype",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
-         c.model.weight_dtype = parse_choice(t, w, {"auto", "f32", "q8_0"});
+         c.model.weight_dtype = parse_choice(t, w, {"auto", "f32", "q8_0", "f16", "bf16"});
        }},
       {"server.host", [](ServerConfig& c, const std::string& t, const std::string&) { c.server.host = t; }},
       {"server.port",

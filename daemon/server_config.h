@@ -22,7 +22,7 @@ struct ServerConfig {
     std::string name;                       // the id served on /v1/models (default: the file's stem)
     std::string chat_template = "auto";     // auto | chatml | llama3 | mistral
     std::string system_prompt = "default";  // "default": the model's own default; otherwise this text
-    std::string weight_dtype = "auto";      // auto (the file's formats) | f32 | q8_0 (model/model_weights.h)
+    std::string weight_dtype = "auto";      // auto (the file's formats) | f32 | q8_0 | f16 | bf16 (model_weights.h)
   } model;
 
   struct Server {

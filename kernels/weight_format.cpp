@@ -178,6 +178,26 @@ uint16_t fp32_to_fp16(float value) {
   return sign | static_cast<uint16_t>(rounded >> 13);
 }
 
+uint16_t fp32_to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN: quiet
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);  // a carry rounds up the exponent
+}
+
+void round_row_to_half(WeightFormat format, const float* src, void* dst, int64_t n) {
+  if (format != WeightFormat::f16 && format != WeightFormat::bf16) {
+    throw std::invalid_argument("round_row_to_half: " + std::string(weight_format_info(format).name) +
+                                " is not a 16-bit float format");
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = format == WeightFormat::f16 ? fp32_to_fp16(src[i]) : fp32_to_bf16(src[i]);
+    out[2 * i] = static_cast<uint8_t>(h & 0xFF);
+    out[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+}
+
 void dequantize_k_quant_block(const uint8_t* block, const uint8_t* qs, const uint8_t* qh, float* y) {
   const float d = fp16_to_fp32(load_u16(block));
   const float dmin = fp16_to_fp32(load_u16(block + 2));

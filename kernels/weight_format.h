@@ -48,8 +48,8 @@ void dequantize_weight_row(WeightFormat format, const void* src, float* dst, int
 // GGML's Q8_0 rounding of n values (a multiple of 32): d = max|x| / 127, q = round(x / d).
 void quantize_row_q8_0(const float* src, void* dst, int64_t n);
 
-// IEEE binary16 (subnormals, inf and NaN included) and bfloat16 bit patterns to fp32; fp32 to binary16, rounding
-// to nearest even. fp16_to_fp32 is inline: the portable kernels convert every block's scale with it.
+// IEEE binary16 (subnormals, inf and NaN included) and bfloat16 bit patterns to fp32; fp32 to binary16 and
+// bfloat16 below, rounding to nearest even. fp16_to_fp32 is inline: the portable kernels convert every block's scale with it.
 inline float fp16_to_fp32(uint16_t h) {
   // Without branches, so that loops of conversions vectorise: the magnitude's bits moved to fp32's places read as
   // a float times 2^112 (fp32's exponent bias less fp16's, 127 - 15, as a power of two) is exact for normal and
@@ -61,6 +61,10 @@ inline float fp16_to_fp32(uint16_t h) {
 }
 float bf16_to_fp32(uint16_t bits);
 uint16_t fp32_to_fp16(float value);
+// fp32 to bfloat16, rounding to nearest even (NaN stays a quiet NaN).
+uint16_t fp32_to_bf16(float value);
+// n fp32 values rounded to `format` (f16 or bf16), 2 bytes each, little-endian.
+void round_row_to_half(WeightFormat format, const float* src, void* dst, int64_t n);
 
 // The 32 five-bit values of a Q5_0 or Q5_1 block from its fifth bits (qh: 4 bytes, bit j for value j) and its
 // nibbles (qs: value j < 16 in the low nibble of qs[j], value j + 16 in the high one).

@@ -497,17 +497,26 @@ void dequantize_slice(const TensorView& t, const GgmlTypeTraits& traits, const S
 WeightFormat target_format(const TensorView& t, const Slice& s, WeightDtype dtype, bool norm) {
   if (norm || dtype == WeightDtype::f32) return WeightFormat::f32;
   if (dtype == WeightDtype::q8_0) return s.n_cols % 32 == 0 ? WeightFormat::q8_0 : WeightFormat::f32;
+  if (dtype == WeightDtype::f16) return WeightFormat::f16;
+  if (dtype == WeightDtype::bf16) return WeightFormat::bf16;
   const std::optional<WeightFormat> own = t.type == GgmlType::q5_0 ? WeightFormat::q8_0 : weight_format_of(t.type);
   if (!own) return WeightFormat::f32;
   const int64_t block = weight_format_info(*own).block_elements;
   return s.col_begin % block == 0 && s.n_cols % block == 0 ? *own : WeightFormat::f32;
 }
 
-// [rows, cols] fp32 values requantized to Q8_0 (model.weight_dtype q8_0).
-WeightMatrix quantize_q8_0(const float* values, int64_t rows, int64_t cols, OwnedBuffers& owned) {
-  WeightMatrix out{nullptr, WeightFormat::q8_0, rows, cols};
+// [rows, cols] fp32 values requantized to Q8_0 (model.weight_dtype q8_0) or rounded to f16 or bf16.
+WeightMatrix requantize_values(const float* values, int64_t rows, int64_t cols, WeightFormat format,
+                               OwnedBuffers& owned) {
+  WeightMatrix out{nullptr, format, rows, cols};
   uint8_t* dst = new_buffer(owned, out.bytes());
-  for (int64_t i = 0; i < rows; ++i) quantize_row_q8_0(values + i * cols, dst + i * out.row_bytes(), cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    if (format == WeightFormat::q8_0) {
+      quantize_row_q8_0(values + i * cols, dst + i * out.row_bytes(), cols);
+    } else {
+      round_row_to_half(format, values + i * cols, dst + i * out.row_bytes(), cols);
+    }
+  }
   out.data = dst;
   return out;
 }
@@ -548,7 +557,8 @@ WeightMatrix read_slice(const TensorView& t, const Slice& s, WeightDtype dtype, 
     out.data = dst;
     return out;
   }
-  if (t.type == GgmlType::q5_0 && s.col_begin % 32 == 0) {  // whole blocks (n_cols % 32 == 0: target_format)
+  // Q5_0 as Q8_0 in whole blocks (n_cols % 32 == 0: target_format)
+  if (format == WeightFormat::q8_0 && t.type == GgmlType::q5_0 && s.col_begin % 32 == 0) {
     uint8_t* dst = new_buffer(owned, out.bytes());
     for (int64_t i = 0; i < s.n_rows; ++i) {
       q5_0_as_q8_0(first_row + i * row_bytes + s.col_begin / 32 * 22, dst + i * out.row_bytes(), s.n_cols / 32);
@@ -558,7 +568,7 @@ WeightMatrix read_slice(const TensorView& t, const Slice& s, WeightDtype dtype, 
   }
   std::vector<float> values(static_cast<size_t>(s.n_rows * s.n_cols));
   dequantize_slice(t, *traits, s, values.data());
-  return quantize_q8_0(values.data(), s.n_rows, s.n_cols, owned);
+  return requantize_values(values.data(), s.n_rows, s.n_cols, format, owned);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -584,10 +594,14 @@ float dummy_value(uint64_t key, uint64_t index) {
   return static_cast<float>((static_cast<double>(sum) - 2.0 * 65535.0) * kScale);
 }
 
-// Under model.weight_dtype q8_0 the generated values are requantized; otherwise they stay fp32.
+// Under model.weight_dtype q8_0, f16 or bf16 the generated values are requantized; otherwise they stay fp32.
 WeightMatrix make_dummy_slice(uint64_t key, bool norm, const Slice& s, WeightDtype dtype, OwnedBuffers& owned) {
   const int64_t n = s.n_rows * s.n_cols;
-  const bool requantize = !norm && dtype == WeightDtype::q8_0 && s.n_cols % 32 == 0;
+  WeightFormat format = WeightFormat::f32;
+  if (!norm && dtype == WeightDtype::f16) format = WeightFormat::f16;
+  if (!norm && dtype == WeightDtype::bf16) format = WeightFormat::bf16;
+  if (!norm && dtype == WeightDtype::q8_0 && s.n_cols % 32 == 0) format = WeightFormat::q8_0;
+  const bool requantize = format != WeightFormat::f32;
   std::vector<float> scratch(requantize ? static_cast<size_t>(n) : 0);
   float* out = requantize ? scratch.data() : reinterpret_cast<float*>(new_buffer(owned, n * int64_t{sizeof(float)}));
   if (norm) {
@@ -609,7 +623,7 @@ WeightMatrix make_dummy_slice(uint64_t key, bool norm, const Slice& s, WeightDty
     fill_rows(0, s.n_rows / n_threads);
     for (auto& th : threads) th.join();
   }
-  if (requantize) return quantize_q8_0(out, s.n_rows, s.n_cols, owned);
+  if (requantize) return requantize_values(out, s.n_rows, s.n_cols, format, owned);
   return WeightMatrix{out, WeightFormat::f32, s.n_rows, s.n_cols};
 }
 
@@ -634,7 +648,9 @@ WeightDtype parse_weight_dtype(const std::string& name) {
   if (name == "auto") return WeightDtype::automatic;
   if (name == "f32") return WeightDtype::f32;
   if (name == "q8_0") return WeightDtype::q8_0;
-  throw std::invalid_argument("'" + name + "' is not a weight dtype; expected auto, f32 or q8_0");
+  if (name == "f16") return WeightDtype::f16;
+  if (name == "bf16") return WeightDtype::bf16;
+  throw std::invalid_argument("'" + name + "' is not a weight dtype; expected auto, f32, q8_0, f16 or bf16");
 }
 
 ModelWeights load_gguf_weights(std::shared_ptr<GgufFile> file, const ShardSpec& shard, WeightDtype dtype) {

@@ -33,9 +33,11 @@ enum class WeightDtype {
               // that splits blocks
   f32,        // every matrix dequantized to fp32: the reference path
   q8_0,       // every matrix in Q8_0 (requantized from the file's values unless already Q8_0; Q5_0 converted exactly)
+  f16,        // every matrix in IEEE half (an F16 tensor as it is; the others rounded to nearest even)
+  bf16,       // every matrix in bfloat16 (a BF16 tensor as it is; the others rounded to nearest even)
 };
 
-// "auto", "f32", "q8_0"; std::invalid_argument listing them otherwise.
+// "auto", "f32", "q8_0", "f16", "bf16"; std::invalid_argument listing them otherwise.
 WeightDtype parse_weight_dtype(const std::string& name);
 
 struct LayerWeights {

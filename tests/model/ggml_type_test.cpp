@@ -118,6 +118,35 @@ TEST(GgmlType, Bf16HandComputed) {
   EXPECT_EQ(dequantize(GgmlType::bf16, raw, 3), (std::vector<float>{1.0f, -3.0f, 3.140625f}));
 }
 
+// fp32 to f16 and bf16 (model.weight_dtype f16 and bf16, the Q8_0 scales): to nearest, ties to even; too large
+// for the format is inf; NaN stays NaN (quiet).
+TEST(GgmlType, Fp32ToHalfRoundsToNearestEven) {
+  EXPECT_EQ(fp32_to_fp16(1.0f), 0x3C00);
+  EXPECT_EQ(fp32_to_fp16(-2.0f), 0xC000);
+  EXPECT_EQ(fp32_to_fp16(1.0f + 0x1p-11f), 0x3C00);      // halfway: to the even 1.0
+  EXPECT_EQ(fp32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3C02);  // halfway: to the even 1 + 2^-9
+  EXPECT_EQ(fp32_to_fp16(65504.0f), 0x7BFF);             // the largest half
+  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7C00);             // halfway to 65536: inf
+  EXPECT_EQ(fp32_to_fp16(0x1p-24f), 0x0001);             // the smallest subnormal
+  EXPECT_EQ(fp32_to_fp16(0x1p-25f), 0x0000);             // halfway to it: to the even 0
+  EXPECT_EQ(fp32_to_fp16(std::numeric_limits<float>::quiet_NaN()) & 0x7E00, 0x7E00);
+  EXPECT_EQ(fp32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(fp32_to_bf16(-3.0f), 0xC040);
+  EXPECT_EQ(fp32_to_bf16(1.0f + 0x1p-8f), 0x3F80);       // halfway: to the even 1.0
+  EXPECT_EQ(fp32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);   // halfway: to the even 1 + 2^-6
+  EXPECT_EQ(fp32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds past the largest bf16: inf
+  EXPECT_EQ(fp32_to_bf16(std::bit_cast<float>(0x7F800001u)), 0x7FC0);  // a NaN whose payload bf16 drops: still NaN
+  // Every finite 16-bit value comes back as itself.
+  for (uint32_t h = 0; h <= 0xFFFF; ++h) {
+    if ((h & 0x7C00) != 0x7C00) {
+      ASSERT_EQ(fp32_to_fp16(fp16_to_fp32(uint16_t(h))), h) << std::hex << h;
+    }
+    if ((h & 0x7F80) != 0x7F80) {
+      ASSERT_EQ(fp32_to_bf16(bf16_to_fp32(uint16_t(h))), h) << std::hex << h;
+    }
+  }
+}
+
 TEST(GgmlType, Q4_0HandComputed) {
   std::vector<uint8_t> b(18, 0x88);  // every nibble 8 -> 0
   put_f16(b, 0, 0x3800);             // d = 0.5

@@ -1,6 +1,6 @@
 // SmolLM2 with 16-bit float weights (F16 or BF16 GGUFs and safetensors checkpoints, kept as they are under
-// model.weight_dtype auto: kernels/cpu/packed_weight.h). The file's weights (fp32, dequantized) are rounded to f16 or
-// bf16 to nearest even, then held two ways:
+// model.weight_dtype auto: kernels/cpu/packed_weight.h). Under model.weight_dtype f16 or bf16 the loader rounds the
+// file's values to nearest even, and they are held two ways:
 //   - held: in the 16-bit format, multiplied by the CPU backend's fused kernels (steps of 8 tokens) and fp32 tiles
 //     (steps of 100);
 //   - widened: the same rounded values as fp32 matrices, the reference path (BLAS).
@@ -32,63 +32,46 @@ namespace {
 
 const char* const kPrompts[] = {"short_text", "chat_capital", "code_digits", "long_text"};
 
-uint16_t round_to_half(float v, WeightFormat half) {
-  if (half == WeightFormat::f16) return fp32_to_fp16(v);
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  return uint16_t((bits + 0x7FFF + (bits >> 16 & 1)) >> 16);  // bf16, to nearest even (SmolLM2 has no NaN)
-}
-
-float half_value(uint16_t h, WeightFormat half) {
-  return half == WeightFormat::f16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
-}
-
-// m (fp32) rounded to `half`, held in that format or widened back to fp32, in storage owned by `w`.
-WeightMatrix rounded(const WeightMatrix& m, WeightFormat half, bool held, ModelWeights& w) {
-  const WeightMatrix out{nullptr, held ? half : WeightFormat::f32, m.rows, m.cols};
-  auto& storage = w.owned.emplace_back(std::make_unique<uint8_t[]>(size_t(out.bytes())));
-  for (int64_t i = 0; i < m.size(); ++i) {
-    const uint16_t h = round_to_half(m.f32()[i], half);
-    if (held) {
-      std::memcpy(storage.get() + 2 * i, &h, 2);
-    } else {
-      const float v = half_value(h, half);
-      std::memcpy(storage.get() + 4 * i, &v, 4);
-    }
-  }
-  WeightMatrix result = out;
-  result.data = storage.get();
-  return result;
-}
-
-// SmolLM2's fp32 weights with every matrix rounded (the norms stay fp32, pointing into the f32 model's weights).
-ModelWeights rounded_weights(const ModelWeights& f32, WeightFormat half, bool held) {
+// The 16-bit matrices of `half` widened to fp32 (exactly), in storage of their own; the norms point into `half`'s.
+ModelWeights widened_weights(const ModelWeights& half) {
   ModelWeights w;
-  w.config = f32.config;
-  w.shard = f32.shard;
-  w.output_vocab_begin = f32.output_vocab_begin;
-  w.output_norm = f32.output_norm;
-  w.token_embd = rounded(f32.token_embd, half, held, w);
-  w.output = f32.output.data == f32.token_embd.data ? w.token_embd : rounded(f32.output, half, held, w);
-  for (LayerWeights L : f32.layers) {
-    for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *m = rounded(*m, half, held, w);
+  w.config = half.config;
+  w.shard = half.shard;
+  w.output_vocab_begin = half.output_vocab_begin;
+  w.output_norm = half.output_norm;
+  auto widen = [&w](const WeightMatrix& m) {
+    auto& storage = w.owned.emplace_back(std::make_unique<uint8_t[]>(size_t(m.size()) * sizeof(float)));
+    auto* values = reinterpret_cast<float*>(storage.get());
+    for (int64_t r = 0; r < m.rows; ++r) dequantize_weight_row(m.format, m.row(r), values + r * m.cols, m.cols);
+    return WeightMatrix{values, WeightFormat::f32, m.rows, m.cols};
+  };
+  w.token_embd = widen(half.token_embd);
+  w.output = half.output.data == half.token_embd.data ? w.token_embd : widen(half.output);
+  for (LayerWeights L : half.layers) {
+    for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *m = widen(*m);
     w.layers.push_back(L);
   }
   return w;
 }
 
-test::SmolLm2 make_model(WeightFormat half, bool held, ActivationDtype activations = ActivationDtype::f32) {
-  test::SmolLm2 m;
-  m.weights = std::make_unique<ModelWeights>(rounded_weights(*test::smollm2(WeightDtype::f32).weights, half, held));
-  m.backend = make_cpu_backend(activations);
-  m.model = std::make_unique<LlamaModel>(*m.backend, *m.weights);
-  m.pool = std::make_unique<BlockPool>(*m.backend, m.model->kv_layout(16), 2400);  // long_text in every layer
+// SmolLM2 under model.weight_dtype f16 or bf16: the file's values rounded by the loader and held so; or those
+// matrices widened to fp32 (`widened`).
+test::SmolLm2 make_model(WeightDtype dtype, bool widened, ActivationDtype activations = ActivationDtype::f32) {
+  test::SmolLm2 m = test::load_smollm2(dtype, activations);
+  if (widened) {
+    auto f32 = std::make_unique<ModelWeights>(widened_weights(*m.weights));
+    m.pool.reset();
+    m.model = std::make_unique<LlamaModel>(*m.backend, *f32);
+    m.pool = std::make_unique<BlockPool>(*m.backend, m.model->kv_layout(16), 6400);
+    f32->keep_alive = std::shared_ptr<const ModelWeights>(std::move(m.weights));  // the norms point into it
+    m.weights = std::move(f32);
+  }
   return m;
 }
 
-void expect_held_matches_widened_and_reference(WeightFormat half, double reference_share) {
-  const std::string format(weight_format_info(half).name);
-  test::SmolLm2 held = make_model(half, true), widened = make_model(half, false);
+void expect_held_matches_widened_and_reference(WeightDtype dtype, const std::string& format, double reference_share) {
+  test::SmolLm2 held = make_model(dtype, false), widened = make_model(dtype, true);
+  EXPECT_EQ(weight_format_info(held.weights->layers[0].w_up.format).name, format);
   EXPECT_EQ(held.backend->uploaded_weight_bytes(held.weights->layers[0].w_up),
             held.weights->layers[0].w_up.size() * 2);  // the file's bytes, not fp32's
   const int64_t vocab = held.model->config().vocab_size;
@@ -120,15 +103,15 @@ void expect_held_matches_widened_and_reference(WeightFormat half, double referen
 }
 
 TEST(HalfWeights, F16HeldMatchesItsWidenedValuesAndTheReference) {
-  expect_held_matches_widened_and_reference(WeightFormat::f16, 0.99);
+  expect_held_matches_widened_and_reference(WeightDtype::f16, "f16", 0.99);
 }
 TEST(HalfWeights, Bf16HeldMatchesItsWidenedValuesAndTheReference) {
-  expect_held_matches_widened_and_reference(WeightFormat::bf16, 0.97);
+  expect_held_matches_widened_and_reference(WeightDtype::bf16, "bf16", 0.97);
 }
 
 TEST(HalfWeights, IntegerActivationsLeaveThemAlone) {
-  test::SmolLm2 plain = make_model(WeightFormat::bf16, true);
-  test::SmolLm2 int16 = make_model(WeightFormat::bf16, true, ActivationDtype::int16);
+  test::SmolLm2 plain = make_model(WeightDtype::bf16, false);
+  test::SmolLm2 int16 = make_model(WeightDtype::bf16, false, ActivationDtype::int16);
   const test::ReferenceLogits ref = test::load_reference_logits("chat_capital");
   for (int step : {8, 100}) {
     EXPECT_EQ(test::prompt_logits(int16, ref.prompt_ids, step), test::prompt_logits(plain, ref.prompt_ids, step))

@@ -456,6 +456,31 @@ TEST(LoadGgufWeights, Q8_0RequantizesEveryMatrix) {
   }
 }
 
+// model.weight_dtype f16 and bf16: every matrix in that format, the tiny model's values (k / 8, |k| <= 8) exact in
+// both; a TP rank's column slice that splits a Q8_0 block too; the norms stay f32.
+TEST(LoadGgufWeights, F16AndBf16RoundEveryMatrix) {
+  TempFile f(tiny_gguf());
+  auto file = GgufFile::open(f.path());
+  for (const WeightDtype dtype : {WeightDtype::f16, WeightDtype::bf16}) {
+    const WeightFormat format = dtype == WeightDtype::f16 ? WeightFormat::f16 : WeightFormat::bf16;
+    for (int tp : {1, 2}) {
+      ShardSpec s;
+      s.tp_size = tp, s.tp_rank = tp - 1;
+      const ModelWeights w = load_gguf_weights(file, s, dtype);
+      EXPECT_EQ(w.layers[0].attn_norm.format, WeightFormat::f32);
+      EXPECT_EQ(w.output.format, format);
+      for (const LayerWeights& L : w.layers) {
+        for (const WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+          EXPECT_EQ(m->format, format) << "layer " << L.layer;
+        }
+      }
+      expect_tiny_values(w);
+    }
+  }
+  EXPECT_EQ(parse_weight_dtype("bf16"), WeightDtype::bf16);
+  EXPECT_THROW(parse_weight_dtype("fp16"), std::invalid_argument);
+}
+
 TEST(LoadGgufWeights, PipelineStages) {
   TempFile f(tiny_gguf());
   auto file = GgufFile::open(f.path());
@@ -540,7 +565,7 @@ TEST(LoadSafetensorsWeights, TinyModelEveryShard) {
 }
 
 // BF16 and F16 stay as they are under auto (wq is BF16 in the files, wk F16), also in a TP rank's column slice (wo
-// is BF16); q8_0 requantizes them.
+// is BF16); f16 converts the BF16 ones; q8_0 requantizes them.
 TEST(LoadSafetensorsWeights, WeightDtypes) {
   test::TempDir dir;
   write_tiny_hf_dir(dir.path());
@@ -554,6 +579,9 @@ TEST(LoadSafetensorsWeights, WeightDtypes) {
   EXPECT_EQ(part.layers[0].wo.format, WeightFormat::bf16);
   EXPECT_EQ(part.layers[0].wo.cols, kD / 2);
   expect_tiny_values(part);
+  const ModelWeights f16 = load_safetensors_weights(dir.path().string(), ShardSpec{}, WeightDtype::f16);
+  EXPECT_EQ(f16.layers[0].wq.format, WeightFormat::f16);  // BF16 in the files: k / 8 is exact in both
+  expect_tiny_values(f16);
   const ModelWeights q8 = load_safetensors_weights(dir.path().string(), ShardSpec{}, WeightDtype::q8_0);
   EXPECT_EQ(q8.layers[0].wq.format, WeightFormat::q8_0);
   EXPECT_EQ(q8.output.format, WeightFormat::q8_0);

@@ -6,6 +6,7 @@
 // everywhere else) have their own checks (tests/model/llama_quantized_reference_test.cpp).
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -39,19 +40,10 @@ inline SmolLm2 load_smollm2(WeightDtype dtype, ActivationDtype activations = Act
 }
 
 inline SmolLm2& smollm2(WeightDtype dtype = WeightDtype::f32) {
-  switch (dtype) {
-    case WeightDtype::automatic: {
-      static SmolLm2 m = load_smollm2(dtype);
-      return m;
-    }
-    case WeightDtype::q8_0: {
-      static SmolLm2 m = load_smollm2(dtype);
-      return m;
-    }
-    case WeightDtype::f32: break;
-  }
-  static SmolLm2 m = load_smollm2(WeightDtype::f32);
-  return m;
+  static std::map<WeightDtype, SmolLm2> loaded;  // one model per weight dtype, loaded when first asked for
+  auto it = loaded.find(dtype);
+  if (it == loaded.end()) it = loaded.emplace(dtype, load_smollm2(dtype)).first;
+  return it->second;
 }
 
 // The file's weights (WeightDtype::automatic) with engine.activation_dtype int8 or int16.
