@@ -49,7 +49,8 @@ void dequantize_weight_row(WeightFormat format, const void* src, float* dst, int
 void quantize_row_q8_0(const float* src, void* dst, int64_t n);
 
 // IEEE binary16 (subnormals, inf and NaN included) and bfloat16 bit patterns to fp32; fp32 to binary16 and
-// bfloat16 below, rounding to nearest even. fp16_to_fp32 is inline: the portable kernels convert every block's scale with it.
+// bfloat16 below, rounding to nearest even. fp16_to_fp32 is inline: the portable kernels convert every block's
+// scale with it.
 inline float fp16_to_fp32(uint16_t h) {
   // Without branches, so that loops of conversions vectorise: the magnitude's bits moved to fp32's places read as
   // a float times 2^112 (fp32's exponent bias less fp16's, 127 - 15, as a power of two) is exact for normal and
