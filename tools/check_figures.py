@@ -528,7 +528,8 @@ CLAIMS = [
     Claim("bench/results/README.md", "cpu-far-prefetch-avx2-q4km-before-after-xeon.json", before_after),
     Claim("bench/results/README.md", "cpu-far-prefetch-f32-before-after-xeon.json", before_after),
     *(Claim("bench/results/README.md", source, check)
-      for source in ("cpu-half-weights-f16-before-after-xeon.json", "cpu-prefill-tiles-f32-before-after-xeon.json")
+      for source in ("cpu-half-weights-f16-before-after-xeon.json", "cpu-prefill-tiles-f32-before-after-xeon.json",
+                     "cpu-half-weights-f16-avx2-before-after-xeon.json")
       for check in (before_after, prefill_before_after)),
     Claim("bench/results/README.md", "cpu-vs-llamacpp-f16-xeon-amx-noamx.json",
           lambda d: f"The prefill of a batch of 8 prompts: "
