@@ -109,10 +109,11 @@ void quantized_matmul_shared_input(const float* x, int64_t n_rows, std::span<con
                                    std::span<float* const> out, ActivationDtype activations, CpuIsa isa) {
   if (n_rows == 0) return;
   // What each matrix multiplies: x rounded to integers (the values and the digits) where asked, but x itself for
-  // the 16-bit float layouts (is_half).
+  // the 16-bit float layouts (is_half), which need no rounding at all when they are all there is.
   const IntegerActivations* rounded = nullptr;
   const float* x_hat = x;
-  if (activations != ActivationDtype::f32 && !w.empty()) {
+  const bool any_rounded = std::any_of(w.begin(), w.end(), [](const PackedWeight* m) { return !is_half(m->layout); });
+  if (activations != ActivationDtype::f32 && any_rounded) {
     const RoundedActivations& r = round_to_integers(x, n_rows, w[0]->cols, activations);
     rounded = &r.rounded;
     x_hat = r.values.data();
