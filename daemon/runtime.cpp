@@ -306,7 +306,7 @@ void make_executor(const ServerConfig& config, const RankWorld* world, RankRunti
   }
 }
 
-// One line on stderr: what this rank serves, and with what KV pool and backend.
+// One line on stderr: what this rank serves, and with what weights, KV pool and backend.
 void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRuntime& rt) {
   const ShardSpec& sh = rt.weights.shard;
   const KvBlockLayout& layout = rt.pool->layout();
@@ -315,6 +315,7 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
             << ": layers [" << sh.layer_begin << ", " << sh.layer_end << ") of " << rt.weights.config.n_layers
             << (sh.tp_size > 1 ? ", tensor slice " + std::to_string(sh.tp_rank + 1) + "/" + std::to_string(sh.tp_size)
                                : std::string())
+            << ", weights " << (held_weight_bytes(rt.weights, *rt.backend, true) + (1 << 19)) / (1 << 20) << " MiB"
             << ", KV pool of " << n_blocks << " blocks x " << layout.block_size << " tokens ("
             << (config.kv_cache.memory_mib) << " MiB: room for "
             << (n_blocks * layout.block_size / (sh.layer_end - sh.layer_begin))
@@ -328,6 +329,19 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
 }
 
 }  // namespace
+
+int64_t held_weight_bytes(const ModelWeights& w, const Backend& backend, bool embedding) {
+  int64_t n = 0;
+  for (const LayerWeights& L : w.layers) {
+    for (const WeightMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+      n += backend.uploaded_weight_bytes(*m);
+    }
+  }
+  if (w.shard.has_output) n += backend.uploaded_weight_bytes(w.output_norm) + backend.uploaded_weight_bytes(w.output);
+  const bool tied = w.shard.has_output && w.output.data == w.token_embd.data;
+  if (embedding && w.token_embd.data != nullptr && !tied) n += backend.uploaded_weight_bytes(w.token_embd);
+  return n;
+}
 
 ModelFrontEnd load_model_front_end(const ServerConfig& config) {
   namespace fs = std::filesystem;

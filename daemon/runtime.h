@@ -40,6 +40,12 @@ Tokenizer stand_in_tokenizer(const ModelConfig& config);
 // no memory (int8 in CUDA's bf16 blocks).
 KvBlockLayout kv_pool_layout(const ServerConfig& config, KvBlockLayout full_precision);
 
+// Bytes of the shard's weights as the backend holds them (Backend::uploaded_weight_bytes: bf16 on CUDA; the file's
+// blocks or f16/bf16 values, or f32, on the CPU): every matrix of its layers (norms included), on the last stage
+// the output norm and head, and with `embedding` the token embedding (a tied head counted once). Without it, what
+// one decode step reads (a step reads only its batch's rows of the embedding).
+int64_t held_weight_bytes(const ModelWeights& w, const Backend& backend, bool embedding);
+
 // What the backend's matmuls multiply the weights with: engine.activation_dtype with auto decided for this machine
 // (int16 on AVX-512 VNNI, else f32) on the CPU backend, "bf16" on CUDA. The start-up line and strata bench say it.
 std::string activations_name(const ServerConfig& config);

@@ -78,20 +78,6 @@ int max_concurrent(const std::vector<std::shared_ptr<TimingSink>>& sinks) {
 // ---------------------------------------------------------------------------------------------------------------
 // The bandwidth account of a decode step
 
-// Weight bytes one decode step reads, as the backend holds them (Backend::uploaded_weight_bytes: bf16 on CUDA;
-// f32 or the quantized blocks on the CPU): every matrix of the shard's layers (norms included) and, on the last
-// stage, the output norm and head. The embedding is not counted: a step reads only its batch's rows of it.
-int64_t weight_bytes_per_step(const ModelWeights& w, const Backend& backend) {
-  int64_t n = 0;
-  for (const LayerWeights& L : w.layers) {
-    for (const WeightMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
-      n += backend.uploaded_weight_bytes(*m);
-    }
-  }
-  if (w.shard.has_output) n += backend.uploaded_weight_bytes(w.output_norm) + backend.uploaded_weight_bytes(w.output);
-  return n;
-}
-
 // KV bytes attention reads in one layer of one sequence in a decode step: the entries it holds and the step's new
 // one. Sealed groups count at the quantized block's size and SpindleKV's coded blocks at theirs (their codebook
 // vectors are not counted); the other entries at full precision.
@@ -489,7 +475,7 @@ int bench_command(int argc, char** argv) {
     std::mt19937 rng(7);
     const std::optional<PolicySpec> request_policy =
         o.policy.empty() ? std::nullopt : std::optional<PolicySpec>(parse_policy_spec(o.policy));
-    const BenchSetup setup{*rt, o.n_prompt, o.n_gen, request_policy, weight_bytes_per_step(rt->weights, *rt->backend),
+    const BenchSetup setup{*rt, o.n_prompt, o.n_gen, request_policy, held_weight_bytes(rt->weights, *rt->backend, false),
                            o.copy_gbs, rng};
     if (!o.contexts.empty()) {
       // Its prompts start after synthetic entries and are cut by the step's token budget, not at the points

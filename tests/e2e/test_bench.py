@@ -1,6 +1,6 @@
 """strata bench with dummy weights on the CPU (preset tiny-gqa: 6 layers, 4 KV heads of 32, f32): decoding at a
-synthetic context (--context), the bandwidth account of a decode step, cells that do not fit, a policy deciding
-at the synthetic prompt's end, and the preset's layer override (docs/gpu.md)."""
+synthetic context (--context), the bandwidth account of a decode step (and with bf16 weights), cells that do not
+fit, a policy deciding at the synthetic prompt's end, and the preset's layer override (docs/gpu.md)."""
 import json
 import os
 import subprocess
@@ -52,6 +52,18 @@ def test_context_decodes_after_synthetic_entries_and_accounts_its_bytes(tmp_path
     # 8 MiB hold 512 blocks of 16 entries: 1,500 entries in 6 layers need 564; tiny-gqa's context is 2,048.
     assert "KV blocks" in rows[(1500, 1)]["skipped"]
     assert "context" in rows[(4096, 2)]["skipped"]
+
+
+def test_bf16_weights_take_half_the_bytes_and_the_start_up_line_says_so(tmp_path):
+    done = bench(tmp_path, "--model", "preset:tiny-gqa", "--batch", "1", "--prompt-tokens", "16", "--gen-tokens", "4",
+                 "--set", "model.weight_dtype=bf16", check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    norms = LAYERS * 2 * D + D  # f32 whatever model.weight_dtype says
+    per_step = 2 * (WEIGHT_BYTES // 4 - norms) + 4 * norms
+    assert report["results"][0]["bandwidth"]["weight_bytes_per_step"] == per_step
+    held = per_step + 2 * VOCAB * D  # and the token embedding (not tied in this preset)
+    assert f", weights {(held + 2**19) // 2**20} MiB, KV pool of " in done.stderr
 
 
 def test_a_policy_decides_over_the_synthetic_entries(tmp_path):
