@@ -333,7 +333,8 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
 int64_t held_weight_bytes(const ModelWeights& w, const Backend& backend, bool embedding) {
   int64_t n = 0;
   for (const LayerWeights& L : w.layers) {
-    for (const WeightMatrix* m : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+    for (const WeightMatrix* m :
+         {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
       n += backend.uploaded_weight_bytes(*m);
     }
   }

@@ -475,8 +475,8 @@ int bench_command(int argc, char** argv) {
     std::mt19937 rng(7);
     const std::optional<PolicySpec> request_policy =
         o.policy.empty() ? std::nullopt : std::optional<PolicySpec>(parse_policy_spec(o.policy));
-    const BenchSetup setup{*rt, o.n_prompt, o.n_gen, request_policy, held_weight_bytes(rt->weights, *rt->backend, false),
-                           o.copy_gbs, rng};
+    const int64_t weight_bytes = held_weight_bytes(rt->weights, *rt->backend, /*embedding=*/false);
+    const BenchSetup setup{*rt, o.n_prompt, o.n_gen, request_policy, weight_bytes, o.copy_gbs, rng};
     if (!o.contexts.empty()) {
       // Its prompts start after synthetic entries and are cut by the step's token budget, not at the points
       // where a chunked prefill compresses.
