@@ -1,10 +1,13 @@
 #include "kernels/weight_format.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/cpu/simd_clones.h"
 
 namespace strata {
 namespace {
@@ -15,6 +18,17 @@ constexpr WeightFormatInfo kInfo[] = {
 };
 
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// n f16 or bf16 values to fp32, in loops each level's clone vectorizes: prefill widens every 16-bit weight it
+// multiplies into fp32 tiles (kernels/cpu/packed_weight.h); with the portable loop SmolLM2's F16 prefill ran at 0.73x
+// of fp32 weights'.
+STRATA_SIMD_CLONES void widen_halves(const uint8_t* b, bool bf16, int64_t n, float* dst) {
+  if (bf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(uint32_t(load_u16(b + 2 * i)) << 16);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(b + 2 * i));
+  }
+}
 
 // Block structs are packed byte arrays in the file; reading fields byte-wise keeps this independent of the
 // host's alignment rules (the data of a row may start at any offset).
@@ -126,12 +140,8 @@ void dequantize_weight_row(WeightFormat format, const void* src, float* dst, int
     case WeightFormat::q5_k: dequantize_q5_k(b, dst, n_blocks); break;
     case WeightFormat::q6_k: dequantize_q6_k(b, dst, n_blocks); break;
     case WeightFormat::q5_1: dequantize_q5_1(b, dst, n_blocks); break;
-    case WeightFormat::f16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(b + 2 * i));
-      break;
-    case WeightFormat::bf16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(b + 2 * i));
-      break;
+    case WeightFormat::f16: widen_halves(b, false, n, dst); break;
+    case WeightFormat::bf16: widen_halves(b, true, n, dst); break;
   }
 }
 

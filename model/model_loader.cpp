@@ -492,13 +492,24 @@ void dequantize_slice(const TensorView& t, const GgmlTypeTraits& traits, const S
   }
 }
 
+// The format `dtype` asks of a matrix of n_cols columns whatever its source holds (norms are always f32); nullopt
+// under auto, where the source decides.
+std::optional<WeightFormat> requested_format(WeightDtype dtype, bool norm, int64_t n_cols) {
+  if (norm) return WeightFormat::f32;
+  switch (dtype) {
+    case WeightDtype::f32: return WeightFormat::f32;
+    case WeightDtype::q8_0: return n_cols % 32 == 0 ? WeightFormat::q8_0 : WeightFormat::f32;
+    case WeightDtype::f16: return WeightFormat::f16;
+    case WeightDtype::bf16: return WeightFormat::bf16;
+    case WeightDtype::automatic: break;
+  }
+  return std::nullopt;
+}
+
 // The format a slice is kept in under `dtype` (norms, 1-D, are always f32). Q5_0 becomes Q8_0 under auto too: the
 // same values exactly (q5_0_as_q8_0), at 34 bytes a block of 32 where f32 would take 128.
 WeightFormat target_format(const TensorView& t, const Slice& s, WeightDtype dtype, bool norm) {
-  if (norm || dtype == WeightDtype::f32) return WeightFormat::f32;
-  if (dtype == WeightDtype::q8_0) return s.n_cols % 32 == 0 ? WeightFormat::q8_0 : WeightFormat::f32;
-  if (dtype == WeightDtype::f16) return WeightFormat::f16;
-  if (dtype == WeightDtype::bf16) return WeightFormat::bf16;
+  if (const std::optional<WeightFormat> requested = requested_format(dtype, norm, s.n_cols)) return *requested;
   const std::optional<WeightFormat> own = t.type == GgmlType::q5_0 ? WeightFormat::q8_0 : weight_format_of(t.type);
   if (!own) return WeightFormat::f32;
   const int64_t block = weight_format_info(*own).block_elements;
@@ -597,10 +608,7 @@ float dummy_value(uint64_t key, uint64_t index) {
 // Under model.weight_dtype q8_0, f16 or bf16 the generated values are requantized; otherwise they stay fp32.
 WeightMatrix make_dummy_slice(uint64_t key, bool norm, const Slice& s, WeightDtype dtype, OwnedBuffers& owned) {
   const int64_t n = s.n_rows * s.n_cols;
-  WeightFormat format = WeightFormat::f32;
-  if (!norm && dtype == WeightDtype::f16) format = WeightFormat::f16;
-  if (!norm && dtype == WeightDtype::bf16) format = WeightFormat::bf16;
-  if (!norm && dtype == WeightDtype::q8_0 && s.n_cols % 32 == 0) format = WeightFormat::q8_0;
+  const WeightFormat format = requested_format(dtype, norm, s.n_cols).value_or(WeightFormat::f32);
   const bool requantize = format != WeightFormat::f32;
   std::vector<float> scratch(requantize ? static_cast<size_t>(n) : 0);
   float* out = requantize ? scratch.data() : reinterpret_cast<float*>(new_buffer(owned, n * int64_t{sizeof(float)}));

@@ -1,14 +1,11 @@
 #include "kernels/cpu/packed_weight.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "kernels/cpu/simd_clones.h"
 
 namespace strata::cpu {
 namespace {
@@ -302,16 +299,6 @@ Rows16Block rows16_block_values(const PackedWeight& w, int64_t tile, int64_t b, 
 
 namespace {
 
-// A row of f16 or bf16 values widened to fp32 in loops each level's clone vectorizes (the fp32 tiles of prefill
-// widen every weight they multiply: with the portable conversion, SmolLM2's prefill ran at 0.73x of fp32 weights').
-STRATA_SIMD_CLONES void widen_half_row(const uint8_t* src, bool bf16, int64_t n, float* out) {
-  if (bf16) {
-    for (int64_t j = 0; j < n; ++j) out[j] = std::bit_cast<float>(uint32_t(load_u16(src + 2 * j)) << 16);
-  } else {
-    for (int64_t j = 0; j < n; ++j) out[j] = fp16_to_fp32(load_u16(src + 2 * j));
-  }
-}
-
 // Zeroed bytes for a matrix's packed values: from the arena when there is one, else owned by `out`.
 uint8_t* packed_storage(size_t bytes, HostArena* arena, OwnedPackedWeight& out) {
   if (arena) return arena->allocate(bytes);
@@ -382,8 +369,8 @@ void dequantize_rows(const PackedWeight& w, int64_t row_begin, int64_t n_rows, f
       case PackedLayout::q4_k: dequantize_weight_row(WeightFormat::q4_k, src, y, w.cols); break;
       case PackedLayout::q5_k: dequantize_weight_row(WeightFormat::q5_k, src, y, w.cols); break;
       case PackedLayout::q6_k: dequantize_weight_row(WeightFormat::q6_k, src, y, w.cols); break;
-      case PackedLayout::f16: widen_half_row(src, false, w.cols, y); break;
-      case PackedLayout::bf16: widen_half_row(src, true, w.cols, y); break;
+      case PackedLayout::f16: dequantize_weight_row(WeightFormat::f16, src, y, w.cols); break;
+      case PackedLayout::bf16: dequantize_weight_row(WeightFormat::bf16, src, y, w.cols); break;
     }
   }
 }

@@ -25,9 +25,7 @@ inline std::vector<uint8_t> random_blocks(WeightFormat format, int64_t rows, int
     std::normal_distribution<float> normal(0.0f, 0.05f);
     for (size_t at = 0; at < data.size(); at += 2) {
       const float v = normal(rng);
-      uint32_t bits;
-      std::memcpy(&bits, &v, 4);
-      const uint16_t h = format == WeightFormat::f16 ? fp32_to_fp16(v) : uint16_t(bits >> 16);
+      const uint16_t h = format == WeightFormat::f16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
       std::memcpy(&data[at], &h, 2);
     }
     return data;
