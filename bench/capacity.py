@@ -5,11 +5,11 @@
                                      [--chunk 512] [--runs full:f32,snapkv:int4,...] [--budget 128]
                                      [--out bench/results/cpu-capacity-chunked.json] [--png FILE]
 
-For each run (a policy at --budget tokens a layer, or `full`, on an f32 or int4 pool) it starts `strata serve` with
-kv_cache.prefill_compression chunked (so that a prompt never needs its whole KV), sends --requests streaming
-completions of --prompt-tokens distinct random token ids at once, each generating --gen-tokens tokens (EOS
-ignored), and polls /metrics every half second, as an operator's Prometheus would, for every layer's KV tokens,
-the pool's free blocks and the running and waiting sequences. Per run it reports:
+For each run (a policy at --budget tokens a layer, or `full`, on an f32, f16, bf16 or int4 pool) it starts
+`strata serve` with kv_cache.prefill_compression chunked (so that a prompt never needs its whole KV), sends
+--requests streaming completions of --prompt-tokens distinct random token ids at once, each generating
+--gen-tokens tokens (EOS ignored), and polls /metrics every half second, as an operator's Prometheus would, for
+every layer's KV tokens, the pool's free blocks and the running and waiting sequences. Per run it reports:
   - the most sequences decoding at once (a request decodes from its first token to its last), and what the
     arithmetic allows: the pool's blocks over one sequence's peak as the scheduler counts it (each layer's budget
     plus a chunk and the scoring rows, in full-precision blocks; the whole prompt for `full`);
@@ -72,10 +72,15 @@ def peak_blocks(policy: str, budget: int, prompt: int, chunk: int, block_size: i
     return sum(-(-e // block_size) for e in entries)
 
 
+def block_size(dtype: str) -> int:
+    """A quantized pool's blocks are one KIVI group (32 entries); f32, f16 and bf16 pools keep the default 16."""
+    return 32 if dtype.startswith("int") else 16
+
+
 def start_server(port: int, policy: str, dtype: str, args) -> tuple[subprocess.Popen, list[str]]:
     spec = "full" if policy == "full" else f"{policy}:budget={args.budget}"
     sets = [f"kv_cache.memory_mib={args.memory_mib}", f"kv_cache.policy={spec}", f"kv_cache.dtype={dtype}",
-            f"kv_cache.block_size={32 if dtype != 'f32' else 16}", "kv_cache.prefill_compression=chunked",
+            f"kv_cache.block_size={block_size(dtype)}", "kv_cache.prefill_compression=chunked",
             f"kv_cache.prefill_chunk={args.chunk}", "kv_cache.prefix_caching=off",
             f"engine.max_running={args.requests}", f"engine.max_waiting={max(256, args.requests)}",
             "server.access_log=false"]
@@ -237,7 +242,7 @@ def main() -> int:
         finally:
             process.terminate()
             process.wait(timeout=60)
-        peak = peak_blocks(policy, args.budget, args.prompt_tokens, args.chunk, 32 if dtype != "f32" else 16)
+        peak = peak_blocks(policy, args.budget, args.prompt_tokens, args.chunk, block_size(dtype))
         result = summarize(requests, samples, total, args.gen_tokens, peak)
         print(f"{run:16s} decoding at once {result['max_decoding_at_once']:3d} (arithmetic "
               f"{result['arithmetic_sequences']}), pool peak {result['pool_peak_use']:.2f}, decode "

@@ -123,9 +123,26 @@ std::string activations_name(const ServerConfig& config) {
   return a == ActivationDtype::int8 ? "int8" : a == ActivationDtype::int16 ? "int16" : "f32";
 }
 
+namespace {
+
+// kv_cache.dtype f16 | bf16: the pool's full-precision blocks in that type, half an fp32 pool's memory (the CPU
+// widens them as it reads them, kernels/cpu/kv_rows.h). CUDA's pool is bf16 whatever is asked: f16 is refused there.
+KvBlockLayout half_pool_layout(const ServerConfig& config, KvBlockLayout layout) {
+  const DType asked = config.kv_cache.dtype == "f16" ? DType::f16 : DType::bf16;
+  if (config.engine.backend != "cpu" && asked != layout.dtype) {
+    throw ConfigError(config.file + ": kv_cache.dtype: " + config.kv_cache.dtype + " is for the CPU backend; the " +
+                      config.engine.backend + " backend's pool is " + dtype_name(layout.dtype));
+  }
+  layout.dtype = asked;
+  return layout;
+}
+
+}  // namespace
+
 KvBlockLayout kv_pool_layout(const ServerConfig& config, KvBlockLayout layout) {
   const std::string& dtype = config.kv_cache.dtype;
   if (dtype == "f32") return layout;
+  if (!config.kv_cache.quantized()) return half_pool_layout(config, layout);
   layout.quant = dtype == "int8" ? KvQuant::int8 : dtype == "int4" ? KvQuant::int4 : KvQuant::int2;
   if (layout.block_size != kKvQuantGroup) {
     throw ConfigError(config.file + ": kv_cache.block_size: kv_cache.dtype " + dtype + " needs " +
@@ -141,8 +158,7 @@ KvBlockLayout kv_pool_layout(const ServerConfig& config, KvBlockLayout layout) {
   if (layout.quantized_per_slot() < 2) {
     throw ConfigError(config.file + ": kv_cache.dtype: " + dtype + " packs " +
                       std::to_string(layout.quantized_per_slot()) + " group into a " +
-                      (layout.dtype == DType::bf16 ? "bf16" : "f32") +
-                      " block of this backend, so it would save no memory; use int4");
+                      dtype_name(layout.dtype) + " block of this backend, so it would save no memory; use int4");
   }
   return layout;
 }
@@ -301,8 +317,9 @@ void make_executor(const ServerConfig& config, const RankWorld* world, RankRunti
   if (config.kv_cache.policy.rfind("pod", 0) == 0 && config.kv_cache.pod_blocks.empty()) {
     throw ConfigError(config.file + ": kv_cache.pod_blocks: policy pod needs the layer blocks of strata calibrate");
   }
-  if (config.kv_cache.policy.rfind("pod", 0) == 0 && config.kv_cache.dtype != "f32") {
-    throw ConfigError(config.file + ": kv_cache.dtype: policy pod needs f32 (its key-free blocks are not quantized)");
+  if (config.kv_cache.policy.rfind("pod", 0) == 0 && config.kv_cache.quantized()) {
+    throw ConfigError(config.file + ": kv_cache.dtype: policy pod needs an unquantized pool (its key-free blocks are "
+                      "not quantized)");
   }
 }
 
@@ -319,7 +336,7 @@ void log_runtime(const ServerConfig& config, const RankGrid& grid, const RankRun
             << ", KV pool of " << n_blocks << " blocks x " << layout.block_size << " tokens ("
             << (config.kv_cache.memory_mib) << " MiB: room for "
             << (n_blocks * layout.block_size / (sh.layer_end - sh.layer_begin))
-            << " tokens in all layers at " << (layout.dtype == DType::bf16 ? "bf16" : "f32") << "), KV dtype "
+            << " tokens in all layers at " << dtype_name(layout.dtype) << "), KV dtype "
             << config.kv_cache.dtype;
   // How many sealed groups a block's memory packs: what quantization really saves (int8 on a bf16 pool: one).
   if (layout.quant != KvQuant::none) std::cerr << " (" << layout.quantized_per_slot() << " sealed groups a block)";
@@ -420,7 +437,7 @@ EngineOptions engine_options(const ServerConfig& config, const RankRuntime& rt) 
     // quantized entries of earlier chunks), besides the tokens before it.
     prefix.salt = std::hash<std::string>{}(config.model.path + "|" + config.model.weight_dtype + "|" +
                                            config.kv_cache.dtype + "|" + config.engine.backend);
-    prefix.publish_generated = config.kv_cache.dtype == "f32";
+    prefix.publish_generated = !config.kv_cache.quantized();
     o.prefix_cache = std::move(prefix);
   }
   return o;

@@ -181,7 +181,7 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"kv_cache.dtype",
        [](ServerConfig& c, const std::string& t, const std::string& w) {
-         c.kv_cache.dtype = parse_choice(t, w, {"f32", "int8", "int4", "int2"});
+         c.kv_cache.dtype = parse_choice(t, w, {"f32", "f16", "bf16", "int8", "int4", "int2"});
        }},
       {"kv_cache.policy",
        [](ServerConfig& c, const std::string& t, const std::string& w) {

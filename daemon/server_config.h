@@ -64,8 +64,10 @@ struct ServerConfig {
   struct KvCache {
     int block_size = 16;
     int64_t memory_mib = 1024;              // the pool's budget, per rank
-    // f32 (unquantized: bf16 on CUDA) | int8 | int4 | int2 (KIVI, block_size 32)
+    // f32 (unquantized: bf16 on CUDA) | f16 | bf16 (unquantized 16-bit) | int8 | int4 | int2 (KIVI, block_size 32)
     std::string dtype = "f32";
+    // Whether sealed groups are quantized (KIVI), or every block holds its entries at full precision.
+    bool quantized() const { return dtype.rfind("int", 0) == 0; }
     std::string policy = "full";            // a policy spec for every layer, e.g. "pyramidkv:budget=128"
     std::string layer_overrides;            // "0-1=full;28-29=snapkv:budget=256"
     std::string request_policies = "all";   // policies a request may choose ("all", "none", or a list)

@@ -120,12 +120,12 @@ std::vector<EvalCase> EvalSuite::cases() const {
   // Budget by budget, so that a run stopped early has covered every policy at the budgets it reached.
   const auto& quantized = settings_.quantized_policies;
   const bool quantized_full = std::find(quantized.begin(), quantized.end(), "full") != quantized.end();
-  std::vector<EvalCase> out{{"full", "", "f32"}};
+  std::vector<EvalCase> out{{"full", "", settings_.base_dtype}};
   for (const std::string& dtype : settings_.quantized_dtypes) {
     if (quantized_full) out.push_back({"full", "", dtype});
   }
   for (const std::string& b : settings_.budgets) {
-    for (const std::string& p : settings_.policies) out.push_back({p, b, "f32"});
+    for (const std::string& p : settings_.policies) out.push_back({p, b, settings_.base_dtype});
     for (const std::string& dtype : settings_.quantized_dtypes) {
       for (const std::string& p : quantized) {
         if (p != "full") out.push_back({p, b, dtype});

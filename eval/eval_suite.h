@@ -28,6 +28,8 @@ struct EvalSettings {
   // one row per format).
   std::vector<std::string> quantized_policies = {"simlayerkv"};
   std::vector<std::string> quantized_dtypes = {"int4"};
+  // The cache format of the other rows: the configuration's kv_cache.dtype (f32, or f16 | bf16 at half its memory).
+  std::string base_dtype = "f32";
   std::vector<std::string> documents;           // empty: every document of <data_dir>/documents.txt
   std::vector<int> perplexity_prefixes = {2048, 4096, 7936};  // 7,936 + 256 scored tokens: the 8,192 of SmolLM2
   int perplexity_tokens = 256;

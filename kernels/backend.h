@@ -47,6 +47,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   // Element type of the KV pool's full-precision blocks: f32 on the CPU, bf16 on CUDA (kernels/kv_block_layout.h).
+  // kv_cache.dtype f16 | bf16 makes the CPU's 16-bit instead (daemon/runtime.h, kv_pool_layout; every CPU KV op
+  // reads and writes them through kernels/cpu/kv_rows.h).
   virtual DType kv_dtype() const = 0;
   // Bytes upload_weight(w) keeps of w on the device, which is what a step reads of it: the CPU keeps f32 and
   // quantized blocks as they come (kernels/cpu/packed_weight.h), CUDA stores bf16.

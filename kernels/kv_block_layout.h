@@ -2,7 +2,8 @@
 // Where the keys and values of one KV block live. A block holds `block_size` consecutive cache entries of one
 // layer for all of a rank's KV heads. Two formats share one pool:
 //
-// Full-precision blocks (every block of an f32 pool; the "staging" blocks of a quantized pool), `dtype` elements:
+// Full-precision blocks (every block of an unquantized pool; the "staging" blocks of a quantized pool), `dtype`
+// elements (f32, f16 or bf16 on the CPU, bf16 on CUDA):
 //   K: [n_kv_heads][block_size][head_dim]  then  V: [n_kv_heads][block_size][head_dim]
 // Head-major inside a block so that one head's keys are contiguous for the attention dot products.
 //

@@ -20,6 +20,18 @@ inline int dtype_bytes(DType t) {
   return 0;
 }
 
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::i8: return "i8";
+    case DType::packed: return "packed";
+  }
+  return "?";
+}
+
 struct Tensor {
   void* data = nullptr;
   DType dtype = DType::f32;

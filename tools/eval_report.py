@@ -491,7 +491,10 @@ def memory_table(rows):
              "|---|---|---|---|---|"]
     for row in rows:
         end, peak = row.stats["ratio"], row.stats["peak_ratio"]
-        cells = [end, peak, bf16_basis(row.case, "end"), bf16_basis(row.case, "peak")]
+        if row.case.get("kv_dtype") in ("f16", "bf16"):  # a 16-bit pool's ratios are on the bf16 basis already
+            cells = [x * 2 if x is not None else None for x in (end, peak)] + [end, peak]
+        else:
+            cells = [end, peak, bf16_basis(row.case, "end"), bf16_basis(row.case, "peak")]
         lines.append(f"| {row.name} | " + " | ".join(fmt(x, '.2f') + ("×" if x is not None else "") for x in cells)
                      + " |")
     return "\n".join(lines)

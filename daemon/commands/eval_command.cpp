@@ -91,6 +91,7 @@ EvalSettings parse_eval_settings(const CommandLine& cl, const ServerConfig& conf
   if (cl.has("budgets")) settings.budgets = cl.get_list("budgets");
   if (cl.has("quantized")) settings.quantized_policies = join_policy_parameters(cl.get_list("quantized"));
   if (cl.has("quantized-dtypes")) settings.quantized_dtypes = cl.get_list("quantized-dtypes");
+  settings.base_dtype = config.kv_cache.dtype;
   if (cl.has("documents")) settings.documents = cl.get_list("documents");
   if (cl.has("ppl-prefixes")) settings.perplexity_prefixes = whole_numbers(cl.get_numbers("ppl-prefixes"));
   settings.perplexity_tokens = cl.get_int("ppl-tokens", settings.perplexity_tokens);
@@ -163,18 +164,18 @@ std::string case_prefill_mode(RankRuntime& rt, const EvalCase& c) {
   return OfflineExecutor(*rt.executor).prefills_in_chunks(parse_policy_spec(c.policy)) ? "chunked" : "end";
 }
 
-// The configuration of the runtime of the cases in cache format `dtype`. Applied before the long run, so that a
-// bad dtype fails at once; the runtime is built when its cases come.
+// The configuration of the runtime of the cases in cache format `dtype` (the configuration's own, or a quantized
+// one). Applied before the long run, so that a bad dtype fails at once; the runtime is built when its cases come.
 ServerConfig dtype_config(const ServerConfig& config, const std::string& dtype) {
   ServerConfig quantized = config;
-  if (dtype != "f32") {
+  if (dtype != config.kv_cache.dtype) {
     apply_config_override(quantized, "kv_cache.dtype=" + dtype);
     apply_config_override(quantized, "kv_cache.block_size=32");  // a block is one KIVI group
   }
   return quantized;
 }
 
-// The cases by cache format, f32 first: each format's cases run together on one runtime.
+// The cases by cache format, the base format first: each format's cases run together on one runtime.
 std::vector<std::pair<std::string, std::vector<EvalCase>>> cases_by_dtype(const std::vector<EvalCase>& cases) {
   std::vector<std::pair<std::string, std::vector<EvalCase>>> out;
   for (const EvalCase& c : cases) {

@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_codebook_ops.h"
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace strata {
@@ -58,8 +59,7 @@ void read_entry(std::span<const int32_t> table, int head, KvPart part, int entry
     throw std::logic_error("kv codebook: entry " + std::to_string(entry) + " is not in a full-precision block");
   }
   const int slot = entry % L.block_size;
-  const float* src = pool.block_f32(id) + (part == KvPart::key ? L.k_offset(head, slot) : L.v_offset(head, slot));
-  std::copy(src, src + L.head_dim, out);
+  read_kv_rows(pool, id, part == KvPart::key ? L.k_offset(head, slot) : L.v_offset(head, slot), L.head_dim, out);
   if (part == KvPart::key) rotate(pool.key_rope, L.head_dim, position, -1.0f, out);
 }
 
@@ -186,6 +186,7 @@ void kv_codebook_encode(std::span<const int32_t> block_table, const KvCodebookEn
     normalise(dst, hd);
   }
   std::vector<float> x(static_cast<size_t>(hd));
+  require_kv_element_type(pool, "kv_codebook_encode");
   for (int i = 0; i < n; ++i) {
     const int entry = e.entry_begin + i;
     KvCodeRow row{e.k_vectors[size_t(i)], 0.0f, e.v_vectors[size_t(i)], 0.0f, e.positions[size_t(i)]};
@@ -199,12 +200,13 @@ void kv_codebook_encode(std::span<const int32_t> block_table, const KvCodebookEn
     }
     pool.block_coded(e.coded_blocks[block])[L.code_row_index(e.head, entry % L.block_size)] = row;
     if (entry < e.write_back_from) continue;
-    float* block_f32 = pool.block_f32(block_table[size_t(entry / L.block_size)]);
+    const int32_t block_id = block_table[size_t(entry / L.block_size)];
     const int slot = entry % L.block_size;
-    coded_key(pool, row, block_f32 + L.k_offset(e.head, slot));
+    coded_key(pool, row, x.data());
+    write_kv_rows(pool, block_id, L.k_offset(e.head, slot), x.data(), hd);
     const float* c = pool.codebook_vector(row.v_vector);
-    float* v = block_f32 + L.v_offset(e.head, slot);
-    for (int d = 0; d < hd; ++d) v[d] = row.v_magnitude * c[d];
+    for (int d = 0; d < hd; ++d) x[size_t(d)] = row.v_magnitude * c[d];
+    write_kv_rows(pool, block_id, L.v_offset(e.head, slot), x.data(), hd);
   }
 }
 

@@ -16,6 +16,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_quantization.h"
+#include "kernels/cpu/kv_rows.h"
 
 namespace strata::cpu {
 namespace {
@@ -26,13 +27,11 @@ void compact_full_precision(std::span<const int32_t> block_table, std::span<cons
   for (size_t j = 0; j < kept.size(); ++j) {
     const int from = kept[j];
     if (from == int(j)) continue;
-    const float* src = pool.block_f32(block_table[from / L.block_size]);
-    float* dst = pool.block_f32(block_table[j / L.block_size]);
+    const int32_t src = block_table[from / L.block_size], dst = block_table[j / L.block_size];
+    const int from_slot = from % L.block_size, to_slot = int(j) % L.block_size;
     for (int h = h_begin; h < h_end; ++h) {
-      std::memmove(dst + L.k_offset(h, int(j) % L.block_size), src + L.k_offset(h, from % L.block_size),
-                   sizeof(float) * L.head_dim);
-      std::memmove(dst + L.v_offset(h, int(j) % L.block_size), src + L.v_offset(h, from % L.block_size),
-                   sizeof(float) * L.head_dim);
+      move_kv_elements(pool, dst, L.k_offset(h, to_slot), src, L.k_offset(h, from_slot), L.head_dim);
+      move_kv_elements(pool, dst, L.v_offset(h, to_slot), src, L.v_offset(h, from_slot), L.head_dim);
     }
   }
 }
@@ -70,9 +69,8 @@ GatheredEntries gather(std::span<const int32_t> table, std::span<const int32_t> 
       copy_value_entry(q, slot, scratch, i % L.block_size, head, L);
       g.value_quantized[size_t(i)] = true;
     } else {
-      const float* f = pool.block_f32(block);
-      std::memcpy(key, f + L.k_offset(head, slot), sizeof(float) * L.head_dim);
-      std::memcpy(g.values.data() + size_t(i) * L.head_dim, f + L.v_offset(head, slot), sizeof(float) * L.head_dim);
+      read_kv_rows(pool, block, L.k_offset(head, slot), L.head_dim, key);
+      read_kv_rows(pool, block, L.v_offset(head, slot), L.head_dim, g.values.data() + size_t(i) * L.head_dim);
     }
   }
   return g;
@@ -97,7 +95,7 @@ void compact_quantized_head(std::span<const int32_t> table, std::span<const int3
     return g.quantized.data() + size_t((j - first) / bs) * size_t(L.quantized_block_bytes());
   };
 
-  std::vector<float> group_keys(size_t(bs) * L.head_dim);
+  std::vector<float> group_keys(size_t(bs) * L.head_dim), value(size_t(L.head_dim));
   for (int group = first_group; group < kept_quantized; ++group) {
     uint8_t* block = pool.block_quantized(table[size_t(group)]);
     for (int t = 0; t < bs; ++t) {
@@ -114,15 +112,15 @@ void compact_quantized_head(std::span<const int32_t> table, std::span<const int3
   }
   for (int j = first_full; j < n_kept; ++j) {
     const int index = j - kept_quantized * bs;  // among the full-precision entries
-    float* block = pool.block_f32(table[size_t(n_quantized + index / bs)]);
-    std::memcpy(block + L.k_offset(head, index % bs), g.keys.data() + size_t(j - first) * L.head_dim,
-                sizeof(float) * L.head_dim);
-    float* value = block + L.v_offset(head, index % bs);
+    const int32_t block = table[size_t(n_quantized + index / bs)];
+    write_kv_rows(pool, block, L.k_offset(head, index % bs), g.keys.data() + size_t(j - first) * L.head_dim,
+                  L.head_dim);
+    const float* v = g.values.data() + size_t(j - first) * L.head_dim;
     if (g.value_quantized[size_t(j - first)]) {
-      dequantize_values(scratch_block(j), head, (j - first) % bs, 1, L, value);
-    } else {
-      std::memcpy(value, g.values.data() + size_t(j - first) * L.head_dim, sizeof(float) * L.head_dim);
+      dequantize_values(scratch_block(j), head, (j - first) % bs, 1, L, value.data());
+      v = value.data();
     }
+    write_kv_rows(pool, block, L.v_offset(head, index % bs), v, L.head_dim);
   }
 }
 
@@ -131,6 +129,7 @@ void compact_quantized_head(std::span<const int32_t> table, std::span<const int3
 void kv_compact(std::span<const int32_t> block_table, std::span<const int32_t> kept, const KvPoolView& pool,
                 int head) {
   const KvBlockLayout& L = pool.layout;
+  require_kv_element_type(pool, "kv_compact");
   const int h_begin = head < 0 ? 0 : head, h_end = head < 0 ? L.n_kv_heads : head + 1;
   int n_quantized = 0;
   while (n_quantized < int(block_table.size()) && pool.is_quantized(block_table[size_t(n_quantized)])) ++n_quantized;

@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "kernels/cpu/kv_quantization.h"
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace strata::cpu {
 namespace {
 
-// One block's keys and values of one KV head, as floats: a full-precision block's own rows, a quantized block's
-// dequantized into the buffers (as attention reads them).
+// One block's keys and values of one KV head, as floats: an fp32 block's own rows, a quantized block's dequantized
+// (a 16-bit block's widened) into the buffers, as attention reads them.
 struct BlockRows {
   const float* keys = nullptr;
   const float* values = nullptr;
@@ -26,14 +27,19 @@ BlockRows block_rows(const KvPoolView& pool, int32_t id, int head, int n, std::v
                      std::vector<float>& value_buffer) {
   const KvBlockLayout& L = pool.layout;
   if (pool.is_coded(id)) throw std::invalid_argument("kv_key_forms: codebook-coded blocks are not read");
-  if (!pool.is_quantized(id)) {
+  if (!pool.is_quantized(id) && kv_rows_are_f32(pool)) {
     const float* block = pool.block_f32(id);
     return {block + L.k_offset(head, 0), block + L.v_offset(head, 0)};
   }
   key_buffer.resize(size_t(L.block_size) * L.head_dim);
   value_buffer.resize(size_t(L.block_size) * L.head_dim);
-  dequantize_keys(pool.block_quantized(id), head, 0, n, L, key_buffer.data());
-  dequantize_values(pool.block_quantized(id), head, 0, n, L, value_buffer.data());
+  if (pool.is_quantized(id)) {
+    dequantize_keys(pool.block_quantized(id), head, 0, n, L, key_buffer.data());
+    dequantize_values(pool.block_quantized(id), head, 0, n, L, value_buffer.data());
+  } else {
+    read_kv_rows(pool, id, L.k_offset(head, 0), int64_t(n) * L.head_dim, key_buffer.data());
+    read_kv_rows(pool, id, L.v_offset(head, 0), int64_t(n) * L.head_dim, value_buffer.data());
+  }
   return {key_buffer.data(), value_buffer.data()};
 }
 
@@ -48,7 +54,7 @@ void kv_key_forms(std::span<const int32_t> block_table, int head, std::span<cons
   if (head < 0 || head >= L.n_kv_heads) {
     throw std::invalid_argument("kv_key_forms: KV head " + std::to_string(head) + " out of range");
   }
-  if (pool.layout.dtype != DType::f32) throw std::invalid_argument("kv_key_forms: the CPU pool is f32");
+  require_kv_element_type(pool, "kv_key_forms");
   if (linear.size() % size_t(d) != 0) throw std::invalid_argument("kv_key_forms: linear is not [m][head_dim]");
   const int64_t m = int64_t(linear.size()) / d;
   if (int64_t(quadratic.size()) != m * d * d || int64_t(forms.size()) != m * n) {

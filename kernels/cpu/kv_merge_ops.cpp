@@ -4,6 +4,7 @@
 // 3,200 x 800 x 64 multiply-adds per KV head); kv_merge reads and writes (1 + sources) x 2 x head_dim floats per
 // target.
 #include "kernels/cpu/kv_merge_ops.h"
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
@@ -18,14 +19,13 @@ namespace {
 // torch.nn.functional.cosine_similarity clamps each norm to this.
 constexpr double kNormEpsilon = 1e-8;
 
-// Full-precision f32 blocks only: a quantized layer (kv_cache.dtype int8 | int4 | int2) is never merged into, because
+// Full-precision blocks only: a quantized layer (kv_cache.dtype int8 | int4 | int2) is never merged into, because
 // D2O keeps its merging layers unsealed (CompressionPolicy::needs_unquantized).
-void require_f32(std::span<const int32_t> block_table, const KvPoolView& pool, const char* op) {
+void require_full_precision(std::span<const int32_t> block_table, const KvPoolView& pool, const char* op) {
+  require_kv_element_type(pool, op);
   bool quantized = false;
   for (int32_t block : block_table) quantized = quantized || pool.is_quantized(block);
-  if (pool.layout.dtype != DType::f32 || quantized) {
-    throw std::invalid_argument(std::string(op) + ": the layer's KV blocks must be f32, not quantized");
-  }
+  if (quantized) throw std::invalid_argument(std::string(op) + ": the layer's KV blocks must not be quantized");
 }
 
 void require_head(const KvPoolView& pool, int head, const char* op) {
@@ -34,14 +34,24 @@ void require_head(const KvPoolView& pool, int head, const char* op) {
   }
 }
 
-float* key_of(std::span<const int32_t> block_table, const KvPoolView& pool, int head, int32_t entry) {
+// Where the key (value) of `entry` is: its block and element offset.
+struct EntryRow {
+  int32_t block;
+  int64_t offset;
+};
+
+EntryRow key_of(std::span<const int32_t> block_table, const KvPoolView& pool, int head, int32_t entry) {
   const KvBlockLayout& L = pool.layout;
-  return pool.block_f32(block_table[size_t(entry / L.block_size)]) + L.k_offset(head, entry % L.block_size);
+  return {block_table[size_t(entry / L.block_size)], L.k_offset(head, entry % L.block_size)};
 }
 
-float* value_of(std::span<const int32_t> block_table, const KvPoolView& pool, int head, int32_t entry) {
+EntryRow value_of(std::span<const int32_t> block_table, const KvPoolView& pool, int head, int32_t entry) {
   const KvBlockLayout& L = pool.layout;
-  return pool.block_f32(block_table[size_t(entry / L.block_size)]) + L.v_offset(head, entry % L.block_size);
+  return {block_table[size_t(entry / L.block_size)], L.v_offset(head, entry % L.block_size)};
+}
+
+void read_row(const KvPoolView& pool, EntryRow row, float* out) {
+  read_kv_rows(pool, row.block, row.offset, pool.layout.head_dim, out);
 }
 
 double norm_of(const float* x, int n) {
@@ -55,25 +65,29 @@ double norm_of(const float* x, int n) {
 void kv_nearest_keys(std::span<const int32_t> block_table, int head, std::span<const int32_t> queries,
                      std::span<const int32_t> candidates, const KvPoolView& pool, std::span<float> best_similarity,
                      std::span<int32_t> best_candidate) {
-  require_f32(block_table, pool, "kv_nearest_keys");
+  require_full_precision(block_table, pool, "kv_nearest_keys");
   require_head(pool, head, "kv_nearest_keys");
   if (best_similarity.size() != queries.size() || best_candidate.size() != queries.size()) {
     throw std::invalid_argument("kv_nearest_keys: one output per query entry");
   }
   if (candidates.empty() && !queries.empty()) throw std::invalid_argument("kv_nearest_keys: no candidates");
   const int hd = pool.layout.head_dim;
+  // The candidates' keys as fp32, read once for all the queries.
+  std::vector<float> keys(candidates.size() * size_t(hd));
   std::vector<double> candidate_norms(candidates.size());
   for (size_t c = 0; c < candidates.size(); ++c) {
-    candidate_norms[c] = norm_of(key_of(block_table, pool, head, candidates[c]), hd);
+    read_row(pool, key_of(block_table, pool, head, candidates[c]), keys.data() + c * size_t(hd));
+    candidate_norms[c] = norm_of(keys.data() + c * size_t(hd), hd);
   }
   parallel_for(int64_t(queries.size()), 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> q(static_cast<size_t>(hd));
     for (size_t i = size_t(begin); i < size_t(end); ++i) {
-      const float* q = key_of(block_table, pool, head, queries[i]);
-      const double q_norm = norm_of(q, hd);
+      read_row(pool, key_of(block_table, pool, head, queries[i]), q.data());
+      const double q_norm = norm_of(q.data(), hd);
       double best = -INFINITY;
       int32_t best_c = 0;
       for (size_t c = 0; c < candidates.size(); ++c) {
-        const float* k = key_of(block_table, pool, head, candidates[c]);
+        const float* k = keys.data() + c * size_t(hd);
         double dot = 0.0;
         for (int d = 0; d < hd; ++d) dot += double(q[d]) * k[d];
         const double cosine = dot / (q_norm * candidate_norms[c]);
@@ -89,7 +103,7 @@ void kv_nearest_keys(std::span<const int32_t> block_table, int head, std::span<c
 }
 
 void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, const KvPoolView& pool, int head) {
-  require_f32(block_table, pool, "kv_merge");
+  require_full_precision(block_table, pool, "kv_merge");
   require_head(pool, head, "kv_merge");
   if (merges.empty()) return;
   if (merges.target_weights.size() != merges.targets.size() ||
@@ -98,17 +112,18 @@ void kv_merge(std::span<const int32_t> block_table, const KvMerges& merges, cons
     throw std::invalid_argument("kv_merge: inconsistent merge arrays");
   }
   const int hd = pool.layout.head_dim;
-  std::vector<float> acc(static_cast<size_t>(hd));
+  std::vector<float> acc(static_cast<size_t>(hd)), row(static_cast<size_t>(hd));
   for (size_t t = 0; t < merges.targets.size(); ++t) {
     for (auto vector_of : {key_of, value_of}) {
-      float* target = vector_of(block_table, pool, head, merges.targets[t]);
-      for (int d = 0; d < hd; ++d) acc[size_t(d)] = merges.target_weights[t] * target[d];
+      const EntryRow target = vector_of(block_table, pool, head, merges.targets[t]);
+      read_row(pool, target, row.data());
+      for (int d = 0; d < hd; ++d) acc[size_t(d)] = merges.target_weights[t] * row[size_t(d)];
       for (int s = merges.source_begin[t]; s < merges.source_begin[t + 1]; ++s) {
-        const float* source = vector_of(block_table, pool, head, merges.sources[size_t(s)]);
+        read_row(pool, vector_of(block_table, pool, head, merges.sources[size_t(s)]), row.data());
         const float w = merges.source_weights[size_t(s)];
-        for (int d = 0; d < hd; ++d) acc[size_t(d)] += w * source[d];
+        for (int d = 0; d < hd; ++d) acc[size_t(d)] += w * row[size_t(d)];
       }
-      std::copy(acc.begin(), acc.end(), target);
+      write_kv_rows(pool, target.block, target.offset, acc.data(), hd);
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/quantized_dot.h"
 #include "kernels/cpu/simd_clones.h"
 #include "kernels/cpu/thread_pool.h"
@@ -211,13 +212,15 @@ void kv_quantize(std::span<const int32_t> src, std::span<const int32_t> dst, con
   const KvBlockLayout& L = pool.layout;
   // One item per (block, KV head).
   parallel_for(int64_t(src.size()) * L.n_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows(size_t(L.block_size) * L.head_dim);  // one head's keys, then its values, as fp32
     for (int64_t item = begin; item < end; ++item) {
       const size_t i = size_t(item / L.n_kv_heads);
       const int h = int(item % L.n_kv_heads);
-      const float* from = pool.block_f32(src[i]);
       uint8_t* to = pool.block_quantized(dst[i]);
-      quantize_keys(from + L.k_offset(h, 0), L.head_dim, to, h, L);
-      for (int t = 0; t < L.block_size; ++t) quantize_value_row(from + L.v_offset(h, t), to, h, t, L);
+      read_kv_rows(pool, src[i], L.k_offset(h, 0), int64_t(rows.size()), rows.data());
+      quantize_keys(rows.data(), L.head_dim, to, h, L);
+      read_kv_rows(pool, src[i], L.v_offset(h, 0), int64_t(rows.size()), rows.data());
+      for (int t = 0; t < L.block_size; ++t) quantize_value_row(rows.data() + t * L.head_dim, to, h, t, L);
     }
   });
 }
@@ -227,13 +230,15 @@ void kv_dequantize(std::span<const int32_t> src, std::span<const int32_t> dst, c
   require_pairs(src, dst, pool, /*src_quantized=*/true, "kv_dequantize");
   const KvBlockLayout& L = pool.layout;
   parallel_for(int64_t(src.size()) * L.n_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows(size_t(L.block_size) * L.head_dim);
     for (int64_t item = begin; item < end; ++item) {
       const size_t i = size_t(item / L.n_kv_heads);
       const int h = int(item % L.n_kv_heads);
       const uint8_t* from = pool.block_quantized(src[i]);
-      float* to = pool.block_f32(dst[i]);
-      dequantize_keys(from, h, 0, L.block_size, L, to + L.k_offset(h, 0));
-      dequantize_values(from, h, 0, L.block_size, L, to + L.v_offset(h, 0));
+      dequantize_keys(from, h, 0, L.block_size, L, rows.data());
+      write_kv_rows(pool, dst[i], L.k_offset(h, 0), rows.data(), int64_t(rows.size()));
+      dequantize_values(from, h, 0, L.block_size, L, rows.data());
+      write_kv_rows(pool, dst[i], L.v_offset(h, 0), rows.data(), int64_t(rows.size()));
     }
   });
 }

@@ -5,7 +5,8 @@
 //
 // Quantized blocks (kernels/kv_block_layout.h) are dequantized as they are read, one KV head's keys (or values) of
 // a block at a time into a buffer that stays in the L1 cache, for all the query heads of that KV head; then they
-// take the full-precision path.
+// take the full-precision path. So are the full-precision blocks of a 16-bit pool (kv_cache.dtype f16 | bf16),
+// widened to fp32 (kernels/cpu/kv_rows.h): attention reads half the bytes of an fp32 pool.
 // Coded blocks (SpindleKV) are reconstructed as they are read: K = RoPE(m * C[r], position), V = m * C[r].
 //
 // A decode row is also cut along its keys (flash-decoding, split_row): each span's items give partial sums and
@@ -26,12 +27,14 @@
 #include "kernels/cpu/kv_codebook_ops.h"
 #include "kernels/cpu/fast_exp.h"
 #include "kernels/cpu/kv_quantization.h"
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/simd_clones.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace strata::cpu {
 
 void kv_write(const float* k, const float* v, std::span<const AttentionSequence> seqs, const KvPoolView& pool) {
+  require_kv_element_type(pool, "kv_write");
   const KvBlockLayout& L = pool.layout;
   const int64_t row = int64_t(L.n_kv_heads) * L.head_dim;
   for (const AttentionSequence& s : seqs) {
@@ -42,12 +45,11 @@ void kv_write(const float* k, const float* v, std::span<const AttentionSequence>
         throw std::logic_error("kv_write: entry " + std::to_string(entry) + " falls in packed block " +
                                std::to_string(id) + " (new entries go to full-precision blocks)");
       }
-      float* block = pool.block_f32(id);
       const int slot = entry % L.block_size;
       const int64_t src = int64_t(s.q_begin + i) * row;
       for (int h = 0; h < L.n_kv_heads; ++h) {
-        std::memcpy(block + L.k_offset(h, slot), k + src + int64_t(h) * L.head_dim, sizeof(float) * L.head_dim);
-        std::memcpy(block + L.v_offset(h, slot), v + src + int64_t(h) * L.head_dim, sizeof(float) * L.head_dim);
+        write_kv_rows(pool, id, L.k_offset(h, slot), k + src + int64_t(h) * L.head_dim, L.head_dim);
+        write_kv_rows(pool, id, L.v_offset(h, slot), v + src + int64_t(h) * L.head_dim, L.head_dim);
       }
     }
   }
@@ -86,7 +88,7 @@ constexpr int kDimChunk = 64;  // output dimensions accumulated in registers
 // Per-thread buffers.
 struct Workspace {
   std::vector<float> scores;       // [kTileRows][stride]: the tile's scores, then probabilities
-  std::vector<float> dequantized;  // [block_size][head_dim]: a quantized block's keys or values of one KV head
+  std::vector<float> dequantized;  // [block_size][head_dim]: a quantized or 16-bit block's keys or values of a KV head
   std::vector<float> coded_key;    // [head_dim]: a coded block's key, rebuilt
 };
 
@@ -205,9 +207,9 @@ void row_scores(const float* qv, const float* keys, int n, int hd, float scale, 
 // A sequence's blocks made ready once per call for its many query rows (kernels that read a block again for every
 // tile would dequantize it again too): the keys of its full-precision and quantized blocks transposed for
 // chunk_scores, keys[(((h * n_blocks + b) * chunks + c) * hd + d) * kKeyChunk + j] being key c * kKeyChunk + j of
-// block b for KV head h, and the values of its quantized blocks dequantized, values[((h * n_blocks + b) *
-// block_size + j) * hd + d]. Coded blocks are left out (their slots stay unset), and so are the values of
-// full-precision blocks (read where they are).
+// block b for KV head h, and the values of its quantized and 16-bit blocks made fp32, values[((h * n_blocks + b) *
+// block_size + j) * hd + d]. Coded blocks are left out (their slots stay unset), and so are the values of fp32
+// blocks (read where they are).
 struct PreparedKv {
   std::vector<float> keys;
   std::vector<float> values;
@@ -221,6 +223,11 @@ struct PreparedKv {
     return (int64_t(kv_head) * n_blocks + block) * block_size * hd;
   }
 };
+
+// Whether block `id` is read where it is: a full-precision block of an fp32 pool. The others are made fp32 first.
+bool read_in_place(const KvPoolView& pool, int32_t id) {
+  return kv_rows_are_f32(pool) && !pool.is_quantized(id) && !pool.is_coded(id);
+}
 
 // Sequences with enough query rows to pay for the transposition; the others score keys row by row.
 bool worth_transposing(const AttentionSequence& s, int group) { return s.n_q * group >= 2 * kTileRows; }
@@ -237,22 +244,27 @@ void transpose_keys(const float* keys, int n, int hd, float* out) {
 }
 
 // Block `block` of a sequence, KV head `kv_head`, made ready in `ready` (see PreparedKv); `scratch` holds a
-// quantized block's keys of one head on their way to being transposed.
+// quantized or 16-bit block's keys of one head on their way to being transposed.
 void prepare_block(const KvPoolView& pool, int32_t id, int kv_head, int block, int n, PreparedKv& ready,
                    std::vector<float>& scratch) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   float* keys_t = ready.keys.data() + ready.key_offset(kv_head, block, 0, hd);
   if (pool.is_coded(id)) return;
-  if (!pool.is_quantized(id)) {
+  if (read_in_place(pool, id)) {
     transpose_keys(pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, keys_t);
     return;
   }
   scratch.resize(size_t(L.block_size) * hd);
-  dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, scratch.data());
+  float* values = ready.values.data() + ready.value_offset(kv_head, block, L.block_size, hd);
+  if (pool.is_quantized(id)) {
+    dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, scratch.data());
+    dequantize_values(pool.block_quantized(id), kv_head, 0, n, L, values);
+  } else {
+    read_kv_rows(pool, id, L.k_offset(kv_head, 0), int64_t(n) * hd, scratch.data());
+    read_kv_rows(pool, id, L.v_offset(kv_head, 0), int64_t(n) * hd, values);
+  }
   transpose_keys(scratch.data(), n, hd, keys_t);
-  dequantize_values(pool.block_quantized(id), kv_head, 0, n, L,
-                    ready.values.data() + ready.value_offset(kv_head, block, L.block_size, hd));
 }
 
 // This and prefetch_block inlined always: GCC 12 takes a function that only prefetches for one without effects and
@@ -269,8 +281,8 @@ void prepare_block(const KvPoolView& pool, int32_t id, int kv_head, int block, i
   const KvBlockLayout& L = pool.layout;
   if (pool.is_coded(id)) return;
   if (!pool.is_quantized(id)) {
-    const float* first = pool.block_f32(id) + (values ? L.v_offset(head, 0) : L.k_offset(head, 0));
-    prefetch_bytes(first, int64_t(L.block_size) * L.head_dim * int64_t(sizeof(float)));
+    const uint8_t* first = kv_element(pool, id, values ? L.v_offset(head, 0) : L.k_offset(head, 0));
+    prefetch_bytes(first, int64_t(L.block_size) * L.head_dim * dtype_bytes(L.dtype));
     return;
   }
   const uint8_t* block = pool.block_quantized(id);
@@ -287,10 +299,10 @@ void prepare_block(const KvPoolView& pool, int32_t id, int kv_head, int block, i
   }
 }
 
-// scores[t * stride + j] = scale * q_t . k_j for the tile's vectors and the first n entries of a quantized or coded
-// block. Each key is dequantized (or rebuilt from its codebook vector) once for all the vectors: they are the query
-// heads of one KV head.
-void packed_block_scores(const float* const* q_rows, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
+// scores[t * stride + j] = scale * q_t . k_j for the tile's vectors and the first n entries of a block not read in
+// place (quantized, coded or 16-bit). Each key is dequantized (rebuilt from its codebook vector, widened) once for
+// all the vectors: they are the query heads of one KV head.
+void converted_block_scores(const float* const* q_rows, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
                          int n, float scale, int64_t stride, Workspace& ws, float* scores) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
@@ -302,12 +314,16 @@ void packed_block_scores(const float* const* q_rows, int vectors, const KvPoolVi
     }
     return;
   }
-  dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, ws.dequantized.data());
+  if (pool.is_quantized(id)) {
+    dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, ws.dequantized.data());
+  } else {
+    read_kv_rows(pool, id, L.k_offset(kv_head, 0), int64_t(n) * hd, ws.dequantized.data());
+  }
   for (int t = 0; t < vectors; ++t) row_scores(q_rows[t], ws.dequantized.data(), n, hd, scale, scores + t * stride);
 }
 
 // o_t += sum_j p_t[j] * v_j for the tile's vectors over the first n_t entries of one block (n_t <= 0: none).
-// A quantized block is dequantized once for all the vectors, unless `ready_values` holds it dequantized already.
+// A quantized (16-bit) block is dequantized (widened) once for all the vectors, unless `ready_values` holds it so.
 void block_values(const float* const* p, const int* n, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
                   const float* ready_values, Workspace& ws, float* const* o) {
   const KvBlockLayout& L = pool.layout;
@@ -324,12 +340,14 @@ void block_values(const float* const* p, const int* n, int vectors, const KvPool
     return;
   }
   const float* values = ws.dequantized.data();
-  if (!pool.is_quantized(id)) {
+  if (read_in_place(pool, id)) {
     values = pool.block_f32(id) + L.v_offset(kv_head, 0);
   } else if (ready_values) {
     values = ready_values;
-  } else if (const int n_max = *std::max_element(n, n + vectors); n_max > 0) {
+  } else if (const int n_max = *std::max_element(n, n + vectors); n_max > 0 && pool.is_quantized(id)) {
     dequantize_values(pool.block_quantized(id), kv_head, 0, n_max, L, ws.dequantized.data());
+  } else if (n_max > 0) {
+    read_kv_rows(pool, id, L.v_offset(kv_head, 0), int64_t(n_max) * hd, ws.dequantized.data());
   }
   for (int t = 0; t < vectors; ++t) {
     if (n[t] > 0) rows_values(p[t], values, n[t], hd, o[t]);
@@ -427,7 +445,9 @@ std::vector<PreparedKv> prepared_kv(std::span<const AttentionSequence> seqs, con
     ready.n_blocks = (seqs[s].n_ctx_before + seqs[s].n_q + L.block_size - 1) / L.block_size;
     ready.chunks = (L.block_size + kKeyChunk - 1) / kKeyChunk;
     ready.keys.resize(size_t(L.n_kv_heads) * ready.n_blocks * ready.chunks * L.head_dim * kKeyChunk);
-    if (L.quant != KvQuant::none) ready.values.resize(size_t(L.n_kv_heads) * ready.n_blocks * L.block_size * L.head_dim);
+    if (L.quant != KvQuant::none || !kv_rows_are_f32(pool)) {
+      ready.values.resize(size_t(L.n_kv_heads) * ready.n_blocks * L.block_size * L.head_dim);
+    }
     for (int h = 0; h < L.n_kv_heads; ++h) {
       for (int b = 0; b < ready.n_blocks; ++b) tasks.push_back({s, h, b});
     }
@@ -467,8 +487,8 @@ void tile_scores(const float* const* q_rows, int vectors, const AttentionSequenc
       continue;
     }
     if (e0 + L.block_size < key_end) prefetch_block(pool, s.block_table[block + 1], kv_head, /*values=*/false);
-    if (pool.is_quantized(id) || pool.is_coded(id)) {
-      packed_block_scores(q_rows, vectors, pool, id, kv_head, n, scale, stride, ws, block_scores);
+    if (!read_in_place(pool, id)) {
+      converted_block_scores(q_rows, vectors, pool, id, kv_head, n, scale, stride, ws, block_scores);
     } else {
       for (int t = 0; t < vectors; ++t) {
         row_scores(q_rows[t], pool.block_f32(id) + L.k_offset(kv_head, 0), n, hd, scale, block_scores + t * stride);
@@ -512,7 +532,7 @@ void sum_values(const AttentionSequence& s, int key_begin, const float* const* p
     const int block = e0 / L.block_size;
     const int32_t id = s.block_table[block];
     const float* ready_values = nullptr;
-    if (!ready.values.empty() && pool.is_quantized(id)) {
+    if (!ready.values.empty() && !read_in_place(pool, id) && !pool.is_coded(id)) {
       ready_values = ready.values.data() + ready.value_offset(kv_head, block, L.block_size, L.head_dim);
     } else if (e0 + L.block_size < last) {
       prefetch_block(pool, s.block_table[block + 1], kv_head, /*values=*/true);
@@ -596,6 +616,7 @@ void combine_spans(std::span<const QueryItem> spans, const AttentionSequence& s,
 // each do the same over their span, and the spans are combined at the end.
 void paged_attention(const float* q, std::span<const AttentionSequence> seqs, const KvPoolView& pool, int n_heads,
                      float scale, float* out) {
+  require_kv_element_type(pool, "paged_attention");
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   const int group = n_heads / L.n_kv_heads;

@@ -4,12 +4,12 @@
 // log-sum-exp form.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/pod_ops.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -22,29 +22,38 @@ float dot(const float* a, const float* b, int n) {
   return acc;
 }
 
-const float* key_of(const KvPoolView& pool, std::span<const int32_t> table, int kv_head, int entry) {
+// Row `offset` of full-precision block `id` as fp32: in place in an fp32 pool, widened into `buffer` otherwise.
+const float* row_of(const KvPoolView& pool, int32_t id, int64_t offset, float* buffer) {
+  if (kv_rows_are_f32(pool)) return pool.block_f32(id) + offset;
+  read_kv_rows(pool, id, offset, pool.layout.head_dim, buffer);
+  return buffer;
+}
+
+const float* key_of(const KvPoolView& pool, std::span<const int32_t> table, int kv_head, int entry, float* buffer) {
   const KvBlockLayout& L = pool.layout;
   const int32_t id = table[size_t(entry / L.block_size)];
   if (pod_is_paired(id) || pool.is_quantized(id)) {
     throw std::logic_error("pod attention: entry " + std::to_string(entry) + " has no full-precision key");
   }
-  return pool.block_f32(id) + L.k_offset(kv_head, entry % L.block_size);
+  return row_of(pool, id, L.k_offset(kv_head, entry % L.block_size), buffer);
 }
 
 // A paired id's values sit in the key region of its block (kernels/pod_attention.h).
-const float* value_of(const KvPoolView& pool, std::span<const int32_t> table, int kv_head, int entry) {
+const float* value_of(const KvPoolView& pool, std::span<const int32_t> table, int kv_head, int entry,
+                      float* buffer) {
   const KvBlockLayout& L = pool.layout;
   const int32_t id = table[size_t(entry / L.block_size)];
   const int slot = entry % L.block_size;
-  if (pod_is_paired(id)) return pool.block_f32(pod_paired_block(id)) + L.k_offset(kv_head, slot);
+  if (pod_is_paired(id)) return row_of(pool, pod_paired_block(id), L.k_offset(kv_head, slot), buffer);
   if (pool.is_quantized(id)) throw std::logic_error("pod attention: quantized blocks are not supported");
-  return pool.block_f32(id) + L.v_offset(kv_head, slot);
+  return row_of(pool, id, L.v_offset(kv_head, slot), buffer);
 }
 
 // o = softmax(logits) · V over `entries`, returning the log-sum-exp (-inf for no entries).
 float softmax_values(std::vector<float>& logits, const std::vector<int>& entries, const KvPoolView& pool,
                      std::span<const int32_t> table, int kv_head, float* o) {
   const int hd = pool.layout.head_dim;
+  std::vector<float> buffer(static_cast<size_t>(hd));
   std::fill(o, o + hd, 0.0f);
   if (entries.empty()) return -std::numeric_limits<float>::infinity();
   const float max_logit = *std::max_element(logits.begin(), logits.end());
@@ -55,7 +64,7 @@ float softmax_values(std::vector<float>& logits, const std::vector<int>& entries
   }
   for (size_t j = 0; j < entries.size(); ++j) {
     const float p = logits[j] / sum;
-    const float* v = value_of(pool, table, kv_head, entries[j]);
+    const float* v = value_of(pool, table, kv_head, entries[j], buffer.data());
     for (int d = 0; d < hd; ++d) o[d] += p * v[d];
   }
   return max_logit + std::log(sum);
@@ -69,6 +78,7 @@ void pod_attention(const float* q, std::span<const AttentionSequence> seqs, std:
   const int hd = L.head_dim;
   const int group = n_heads / L.n_kv_heads;
   const int64_t q_row = int64_t(n_heads) * hd;
+  require_kv_element_type(pool, "pod attention");
   if (distant.size() != seqs.size()) throw std::invalid_argument("pod attention: one PodDistant per sequence");
   struct Item {
     int seq, head, row;
@@ -86,6 +96,7 @@ void pod_attention(const float* q, std::span<const AttentionSequence> seqs, std:
 
   parallel_for(int64_t(items.size()), 16, [&](int64_t begin, int64_t end) {
     std::vector<float> logits_p, logits_d, o_d = std::vector<float>(size_t(hd));
+    std::vector<float> key(static_cast<size_t>(hd));
     std::vector<int> entries_p, entries_d;
     for (size_t it = size_t(begin); it < size_t(end); ++it) {
       const Item& item = items[it];
@@ -104,10 +115,11 @@ void pod_attention(const float* q, std::span<const AttentionSequence> seqs, std:
       for (int j = 0; j <= pos; ++j) {
         if (j < window.sinks || j >= distant_end) {
           entries_p.push_back(j);
-          logits_p.push_back(dot(qv, key_of(pool, s.block_table, kv_head, j), hd) * scale);
+          logits_p.push_back(dot(qv, key_of(pool, s.block_table, kv_head, j, key.data()), hd) * scale);
         } else {
           entries_d.push_back(j);
-          logits_d.push_back(dot(qd, key_of(pool, dist.key_tables[size_t(kv_head)], kv_head, j), hd) * scale);
+          logits_d.push_back(
+              dot(qd, key_of(pool, dist.key_tables[size_t(kv_head)], kv_head, j, key.data()), hd) * scale);
         }
       }
       float* o = out + row * q_row + int64_t(item.head) * hd;
@@ -127,7 +139,7 @@ void kv_pair_values(std::span<const int32_t> first, std::span<const int32_t> sec
         pod_is_paired(second[i])) {
       throw std::logic_error("kv_pair_values: full-precision blocks only");
     }
-    std::memcpy(pool.block_f32(first[i]), pool.block_f32(second[i]) + half, sizeof(float) * size_t(half));
+    move_kv_elements(pool, first[i], 0, second[i], half, half);
   }
 }
 

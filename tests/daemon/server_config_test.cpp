@@ -387,7 +387,7 @@ TEST_F(ServerConfigTest, ConfigKeysListsEveryKey) {
 TEST_F(ServerConfigTest, KvDtypeIsOneOfTheFormats) {
   ServerConfig c;
   EXPECT_EQ(c.kv_cache.dtype, "f32");
-  for (const std::string dtype : {"f32", "int8", "int4", "int2"}) {
+  for (const std::string dtype : {"f32", "f16", "bf16", "int8", "int4", "int2"}) {
     apply_config_override(c, "kv_cache.dtype=" + dtype);
     EXPECT_EQ(c.kv_cache.dtype, dtype);
   }

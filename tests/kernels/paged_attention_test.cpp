@@ -40,7 +40,10 @@ struct SeqSpec {
 
 constexpr int kVectors = 48, kPositions = 1024;
 
-// An f32 pool in host memory for `specs`: full-precision slots of random entries, then the slots of the packed
+
+// A pool in host memory for `specs`: full-precision slots of random entries (16-bit ones as the nearest of the
+// layout's type to a normal sample, tests/kernels/half_reference.h), then the
+// slots of the packed
 // blocks (quantized ones sealed from random slots of their own, or coded ones with random code rows), then
 // codebook vectors. The tables start with their packed blocks and continue in shuffled full-precision slots.
 struct RandomPool {
@@ -65,6 +68,10 @@ struct RandomPool {
     memory.resize(size_t(n_slots * layout.elements_per_block()));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (float& x : memory) x = normal(rng);
+    if (layout.dtype != DType::f32) {  // the 16-bit elements of the slots take the first half of the memory
+      auto* halves = reinterpret_cast<uint16_t*>(memory.data());
+      for (size_t i = 0; i < memory.size(); ++i) halves[i] = test::round_to_half(memory[i], layout.dtype);
+    }
     view = KvPoolView{memory.data(), layout, n_slots, {}};
     if (!quantized && n_packed > 0) {
       rope_table.resize(size_t(kPositions) * layout.head_dim);
@@ -231,6 +238,21 @@ TEST(CpuPagedAttention, QuantizedBlocksMatchTheDoubleReference) {
   for (KvQuant quant : {KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
     const KvBlockLayout layout{2, 64, kKvQuantGroup, DType::f32, quant};
     expect_matches_reference(layout, 8, specs, RopeParams{}, 4, kv_quant_name(quant));
+  }
+}
+
+// 16-bit pools (kv_cache.dtype f16 | bf16): full-precision blocks alone, after quantized groups sealed from 16-bit
+// staging blocks, and after SpindleKV's coded blocks (whose codebook vectors stay fp32).
+TEST(CpuPagedAttention, HalfPoolsMatchTheDoubleReference) {
+  const std::vector<SeqSpec> quantized = {{1, 100, 3, 0}, {30, 70, 2, 5}, {1, 300, 3}};
+  const std::vector<SeqSpec> coded = {{1, 300, 18, 0}, {30, 70, 3, 5}, {6, 33, 2}};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const std::string name = dtype_name(dtype);
+    expect_matches_reference(KvBlockLayout{3, 64, 16, dtype}, 9, kFullPrecision, RopeParams{}, 12, name);
+    expect_matches_reference(KvBlockLayout{1, 80, 5, dtype}, 6, kFullPrecision, RopeParams{}, 13, name + ", MQA");
+    expect_matches_reference(KvBlockLayout{2, 64, kKvQuantGroup, dtype, KvQuant::int4}, 8, quantized, RopeParams{},
+                             14, name + " staging, int4");
+    expect_matches_reference(KvBlockLayout{3, 64, 16, dtype}, 9, coded, RopeParams{}, 15, name + ", coded");
   }
 }
 

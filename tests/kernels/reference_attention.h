@@ -3,9 +3,10 @@
 // optimised CPU op and its CUDA twin are both tested against. Query row q_begin + i of a sequence attends to its
 // cache entries [0, n_ctx_before + i] through its block table; query head h reads KV head h / (H / Hkv); scores
 // are scale * q . k, softmax over them; the probabilities of rows >= stats_row_begin are what the op adds to
-// column_sums. Entries are read from an f32 pool in host memory in each block format of kernels/kv_block_layout.h:
-// full precision, KIVI-quantized (x = min + code * scale) and SpindleKV-coded (K = RoPE(m * C[k_vector], position)
-// with the view's key RoPE table, V = m * C[v_vector]).
+// column_sums. Entries are read from a pool in host memory in each block format of kernels/kv_block_layout.h:
+// full precision (f32, or f16 | bf16 widened by tests/kernels/half_reference.h), KIVI-quantized (x = min + code *
+// scale) and SpindleKV-coded (K = RoPE(m * C[k_vector], position) with the view's key RoPE table, V = m *
+// C[v_vector]).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +17,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/kv_block_layout.h"
+#include "tests/kernels/half_reference.h"
 
 namespace strata::test {
 
@@ -86,8 +88,19 @@ inline std::vector<double> reference_entry(const KvPoolView& pool, std::span<con
   const int slot = entry % L.block_size;
   if (pool.is_quantized(id)) return quantized_entry(pool, id, kv_head, slot, key);
   if (pool.is_coded(id)) return coded_entry(pool, id, kv_head, slot, key);
-  const float* x = pool.block_f32(id) + (key ? L.k_offset(kv_head, slot) : L.v_offset(kv_head, slot));
-  return std::vector<double>(x, x + L.head_dim);
+  const int64_t offset = key ? L.k_offset(kv_head, slot) : L.v_offset(kv_head, slot);
+  if (L.dtype == DType::f32) {
+    const float* x = pool.block_f32(id) + offset;
+    return std::vector<double>(x, x + L.head_dim);
+  }
+  const uint8_t* row = static_cast<const uint8_t*>(pool.base) + id * L.block_bytes() + 2 * offset;
+  std::vector<double> x(static_cast<size_t>(L.head_dim));
+  for (int d = 0; d < L.head_dim; ++d) {
+    uint16_t bits;
+    std::memcpy(&bits, row + 2 * d, sizeof bits);
+    x[size_t(d)] = widen_half(bits, L.dtype);
+  }
+  return x;
 }
 
 // KVzip's statistic of one row's probabilities p: renormalized over [0, sinks) and [from, n), the largest kept.
@@ -108,7 +121,7 @@ struct ReferenceAttention {
   std::vector<std::vector<double>> column_sums;
 };
 
-// q [T, H * Dh] in host memory; `pool` an f32 view in host memory. The sequences' column_sums are not touched.
+// q [T, H * Dh] in host memory; `pool` a view in host memory. The sequences' column_sums are not touched.
 inline ReferenceAttention reference_paged_attention(std::span<const float> q, std::span<const AttentionSequence> seqs,
                                                     const KvPoolView& pool, int n_heads, double scale) {
   const int hd = pool.layout.head_dim, group = n_heads / pool.layout.n_kv_heads;

@@ -118,6 +118,29 @@ TEST(ChunkedPrefillEngine, KvzipBatchedGetsWhatEachGetsAlone) {
   expect_batched_as_alone(chunked_config(64, "kvzip:budget=40", 32));
 }
 
+// A 16-bit pool (kv_cache.dtype bf16 | f16): the same equalities under policies whose ops read and rewrite its
+// entries: compaction (H2O), key forms (Expected Attention), D2O's merges, SpindleKV's codebooks and PoD's paired
+// blocks (the last three prefill whole: they have no chunked form).
+TEST(ChunkedPrefillEngine, HalfPoolsBatchedGetWhatEachGetsAlone) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"h2o:budget=24,window=4", "chunked"},
+      {"expected_attention:budget=40", "chunked"},
+      {"d2o:hh_ratio=0.1,recent_ratio=0.1", "end"},
+      {"spindlekv", "end"},
+      {"pod", "end"}};
+  for (const std::string dtype : {"bf16", "f16"}) {
+    for (const auto& [policy, mode] : cases) {
+      if (dtype == "f16" && policy != "h2o:budget=24,window=4") continue;  // f16 and bf16 share every op
+      ServerConfig config = chunked_config(64, policy, 32);
+      config.kv_cache.dtype = dtype;
+      config.kv_cache.prefill_compression = mode;
+      if (policy == "pod") config.kv_cache.pod_blocks = test::source_path("configs/smollm2-pod-blocks.txt");
+      SCOPED_TRACE(dtype + ", " + policy);
+      expect_batched_as_alone(config);
+    }
+  }
+}
+
 // kv_cache.prefill_compression auto: in one batch, a sequence under SnapKV (which has the chunked form) prefills
 // as a chunked server prefills it, and one whose request asks for SimLayerKV (which has not) as an end server does.
 TEST(ChunkedPrefillEngine, AutoRunsEachRequestAsItsPoliciesAllow) {

@@ -56,17 +56,22 @@ inline SmolLm2& smollm2_integer_activations(ActivationDtype activations) {
   return m;
 }
 
-// Logits at every prompt position, the prompt fed `step` tokens at a time.
-inline std::vector<float> prompt_logits(SmolLm2& m, const std::vector<int32_t>& ids, int step) {
-  KvCache cache(*m.pool, 0, m.model->config().n_layers);
+// Logits at every prompt position, the prompt fed `step` tokens at a time, its KV in `pool`.
+inline std::vector<float> prompt_logits(LlamaModel& model, BlockPool& pool, const std::vector<int32_t>& ids,
+                                        int step) {
+  KvCache cache(pool, 0, model.config().n_layers);
   std::vector<float> all, chunk;
   for (size_t start = 0; start < ids.size(); start += size_t(step)) {
     const size_t len = std::min(size_t(step), ids.size() - start);
     const BatchSequence seq{1, std::span<const int32_t>(ids).subspan(start, len), int(start), LogitsMode::all};
-    m.model->forward({&seq, 1}, cache, chunk);
+    model.forward({&seq, 1}, cache, chunk);
     all.insert(all.end(), chunk.begin(), chunk.end());
   }
   return all;
+}
+
+inline std::vector<float> prompt_logits(SmolLm2& m, const std::vector<int32_t>& ids, int step) {
+  return prompt_logits(*m.model, *m.pool, ids, step);
 }
 
 }  // namespace strata::test
