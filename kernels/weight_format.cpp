@@ -195,14 +195,31 @@ uint16_t fp32_to_bf16(float value) {
   return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);  // a carry rounds up the exponent
 }
 
+namespace {
+
+// fp32_to_bf16 over a row, branch-free so that each level's clone vectorizes it: a 16-bit KV pool rounds every key
+// and value a step writes (kernels/cpu/kv_rows.h).
+STRATA_SIMD_CLONES void round_row_to_bf16(const float* src, uint8_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = std::bit_cast<uint32_t>(src[i]);
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t h = (bits & 0x7FFFFFFFu) > 0x7F800000u ? (bits >> 16) | 0x40u : rounded;
+    out[2 * i] = static_cast<uint8_t>(h & 0xFF);
+    out[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+}
+
+}  // namespace
+
 void round_row_to_half(WeightFormat format, const float* src, void* dst, int64_t n) {
   if (format != WeightFormat::f16 && format != WeightFormat::bf16) {
     throw std::invalid_argument("round_row_to_half: " + std::string(weight_format_info(format).name) +
                                 " is not a 16-bit float format");
   }
   auto* out = static_cast<uint8_t*>(dst);
+  if (format == WeightFormat::bf16) return round_row_to_bf16(src, out, n);
   for (int64_t i = 0; i < n; ++i) {
-    const uint16_t h = format == WeightFormat::f16 ? fp32_to_fp16(src[i]) : fp32_to_bf16(src[i]);
+    const uint16_t h = fp32_to_fp16(src[i]);
     out[2 * i] = static_cast<uint8_t>(h & 0xFF);
     out[2 * i + 1] = static_cast<uint8_t>(h >> 8);
   }

@@ -207,9 +207,11 @@ void row_scores(const float* qv, const float* keys, int n, int hd, float scale, 
 // A sequence's blocks made ready once per call for its many query rows (kernels that read a block again for every
 // tile would dequantize it again too): the keys of its full-precision and quantized blocks transposed for
 // chunk_scores, keys[(((h * n_blocks + b) * chunks + c) * hd + d) * kKeyChunk + j] being key c * kKeyChunk + j of
-// block b for KV head h, and the values of its quantized and 16-bit blocks made fp32, values[((h * n_blocks + b) *
-// block_size + j) * hd + d]. Coded blocks are left out (their slots stay unset), and so are the values of fp32
-// blocks (read where they are).
+// block b for KV head h, and the values of its quantized blocks dequantized, values[((h * n_blocks + b) *
+// block_size + j) * hd + d]. Coded blocks are left out (their slots stay unset), and so are the values of
+// full-precision blocks: read where they are, or a 16-bit block's widened by each tile into its workspace (made
+// ready for the whole call, they were a long prompt's megabytes, written before the first tile and read back:
+// slower, in ad-hoc runs, and memory that grows with the context).
 struct PreparedKv {
   std::vector<float> keys;
   std::vector<float> values;
@@ -256,13 +258,12 @@ void prepare_block(const KvPoolView& pool, int32_t id, int kv_head, int block, i
     return;
   }
   scratch.resize(size_t(L.block_size) * hd);
-  float* values = ready.values.data() + ready.value_offset(kv_head, block, L.block_size, hd);
   if (pool.is_quantized(id)) {
     dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, scratch.data());
-    dequantize_values(pool.block_quantized(id), kv_head, 0, n, L, values);
+    dequantize_values(pool.block_quantized(id), kv_head, 0, n, L,
+                      ready.values.data() + ready.value_offset(kv_head, block, L.block_size, hd));
   } else {
     read_kv_rows(pool, id, L.k_offset(kv_head, 0), int64_t(n) * hd, scratch.data());
-    read_kv_rows(pool, id, L.v_offset(kv_head, 0), int64_t(n) * hd, values);
   }
   transpose_keys(scratch.data(), n, hd, keys_t);
 }
@@ -445,7 +446,7 @@ std::vector<PreparedKv> prepared_kv(std::span<const AttentionSequence> seqs, con
     ready.n_blocks = (seqs[s].n_ctx_before + seqs[s].n_q + L.block_size - 1) / L.block_size;
     ready.chunks = (L.block_size + kKeyChunk - 1) / kKeyChunk;
     ready.keys.resize(size_t(L.n_kv_heads) * ready.n_blocks * ready.chunks * L.head_dim * kKeyChunk);
-    if (L.quant != KvQuant::none || !kv_rows_are_f32(pool)) {
+    if (L.quant != KvQuant::none) {
       ready.values.resize(size_t(L.n_kv_heads) * ready.n_blocks * L.block_size * L.head_dim);
     }
     for (int h = 0; h < L.n_kv_heads; ++h) {
@@ -532,7 +533,7 @@ void sum_values(const AttentionSequence& s, int key_begin, const float* const* p
     const int block = e0 / L.block_size;
     const int32_t id = s.block_table[block];
     const float* ready_values = nullptr;
-    if (!ready.values.empty() && !read_in_place(pool, id) && !pool.is_coded(id)) {
+    if (!ready.values.empty() && pool.is_quantized(id)) {
       ready_values = ready.values.data() + ready.value_offset(kv_head, block, L.block_size, L.head_dim);
     } else if (e0 + L.block_size < last) {
       prefetch_block(pool, s.block_table[block + 1], kv_head, /*values=*/true);
