@@ -212,6 +212,20 @@ def before_after(d: dict) -> str:
                      + (" tok/s)" if b == 1 else ")") for b in (1, 8))
 
 
+def engine_prefill_after_context(d: dict, context: int) -> str:
+    """bench/engine_before_after.sh with --context: prefill after / before at batch 1 and 8."""
+    m = d["median"]
+    return (f"{m[f'prefill batch 1 context {context}: after / before']:.2f}x at batch 1 and "
+            f"{m[f'prefill batch 8 context {context}: after / before']:.2f}x at batch 8")
+
+
+def capacity_row(d: dict, run: str) -> str:
+    """bench/capacity.py: one run's row of the table."""
+    r = d["runs"][run]
+    return (f"| `{run}` | {r['max_decoding_at_once']} ({r['arithmetic_sequences']}) | {r['pool_peak_use']:.2f} | "
+            f"{r['decode_tokens_per_second']:.1f} | {r['total_seconds']:.0f} | {r['mean_ttft_seconds']:.1f} |")
+
+
 def kernel_times(d: dict) -> dict:
     """build/bench/quantized_matmul_paths --int8: microseconds by (matrix, rows of x) and kernel ("in place" named
     "pairs", as the two untiled layouts share their rows)."""
@@ -432,6 +446,15 @@ CLAIMS = [
     Claim("bench/results/README.md", "cpu-kv-int4-dequantize-avx2-before-after.json",
           lambda d: engine_decode_after_context(d, 4096)),
     Claim("bench/results/README.md", "cpu-kv-int4-vs-f32-4096.json", lambda d: engine_decode_after_context(d, 4096)),
+    *(Claim("bench/results/README.md", source, check)
+      for source in ("cpu-kv-bf16-vs-f32-4k-xeon.json", "cpu-kv-f16-vs-f32-4k-xeon.json")
+      for check in (lambda d: engine_decode_after_context(d, 4096), lambda d: engine_prefill_after_context(d, 4096))),
+    *(Claim("bench/results/README.md", "cpu-capacity-bf16-xeon.json", lambda d, run=run: capacity_row(d, run))
+      for run in ("full:f32", "full:bf16", "snapkv:f32", "snapkv:bf16")),
+    Claim("README.md", "cpu-kv-bf16-vs-f32-4k-xeon.json",
+          lambda d: f"decode {d['median']['decode batch 1 context 4096: after / before']:.2f}x f32's at batch 1 and "
+                    f"{d['median']['decode batch 8 context 4096: after / before']:.2f}x at batch 8, prefill "
+                    f"{d['median']['prefill batch 1 context 4096: after / before']:.2f}x;"),
     Claim("bench/results/README.md", "cpu-int8-decode-profile-epyc-avx512vnni.json",
           lambda d: decode_profile(d, "int8")),
     Claim("bench/results/README.md", "cpu-f32-decode-profile-epyc-avx512vnni.json",

@@ -25,28 +25,18 @@ void expect_half_pool_close(DType dtype, double share, double logit_bound) {
   BlockPool half_pool(*m.backend, layout, 6400);
   const int64_t vocab = m.model->config().vocab_size;
   const int step = 8;
-  int positions = 0, same = 0, same_as_reference = 0;
-  double largest_difference = 0;
+  test::TopOneAgreement a;
   for (const char* name : {"short_text", "chat_capital", "code_digits", "long_text"}) {
     const test::ReferenceLogits ref = test::load_reference_logits(name);
-    const std::vector<float> half = test::prompt_logits(*m.model, half_pool, ref.prompt_ids, step);
-    const std::vector<float> full = test::prompt_logits(m, ref.prompt_ids, step);
-    for (size_t t = 0; t < ref.prompt_ids.size(); ++t) {
-      const int64_t top = test::argmax(half.data() + int64_t(t) * vocab, vocab);
-      same += top == test::argmax(full.data() + int64_t(t) * vocab, vocab);
-      same_as_reference += top == ref.top_ids[t * test::kReferenceTopK];
-    }
-    for (size_t k = 0; k < half.size(); ++k) {
-      largest_difference = std::max(largest_difference, double(std::fabs(half[k] - full[k])));
-    }
-    positions += int(ref.prompt_ids.size());
+    a.add(test::prompt_logits(*m.model, half_pool, ref.prompt_ids, step),
+                  test::prompt_logits(m, ref.prompt_ids, step), ref, vocab);
   }
   std::cout << "[ half KV ] " << dtype_name(dtype) << ", steps of " << step << ": top-1 equal to the fp32 pool's at "
-            << same << " of " << positions << " positions, to the reference's at " << same_as_reference
-            << "; largest logit difference " << largest_difference << std::endl;
-  EXPECT_GE(same, share * positions) << dtype_name(dtype) << ", steps of " << step;
-  EXPECT_GE(same_as_reference, share * positions) << dtype_name(dtype) << ", steps of " << step;
-  EXPECT_LT(largest_difference, logit_bound) << dtype_name(dtype) << ", steps of " << step;
+            << a.same << " of " << a.positions << " positions, to the reference's at " << a.same_as_reference
+            << "; largest logit difference " << a.largest_difference << std::endl;
+  EXPECT_GE(a.same, share * a.positions) << dtype_name(dtype) << ", steps of " << step;
+  EXPECT_GE(a.same_as_reference, share * a.positions) << dtype_name(dtype) << ", steps of " << step;
+  EXPECT_LT(a.largest_difference, logit_bound) << dtype_name(dtype) << ", steps of " << step;
 }
 
 TEST(HalfKvCache, F16PoolKeepsTheFp32PoolsTokens) { expect_half_pool_close(DType::f16, 0.995, 0.15); }

@@ -77,28 +77,18 @@ void expect_held_matches_widened_and_reference(WeightDtype dtype, const std::str
   const int64_t vocab = held.model->config().vocab_size;
   static_assert(8 < cpu::kDequantizedTileMinRows && 100 >= cpu::kDequantizedTileMinRows);
   for (int step : {8, 100}) {
-    int positions = 0, same_as_widened = 0, same_as_reference = 0;
-    double largest_difference = 0;
+    test::TopOneAgreement a;
     for (const char* name : kPrompts) {
       const test::ReferenceLogits ref = test::load_reference_logits(name);
-      const std::vector<float> a = test::prompt_logits(held, ref.prompt_ids, step);
-      const std::vector<float> b = test::prompt_logits(widened, ref.prompt_ids, step);
-      for (size_t t = 0; t < ref.prompt_ids.size(); ++t) {
-        const int64_t top = test::argmax(a.data() + int64_t(t) * vocab, vocab);
-        same_as_widened += top == test::argmax(b.data() + int64_t(t) * vocab, vocab);
-        same_as_reference += top == ref.top_ids[t * test::kReferenceTopK];
-      }
-      for (size_t k = 0; k < a.size(); ++k) {
-        largest_difference = std::max(largest_difference, double(std::fabs(a[k] - b[k])));
-      }
-      positions += int(ref.prompt_ids.size());
+      a.add(test::prompt_logits(held, ref.prompt_ids, step), test::prompt_logits(widened, ref.prompt_ids, step), ref,
+            vocab);
     }
     std::cout << "[ half ] " << format << ", steps of " << step << ": top-1 equal to the widened model's at "
-              << same_as_widened << " of " << positions << " positions, to the reference's at " << same_as_reference
-              << "; largest logit difference " << largest_difference << std::endl;
-    EXPECT_GE(same_as_widened, 0.995 * positions) << format << ", steps of " << step;
-    EXPECT_LT(largest_difference, 0.002) << format << ", steps of " << step;
-    EXPECT_GE(same_as_reference, reference_share * positions) << format << ", steps of " << step;
+              << a.same << " of " << a.positions << " positions, to the reference's at " << a.same_as_reference
+              << "; largest logit difference " << a.largest_difference << std::endl;
+    EXPECT_GE(a.same, 0.995 * a.positions) << format << ", steps of " << step;
+    EXPECT_LT(a.largest_difference, 0.002) << format << ", steps of " << step;
+    EXPECT_GE(a.same_as_reference, reference_share * a.positions) << format << ", steps of " << step;
   }
 }
 

@@ -2,6 +2,8 @@
 // The committed reference logits of SmolLM2 (tests/fixtures/reference/README.md: Hugging Face transformers on the
 // same GGUF, fp32): prompt ids, 64 greedy ids with their top-2 margins, and for every prompt position the 16 best
 // ids and their logits, descending.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -59,5 +61,25 @@ inline int32_t argmax(const float* row, int64_t n) {
   }
   return int32_t(best);
 }
+
+// Two models' logits over the same reference prompts, compared position by position: where their top-1 tokens agree,
+// where the first one's agrees with the reference's, and how far apart their logits are.
+struct TopOneAgreement {
+  int positions = 0, same = 0, same_as_reference = 0;
+  double largest_difference = 0;
+
+  // a and b: [prompt positions, vocab] logits of `ref`'s prompt.
+  void add(const std::vector<float>& a, const std::vector<float>& b, const ReferenceLogits& ref, int64_t vocab) {
+    for (size_t t = 0; t < ref.prompt_ids.size(); ++t) {
+      const int64_t top = argmax(a.data() + int64_t(t) * vocab, vocab);
+      same += top == argmax(b.data() + int64_t(t) * vocab, vocab);
+      same_as_reference += top == ref.top_ids[t * kReferenceTopK];
+    }
+    for (size_t k = 0; k < a.size(); ++k) {
+      largest_difference = std::max(largest_difference, double(std::fabs(a[k] - b[k])));
+    }
+    positions += int(ref.prompt_ids.size());
+  }
+};
 
 }  // namespace strata::test
