@@ -226,6 +226,14 @@ void ServerMetrics::set_build_info(const std::string& commit, const std::string&
       .Set(1);
 }
 
+void ServerMetrics::set_kv_cache_info(const std::string& dtype, const std::string& element) {
+  gauge_family(*registry_, "strata_kv_cache_info",
+               "1, labelled with the KV cache's format (kv_cache.dtype: f32, bf16, f16, int8, int4 or int2) and the "
+               "element type of its full-precision blocks (f32, bf16 or f16).")
+      .Add({{"dtype", dtype}, {"element", element}})
+      .Set(1);
+}
+
 void ServerMetrics::set_requests(int n_running, int n_waiting) {
   requests_running_.Set(n_running);
   requests_waiting_.Set(n_waiting);

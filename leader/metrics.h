@@ -53,6 +53,10 @@ class ServerMetrics {
   // and machine kinds apart.
   void set_build_info(const std::string& commit, const std::string& backend, const std::string& cpu_kernels,
                       const std::string& amx);
+  // strata_kv_cache_info{dtype, element} 1: the cache's format (kv_cache.dtype) and the element type of its
+  // full-precision blocks (f32, bf16 or f16; CUDA's are bf16 under dtype f32), so that a dashboard knows what a
+  // token costs when it reads strata_kv_layer_bytes.
+  void set_kv_cache_info(const std::string& dtype, const std::string& element);
 
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);

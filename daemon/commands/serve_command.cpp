@@ -189,6 +189,7 @@ int serve_command(int argc, char** argv) {
     ServerMetrics metrics(rt->weights.config.max_context, layer_metrics());
     metrics.set_build_info(build_commit(), rt->backend->name(), std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())),
                            std::string(cpu::amx_state_name(cpu::amx_probe().state)));
+    metrics.set_kv_cache_info(config.kv_cache.dtype, dtype_name(rt->pool->layout().dtype));
     EngineOptions engine_settings = engine_options(config, *rt);
     std::mutex failure_mutex;
     std::string rank_failure;

@@ -304,7 +304,7 @@ void prepare_block(const KvPoolView& pool, int32_t id, int kv_head, int block, i
 // place (quantized, coded or 16-bit). Each key is dequantized (rebuilt from its codebook vector, widened) once for
 // all the vectors: they are the query heads of one KV head.
 void converted_block_scores(const float* const* q_rows, int vectors, const KvPoolView& pool, int32_t id, int kv_head,
-                         int n, float scale, int64_t stride, Workspace& ws, float* scores) {
+                            int n, float scale, int64_t stride, Workspace& ws, float* scores) {
   const KvBlockLayout& L = pool.layout;
   const int hd = L.head_dim;
   if (pool.is_coded(id)) {
