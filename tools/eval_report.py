@@ -71,8 +71,16 @@ class Row:
     settings: dict  # task -> the settings of the run it came from
 
 
+UNQUANTIZED = ("f32", "f16", "bf16")
+
+
 def dtype_suffix(case):
     return "+" + case["kv_dtype"] if case.get("kv_dtype", "f32") != "f32" else ""
+
+
+def is_full(case):
+    """The reference row: `full` on an unquantized pool (f32, or the 16-bit formats of kv_cache.dtype)."""
+    return case.get("policy") == "full" and not case.get("budget") and case.get("kv_dtype", "f32") in UNQUANTIZED
 
 
 def case_label(case):
@@ -114,10 +122,11 @@ def task_settings(run, task):
 
 
 def baseline(run, source):
-    for case in run["cases"]:
-        if case_label(case) == "full":
-            return case
-    raise SystemExit(f"{source}: no `full` row to compare the others with")
+    """The run's `full` row: at f32, or at the run's 16-bit pool format (`full+bf16`) where it ran on one."""
+    fulls = sorted((case for case in run["cases"] if is_full(case)), key=lambda c: c.get("kv_dtype", "f32") != "f32")
+    if not fulls:
+        raise SystemExit(f"{source}: no `full` row to compare the others with")
+    return fulls[0]
 
 
 class MergedCase:
@@ -197,9 +206,9 @@ def collect_rows(runs, sources):
     for (name, _), cases in merged.items():
         for m in cases:
             tag = f" [{m.source}]" if meanings[name] > 1 else ""
-            series = "full" if name == "full" else m.case["policy"] + dtype_suffix(m.case)
+            series = name if is_full(m.case) else m.case["policy"] + dtype_suffix(m.case)
             rows.append(Row(name + tag, series + tag, m.case, summarize(m.case, m.full), m.settings))
-    return sorted(rows, key=lambda r: (case_label(r.case) != "full", r.series, budget_key(r.case["budget"])))
+    return sorted(rows, key=lambda r: (not is_full(r.case), r.series, budget_key(r.case["budget"])))
 
 
 def bootstrap_mean(values, resamples=RESAMPLES, seed=SEED):
@@ -413,7 +422,7 @@ def goal_section(rows):
          min(retaining, key=lambda r: r.stats["ppl"].high, default=None)),
         ("The lowest perplexity increase at ≥{:g}×", best_at(rows, GOAL_RATIO)),
         ("The most compressed row other than `full` that meets the terms on quality (perplexity, its interval, "
-         "retrieval)", max((r for r in scored(rows) if case_label(r.case) != "full" and not quality_shortfalls(r)),
+         "retrieval)", max((r for r in scored(rows) if not is_full(r.case) and not quality_shortfalls(r)),
                            key=lambda r: r.stats["ratio"], default=None)),
     ]
     lines = [goal, "", "**Not reached:** no row meets all four terms. The closest, three ways:", ""]
@@ -568,7 +577,7 @@ def plot_quality(rows, path):
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     curves = defaultdict(list)
     for row in rows:
-        if case_label(row.case) != "full":
+        if not is_full(row.case):
             curves[row.series].append(row.stats)
     metrics = [(lambda s: s["ppl"] and s["ppl"].value, "perplexity increase over full (%)", 100.0),
                (lambda s: s["passkey"], "passkey accuracy (%)", 100.0),
@@ -652,7 +661,7 @@ def plot_retrieval(full_row, chosen, path):
 
 
 def plot_layers(rows, budget, path):
-    rows = [r for r in rows if (case_label(r.case) == "full" or r.case["budget"] == budget)
+    rows = [r for r in rows if (is_full(r.case) or r.case["budget"] == budget)
             and r.case["memory"].get("longest_entries")]
     if not rows:
         return None
@@ -779,7 +788,7 @@ def chosen_rows(rows, names):
 def retrieval_section(rows, chosen, out):
     """`full`'s accuracy per length and depth, every row's against it, and OUT/retrieval_by_depth.png; '' if
     no `full` measured retrieval."""
-    fulls = [r for r in rows if case_label(r.case) == "full" and r.case.get("retrieval")]
+    fulls = [r for r in rows if is_full(r.case) and r.case.get("retrieval")]
     if not fulls:
         return ""
     text = "## Retrieval\n\n"
@@ -839,7 +848,7 @@ def sections(runs, copies, rows, args, timing, drawn):
     parts = [
         header(runs, copies, args),
         f"{timing}\n" if timing else "",
-        method_section(next(r for r in rows if case_label(r.case) == "full"), runs[0]["backend"]) + "\n",
+        method_section(next(r for r in rows if is_full(r.case)), runs[0]["backend"]) + "\n",
         open(args.notes).read().strip() + "\n" if args.notes else "",
     ]
     if scored(rows):  # the perplexity-based parts; a run of other tasks alone (RULER, say) has none
@@ -862,7 +871,7 @@ def sections(runs, copies, rows, args, timing, drawn):
     parts.append(retrieval_section(rows, chosen_rows(rows, args.retrieval_rows), args.out))
     peak_bf16 = lambda row: bf16_basis(row.case, "peak")  # noqa: E731
     end_bf16 = lambda row: bf16_basis(row.case, "end")  # noqa: E731
-    full_ruler = [item for r in rows if case_label(r.case) == "full" for item in r.case.get("ruler", [])]
+    full_ruler = [item for r in rows if is_full(r.case) for item in r.case.get("ruler", [])]
     parts.append(ruler_section(rows, full_ruler, "ruler_frontier.png" if "ruler" in drawn else None,
                                ruler_goal(rows, peak_bf16, perplexity_shortfalls),
                                savings_tables(rows, end_bf16, peak_bf16) if full_ruler else None))

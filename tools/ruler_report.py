@@ -88,7 +88,7 @@ def rows_table(rows, setting):
 
 
 def _is_full(row):
-    return row.case["policy"] == "full" and row.case.get("kv_dtype", "f32") == "f32"
+    return row.case["policy"] == "full" and row.case.get("kv_dtype", "f32") in ("f32", "f16", "bf16")
 
 
 def savings_tables(rows, end_bf16, peak_bf16):
