@@ -447,8 +447,10 @@ CLAIMS = [
           lambda d: engine_decode_after_context(d, 4096)),
     Claim("bench/results/README.md", "cpu-kv-int4-vs-f32-4096.json", lambda d: engine_decode_after_context(d, 4096)),
     *(Claim("bench/results/README.md", source, check)
-      for source in ("cpu-kv-bf16-vs-f32-4k-xeon.json", "cpu-kv-f16-vs-f32-4k-xeon.json")
-      for check in (lambda d: engine_decode_after_context(d, 4096), lambda d: engine_prefill_after_context(d, 4096))),
+      for source, context in (("cpu-kv-bf16-vs-f32-4k-xeon.json", 4096), ("cpu-kv-f16-vs-f32-4k-xeon.json", 4096),
+                              ("cpu-kv-bf16-vs-f32-1k-xeon.json", 1024))
+      for check in (lambda d, c=context: engine_decode_after_context(d, c),
+                    lambda d, c=context: engine_prefill_after_context(d, c))),
     *(Claim("bench/results/README.md", "cpu-capacity-bf16-xeon.json", lambda d, run=run: capacity_row(d, run))
       for run in ("full:f32", "full:bf16", "snapkv:f32", "snapkv:bf16")),
     Claim("README.md", "cpu-kv-bf16-vs-f32-4k-xeon.json",
