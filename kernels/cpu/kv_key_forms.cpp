@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/kv_quantization.h"
 #include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -33,13 +32,8 @@ BlockRows block_rows(const KvPoolView& pool, int32_t id, int head, int n, std::v
   }
   key_buffer.resize(size_t(L.block_size) * L.head_dim);
   value_buffer.resize(size_t(L.block_size) * L.head_dim);
-  if (pool.is_quantized(id)) {
-    dequantize_keys(pool.block_quantized(id), head, 0, n, L, key_buffer.data());
-    dequantize_values(pool.block_quantized(id), head, 0, n, L, value_buffer.data());
-  } else {
-    read_kv_rows(pool, id, L.k_offset(head, 0), int64_t(n) * L.head_dim, key_buffer.data());
-    read_kv_rows(pool, id, L.v_offset(head, 0), int64_t(n) * L.head_dim, value_buffer.data());
-  }
+  read_head_entries(pool, id, head, n, /*values=*/false, key_buffer.data());
+  read_head_entries(pool, id, head, n, /*values=*/true, value_buffer.data());
   return {key_buffer.data(), value_buffer.data()};
 }
 

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/kv_quantization.h"
 #include "kernels/weight_format.h"
 
 namespace strata::cpu {
@@ -36,6 +37,15 @@ void move_kv_elements(const KvPoolView& pool, int32_t to_block, int64_t to, int3
                       int64_t n) {
   std::memmove(kv_element(pool, to_block, to), kv_element(pool, from_block, from),
                size_t(n) * size_t(dtype_bytes(pool.layout.dtype)));
+}
+
+void read_head_entries(const KvPoolView& pool, int32_t block, int head, int n, bool values, float* out) {
+  const KvBlockLayout& L = pool.layout;
+  if (pool.is_quantized(block)) {
+    (values ? dequantize_values : dequantize_keys)(pool.block_quantized(block), head, 0, n, L, out);
+  } else {
+    read_kv_rows(pool, block, values ? L.v_offset(head, 0) : L.k_offset(head, 0), int64_t(n) * L.head_dim, out);
+  }
 }
 
 void require_kv_element_type(const KvPoolView& pool, const char* op) {

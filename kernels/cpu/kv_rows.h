@@ -23,6 +23,9 @@ void write_kv_rows(const KvPoolView& pool, int32_t block, int64_t offset, const 
 // n elements from (from_block, from) to (to_block, to), as they are stored; the ranges may overlap.
 void move_kv_elements(const KvPoolView& pool, int32_t to_block, int64_t to, int32_t from_block, int64_t from,
                       int64_t n);
+// Entries [0, n) of KV head `head` in block `block`, its keys or its values, as fp32: a quantized block's
+// dequantized (kernels/cpu/kv_quantization.h), a full-precision block's read. Not for coded blocks.
+void read_head_entries(const KvPoolView& pool, int32_t block, int head, int n, bool values, float* out);
 // Throws std::invalid_argument naming `op` unless the pool's full-precision blocks are f32, f16 or bf16.
 void require_kv_element_type(const KvPoolView& pool, const char* op);
 

@@ -26,7 +26,6 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_codebook_ops.h"
 #include "kernels/cpu/fast_exp.h"
-#include "kernels/cpu/kv_quantization.h"
 #include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/simd_clones.h"
 #include "kernels/cpu/thread_pool.h"
@@ -258,14 +257,12 @@ void prepare_block(const KvPoolView& pool, int32_t id, int kv_head, int block, i
     return;
   }
   scratch.resize(size_t(L.block_size) * hd);
-  if (pool.is_quantized(id)) {
-    dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, scratch.data());
-    dequantize_values(pool.block_quantized(id), kv_head, 0, n, L,
-                      ready.values.data() + ready.value_offset(kv_head, block, L.block_size, hd));
-  } else {
-    read_kv_rows(pool, id, L.k_offset(kv_head, 0), int64_t(n) * hd, scratch.data());
-  }
+  read_head_entries(pool, id, kv_head, n, /*values=*/false, scratch.data());
   transpose_keys(scratch.data(), n, hd, keys_t);
+  if (pool.is_quantized(id)) {
+    read_head_entries(pool, id, kv_head, n, /*values=*/true,
+                      ready.values.data() + ready.value_offset(kv_head, block, L.block_size, hd));
+  }
 }
 
 // This and prefetch_block inlined always: GCC 12 takes a function that only prefetches for one without effects and
@@ -315,11 +312,7 @@ void converted_block_scores(const float* const* q_rows, int vectors, const KvPoo
     }
     return;
   }
-  if (pool.is_quantized(id)) {
-    dequantize_keys(pool.block_quantized(id), kv_head, 0, n, L, ws.dequantized.data());
-  } else {
-    read_kv_rows(pool, id, L.k_offset(kv_head, 0), int64_t(n) * hd, ws.dequantized.data());
-  }
+  read_head_entries(pool, id, kv_head, n, /*values=*/false, ws.dequantized.data());
   for (int t = 0; t < vectors; ++t) row_scores(q_rows[t], ws.dequantized.data(), n, hd, scale, scores + t * stride);
 }
 
@@ -345,10 +338,8 @@ void block_values(const float* const* p, const int* n, int vectors, const KvPool
     values = pool.block_f32(id) + L.v_offset(kv_head, 0);
   } else if (ready_values) {
     values = ready_values;
-  } else if (const int n_max = *std::max_element(n, n + vectors); n_max > 0 && pool.is_quantized(id)) {
-    dequantize_values(pool.block_quantized(id), kv_head, 0, n_max, L, ws.dequantized.data());
-  } else if (n_max > 0) {
-    read_kv_rows(pool, id, L.v_offset(kv_head, 0), int64_t(n_max) * hd, ws.dequantized.data());
+  } else if (const int n_max = *std::max_element(n, n + vectors); n_max > 0) {
+    read_head_entries(pool, id, kv_head, n_max, /*values=*/true, ws.dequantized.data());
   }
   for (int t = 0; t < vectors; ++t) {
     if (n[t] > 0) rows_values(p[t], values, n[t], hd, o[t]);

@@ -99,11 +99,11 @@ struct Twins {
   }
 };
 
-// Both pools, one after the other.
+// Both pools, one after the other: op(pool, 0) on the fp32 one, op(pool, 1) on the 16-bit one.
 template <class Op>
 void on_both(Twins& t, Op op) {
-  op(t.wide);
-  op(t.half);
+  op(t.wide, 0);
+  op(t.half, 1);
 }
 
 const std::vector<int32_t> kTableA = {3, 0, 7, 5}, kTableB = {1, 9, 2, 11};
@@ -115,7 +115,7 @@ TEST(HalfKvPool, WritesRoundAndAttentionReadsTheSameValues) {
     std::vector<AttentionSequence> seqs = {{0, 10, 20, kTableA}, {10, 1, 17, kTableB}};
     const int rows = 11;
     const std::vector<float> k = t.random(size_t(rows * kKvHeads * kHeadDim)), v = t.random(k.size());
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int) {
       t.cpu->kv_write(Tensor{const_cast<float*>(k.data()), DType::f32, rows, kKvHeads * kHeadDim},
                       Tensor{const_cast<float*>(v.data()), DType::f32, rows, kKvHeads * kHeadDim}, seqs, p.view);
     });
@@ -124,8 +124,7 @@ TEST(HalfKvPool, WritesRoundAndAttentionReadsTheSameValues) {
 
     const std::vector<float> q = t.random(size_t(rows * kHeads * kHeadDim));
     std::vector<float> out[2], sums[2];
-    int i = 0;
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int i) {
       out[i].assign(q.size(), 0.0f);
       sums[i].assign(size_t(kHeads * 32), 0.0f);
       seqs[0].column_sums = sums[i].data();
@@ -134,7 +133,6 @@ TEST(HalfKvPool, WritesRoundAndAttentionReadsTheSameValues) {
       Tensor o{out[i].data(), DType::f32, rows, kHeads * kHeadDim};
       t.cpu->paged_attention(Tensor{const_cast<float*>(q.data()), DType::f32, rows, kHeads * kHeadDim}, seqs, p.view,
                              kHeads, 0.17f, o);
-      ++i;
     });
     EXPECT_EQ(out[0], out[1]) << dtype_name(dtype);
     EXPECT_EQ(sums[0], sums[1]) << dtype_name(dtype);
@@ -148,10 +146,10 @@ TEST(HalfKvPool, CompactionMovesTheSameValues) {
     for (int e = 0; e < 30; ++e) {
       if (e % 3 != 1) kept.push_back(e);
     }
-    on_both(t, [&](Pool& p) { t.cpu->kv_compact(kTableA, kept, p.view, 1); });
+    on_both(t, [&](Pool& p, int) { t.cpu->kv_compact(kTableA, kept, p.view, 1); });
     t.expect_rows_match("kv_compact, one head");
     kept.resize(12);
-    on_both(t, [&](Pool& p) { t.cpu->kv_compact(kTableB, kept, p.view, -1); });
+    on_both(t, [&](Pool& p, int) { t.cpu->kv_compact(kTableB, kept, p.view, -1); });
     t.expect_rows_match("kv_compact, every head");
   }
 }
@@ -162,17 +160,15 @@ TEST(HalfKvPool, MergesReadAndWriteTheSameValues) {
     const std::vector<int32_t> queries = {1, 4, 8, 30}, candidates = {0, 2, 3, 5, 17};
     std::vector<float> similarity[2] = {std::vector<float>(4), std::vector<float>(4)};
     std::vector<int32_t> nearest[2] = {std::vector<int32_t>(4), std::vector<int32_t>(4)};
-    int i = 0;
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int i) {
       t.cpu->kv_nearest_keys(kTableA, 1, queries, candidates, p.view, similarity[i], nearest[i]);
-      ++i;
     });
     EXPECT_EQ(similarity[0], similarity[1]) << dtype_name(dtype);
     EXPECT_EQ(nearest[0], nearest[1]) << dtype_name(dtype);
     KvMerges merges;
     merges.add(2, 0.5f, {1, 4}, {0.3f, 0.2f});
     merges.add(17, 0.7f, {30}, {0.3f});
-    on_both(t, [&](Pool& p) { t.cpu->kv_merge(kTableA, merges, p.view, 0); });
+    on_both(t, [&](Pool& p, int) { t.cpu->kv_merge(kTableA, merges, p.view, 0); });
     t.expect_rows_match("kv_merge");
   }
 }
@@ -182,12 +178,10 @@ TEST(HalfKvPool, KeyFormsReadTheSameValues) {
     Twins t(dtype, KvQuant::none, 4);
     const std::vector<float> linear = t.random(2 * kHeadDim), quadratic = t.random(2 * kHeadDim * kHeadDim);
     std::vector<float> forms[2], norms[2];
-    int i = 0;
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int i) {
       forms[i].assign(2 * 29, 0.0f);
       norms[i].assign(29, 0.0f);
       t.cpu->kv_key_forms(kTableB, 1, linear, quadratic, p.view, forms[i], norms[i]);
-      ++i;
     });
     EXPECT_EQ(forms[0], forms[1]) << dtype_name(dtype);
     EXPECT_EQ(norms[0], norms[1]) << dtype_name(dtype);
@@ -200,13 +194,12 @@ TEST(HalfKvPool, CodebookOpsReadAndWriteTheSameValues) {
     std::vector<int32_t> positions(16);
     for (int e = 0; e < 16; ++e) positions[size_t(e)] = 3 * e;
     for (KvPart part : {KvPart::key, KvPart::value}) {
-      std::vector<int32_t> assignment[2] = {std::vector<int32_t>(16), std::vector<int32_t>(16)}, centres[2] = {
-                                                                                                    assignment[0],
-                                                                                                    assignment[0]};
-      int codes[2], i = 0;
-      on_both(t, [&](Pool& p) {
+      std::vector<int32_t> assignment[2], centres[2];
+      int codes[2];
+      on_both(t, [&](Pool& p, int i) {
+        assignment[i].assign(16, 0);
+        centres[i].assign(16, 0);
         codes[i] = t.cpu->kv_codebook_build(kTableA, 1, part, positions, 0.2f, p.view, assignment[i], centres[i]);
-        ++i;
       });
       EXPECT_EQ(codes[0], codes[1]) << dtype_name(dtype);
       EXPECT_EQ(assignment[0], assignment[1]) << dtype_name(dtype);
@@ -215,8 +208,8 @@ TEST(HalfKvPool, CodebookOpsReadAndWriteTheSameValues) {
     // Four codebook vectors (fp32 in both pools), matched against entries 16-23, which are then coded.
     const std::vector<float> vectors = t.random(4 * kHeadDim);
     std::vector<int32_t> codebook[2];
-    on_both(t, [&](Pool& p) {
-      std::vector<int32_t>& ids = codebook[&p == &t.wide ? 0 : 1];
+    on_both(t, [&](Pool& p, int i) {
+      std::vector<int32_t>& ids = codebook[i];
       for (int c = 0; c < 4; ++c) {
         std::memcpy(p.view.codebook_vector(p.vector_id(c)), vectors.data() + c * kHeadDim, sizeof(float) * kHeadDim);
         ids.push_back(p.vector_id(c));
@@ -226,19 +219,16 @@ TEST(HalfKvPool, CodebookOpsReadAndWriteTheSameValues) {
     const std::vector<int32_t> entry_positions = {40, 41, 42, 43, 44, 45, 46, 47};
     std::vector<float> best[2] = {std::vector<float>(8), std::vector<float>(8)};
     std::vector<int32_t> index[2] = {std::vector<int32_t>(8), std::vector<int32_t>(8)};
-    int i = 0;
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int i) {
       t.cpu->kv_codebook_match(kTableA, 0, KvPart::key, entries, entry_positions, codebook[i], p.view, best[i],
                                index[i]);
-      ++i;
     });
     EXPECT_EQ(best[0], best[1]) << dtype_name(dtype);
     EXPECT_EQ(index[0], index[1]) << dtype_name(dtype);
 
     KvCodeRow coded[2][8];
     std::vector<float> new_vector[2];
-    i = 0;
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int i) {
       KvCodebookEncoding e;
       e.entry_begin = 16;
       e.positions = entry_positions;
@@ -255,7 +245,6 @@ TEST(HalfKvPool, CodebookOpsReadAndWriteTheSameValues) {
       for (int j = 0; j < 8; ++j) coded[i][j] = rows[p.layout.code_row_index(0, j)];
       const float* v = p.view.codebook_vector(p.vector_id(4));
       new_vector[i].assign(v, v + kHeadDim);
-      ++i;
     });
     for (int j = 0; j < 8; ++j) {
       EXPECT_EQ(coded[0][j].k_magnitude, coded[1][j].k_magnitude) << dtype_name(dtype) << " entry " << j;
@@ -275,16 +264,14 @@ TEST(HalfKvPool, PodReadsTheSameValues) {
     const std::vector<PodDistant> distant = {
         PodDistant{{kTableB, kTableB}, {q_distant.data(), q_distant.data()}}};
     std::vector<float> out[2];
-    int i = 0;
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int i) {
       out[i].assign(q.size(), 0.0f);
       Tensor o{out[i].data(), DType::f32, 3, kHeads * kHeadDim};
       t.cpu->pod_attention(Tensor{const_cast<float*>(q.data()), DType::f32, 3, kHeads * kHeadDim}, seqs, distant,
                            p.view, kHeads, 0.17f, PodWindow{2, 6}, o);
-      ++i;
     });
     EXPECT_EQ(out[0], out[1]) << dtype_name(dtype);
-    on_both(t, [&](Pool& p) { t.cpu->kv_pair_values(std::vector<int32_t>{4}, std::vector<int32_t>{6}, p.view); });
+    on_both(t, [&](Pool& p, int) { t.cpu->kv_pair_values(std::vector<int32_t>{4}, std::vector<int32_t>{6}, p.view); });
     t.expect_rows_match("kv_pair_values");
   }
 }
@@ -296,7 +283,7 @@ TEST(HalfKvPool, QuantizedGroupsSealOpenAndCompactAlike) {
       const uint8_t* b = p.view.block_quantized(p.packed_id(k));
       return std::vector<uint8_t>(b, b + p.layout.quantized_block_bytes());
     };
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int) {
       t.cpu->kv_quantize(std::vector<int32_t>{0, 1}, std::vector<int32_t>{p.packed_id(0), p.packed_id(1)}, p.view);
       t.cpu->kv_dequantize(std::vector<int32_t>{p.packed_id(1)}, std::vector<int32_t>{4}, p.view);
     });
@@ -308,7 +295,7 @@ TEST(HalfKvPool, QuantizedGroupsSealOpenAndCompactAlike) {
     for (int e = 0; e < 100; ++e) {
       if (e % 3 != 2) kept.push_back(e);
     }
-    on_both(t, [&](Pool& p) {
+    on_both(t, [&](Pool& p, int) {
       const std::vector<int32_t> table = {p.packed_id(0), p.packed_id(1), 5, 6};
       t.cpu->kv_compact(table, kept, p.view, -1);
     });
