@@ -1,9 +1,11 @@
 // The CPU backend's paged attention (kernels/cpu/paged_attention.cpp) on decode steps: one query row per sequence
 // over its whole cache, at SmolLM2-135M's and Llama-3-8B's head shapes, batches of 1 and 8, contexts of 256 to 4,096
-// entries scattered over the pool: in full-precision blocks of 16, then in KIVI blocks of 32 (int8, int4, int2: every
-// block quantized, random codes), whose rate counts the bytes they hold (codes, scales and mins).
+// entries scattered over the pool: in full-precision blocks of 16 (fp32, bfloat16, half: kv_cache.dtype), then in
+// KIVI blocks of 32 (int8, int4, int2: every block quantized, random codes), whose rate counts the bytes they hold
+// (codes, scales and mins).
 //
-//   build/bench/decode_attention [--reps 20] [--out FILE]
+//   build/bench/decode_attention [--reps 20] [--kv f32,bf16,f16,int8,int4,int2] [--shapes smollm2-135m,llama-3-8b]
+//                                [--out FILE]
 //
 // A step's attention reads each layer's cache once, so each timing runs the op once per layer over as many
 // layers as the model has (fewer where they would pass 512 MiB), each with its own blocks, and divides. Between two
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -29,6 +32,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/kv_quantization.h"
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_block_layout.h"
 
@@ -58,6 +62,14 @@ struct Case {
   const Shape& shape;
   int batch, context;
   KvQuant quant;  // none: full-precision blocks of 16; else KIVI blocks of 32, every one quantized
+  DType dtype;    // the full-precision blocks' elements
+};
+
+// A --kv name: a full-precision element type or a KIVI format.
+struct KvFormat {
+  std::string name;
+  KvQuant quant;
+  DType dtype;
 };
 
 // Every block of a quantized pool (n_slots 0: each id a quantized block) made of random codes, with scales and
@@ -77,7 +89,7 @@ void fill_quantized(const KvPoolView& pool, int32_t n_blocks, std::mt19937& rng)
 
 // Bytes of cache per entry (all KV heads, K and V; a quantized block's codes, scales and mins).
 double entry_bytes(const Case& c) {
-  if (c.quant == KvQuant::none) return 2.0 * c.shape.n_kv_heads * c.shape.head_dim * sizeof(float);
+  if (c.quant == KvQuant::none) return 2.0 * c.shape.n_kv_heads * c.shape.head_dim * dtype_bytes(c.dtype);
   const KvBlockLayout layout{c.shape.n_kv_heads, c.shape.head_dim, kKvQuantGroup, DType::f32, c.quant};
   return double(layout.quantized_block_bytes()) / kKvQuantGroup;
 }
@@ -86,7 +98,7 @@ double entry_bytes(const Case& c) {
 double time_case(const Case& c, int reps, std::mt19937& rng) {
   const bool quantized = c.quant != KvQuant::none;
   const int block_size = quantized ? kKvQuantGroup : kBlockSize;
-  const KvBlockLayout layout{c.shape.n_kv_heads, c.shape.head_dim, block_size, DType::f32, c.quant};
+  const KvBlockLayout layout{c.shape.n_kv_heads, c.shape.head_dim, block_size, c.dtype, c.quant};
   const int blocks_per_seq = (c.context + block_size - 1) / block_size;
   const int64_t block_bytes = quantized ? layout.quantized_block_bytes() : layout.block_bytes();
   const int64_t layer_bytes = int64_t(c.batch) * blocks_per_seq * block_bytes;
@@ -95,15 +107,17 @@ double time_case(const Case& c, int reps, std::mt19937& rng) {
 
   // The pool in memory as the CPU backend maps it (huge pages where granted).
   const int64_t slots = quantized ? n_blocks / layout.quantized_per_slot() + 1 : n_blocks;
-  const size_t n_floats = size_t(slots) * size_t(layout.elements_per_block());
-  const cpu::HostMapping mapping(n_floats * sizeof(float));
-  const std::span<float> memory(reinterpret_cast<float*>(mapping.data()), n_floats);
-  const KvPoolView pool{memory.data(), layout, quantized ? 0 : n_blocks, {}};
+  const cpu::HostMapping mapping(size_t(slots * layout.block_bytes()));
+  const KvPoolView pool{mapping.data(), layout, quantized ? 0 : n_blocks, {}};
   std::normal_distribution<float> normal(0.0f, 1.0f);
   if (quantized) {
     fill_quantized(pool, n_blocks, rng);
   } else {
-    for (float& x : memory) x = normal(rng);
+    std::vector<float> block(size_t(layout.elements_per_block()));
+    for (int32_t b = 0; b < n_blocks; ++b) {
+      for (float& x : block) x = normal(rng);
+      cpu::write_kv_rows(pool, b, 0, block.data(), int64_t(block.size()));
+    }
   }
   std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
   std::iota(ids.begin(), ids.end(), 0);
@@ -140,16 +154,53 @@ double time_case(const Case& c, int reps, std::mt19937& rng) {
   return seconds[size_t(reps / 2)];
 }
 
+// The comma-separated items of a flag's value.
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> items;
+  for (size_t begin = 0; begin <= list.size();) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    items.push_back(list.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return items;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 20;
   std::string out_path;
+  const std::vector<KvFormat> all_formats = {
+      {"f32", KvQuant::none, DType::f32},  {"bf16", KvQuant::none, DType::bf16}, {"f16", KvQuant::none, DType::f16},
+      {"int8", KvQuant::int8, DType::f32}, {"int4", KvQuant::int4, DType::f32},  {"int2", KvQuant::int2, DType::f32}};
+  const std::vector<Shape> all_shapes = {{"smollm2-135m", 9, 3, 64, 30}, {"llama-3-8b", 32, 8, 128, 32}};
+  std::vector<KvFormat> formats = all_formats;
+  std::vector<Shape> shapes = all_shapes;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--reps") reps = std::stoi(argv[i + 1]);
-    else if (flag == "--out") out_path = argv[i + 1];
-    else {
+    if (flag == "--reps") {
+      reps = std::stoi(argv[i + 1]);
+    } else if (flag == "--out") {
+      out_path = argv[i + 1];
+    } else if (flag == "--kv" || flag == "--shapes") {
+      const std::vector<std::string> names = split_list(argv[i + 1]);
+      const auto chosen = [&](const std::string& name) {
+        return std::find(names.begin(), names.end(), name) != names.end();
+      };
+      if (flag == "--kv") {
+        formats.clear();
+        std::copy_if(all_formats.begin(), all_formats.end(), std::back_inserter(formats),
+                     [&](const KvFormat& f) { return chosen(f.name); });
+      } else {
+        shapes.clear();
+        std::copy_if(all_shapes.begin(), all_shapes.end(), std::back_inserter(shapes),
+                     [&](const Shape& s) { return chosen(s.name); });
+      }
+      if (formats.empty() || shapes.empty()) {
+        std::cerr << "decode_attention: " << flag << " names none of its choices\n";
+        return 2;
+      }
+    } else {
       std::cerr << "decode_attention: unknown flag " << flag << "\n";
       return 2;
     }
@@ -158,17 +209,16 @@ int main(int argc, char** argv) {
     std::cerr << "decode_attention: --reps must be positive\n";
     return 2;
   }
-  const Shape shapes[] = {{"smollm2-135m", 9, 3, 64, 30}, {"llama-3-8b", 32, 8, 128, 32}};
   std::mt19937 rng(1);
   nlohmann::json results = nlohmann::json::array();
-  for (const KvQuant quant : {KvQuant::none, KvQuant::int8, KvQuant::int4, KvQuant::int2}) {
+  for (const KvFormat& format : formats) {
     for (const Shape& shape : shapes) {
       for (int batch : {1, 8}) {
         for (int context : {256, 1024, 4096}) {
-          const Case c{shape, batch, context, quant};
+          const Case c{shape, batch, context, format.quant, format.dtype};
           const double seconds = time_case(c, reps, rng);
           const double kv_bytes = double(batch) * context * entry_bytes(c);
-          const std::string kv = quant == KvQuant::none ? "f32" : kv_quant_name(quant);
+          const std::string& kv = format.name;
           results.push_back({{"shape", shape.name}, {"kv", kv}, {"batch", batch}, {"context", context},
                              {"us", seconds * 1e6}, {"kv_gb_per_s", kv_bytes / seconds / 1e9}});
           std::cout << shape.name << ", " << kv << ", batch " << batch << ", context " << context << ": "
@@ -185,7 +235,7 @@ int main(int argc, char** argv) {
                                  {"commit", build_commit()},
                                  {"machine", machine_json()},
                                  {"threads", cpu::compute_pool().size()},
-                                 {"block_size", {{"f32", kBlockSize}, {"quantized", kKvQuantGroup}}},
+                                 {"block_size", {{"full_precision", kBlockSize}, {"quantized", kKvQuantGroup}}},
                                  {"results", results}};
   std::ofstream(out_path) << report.dump(1) << "\n";
   std::cout << "wrote " << out_path << "\n";
