@@ -9,6 +9,11 @@
 
 #include "kernels/cpu/simd_clones.h"
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#define STRATA_F16C 1
+#include <immintrin.h>
+#endif
+
 namespace strata {
 namespace {
 
@@ -19,15 +24,39 @@ constexpr WeightFormatInfo kInfo[] = {
 
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 
+#if STRATA_F16C
+// n halves to fp32 by F16C, 8 at a time: one instruction where fp16_to_fp32's vectorized loop takes about six
+// (attention over an f16 KV pool widens every entry it reads: 1.xx as fast so, bench/results/README.md). The same
+// values as fp16_to_fp32, but that a signaling NaN comes back quiet.
+__attribute__((target("avx,f16c"))) void widen_halves_f16c(const uint8_t* b, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 * i))));
+  }
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(b + 2 * i));
+}
+
+bool has_f16c() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  }();
+  return has;
+}
+#endif
+
 // n f16 or bf16 values to fp32, in loops each level's clone vectorizes: prefill widens every 16-bit weight it
 // multiplies into fp32 tiles (kernels/cpu/packed_weight.h); with the portable loop SmolLM2's F16 prefill ran at 0.73x
 // of fp32 weights'.
 STRATA_SIMD_CLONES void widen_halves(const uint8_t* b, bool bf16, int64_t n, float* dst) {
   if (bf16) {
     for (int64_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(uint32_t(load_u16(b + 2 * i)) << 16);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(b + 2 * i));
+    return;
   }
+#if STRATA_F16C
+  if (has_f16c()) return widen_halves_f16c(b, n, dst);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(b + 2 * i));
 }
 
 // Block structs are packed byte arrays in the file; reading fields byte-wise keeps this independent of the

@@ -110,6 +110,30 @@ TEST(GgmlType, F16EveryBitPatternMatchesTheDefinition) {
   }
 }
 
+// A row of halves widened as the KV pools and the F16 weights are (dequantize_weight_row: F16C where the CPU has
+// it, 8 at a time, else the portable loop): every pattern, and a tail shorter than 8, as fp16_to_fp32 gives it, but
+// that a signaling NaN may come back quiet (its payload's other bits kept).
+TEST(GgmlType, F16RowsWidenAsEachHalf) {
+  std::vector<uint8_t> row;
+  for (uint32_t h = 0; h <= 0xFFFF + 5; ++h) {
+    row.push_back(uint8_t(h & 0xFF));
+    row.push_back(uint8_t((h >> 8) & 0xFF));
+  }
+  const int64_t n = int64_t(row.size() / 2);
+  std::vector<float> got(static_cast<size_t>(n));
+  dequantize_weight_row(WeightFormat::f16, row.data(), got.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = uint16_t(i & 0xFFFF);
+    const uint32_t want = std::bit_cast<uint32_t>(fp16_to_fp32(h)), bits = std::bit_cast<uint32_t>(got[size_t(i)]);
+    if (std::isnan(fp16_to_fp32(h))) {
+      ASSERT_TRUE(std::isnan(got[size_t(i)])) << std::hex << h;
+      ASSERT_EQ(bits | 0x00400000u, want | 0x00400000u) << std::hex << h;
+    } else {
+      ASSERT_EQ(bits, want) << std::hex << h;
+    }
+  }
+}
+
 TEST(GgmlType, Bf16HandComputed) {
   EXPECT_EQ(bf16_to_fp32(0x3F80), 1.0f);
   EXPECT_EQ(bf16_to_fp32(0xC040), -3.0f);
