@@ -25,9 +25,10 @@ constexpr WeightFormatInfo kInfo[] = {
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 
 #if STRATA_F16C
-// n halves to fp32 by F16C, 8 at a time: one instruction where fp16_to_fp32's vectorized loop takes about six
-// (attention over an f16 KV pool widens every entry it reads: 1.xx as fast so, bench/results/README.md). The same
-// values as fp16_to_fp32, but that a signaling NaN comes back quiet.
+// n halves to fp32 by F16C, 8 at a time: one instruction where fp16_to_fp32's vectorized loop takes about six.
+// Attention over an f16 KV pool widens every entry it reads (with ask_share, decode after 4,096 entries 1.19x and
+// 1.27x as fast: bench/results/README.md). The same values as fp16_to_fp32, but that a signaling NaN comes back
+// quiet.
 __attribute__((target("avx,f16c"))) void widen_halves_f16c(const uint8_t* b, int64_t n, float* dst) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {

@@ -179,20 +179,38 @@ def decode_attention_change(after: dict) -> str:
             f"{max(share[8]):.2f}; it reads the cache at {min(rates):.1f}-{max(rates):.1f} GB/s")
 
 
+def attention_speedups(after: dict, before_name: str) -> dict:
+    """build/bench/decode_attention: the time before over after per KV format, as low-high spans (the before file,
+    `before_name`, measured the same cases in the same order)."""
+    speedup: dict = {}
+    for a, b in zip(after["results"], load(before_name)["results"]):
+        speedup.setdefault(a["kv"], []).append(b["us"] / a["us"])
+    return {kv: f"{min(v):.2f}-{max(v):.2f}" for kv, v in speedup.items()}
+
+
+def cache_rates(d: dict, kv: str) -> str:
+    """build/bench/decode_attention: the low-high rate at which it read one KV format's cache."""
+    rates = [r["kv_gb_per_s"] for r in d["results"] if r["kv"] == kv]
+    return f"{min(rates):.1f}-{max(rates):.1f}"
+
+
 def quantized_attention_change(after: dict) -> str:
     """build/bench/decode_attention over quantized pools: before / after time ranges per KV format (the before file
     beside it), and the rates at which the after run reads quantized and f32 blocks."""
-    before = load("cpu-decode-attention-kv-before-dequantize-avx2.json")
-    speedup: dict = {}
-    for a, b in zip(after["results"], before["results"]):
-        speedup.setdefault(a["kv"], []).append(b["us"] / a["us"])
-    span = {kv: f"{min(v):.2f}-{max(v):.2f}" for kv, v in speedup.items()}
+    span = attention_speedups(after, "cpu-decode-attention-kv-before-dequantize-avx2.json")
     quantized = [r["kv_gb_per_s"] for r in after["results"] if r["kv"] != "f32"]
-    f32 = [r["kv_gb_per_s"] for r in after["results"] if r["kv"] == "f32"]
     return (f"the time before over after is int8 {span['int8']}, int4 {span['int4']}, int2 {span['int2']}; the f32 "
             f"cases, whose code did not change, {span['f32']}: the spread of this VM between two runs. What is left: "
             f"the quantized blocks are read at {min(quantized):.1f}-{max(quantized):.1f} GB/s of their own bytes, "
-            f"where f32 blocks are read at {min(f32):.1f}-{max(f32):.1f}")
+            f"where f32 blocks are read at {cache_rates(after, 'f32')}")
+
+
+def ask_share_attention(after: dict) -> str:
+    """build/bench/decode_attention before and after decode attention asked for the next block in shares."""
+    span = attention_speedups(after, "cpu-decode-attention-before-ask-share-xeon.json")
+    return (f"the time before over after is bf16 {span['bf16']}, f16 {span['f16']}, f32 {span['f32']}; the cache "
+            f"read at bf16 {cache_rates(after, 'bf16')} GB/s, f16 {cache_rates(after, 'f16')}, f32 "
+            f"{cache_rates(after, 'f32')}")
 
 
 def engine_decode_after_context(d: dict, context: int) -> str:
@@ -453,7 +471,15 @@ CLAIMS = [
                     lambda d, c=context: engine_prefill_after_context(d, c))),
     *(Claim("bench/results/README.md", "cpu-capacity-bf16-xeon.json", lambda d, run=run: capacity_row(d, run))
       for run in ("full:f32", "full:bf16", "snapkv:f32", "snapkv:bf16")),
-    Claim("README.md", "cpu-kv-bf16-vs-f32-4k-xeon.json",
+    Claim("bench/results/README.md", "cpu-decode-attention-ask-share-xeon.json", ask_share_attention),
+    *(Claim("bench/results/README.md", source, check)
+      for source in ("cpu-kv-ask-share-bf16-4k-xeon.json", "cpu-kv-ask-share-f16-4k-xeon.json",
+                     "cpu-kv-ask-share-f32-4k-xeon.json", "cpu-kv-bf16-vs-f32-4k-ask-share-xeon.json",
+                     "cpu-kv-f16-vs-f32-4k-ask-share-xeon.json")
+      for check in (lambda d: engine_decode_after_context(d, 4096), lambda d: engine_prefill_after_context(d, 4096))),
+    Claim("bench/results/README.md", "cpu-f16c-f16-weights-before-after-xeon.json", before_after),
+    Claim("bench/results/README.md", "cpu-f16c-f16-weights-before-after-xeon.json", prefill_before_after),
+    Claim("README.md", "cpu-kv-bf16-vs-f32-4k-ask-share-xeon.json",
           lambda d: f"decode {d['median']['decode batch 1 context 4096: after / before']:.2f}x f32's at batch 1 and "
                     f"{d['median']['decode batch 8 context 4096: after / before']:.2f}x at batch 8, prefill "
                     f"{d['median']['prefill batch 1 context 4096: after / before']:.2f}x;"),

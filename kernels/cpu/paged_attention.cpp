@@ -295,7 +295,7 @@ HeadRuns head_runs(const KvPoolView& pool, int32_t id, int head, bool values) {
 // on a block asks for the next one's lines a share before each query vector's pass. Blocks are a few KiB apart
 // from one another, too short a run for the hardware prefetcher to find on its own; asked all at once, a block's 32
 // to 64 lines filled the core's line fill buffers and it waited for them, then computed while they stood idle
-// (decode attention over bf16 blocks 1.3x faster so, fp32 1.08x: bench/results/README.md). Inlined always: GCC 12
+// (after 4,096 entries a bf16 pool decodes 1.14x as fast so: bench/results/README.md). Inlined always: GCC 12
 // takes a function that only prefetches for one without effects and drops its calls (docs/decisions.md,
 // [cpu-xeon]); without this, decode attention asked for nothing.
 [[gnu::always_inline]] inline void ask_share(const HeadRuns& next, int part, int parts) {
