@@ -22,6 +22,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/quantized_dot.h"
 #include "kernels/kv_block_layout.h"
 #include "kernels/kv_codebook.h"
 #include "tests/kernels/reference_attention.h"
@@ -229,6 +230,44 @@ TEST(CpuPagedAttention, SplitDecodeRowsGetTheSameBitsInAnyBatch) {
                          n_heads, scale, alone_out);
     EXPECT_EQ(0, std::memcmp(out.data(), together.data() + batch[s].q_begin * width, sizeof(float) * size_t(width)))
         << "decode row of sequence " << s << " after " << specs[s].n_ctx_before << " entries";
+  }
+}
+
+// The op's register blocking follows the CPU level (8 rows' scores and values in zmm registers on AVX-512, 4 rows
+// and ymm below): every row gets the same bits at each level the machine has, in prefill tiles and decode steps.
+TEST(CpuPagedAttention, EveryLevelGivesTheSameBits) {
+  const std::vector<SeqSpec> specs = {{40, 0}, {23, 37}, {1, 300}, {1, 40}, {7, 90}};
+  for (const KvBlockLayout& layout : {KvBlockLayout{3, 64, 16}, KvBlockLayout{1, 80, 16, DType::bf16}}) {
+    const int n_heads = layout.n_kv_heads == 3 ? 9 : 6;
+    const int64_t width = int64_t(n_heads) * layout.head_dim;
+    std::mt19937 rng(21);
+    const RandomPool pool(layout, specs, RopeParams{}, rng);
+    std::vector<AttentionSequence> seqs;
+    int rows = 0;
+    for (size_t s = 0; s < specs.size(); ++s) {
+      seqs.push_back(AttentionSequence{rows, specs[s].n_q, specs[s].n_ctx_before, pool.tables[s]});
+      rows += specs[s].n_q;
+    }
+    std::vector<float> q(size_t(rows * width));
+    std::uniform_real_distribution<float> uniform(-1.5f, 1.5f);
+    for (float& x : q) x = uniform(rng);
+    const std::unique_ptr<Backend> cpu = make_cpu_backend();
+    const auto run = [&] {
+      std::vector<float> out(q.size());
+      Tensor out_tensor{out.data(), DType::f32, rows, width};
+      cpu->paged_attention(Tensor{q.data(), DType::f32, rows, width}, seqs, pool.view, n_heads, 0.125f, out_tensor);
+      return out;
+    };
+    const cpu::CpuIsa best = cpu::best_cpu_isa();
+    const std::vector<float> at_best = run();
+    for (const cpu::CpuIsa level : cpu::kCpuIsas) {
+      if (level >= best) continue;
+      cpu::limit_cpu_isa(level);
+      const std::vector<float> limited = run();
+      cpu::limit_cpu_isa(best);
+      EXPECT_EQ(0, std::memcmp(limited.data(), at_best.data(), sizeof(float) * at_best.size()))
+          << dtype_name(layout.dtype) << " pool, at " << cpu::cpu_isa_name(level) << " and " << cpu::cpu_isa_name(best);
+    }
   }
 }
 
