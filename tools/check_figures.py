@@ -471,6 +471,13 @@ CLAIMS = [
                     lambda d, c=context: engine_prefill_after_context(d, c))),
     *(Claim("bench/results/README.md", "cpu-capacity-bf16-xeon.json", lambda d, run=run: capacity_row(d, run))
       for run in ("full:f32", "full:bf16", "snapkv:f32", "snapkv:bf16")),
+    *(Claim("bench/results/README.md", source, check)
+      for source in ("cpu-attention-tiles-f32-4k-before-after-xeon.json",
+                     "cpu-attention-tiles-bf16-4k-before-after-xeon.json",
+                     "cpu-attention-tiles-avx2-4k-before-after-xeon.json", "cpu-kv-bf16-vs-f32-4k-tiles-xeon.json")
+      for check in (lambda d: engine_decode_after_context(d, 4096), lambda d: engine_prefill_after_context(d, 4096))),
+    Claim("bench/results/README.md", "cpu-attention-tiles-short-before-after-xeon.json", before_after),
+    Claim("bench/results/README.md", "cpu-attention-tiles-short-before-after-xeon.json", prefill_before_after),
     Claim("bench/results/README.md", "cpu-decode-attention-ask-share-xeon.json", ask_share_attention),
     *(Claim("bench/results/README.md", source, check)
       for source in ("cpu-kv-ask-share-bf16-4k-xeon.json", "cpu-kv-ask-share-f16-4k-xeon.json",
@@ -479,7 +486,7 @@ CLAIMS = [
       for check in (lambda d: engine_decode_after_context(d, 4096), lambda d: engine_prefill_after_context(d, 4096))),
     Claim("bench/results/README.md", "cpu-f16c-f16-weights-before-after-xeon.json", before_after),
     Claim("bench/results/README.md", "cpu-f16c-f16-weights-before-after-xeon.json", prefill_before_after),
-    Claim("README.md", "cpu-kv-bf16-vs-f32-4k-ask-share-xeon.json",
+    Claim("README.md", "cpu-kv-bf16-vs-f32-4k-tiles-xeon.json",
           lambda d: f"decode {d['median']['decode batch 1 context 4096: after / before']:.2f}x f32's at batch 1 and "
                     f"{d['median']['decode batch 8 context 4096: after / before']:.2f}x at batch 8, prefill "
                     f"{d['median']['prefill batch 1 context 4096: after / before']:.2f}x;"),

@@ -82,7 +82,8 @@ struct QueryItem {
 
 // Query vectors (rows x heads of one KV head) of a tile, which pass over the keys and values their rows see
 // together: each key chunk scored for all of them, each block's values summed for all. At 8, a long prompt's tiles
-// read its keys and values from L3 four times as often (SmolLM2's prefill after 4,096 entries 1.3x faster at 32).
+// read its keys and values from L3 four times as often (with vectors_values, a prefill after 3,968 entries 1.40x to
+// 1.53x as fast at 32: bench/results/README.md).
 constexpr int kTileRows = 32;
 constexpr int kItemHeads = 8;          // query heads of one KV head that an item takes at most
 constexpr int kTransposeVectors = 16;  // a sequence's query vectors that pay for transposing its keys
@@ -366,15 +367,14 @@ HeadRuns head_runs(const KvPoolView& pool, int32_t id, int head, bool values) {
           {codes, scales, scales}};
 }
 
-// Asks for share `part` of `parts` of the lines of the next block's runs (32-bit division, of the runs there are:
-// 64-bit divisions cost prefill's many vectors more than their asking; every parts-th line instead slowed decode
-// down) while this block's work goes on: the work
+// Asks for share `part` of `parts` of the lines of the next block's runs while this block's work goes on: the work
 // on a block asks for the next one's lines a share before each query vector's pass. Blocks are a few KiB apart
 // from one another, too short a run for the hardware prefetcher to find on its own; asked all at once, a block's 32
 // to 64 lines filled the core's line fill buffers and it waited for them, then computed while they stood idle
-// (after 4,096 entries a bf16 pool decodes 1.14x as fast so: bench/results/README.md). Inlined always: GCC 12
-// takes a function that only prefetches for one without effects and drops its calls (docs/decisions.md,
-// [cpu-xeon]); without this, decode attention asked for nothing.
+// (after 4,096 entries a bf16 pool decodes 1.14x as fast so: bench/results/README.md). Contiguous shares (every
+// parts-th line slowed decode down), by 32-bit divisions of the runs there are (64-bit ones cost prefill's many
+// vectors more than their asking). Inlined always: GCC 12 takes a function that only prefetches for one without
+// effects and drops its calls (docs/decisions.md, [cpu-xeon]); without this, decode attention asked for nothing.
 [[gnu::always_inline]] inline void ask_share(const HeadRuns& next, int part, int parts) {
   for (int r = 0; r < 3; ++r) {
     if (next.bytes[r] == 0) continue;

@@ -198,6 +198,24 @@ TEST(CpuPagedAttention, ColumnMaximaMatchTheDoubleReference) {
   expect_matches_reference(int4, 8, quantized, RopeParams{}, 9, "maxima, int4 groups", ColumnMaxima{4, 40});
 }
 
+// The sequences of `specs` one after another in a step's rows (their count in `rows`), on the pool's tables, and
+// their queries.
+std::vector<AttentionSequence> step_sequences(const std::vector<SeqSpec>& specs, const RandomPool& pool, int& rows) {
+  std::vector<AttentionSequence> seqs;
+  rows = 0;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    seqs.push_back(AttentionSequence{rows, specs[s].n_q, specs[s].n_ctx_before, pool.tables[s]});
+    rows += specs[s].n_q;
+  }
+  return seqs;
+}
+std::vector<float> random_queries(int64_t n, std::mt19937& rng) {
+  std::vector<float> q(static_cast<size_t>(n));
+  std::uniform_real_distribution<float> uniform(-1.5f, 1.5f);
+  for (float& x : q) x = uniform(rng);
+  return q;
+}
+
 // A decode row split along its keys is cut by its own length alone: it gets the same bits alone as beside other
 // decode rows and a prefill chunk (the engine's "batched = alone" rests on it).
 TEST(CpuPagedAttention, SplitDecodeRowsGetTheSameBitsInAnyBatch) {
@@ -207,15 +225,10 @@ TEST(CpuPagedAttention, SplitDecodeRowsGetTheSameBitsInAnyBatch) {
   const std::vector<SeqSpec> specs = {{1, 500}, {20, 30}, {1, 90}, {1, 2000}};
   std::mt19937 rng(11);
   const RandomPool pool(layout, specs, RopeParams{}, rng);
-  std::vector<AttentionSequence> batch;
   int rows = 0;
-  for (size_t s = 0; s < specs.size(); ++s) {
-    batch.push_back(AttentionSequence{rows, specs[s].n_q, specs[s].n_ctx_before, pool.tables[s]});
-    rows += specs[s].n_q;
-  }
-  std::vector<float> q(size_t(rows * width)), together(q.size());
-  std::uniform_real_distribution<float> uniform(-1.5f, 1.5f);
-  for (float& x : q) x = uniform(rng);
+  const std::vector<AttentionSequence> batch = step_sequences(specs, pool, rows);
+  std::vector<float> q = random_queries(rows * width, rng);
+  std::vector<float> together(q.size());
   const std::unique_ptr<Backend> cpu = make_cpu_backend();
   const float scale = 0.125f;
   Tensor together_out{together.data(), DType::f32, rows, width};
@@ -242,15 +255,9 @@ TEST(CpuPagedAttention, EveryLevelGivesTheSameBits) {
     const int64_t width = int64_t(n_heads) * layout.head_dim;
     std::mt19937 rng(21);
     const RandomPool pool(layout, specs, RopeParams{}, rng);
-    std::vector<AttentionSequence> seqs;
     int rows = 0;
-    for (size_t s = 0; s < specs.size(); ++s) {
-      seqs.push_back(AttentionSequence{rows, specs[s].n_q, specs[s].n_ctx_before, pool.tables[s]});
-      rows += specs[s].n_q;
-    }
-    std::vector<float> q(size_t(rows * width));
-    std::uniform_real_distribution<float> uniform(-1.5f, 1.5f);
-    for (float& x : q) x = uniform(rng);
+    const std::vector<AttentionSequence> seqs = step_sequences(specs, pool, rows);
+    std::vector<float> q = random_queries(rows * width, rng);
     const std::unique_ptr<Backend> cpu = make_cpu_backend();
     const auto run = [&] {
       std::vector<float> out(q.size());
