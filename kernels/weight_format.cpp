@@ -9,7 +9,8 @@
 
 #include "kernels/cpu/simd_clones.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+// GCC only, as STRATA_SIMD_CLONES (Clang's __builtin_cpu_supports does not know "f16c"; the fuzzing build is Clang).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #define STRATA_F16C 1
 #include <immintrin.h>
 #endif
