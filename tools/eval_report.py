@@ -34,7 +34,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ruler_report import plot_ruler, relative_ruler, ruler_goal, ruler_section, savings_tables  # noqa: E402
+from ruler_report import (is_full, plot_ruler, relative_ruler, ruler_goal, ruler_section,  # noqa: E402
+                          savings_tables)
 
 RESAMPLES = 10_000
 SEED = 1
@@ -71,16 +72,8 @@ class Row:
     settings: dict  # task -> the settings of the run it came from
 
 
-UNQUANTIZED = ("f32", "f16", "bf16")
-
-
 def dtype_suffix(case):
     return "+" + case["kv_dtype"] if case.get("kv_dtype", "f32") != "f32" else ""
-
-
-def is_full(case):
-    """The reference row: `full` on an unquantized pool (f32, or the 16-bit formats of kv_cache.dtype)."""
-    return case.get("policy") == "full" and not case.get("budget") and case.get("kv_dtype", "f32") in UNQUANTIZED
 
 
 def case_label(case):

@@ -87,20 +87,24 @@ def rows_table(rows, setting):
     return "\n".join(lines)
 
 
-def _is_full(row):
-    return row.case["policy"] == "full" and row.case.get("kv_dtype", "f32") in ("f32", "f16", "bf16")
+UNQUANTIZED = ("f32", "f16", "bf16")
+
+
+def is_full(case):
+    """The reference row: `full` on an unquantized pool (f32, or the 16-bit formats of kv_cache.dtype)."""
+    return case.get("policy") == "full" and not case.get("budget") and case.get("kv_dtype", "f32") in UNQUANTIZED
 
 
 def savings_tables(rows, end_bf16, peak_bf16):
     """For each target saving, at the rows' ends and at their peaks (bf16 basis): the rows about that saving, with
     their score per task and setting on the tasks that enter the averages, and their averages."""
-    full = max((r for r in rows if _is_full(r)), key=lambda r: len(r.case.get("ruler", [])))  # the most measured
+    full = max((r for r in rows if is_full(r.case)), key=lambda r: len(r.case.get("ruler", [])))  # the most measured
     full_scores = ruler_scores(full.case["ruler"])
     columns = [(t, s) for s in SETTINGS for t in counted_tasks(full_scores, s)]
     parts = []
     for target in SAVINGS_TARGETS:
         for where, saving in (("its end", end_bf16), ("its peak", peak_bf16)):
-            members = [r for r in rows if not _is_full(r) and r.case.get("ruler") and saving(r) is not None
+            members = [r for r in rows if not is_full(r.case) and r.case.get("ruler") and saving(r) is not None
                        and target / 2 ** 0.5 <= saving(r) < target * 2 ** 0.5]
             if not members:
                 parts.append(f"**About {target:g}× less at {where}:** no row.\n")
@@ -168,7 +172,7 @@ def ruler_shortfalls(row, peak_bf16, perplexity_shortfalls):
 def ruler_goal(rows, peak_bf16, perplexity_shortfalls):
     """Whether a row reaches the goal; if none does, the three that come closest (fewest terms missed, then the
     most memory saved at the peak) and what stands in their way."""
-    candidates = [(ruler_shortfalls(r, peak_bf16, perplexity_shortfalls), r) for r in rows if not _is_full(r)]
+    candidates = [(ruler_shortfalls(r, peak_bf16, perplexity_shortfalls), r) for r in rows if not is_full(r.case)]
     reached = [r for misses, r in candidates if not misses]
     goal = (f"**Goal:** at least {GOAL_PEAK:g}× less KV memory at the peak on the bf16 basis, at least "
             f"{_pct(GOAL_RULER)} of `full`'s RULER average in both settings, and the perplexity terms above.")

@@ -98,6 +98,9 @@ struct Workspace {
   std::vector<float> coded_key;    // [head_dim]: a coded block's key, rebuilt
 };
 
+// Whether the kernels may use AVX-512's 32 zmm registers (engine.cpu_kernels may hold the level lower).
+bool zmm_registers() { return best_cpu_isa() >= CpuIsa::avx512; }
+
 // scores[t * stride + j] = scale * q_t . k_j for the tile's rows and the first n keys of a chunk held
 // transposed in kt[d * kKeyChunk + j], kRows rows at a time whose sums stay in registers. Every (row, key) dot is
 // summed over d in order, so a row's scores do not depend on which rows share its tile (nor on kRows). Inlined into
@@ -128,8 +131,7 @@ template <int kRows>
 STRATA_SIMD_CLONES
 void chunk_scores(const float* const* q_rows, int rows, const float* kt, int hd, int n, float scale,
                   int64_t stride, float* scores) {
-  const bool wide = best_cpu_isa() >= CpuIsa::avx512;  // engine.cpu_kernels may hold it lower
-  if (wide) return chunk_scores_rows<8>(q_rows, rows, kt, hd, n, scale, stride, scores);
+  if (zmm_registers()) return chunk_scores_rows<8>(q_rows, rows, kt, hd, n, scale, stride, scores);
   chunk_scores_rows<4>(q_rows, rows, kt, hd, n, scale, stride, scores);
 }
 
@@ -235,9 +237,8 @@ using Floats8 = float __attribute__((vector_size(32), aligned(4), may_alias));
 // past the last kDimChunk summed row after row.
 STRATA_SIMD_CLONES
 void vectors_values(const float* const* p, int vectors, const float* v, int n, int hd, float* const* o) {
-  const bool wide = best_cpu_isa() >= CpuIsa::avx512;  // engine.cpu_kernels may hold it lower
   const int full = hd - hd % kDimChunk;
-  if (wide) {
+  if (zmm_registers()) {
     values_passes<Lanes16>(p, vectors, v, n, hd, full, o);
   } else {
     values_passes<Lanes8>(p, vectors, v, n, hd, full, o);
